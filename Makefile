@@ -1,0 +1,81 @@
+# Cuty checkout platform. `make run` starts everything; `make test` runs the whole suite.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+GEN := build/gen
+PG_BIN ?= /usr/lib/postgresql/15/bin
+export PYTHONPATH := $(CURDIR)/$(GEN):$(CURDIR)/libs:$(CURDIR)/services/booking:$(CURDIR)/services/codepool:$(CURDIR)/services/payments:$(CURDIR)/services/gateway:$(CURDIR)/services/pspsim:$(CURDIR)
+export CUTY_PG_BIN := $(PG_BIN)
+
+PROTOS := $(shell find protos -name '*.proto')
+
+.PHONY: all venv gen pg-check run test test-unit test-integration test-e2e soak bench bench-booking bench-codepool bench-payments bench-checkout bench-gateway demo clean
+
+all: gen
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 (Debian: apt-get install python3.11 python3.11-venv)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.lock
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Generated code is built, never committed (protos/ keeps folders matching packages; -Iprotos).
+$(GEN)/.stamp: $(VENV)/.installed $(PROTOS)
+	rm -rf $(GEN) && mkdir -p $(GEN)
+	$(PY) -m grpc_tools.protoc -Iprotos \
+	  -I$$($(PY) -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))') \
+	  -I$$($(PY) -c 'import google.api.annotations_pb2 as m, os; print(os.path.dirname(os.path.dirname(os.path.dirname(m.__file__))))') \
+	  --python_out=$(GEN) --pyi_out=$(GEN) --grpc_python_out=$(GEN) \
+	  --descriptor_set_out=$(GEN)/descriptors.pb --include_imports --include_source_info \
+	  $(PROTOS)
+	touch $@
+
+gen: $(GEN)/.stamp
+
+# PostgreSQL server binaries are needed for the embedded cluster and the test cluster.
+pg-check:
+	@if [ -n "$$CUTY_TEST_DSN$$CUTY_DATABASE_URL" ]; then exit 0; fi; \
+	if [ ! -x "$(PG_BIN)/initdb" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "PostgreSQL 15 server not found; installing Debian package postgresql-15"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null; \
+	  else \
+	    echo "error: PostgreSQL 15 server binaries not found in $(PG_BIN)."; \
+	    echo "Install the Debian package 'postgresql-15' (apt-get install postgresql-15), or set CUTY_TEST_DSN / CUTY_DATABASE_URL."; \
+	    exit 1; \
+	  fi; \
+	fi
+
+run: gen pg-check
+	$(PY) -m cutylib.devstack
+
+demo: gen
+	$(PY) -m cutylib.demo
+
+test: gen pg-check
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-unit: gen
+	$(PY) -m pytest -q tests/unit
+
+test-integration: gen pg-check
+	$(PY) -m pytest -q tests/integration
+
+test-e2e: gen pg-check
+	$(PY) -m pytest -q tests/e2e
+
+# Long soak / chaos variants (the short seeded versions run in `make test`).
+soak: gen pg-check
+	$(PY) -m pytest -q -m slow tests
+
+bench: bench-booking bench-codepool bench-payments bench-checkout bench-gateway
+
+bench-%: gen pg-check
+	$(PY) bench/$*.py
+
+clean:
+	rm -rf $(VENV) build
