@@ -1,0 +1,120 @@
+"""Shared benchmark plumbing: latency stats, the results JSON of DESIGN.md, a readable table,
+and a throwaway Postgres for benchmarks (CUTY_TEST_DSN or a local cluster).
+
+Benchmarks are tools, not tests: they print figures and never fail for being slow.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Awaitable, Callable
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+for p in ("build/gen", "libs", "services/booking", "services/codepool", "services/payments",
+          "services/gateway", "services/pspsim", "."):
+    sys.path.insert(0, str(ROOT / p))
+RESULTS = ROOT / "bench" / "results"
+
+
+@dataclass
+class Result:
+    scenario: str
+    concurrency: int
+    ops_per_s: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    limit_ops_per_s: float | None = None
+    ratio_to_limit: float | None = None
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    k = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[k]
+
+
+@dataclass
+class Run:
+    ops: int
+    seconds: float
+    latencies_ms: list[float]
+    errors: int = 0
+
+    @property
+    def ops_per_s(self) -> float:
+        return self.ops / self.seconds if self.seconds else 0.0
+
+    def result(self, scenario: str, concurrency: int, *, limit: "Run | None" = None, notes: str = "",
+               **extra) -> Result:
+        lat = sorted(self.latencies_ms)
+        r = Result(scenario, concurrency, round(self.ops_per_s, 1), round(percentile(lat, 0.5), 2),
+                   round(percentile(lat, 0.99), 2), round(lat[-1] if lat else 0.0, 2), notes=notes, extra=extra)
+        if limit is not None:
+            r.limit_ops_per_s = round(limit.ops_per_s, 1)
+            r.ratio_to_limit = round(self.ops_per_s / limit.ops_per_s, 3) if limit.ops_per_s else None
+        if self.errors:
+            r.extra["errors"] = self.errors
+        return r
+
+
+async def closed_loop(op: Callable[[int], Awaitable[object]], *, concurrency: int, total: int | None = None,
+                      duration: float | None = None) -> Run:
+    """Run `op(i)` with `concurrency` workers until `total` ops or `duration` seconds; time each op."""
+    latencies: list[float] = []
+    errors = 0
+    counter = 0
+    stop_at = time.perf_counter() + duration if duration else None
+
+    async def worker() -> None:
+        nonlocal counter, errors
+        while True:
+            if total is not None and counter >= total:
+                return
+            if stop_at is not None and time.perf_counter() >= stop_at:
+                return
+            i = counter
+            counter += 1
+            t0 = time.perf_counter()
+            try:
+                await op(i)
+            except Exception:  # noqa: BLE001 - counted, reported
+                errors += 1
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return Run(ops=len(latencies) - errors, seconds=time.perf_counter() - t0, latencies_ms=latencies, errors=errors)
+
+
+def report(area: str, results: list[Result]) -> None:
+    cols = ["scenario", "concurrency", "ops_per_s", "p50_ms", "p99_ms", "max_ms", "limit_ops_per_s", "ratio_to_limit", "notes"]
+    rows = [[str(getattr(r, c) if getattr(r, c) is not None else "-") for c in cols] for r in results]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    print(f"\n== bench {area} (cpu_count={os.cpu_count()}) ==")
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for row in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)))
+    for r in results:
+        if r.extra:
+            print(f"  {r.scenario}: {json.dumps(r.extra)}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = {"benchmark": area, "cpu_count": os.cpu_count(), "results": [asdict(r) for r in results]}
+    (RESULTS / f"{area}.json").write_text(json.dumps(out, indent=2))
+    print(f"wrote {RESULTS / (area + '.json')}")
+
+
+def bench_postgres():
+    """A Postgres for the benchmark: CUTY_TEST_DSN, or a throwaway local cluster (durable settings)."""
+    from cutylib.testing.postgres import start_test_postgres
+
+    return start_test_postgres()

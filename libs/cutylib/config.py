@@ -1,0 +1,93 @@
+"""Configuration from the environment, with working local defaults (DESIGN.md, "Configuration")."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+
+
+def env_str(name: str, default: str) -> str:
+    raw = os.environ.get(name)
+    return default if raw is None or raw == "" else raw
+
+
+DEV_JWT_SECRET = "cuty-dev-only-jwt-secret-change-me"
+DEV_WEBHOOK_SECRET = "whsec_dev_only_cuty"
+
+# Service name -> (database name, default gRPC port)
+SERVICES = {
+    "booking": ("cuty_booking", 50051),
+    "codepool": ("cuty_codepool", 50052),
+    "payments": ("cuty_payments", 50053),
+}
+
+
+def database_url_for(service: str) -> str:
+    """DSN of a service's own database.
+
+    `CUTY_<SERVICE>_DATABASE_URL` wins; else `CUTY_DATABASE_URL` with the database name replaced by
+    the service's (`cuty_booking`, ...); else the embedded cluster's default local address.
+    """
+    own = os.environ.get(f"CUTY_{service.upper()}_DATABASE_URL")
+    if own:
+        return own
+    dbname = SERVICES[service][0]
+    base = os.environ.get("CUTY_DATABASE_URL") or "postgresql://postgres@127.0.0.1:5439/postgres"
+    return with_database(base, dbname)
+
+
+def with_database(dsn: str, dbname: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
+
+
+def grpc_addr_for(service: str) -> str:
+    port = SERVICES[service][1]
+    return env_str(f"CUTY_{service.upper()}_ADDR", f"127.0.0.1:{env_int(f'CUTY_{service.upper()}_GRPC_PORT', port)}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    http_port: int = field(default_factory=lambda: env_int("CUTY_HTTP_PORT", 8080))
+    data_dir: str = field(default_factory=lambda: env_str("CUTY_DATA_DIR", ".cuty"))
+    jwt_secret: str = field(default_factory=lambda: env_str("CUTY_JWT_SECRET", DEV_JWT_SECRET))
+    psp_webhook_secret: str = field(default_factory=lambda: env_str("CUTY_PSP_WEBHOOK_SECRET", DEV_WEBHOOK_SECRET))
+    # Accepted during secret rotation, comma separated.
+    psp_webhook_previous_secrets: str = field(default_factory=lambda: env_str("CUTY_PSP_WEBHOOK_PREVIOUS_SECRETS", ""))
+    psp_url: str = field(default_factory=lambda: env_str("CUTY_PSP_URL", "http://127.0.0.1:8090"))
+    hold_ttl_seconds: int = field(default_factory=lambda: env_int("CUTY_HOLD_TTL_SECONDS", 300))
+    hold_max_extension_seconds: int = field(default_factory=lambda: env_int("CUTY_HOLD_MAX_EXTENSION_SECONDS", 300))
+    max_active_holds: int = field(default_factory=lambda: env_int("CUTY_MAX_ACTIVE_HOLDS", 3))
+    sweep_interval_seconds: float = field(default_factory=lambda: env_float("CUTY_SWEEP_INTERVAL_SECONDS", 60))
+    code_reservation_ttl_seconds: int = field(default_factory=lambda: env_int("CUTY_CODE_RESERVATION_TTL_SECONDS", 900))
+    lease_seconds: float = field(default_factory=lambda: env_float("CUTY_LEASE_SECONDS", 30))
+    reconcile_after_seconds: float = field(default_factory=lambda: env_float("CUTY_RECONCILE_AFTER_SECONDS", 60))
+    code_keys: str = field(default_factory=lambda: env_str("CUTY_CODE_KEYS", ""))
+    otlp_endpoint: str = field(default_factory=lambda: env_str("OTEL_EXPORTER_OTLP_ENDPOINT", ""))
+    grpc_deadline_seconds: float = field(default_factory=lambda: env_float("CUTY_GRPC_DEADLINE_SECONDS", 5))
+    db_pool_min: int = field(default_factory=lambda: env_int("CUTY_DB_POOL_MIN", 2))
+    db_pool_max: int = field(default_factory=lambda: env_int("CUTY_DB_POOL_MAX", 20))
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        return cls()

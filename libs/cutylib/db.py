@@ -1,0 +1,150 @@
+"""asyncpg pool, unit of work, and the forward-only migration runner."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pathlib
+from typing import Any
+
+import asyncpg
+
+from .config import with_database
+
+log = logging.getLogger(__name__)
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20, **kwargs: Any) -> asyncpg.Pool:
+    """A pool whose sessions run in UTC with JSON codecs; statement timeout guards runaway queries."""
+    server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty")}
+    server_settings.update(kwargs.pop("server_settings", {}))
+    return await asyncpg.create_pool(
+        dsn, min_size=min_size, max_size=max_size, init=_init_connection,
+        server_settings=server_settings, **kwargs,
+    )
+
+
+class UnitOfWork:
+    """One transaction on one connection that rolls back unless `commit()` is called.
+
+    asyncpg's `transaction()` commits on a clean exit; a use case that returns early must not
+    silently persist half its work, so this wrapper inverts the default.
+
+        async with UnitOfWork(pool) as uow:
+            await uow.conn.execute(...)
+            await uow.commit()
+    """
+
+    def __init__(self, pool: asyncpg.Pool, *, isolation: str = "read_committed"):
+        self._pool = pool
+        self._isolation = isolation
+        self.conn: asyncpg.Connection | None = None
+        self._tx: asyncpg.transaction.Transaction | None = None
+        self.committed = False
+
+    async def __aenter__(self) -> "UnitOfWork":
+        self.conn = await self._pool.acquire()
+        try:
+            self._tx = self.conn.transaction(isolation=self._isolation)
+            await self._tx.start()
+        except BaseException:
+            await self._pool.release(self.conn)
+            raise
+        return self
+
+    async def commit(self) -> None:
+        assert self._tx is not None
+        await self._tx.commit()
+        self.committed = True
+
+    async def rollback(self) -> None:
+        assert self._tx is not None
+        if not self.committed:
+            await self._tx.rollback()
+            self.committed = True  # finished either way
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if not self.committed:
+                try:
+                    await self._tx.rollback()
+                except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                    log.warning("rollback failed; connection will be discarded", exc_info=True)
+        finally:
+            await self._pool.release(self.conn)
+
+
+async def ensure_database(dsn: str) -> None:
+    """Create the DSN's database on its server if it does not exist yet."""
+    from urllib.parse import urlsplit
+
+    dbname = urlsplit(dsn).path.lstrip("/")
+    admin = await asyncpg.connect(with_database(dsn, "postgres"))
+    try:
+        exists = await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", dbname)
+        if not exists:
+            try:
+                # Identifiers cannot be parameters; the name comes from our config, quoted here.
+                await admin.execute('CREATE DATABASE "%s"' % dbname.replace('"', '""'))
+            except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
+                pass  # a replica created it first
+    finally:
+        await admin.close()
+
+
+MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    text PRIMARY KEY,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+# Any fixed 64-bit key; every service uses its own database so one key suffices.
+MIGRATION_LOCK_KEY = 0x63757479_6d696772  # "cutymigr"
+
+
+class MigrationError(RuntimeError):
+    pass
+
+
+async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool = True) -> list[str]:
+    """Apply the numbered `*.sql` files of `migrations_dir` that are not applied yet, in order.
+
+    Forward-only: an applied file whose content changed is an error. Replicas starting together are
+    serialised by a session advisory lock, so each migration runs exactly once.
+    Returns the versions applied by this call.
+    """
+    if create:
+        await ensure_database(dsn)
+    files = sorted(pathlib.Path(migrations_dir).glob("*.sql"))
+    conn = await asyncpg.connect(dsn)
+    applied_now: list[str] = []
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+        try:
+            await conn.execute(MIGRATIONS_TABLE)
+            done = {r["version"]: r["checksum"] for r in await conn.fetch("SELECT version, checksum FROM schema_migrations")}
+            for f in files:
+                sql = f.read_text()
+                checksum = hashlib.sha256(sql.encode()).hexdigest()
+                version = f.stem
+                if version in done:
+                    if done[version] != checksum:
+                        raise MigrationError(f"migration {f.name} was changed after it was applied; add a new migration instead")
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute("INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2)", version, checksum)
+                applied_now.append(version)
+                log.info("migration applied", extra={"version": version, "database": dsn.rsplit("/", 1)[-1]})
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+    finally:
+        await conn.close()
+    return applied_now

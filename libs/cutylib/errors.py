@@ -1,0 +1,65 @@
+"""Domain errors. Raised by use cases; one interceptor maps them to gRPC status codes.
+
+Each carries what the caller needs to act: the field at fault, a machine-readable reason, and an
+optional protobuf detail message (alternatives for a lost slot race, the available count...).
+"""
+from __future__ import annotations
+
+import grpc
+from google.protobuf.message import Message
+
+
+class DomainError(Exception):
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str, *, reason: str = "", field: str = "", detail: Message | None = None):
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+        self.field = field
+        self.detail = detail
+
+
+class InvalidArgument(DomainError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str, message: str, *, reason: str = ""):
+        super().__init__(message, field=field, reason=reason)
+
+
+class NotFound(DomainError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(DomainError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(DomainError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhausted(DomainError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class PermissionDenied(DomainError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Unauthenticated(DomainError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class Aborted(DomainError):
+    code = grpc.StatusCode.ABORTED
+
+
+class Unavailable(DomainError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+def require(condition: bool, field: str, message: str) -> None:
+    """Validation helper: raise InvalidArgument naming the field unless condition holds."""
+    if not condition:
+        raise InvalidArgument(field, message)

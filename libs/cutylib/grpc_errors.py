@@ -1,0 +1,76 @@
+"""One mapping from domain errors to gRPC status (with google.rpc details), and back for clients."""
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from .errors import DomainError
+
+log = logging.getLogger(__name__)
+
+ERROR_DOMAIN = "cuty.app"
+
+
+def to_status(err: DomainError) -> grpc.Status:
+    details = []
+    if err.field:
+        br = error_details_pb2.BadRequest(
+            field_violations=[error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.message)]
+        )
+        details.append(br)
+    if err.reason:
+        details.append(error_details_pb2.ErrorInfo(reason=err.reason, domain=ERROR_DOMAIN))
+    if err.detail is not None:
+        details.append(err.detail)
+    packed = []
+    for d in details:
+        a = any_pb2.Any()
+        a.Pack(d)
+        packed.append(a)
+    st = status_pb2.Status(code=err.code.value[0], message=err.message, details=packed)
+    return rpc_status.to_status(st)
+
+
+def status_for_exception(exc: BaseException) -> grpc.Status | None:
+    """Status for an exception escaping a handler, or None to let grpc handle it."""
+    if isinstance(exc, DomainError):
+        return to_status(exc)
+    if isinstance(exc, (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError)):
+        return rpc_status.to_status(status_pb2.Status(code=code_pb2.ABORTED, message=f"transaction conflict, retry: {exc}"))
+    if isinstance(exc, (asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.CannotConnectNowError,
+                        asyncpg.exceptions.AdminShutdownError, asyncpg.exceptions.TooManyConnectionsError,
+                        asyncpg.exceptions.InterfaceError, asyncpg.exceptions.ConnectionFailureError,
+                        ConnectionError, OSError, TimeoutError)):
+        return rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, message=f"database unavailable: {type(exc).__name__}"))
+    return None
+
+
+def details_of(err: grpc.aio.AioRpcError | grpc.RpcError) -> list:
+    """Unpacked google.rpc.Status details of a client-side error (protobuf Any list)."""
+    st = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
+    return list(st.details) if st is not None else []
+
+
+def unpack_detail(err, message_type):
+    """The first detail of `message_type` in a client-side RpcError, or None."""
+    for a in details_of(err):
+        if a.Is(message_type.DESCRIPTOR):
+            m = message_type()
+            a.Unpack(m)
+            return m
+    return None
+
+
+def error_reason(err) -> str:
+    info = unpack_detail(err, error_details_pb2.ErrorInfo)
+    return info.reason if info else ""
+
+
+def bad_field(err) -> str:
+    br = unpack_detail(err, error_details_pb2.BadRequest)
+    return br.field_violations[0].field if br and br.field_violations else ""

@@ -1,0 +1,96 @@
+"""OpenTelemetry bootstrap and JSON logs that carry trace and span ids."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+_initialised = False
+
+_STD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, trace/span ids and `extra` fields."""
+
+    def __init__(self, service: str):
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "service": self.service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid:
+            out["trace_id"] = format(ctx.trace_id, "032x")
+            out["span_id"] = format(ctx.span_id, "016x")
+        for k, v in record.__dict__.items():
+            if k not in _STD_ATTRS and not k.startswith("_"):
+                out[k] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(service: str, level: str | None = None) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level or os.environ.get("CUTY_LOG_LEVEL", "INFO"))
+    for noisy in ("uvicorn.access",):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def init_telemetry(service: str, *, instrument_grpc: bool = True, instrument_asyncpg: bool = True) -> TracerProvider:
+    """Tracer provider for `service`; OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+
+    Instrumentation patches grpc.aio and asyncpg, so call this before creating servers, channels or pools.
+    """
+    global _initialised
+    setup_logging(service)
+    if _initialised:
+        return trace.get_tracer_provider()  # type: ignore[return-value]
+    provider = TracerProvider(resource=Resource.create({"service.name": f"cuty-{service}"}))
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
+    trace.set_tracer_provider(provider)
+    if instrument_grpc:
+        from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
+
+        GrpcAioInstrumentorServer().instrument(skip_dep_check=True)
+        GrpcAioInstrumentorClient().instrument(skip_dep_check=True)
+    if instrument_asyncpg:
+        from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
+
+        AsyncPGInstrumentor().instrument(skip_dep_check=True)
+    _initialised = True
+    return provider
+
+
+def current_trace_id() -> str:
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+
+def set_span_attributes(**attrs: str) -> None:
+    """Tag the current span (checkout.id, payment.id, hold.id, order.id...)."""
+    span = trace.get_current_span()
+    for k, v in attrs.items():
+        if v:
+            span.set_attribute(k.replace("_", "."), v)

@@ -1,0 +1,1 @@
+"""Test harness shared by every context: Postgres, service processes, ids."""

@@ -1,0 +1,5 @@
+import uuid
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())

@@ -1,0 +1,50 @@
+"""The test suite's PostgreSQL: CUTY_TEST_DSN when set; else testcontainers when a Docker engine
+answers; else a throwaway cluster from the local server binaries. One per test session."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+from ..pgcluster import INSTALL_HINT, LocalCluster, PostgresUnavailable
+
+
+@dataclass
+class TestPostgres:
+    dsn: str
+    cluster: LocalCluster | None = None  # set when we own the server (fault tests may stop it)
+    container: object | None = None
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.destroy()
+        if self.container is not None:
+            self.container.stop()
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # installed with testcontainers
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:  # noqa: BLE001 - no engine
+        return False
+
+
+def start_test_postgres() -> TestPostgres:
+    dsn = os.environ.get("CUTY_TEST_DSN")
+    if dsn:
+        return TestPostgres(dsn=dsn)
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        c = PostgresContainer("postgres:15", driver=None).start()
+        return TestPostgres(dsn=c.get_connection_url(), container=c)
+    try:
+        base = tempfile.mkdtemp(prefix="cuty-test-pg-")
+        cluster = LocalCluster(os.path.join(base, "data"), fast_unsafe=True, max_connections=600)
+        cluster.start()
+        return TestPostgres(dsn=cluster.dsn, cluster=cluster)
+    except PostgresUnavailable as e:
+        raise PostgresUnavailable(f"no PostgreSQL for tests: {e}\n{INSTALL_HINT}") from e

@@ -1,0 +1,53 @@
+"""The test payment methods: each one picks how the simulated PSP behaves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .state import FAILED, PROCESSING, REQUIRES_ACTION, SUCCEEDED
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    # Status of the intent in the synchronous answer.
+    initial_status: str
+    # Copies of every webhook event for intents of this method (0: never any webhook).
+    webhook_copies: int = 1
+    # Deliver the succeeded webhook (first attempt awaited) before the sync answer.
+    webhook_before_answer: bool = False
+    # Also emit a stale "processing" event, delivered after a "succeeded" copy, shuffled.
+    scrambled: bool = False
+    # Charge, then hang for sync_timeout_delay_seconds and answer 504.
+    sync_timeout: bool = False
+    # processing -> succeeded after settle_delay_ms (no webhook when webhook_copies == 0).
+    settles_later: bool = False
+
+
+DUPLICATES = -1  # placeholder for settings.webhook_duplicate_copies
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("pm_card_ok", SUCCEEDED),
+        Scenario("pm_card_declined", FAILED),
+        Scenario("pm_card_3ds", REQUIRES_ACTION),
+        Scenario("pm_card_webhook_first", SUCCEEDED, webhook_before_answer=True),
+        Scenario("pm_card_duplicate_webhooks", SUCCEEDED, webhook_copies=DUPLICATES, scrambled=True),
+        Scenario("pm_card_no_webhook", PROCESSING, webhook_copies=0, settles_later=True),
+        Scenario("pm_card_sync_timeout", SUCCEEDED, sync_timeout=True),
+    )
+}
+
+DECLINE_ERROR = {
+    "type": "card_error",
+    "code": "card_declined",
+    "decline_code": "generic_decline",
+    "message": "Your card was declined.",
+}
+
+AUTHENTICATION_ERROR = {
+    "type": "card_error",
+    "code": "payment_intent_authentication_failure",
+    "message": "The customer failed 3D Secure authentication.",
+}

@@ -1,0 +1,186 @@
+"""In-memory objects and the ledger: payment intents, refunds, idempotency records, faults.
+
+Everything runs on one event loop, and no method here awaits, so each method is atomic.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+# Intent statuses.
+REQUIRES_ACTION = "requires_action"
+PROCESSING = "processing"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELED = "canceled"
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED})
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def fingerprint(params: dict[str, Any]) -> str:
+    canonical = json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Intent:
+    id: str
+    amount: int
+    currency: str
+    payment_method: str
+    metadata: dict[str, Any]
+    idempotency_key: str
+    status: str
+    client_secret: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    next_action: dict[str, Any] | None = None
+    last_payment_error: dict[str, Any] | None = None
+    amount_refunded: int = 0
+    canceled_at: int | None = None
+
+    def snapshot(self, **override: Any) -> dict[str, Any]:
+        out = {
+            "id": self.id,
+            "object": "payment_intent",
+            "status": self.status,
+            "amount": self.amount,
+            "amount_refunded": self.amount_refunded,
+            "currency": self.currency,
+            "payment_method": self.payment_method,
+            "client_secret": self.client_secret,
+            "next_action": self.next_action,
+            "last_payment_error": self.last_payment_error,
+            "metadata": self.metadata,
+            "created": self.created,
+            "canceled_at": self.canceled_at,
+        }
+        out.update(override)
+        return copy.deepcopy(out)
+
+
+@dataclass
+class Refund:
+    id: str
+    payment_intent: str
+    amount: int
+    currency: str
+    idempotency_key: str
+    metadata: dict[str, Any]
+    reason: str | None = None
+    status: str = SUCCEEDED
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def snapshot(self) -> dict[str, Any]:
+        return copy.deepcopy(
+            {
+                "id": self.id,
+                "object": "refund",
+                "payment_intent": self.payment_intent,
+                "amount": self.amount,
+                "currency": self.currency,
+                "status": self.status,
+                "reason": self.reason,
+                "metadata": self.metadata,
+                "created": self.created,
+            }
+        )
+
+
+@dataclass
+class IdempotencyRecord:
+    fingerprint: str
+    object_id: str
+
+
+class Store:
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.intents: dict[str, Intent] = {}
+        self.refunds: dict[str, Refund] = {}
+        # Keys are scoped per operation ("create", "refund").
+        self.idempotency: dict[tuple[str, str], IdempotencyRecord] = {}
+        self.charges: list[dict[str, Any]] = []
+        self.charge_count_by_key: Counter[str] = Counter()
+        self.faults: Counter[str] = Counter()
+
+    # -- idempotency ---------------------------------------------------------------------
+    def lookup_key(self, scope: str, key: str) -> IdempotencyRecord | None:
+        return self.idempotency.get((scope, key))
+
+    def remember_key(self, scope: str, key: str, fp: str, object_id: str) -> None:
+        self.idempotency[(scope, key)] = IdempotencyRecord(fp, object_id)
+
+    # -- faults --------------------------------------------------------------------------
+    def take_fault(self, operation: str) -> bool:
+        """Consume one injected failure for ``operation`` if any is pending."""
+        if self.faults[operation] > 0:
+            self.faults[operation] -= 1
+            return True
+        return False
+
+    # -- money ---------------------------------------------------------------------------
+    def capture(self, intent: Intent) -> bool:
+        """Move a non-terminal intent to succeeded and record the charge (exactly once)."""
+        if intent.status in TERMINAL:
+            return False
+        intent.status = SUCCEEDED
+        intent.next_action = None
+        intent.last_payment_error = None
+        self.charges.append({"intent_id": intent.id, "idempotency_key": intent.idempotency_key, "at": time.time()})
+        self.charge_count_by_key[intent.idempotency_key] += 1
+        return True
+
+    def add_refund(self, intent: Intent, refund: Refund) -> None:
+        intent.amount_refunded += refund.amount
+        self.refunds[refund.id] = refund
+
+    def ledger(self) -> dict[str, Any]:
+        charges = []
+        for c in self.charges:
+            intent = self.intents[c["intent_id"]]
+            charges.append(
+                {
+                    "idempotency_key": c["idempotency_key"],
+                    "intent_id": intent.id,
+                    "amount": intent.amount,
+                    "amount_refunded": intent.amount_refunded,
+                    "currency": intent.currency,
+                    "payment_method": intent.payment_method,
+                    "status": SUCCEEDED,
+                    "captured_at": c["at"],
+                }
+            )
+        refunds = [
+            {
+                "idempotency_key": r.idempotency_key,
+                "refund_id": r.id,
+                "intent_id": r.payment_intent,
+                "amount": r.amount,
+                "currency": r.currency,
+                "status": r.status,
+            }
+            for r in self.refunds.values()
+        ]
+        totals: dict[str, dict[str, int]] = {}
+        for c in charges:
+            totals.setdefault(c["currency"], {"charged": 0, "refunded": 0})["charged"] += c["amount"]
+        for r in refunds:
+            totals.setdefault(r["currency"], {"charged": 0, "refunded": 0})["refunded"] += r["amount"]
+        return {
+            "charges": charges,
+            "refunds": refunds,
+            "charge_count_by_key": dict(self.charge_count_by_key),
+            "totals_by_currency": totals,
+        }

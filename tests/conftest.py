@@ -1,0 +1,67 @@
+"""Session-wide fixtures: one PostgreSQL per test session, each service's database migrated once.
+
+Tests use fresh random ids instead of truncating, so they never depend on each other's rows.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from cutylib.config import with_database
+from cutylib.db import create_pool, migrate
+from cutylib.testing.postgres import start_test_postgres
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def pg():
+    server = start_test_postgres()
+    yield server
+    server.close()
+
+
+async def _migrated(pg, service: str) -> str:
+    dsn = with_database(pg.dsn, f"cuty_{service}")
+    await migrate(dsn, REPO / "services" / service / "migrations")
+    return dsn
+
+
+@pytest_asyncio.fixture(scope="session")
+async def booking_dsn(pg) -> str:
+    return await _migrated(pg, "booking")
+
+
+@pytest_asyncio.fixture(scope="session")
+async def codepool_dsn(pg) -> str:
+    return await _migrated(pg, "codepool")
+
+
+@pytest_asyncio.fixture(scope="session")
+async def payments_dsn(pg) -> str:
+    return await _migrated(pg, "payments")
+
+
+@pytest_asyncio.fixture
+async def scratch_db(pg):
+    """A fresh empty database for tests of the shared libs (migrations, unit of work)."""
+    import uuid
+
+    name = "scratch_" + uuid.uuid4().hex[:12]
+    admin = await asyncpg.connect(pg.dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    yield with_database(pg.dsn, name)
+    admin = await asyncpg.connect(pg.dsn)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+@pytest_asyncio.fixture
+async def scratch_pool(scratch_db):
+    pool = await create_pool(scratch_db, min_size=1, max_size=10)
+    yield pool
+    await pool.close()
