@@ -47,6 +47,7 @@ class Intent:
     last_payment_error: dict[str, Any] | None = None
     amount_refunded: int = 0
     canceled_at: int | None = None
+    cancellation_reason: str | None = None
 
     def snapshot(self, **override: Any) -> dict[str, Any]:
         out = {
@@ -63,6 +64,7 @@ class Intent:
             "metadata": self.metadata,
             "created": self.created,
             "canceled_at": self.canceled_at,
+            "cancellation_reason": self.cancellation_reason,
         }
         out.update(override)
         return copy.deepcopy(out)

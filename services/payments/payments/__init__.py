@@ -1,0 +1,1 @@
+"""The orchestrator: payments against the PSP (one finalize path) and the checkout saga."""

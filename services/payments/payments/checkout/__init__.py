@@ -1,0 +1,1 @@
+"""The checkout saga (CheckoutService): hold -> charge -> confirm/deliver, with compensations."""

@@ -1,0 +1,340 @@
+"""The simulated PSP's operations: payment intents, 3DS, cancel, refunds, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import Any
+
+from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, DUPLICATES, SCENARIOS, Scenario
+from .settings import Settings
+from .state import (
+    CANCELED, FAILED, PROCESSING, REQUIRES_ACTION, SUCCEEDED,
+    Intent, Refund, Store, fingerprint, new_id,
+)
+from .webhooks import Event, WebhookDispatcher
+
+log = logging.getLogger("pspsim.psp")
+
+MAX_AMOUNT = 10**12
+MAX_KEY_LENGTH = 255
+FAULT_OPERATIONS = ("create", "retrieve", "cancel", "refund")
+
+
+class ApiError(Exception):
+    """An error answer: ``{"error": {"type", "code", "message", "param"?, ...extra}}``."""
+
+    def __init__(self, status: int, type_: str, code: str, message: str, *,
+                 param: str | None = None, **extra: Any):
+        super().__init__(message)
+        self.status = status
+        self.error: dict[str, Any] = {"type": type_, "code": code, "message": message}
+        if param is not None:
+            self.error["param"] = param
+        self.error.update(extra)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.error}
+
+
+def _bad(code: str, message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, "invalid_request_error", code, message, param=param)
+
+
+def _require_key(key: str | None) -> str:
+    if key is None or not key.strip():
+        raise _bad("idempotency_key_missing", "the Idempotency-Key header is required")
+    if len(key) > MAX_KEY_LENGTH:
+        raise _bad("idempotency_key_invalid", f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters")
+    return key
+
+
+def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
+    for name in body:
+        if name not in allowed:
+            raise _bad("parameter_unknown", f"unknown parameter {name!r}", param=name)
+
+
+def _positive_int(value: Any, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_AMOUNT:
+        raise _bad("parameter_invalid_integer", f"{param} must be a positive integer (minor units)", param)
+    return value
+
+
+def _metadata(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad("parameter_invalid", "metadata must be an object", "metadata")
+    return value
+
+
+def validate_intent(body: dict[str, Any]) -> dict[str, Any]:
+    _check_fields(body, {"amount", "currency", "payment_method", "metadata"})
+    for name in ("amount", "currency", "payment_method"):
+        if name not in body:
+            raise _bad("parameter_missing", f"{name} is required", name)
+    currency = body["currency"]
+    if not (isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha()):
+        raise _bad("parameter_invalid", "currency must be a 3-letter ISO 4217 code", "currency")
+    pm = body["payment_method"]
+    if not isinstance(pm, str) or pm not in SCENARIOS:
+        raise _bad("payment_method_unknown",
+                   f"unknown payment_method; one of {', '.join(SCENARIOS)}", "payment_method")
+    return {
+        "amount": _positive_int(body["amount"], "amount"),
+        "currency": currency.upper(),
+        "payment_method": pm,
+        "metadata": _metadata(body.get("metadata")),
+    }
+
+
+def validate_refund(body: dict[str, Any]) -> dict[str, Any]:
+    _check_fields(body, {"payment_intent", "amount", "reason", "metadata"})
+    pi = body.get("payment_intent")
+    if not isinstance(pi, str) or not pi:
+        raise _bad("parameter_missing", "payment_intent is required", "payment_intent")
+    amount = body.get("amount")
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise _bad("parameter_invalid", "reason must be a string", "reason")
+    return {
+        "payment_intent": pi,
+        "amount": None if amount is None else _positive_int(amount, "amount"),
+        "reason": reason,
+        "metadata": _metadata(body.get("metadata")),
+    }
+
+
+class Psp:
+    def __init__(self, settings: Settings, webhooks: WebhookDispatcher | None = None):
+        self.settings = settings
+        self.store = Store()
+        self.webhooks = webhooks or WebhookDispatcher(settings)
+        self._timers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await self.webhooks.start()
+
+    async def aclose(self) -> None:
+        self._cancel_timers()
+        await self.webhooks.aclose()
+
+    def reset(self) -> None:
+        self._cancel_timers()
+        self.webhooks.reset()
+        self.store.reset()
+
+    def _cancel_timers(self) -> None:
+        for t in list(self._timers):
+            t.cancel()
+
+    # -- helpers -------------------------------------------------------------------------
+    def _fault(self, operation: str) -> None:
+        if self.store.take_fault(operation):
+            raise ApiError(503, "api_error", "service_unavailable", f"injected fault: {operation} unavailable")
+
+    def _intent(self, intent_id: str) -> Intent:
+        intent = self.store.intents.get(intent_id)
+        if intent is None:
+            raise ApiError(404, "invalid_request_error", "resource_missing",
+                           f"no such payment_intent: {intent_id!r}", param="id")
+        return intent
+
+    def _copies(self, scenario: Scenario) -> int:
+        if scenario.webhook_copies == DUPLICATES:
+            return self.settings.webhook_duplicate_copies
+        return scenario.webhook_copies
+
+    def _emit(self, intent: Intent, *events: Event) -> None:
+        scenario = SCENARIOS[intent.payment_method]
+        self.webhooks.schedule(list(events), copies=self._copies(scenario), scrambled=scenario.scrambled)
+
+    def _event(self, intent: Intent, type_: str, obj: dict[str, Any] | None = None,
+               created: int | None = None) -> Event | None:
+        """Build an event for ``intent``, or None if its scenario never sends webhooks."""
+        if self._copies(SCENARIOS[intent.payment_method]) <= 0:
+            return None
+        obj = intent.snapshot() if obj is None else obj
+        return self.webhooks.event(type_, obj, idempotency_key=intent.idempotency_key, created=created)
+
+    def _emit_intent(self, intent: Intent, type_: str) -> None:
+        event = self._event(intent, type_)
+        if event is not None:
+            self._emit(intent, event)
+
+    def _unexpected_state(self, intent: Intent, action: str) -> ApiError:
+        return ApiError(409, "invalid_request_error", "payment_intent_unexpected_state",
+                        f"cannot {action} a payment_intent whose status is {intent.status}",
+                        payment_intent=intent.snapshot())
+
+    def _captured(self, intent: Intent) -> None:
+        log.info("charge captured", extra={"intent_id": intent.id, "amount": intent.amount,
+                                           "currency": intent.currency})
+
+    # -- payment intents -----------------------------------------------------------------
+    async def create_intent(self, key: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        key = _require_key(key)
+        params = validate_intent(body)
+        self._fault("create")
+        fp = fingerprint(params)
+        record = self.store.lookup_key("create", key)
+        if record is not None:
+            if record.fingerprint != fp:
+                raise ApiError(422, "idempotency_error", "idempotency_key_reused",
+                               "this Idempotency-Key was used with different parameters")
+            return self.store.intents[record.object_id].snapshot()
+
+        scenario = SCENARIOS[params["payment_method"]]
+        intent_id = new_id("pi")
+        intent = Intent(
+            id=intent_id, amount=params["amount"], currency=params["currency"],
+            payment_method=params["payment_method"], metadata=params["metadata"],
+            idempotency_key=key, status=PROCESSING,
+            client_secret=f"{intent_id}_secret_{secrets.token_urlsafe(16)}",
+        )
+        self.store.intents[intent_id] = intent
+        self.store.remember_key("create", key, fp, intent_id)
+        log.info("intent created", extra={"intent_id": intent_id, "payment_method": intent.payment_method,
+                                          "status": scenario.initial_status})
+
+        if scenario.initial_status == SUCCEEDED:
+            stale = intent.snapshot()  # still "processing": the stale event of scrambled scenarios
+            self.store.capture(intent)
+            self._captured(intent)
+            succeeded = self._event(intent, "payment_intent.succeeded")
+            if scenario.webhook_before_answer and succeeded is not None:
+                await self.webhooks.deliver_now(succeeded)
+            elif scenario.scrambled and succeeded is not None:
+                processing = self._event(intent, "payment_intent.processing", stale, created=intent.created)
+                self._emit(intent, processing, succeeded)
+            elif succeeded is not None:
+                self._emit(intent, succeeded)
+            if scenario.sync_timeout:
+                await asyncio.sleep(self.settings.sync_timeout_delay_seconds)
+                raise ApiError(504, "api_error", "timeout", "the PSP timed out (the charge may have happened)")
+        elif scenario.initial_status == FAILED:
+            intent.status = FAILED
+            intent.last_payment_error = dict(DECLINE_ERROR)
+            self._emit_intent(intent, "payment_intent.payment_failed")
+        elif scenario.initial_status == REQUIRES_ACTION:
+            intent.status = REQUIRES_ACTION
+            intent.next_action = {
+                "type": "redirect_to_url",
+                "redirect_url": f"{self.settings.base_url}/3ds/{intent_id}/complete",
+            }
+            self._emit_intent(intent, "payment_intent.requires_action")
+        else:
+            self._emit_intent(intent, "payment_intent.processing")
+            if scenario.settles_later:
+                task = asyncio.get_running_loop().create_task(self._settle_later(intent))
+                self._timers.add(task)
+                task.add_done_callback(self._timers.discard)
+        return intent.snapshot()
+
+    async def _settle_later(self, intent: Intent) -> None:
+        await asyncio.sleep(self.settings.settle_delay_ms / 1000.0)
+        if self.store.intents.get(intent.id) is intent and self.store.capture(intent):
+            self._captured(intent)
+            self._emit_intent(intent, "payment_intent.succeeded")
+
+    def get_intent(self, intent_id: str) -> dict[str, Any]:
+        self._fault("retrieve")
+        return self._intent(intent_id).snapshot()
+
+    def cancel_intent(self, intent_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        _check_fields(body, {"cancellation_reason"})
+        reason = body.get("cancellation_reason")
+        if reason is not None and not isinstance(reason, str):
+            raise _bad("parameter_invalid", "cancellation_reason must be a string", "cancellation_reason")
+        self._fault("cancel")
+        intent = self._intent(intent_id)
+        if intent.status == CANCELED:
+            return intent.snapshot()
+        if intent.status not in (REQUIRES_ACTION, PROCESSING):
+            raise self._unexpected_state(intent, "cancel")
+        intent.status = CANCELED
+        intent.next_action = None
+        intent.canceled_at = int(time.time())
+        intent.cancellation_reason = reason
+        log.info("intent canceled", extra={"intent_id": intent.id})
+        self._emit_intent(intent, "payment_intent.canceled")
+        return intent.snapshot()
+
+    def complete_action(self, intent_id: str, succeed: bool) -> dict[str, Any]:
+        """The customer finished (or failed) the 3DS redirect."""
+        intent = self._intent(intent_id)
+        if intent.status == REQUIRES_ACTION:
+            if succeed:
+                self.store.capture(intent)
+                self._captured(intent)
+                self._emit_intent(intent, "payment_intent.succeeded")
+            else:
+                intent.status = FAILED
+                intent.next_action = None
+                intent.last_payment_error = dict(AUTHENTICATION_ERROR)
+                self._emit_intent(intent, "payment_intent.payment_failed")
+            return intent.snapshot()
+        if intent.status == (SUCCEEDED if succeed else FAILED):
+            return intent.snapshot()  # the same redirect visited again
+        raise self._unexpected_state(intent, "complete the action of")
+
+    # -- refunds -------------------------------------------------------------------------
+    def create_refund(self, key: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        key = _require_key(key)
+        params = validate_refund(body)
+        self._fault("refund")
+        fp = fingerprint(params)
+        record = self.store.lookup_key("refund", key)
+        if record is not None:
+            if record.fingerprint != fp:
+                raise ApiError(422, "idempotency_error", "idempotency_key_reused",
+                               "this Idempotency-Key was used with different parameters")
+            return self.store.refunds[record.object_id].snapshot()
+
+        intent = self.store.intents.get(params["payment_intent"])
+        if intent is None:
+            raise ApiError(404, "invalid_request_error", "resource_missing",
+                           f"no such payment_intent: {params['payment_intent']!r}", param="payment_intent")
+        if intent.status != SUCCEEDED:
+            raise ApiError(400, "invalid_request_error", "payment_intent_unexpected_state",
+                           f"cannot refund a payment_intent whose status is {intent.status}",
+                           param="payment_intent", payment_intent=intent.snapshot())
+        remaining = intent.amount - intent.amount_refunded
+        if remaining <= 0:
+            raise _bad("charge_already_refunded", "the charge is already fully refunded", "payment_intent")
+        amount = remaining if params["amount"] is None else params["amount"]
+        if amount > remaining:
+            raise _bad("amount_too_large", f"amount exceeds the refundable {remaining}", "amount")
+
+        refund = Refund(id=new_id("re"), payment_intent=intent.id, amount=amount, currency=intent.currency,
+                        idempotency_key=key, metadata=params["metadata"], reason=params["reason"])
+        self.store.add_refund(intent, refund)
+        self.store.remember_key("refund", key, fp, refund.id)
+        log.info("refund created", extra={"refund_id": refund.id, "intent_id": intent.id, "amount": amount})
+        event = self._event(intent, "charge.refunded", refund.snapshot())
+        if event is not None:
+            self._emit(intent, event)
+        return refund.snapshot()
+
+    def get_refund(self, refund_id: str) -> dict[str, Any]:
+        refund = self.store.refunds.get(refund_id)
+        if refund is None:
+            raise ApiError(404, "invalid_request_error", "resource_missing",
+                           f"no such refund: {refund_id!r}", param="id")
+        return refund.snapshot()
+
+    # -- test controls -------------------------------------------------------------------
+    def faults(self) -> dict[str, int]:
+        return {f"fail_next_{op}s": self.store.faults[op] for op in FAULT_OPERATIONS}
+
+    def set_faults(self, body: dict[str, Any]) -> dict[str, int]:
+        names = {f"fail_next_{op}s": op for op in FAULT_OPERATIONS}
+        _check_fields(body, set(names))
+        for name, value in body.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise _bad("parameter_invalid_integer", f"{name} must be a non-negative integer", name)
+            self.store.faults[names[name]] = value
+        return self.faults()
