@@ -39,27 +39,27 @@ class ApiError(Exception):
         return {"error": self.error}
 
 
-def _bad(code: str, message: str, param: str | None = None) -> ApiError:
+def invalid(code: str, message: str, param: str | None = None) -> ApiError:
     return ApiError(400, "invalid_request_error", code, message, param=param)
 
 
 def _require_key(key: str | None) -> str:
     if key is None or not key.strip():
-        raise _bad("idempotency_key_missing", "the Idempotency-Key header is required")
+        raise invalid("idempotency_key_missing", "the Idempotency-Key header is required")
     if len(key) > MAX_KEY_LENGTH:
-        raise _bad("idempotency_key_invalid", f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters")
+        raise invalid("idempotency_key_invalid", f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters")
     return key
 
 
 def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
     for name in body:
         if name not in allowed:
-            raise _bad("parameter_unknown", f"unknown parameter {name!r}", param=name)
+            raise invalid("parameter_unknown", f"unknown parameter {name!r}", param=name)
 
 
 def _positive_int(value: Any, param: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_AMOUNT:
-        raise _bad("parameter_invalid_integer", f"{param} must be a positive integer (minor units)", param)
+        raise invalid("parameter_invalid_integer", f"{param} must be a positive integer (minor units)", param)
     return value
 
 
@@ -67,7 +67,7 @@ def _metadata(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise _bad("parameter_invalid", "metadata must be an object", "metadata")
+        raise invalid("parameter_invalid", "metadata must be an object", "metadata")
     return value
 
 
@@ -75,13 +75,13 @@ def validate_intent(body: dict[str, Any]) -> dict[str, Any]:
     _check_fields(body, {"amount", "currency", "payment_method", "metadata"})
     for name in ("amount", "currency", "payment_method"):
         if name not in body:
-            raise _bad("parameter_missing", f"{name} is required", name)
+            raise invalid("parameter_missing", f"{name} is required", name)
     currency = body["currency"]
     if not (isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha()):
-        raise _bad("parameter_invalid", "currency must be a 3-letter ISO 4217 code", "currency")
+        raise invalid("parameter_invalid", "currency must be a 3-letter ISO 4217 code", "currency")
     pm = body["payment_method"]
     if not isinstance(pm, str) or pm not in SCENARIOS:
-        raise _bad("payment_method_unknown",
+        raise invalid("payment_method_unknown",
                    f"unknown payment_method; one of {', '.join(SCENARIOS)}", "payment_method")
     return {
         "amount": _positive_int(body["amount"], "amount"),
@@ -95,11 +95,11 @@ def validate_refund(body: dict[str, Any]) -> dict[str, Any]:
     _check_fields(body, {"payment_intent", "amount", "reason", "metadata"})
     pi = body.get("payment_intent")
     if not isinstance(pi, str) or not pi:
-        raise _bad("parameter_missing", "payment_intent is required", "payment_intent")
+        raise invalid("parameter_missing", "payment_intent is required", "payment_intent")
     amount = body.get("amount")
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
-        raise _bad("parameter_invalid", "reason must be a string", "reason")
+        raise invalid("parameter_invalid", "reason must be a string", "reason")
     return {
         "payment_intent": pi,
         "amount": None if amount is None else _positive_int(amount, "amount"),
@@ -248,7 +248,7 @@ class Psp:
         _check_fields(body, {"cancellation_reason"})
         reason = body.get("cancellation_reason")
         if reason is not None and not isinstance(reason, str):
-            raise _bad("parameter_invalid", "cancellation_reason must be a string", "cancellation_reason")
+            raise invalid("parameter_invalid", "cancellation_reason must be a string", "cancellation_reason")
         self._fault("cancel")
         intent = self._intent(intent_id)
         if intent.status == CANCELED:
@@ -304,10 +304,10 @@ class Psp:
                            param="payment_intent", payment_intent=intent.snapshot())
         remaining = intent.amount - intent.amount_refunded
         if remaining <= 0:
-            raise _bad("charge_already_refunded", "the charge is already fully refunded", "payment_intent")
+            raise invalid("charge_already_refunded", "the charge is already fully refunded", "payment_intent")
         amount = remaining if params["amount"] is None else params["amount"]
         if amount > remaining:
-            raise _bad("amount_too_large", f"amount exceeds the refundable {remaining}", "amount")
+            raise invalid("amount_too_large", f"amount exceeds the refundable {remaining}", "amount")
 
         refund = Refund(id=new_id("re"), payment_intent=intent.id, amount=amount, currency=intent.currency,
                         idempotency_key=key, metadata=params["metadata"], reason=params["reason"])
@@ -335,6 +335,6 @@ class Psp:
         _check_fields(body, set(names))
         for name, value in body.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise _bad("parameter_invalid_integer", f"{name} must be a non-negative integer", name)
+                raise invalid("parameter_invalid_integer", f"{name} must be a non-negative integer", name)
             self.store.faults[names[name]] = value
         return self.faults()

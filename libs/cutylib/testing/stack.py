@@ -1,0 +1,114 @@
+"""The platform as real processes for e2e tests: PSP simulator, booking, codepool, payments (N replicas),
+and the webhook route (the gateway when present, else the in-process relay).
+
+    stack = Stack(pg.dsn, tmp_path, env={"CUTY_HOLD_TTL_SECONDS": 5})
+    await stack.start()
+    ... stack.booking_addr, stack.payments_addrs[0], stack.psp_url ...
+    await stack.stop()
+"""
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import httpx
+
+from ..config import DEV_WEBHOOK_SECRET
+from ..pgcluster import free_port
+from .procs import ServiceProcess, base_env
+from .webhook_relay import WebhookRelay
+
+
+class Stack:
+    def __init__(self, pg_dsn: str, workdir: str | pathlib.Path, *,
+                 services: tuple[str, ...] = ("booking", "codepool", "payments"),
+                 payments_replicas: int = 1, env: dict | None = None,
+                 service_env: dict[str, dict] | None = None):
+        self.pg_dsn = pg_dsn
+        self.workdir = pathlib.Path(workdir)
+        self.services = services
+        self.payments_replicas = payments_replicas
+        self.env = {k: str(v) for k, v in (env or {}).items()}
+        self.service_env = service_env or {}
+        self.ports = {s: free_port() for s in ("booking", "codepool")}
+        self.payments_ports = [free_port() for _ in range(payments_replicas)]
+        self.psp_port = free_port()
+        self.relay: WebhookRelay | None = None
+        self.procs: dict[str, ServiceProcess] = {}
+
+    # Addresses -----------------------------------------------------------------------------------
+    @property
+    def booking_addr(self) -> str:
+        return f"127.0.0.1:{self.ports['booking']}"
+
+    @property
+    def codepool_addr(self) -> str:
+        return f"127.0.0.1:{self.ports['codepool']}"
+
+    @property
+    def payments_addrs(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.payments_ports]
+
+    @property
+    def psp_url(self) -> str:
+        return f"http://127.0.0.1:{self.psp_port}"
+
+    def common_env(self) -> dict[str, str]:
+        return base_env(
+            CUTY_DATABASE_URL=self.pg_dsn,
+            CUTY_DATA_DIR=str(self.workdir / "data"),
+            CUTY_BOOKING_ADDR=self.booking_addr,
+            CUTY_CODEPOOL_ADDR=self.codepool_addr,
+            CUTY_PAYMENTS_ADDR=self.payments_addrs[0],
+            CUTY_PSP_URL=self.psp_url,
+            CUTY_PSP_PORT=self.psp_port,
+            CUTY_PSP_WEBHOOK_SECRET=DEV_WEBHOOK_SECRET,
+            CUTY_PSP_WEBHOOK_DELAY_MS=20,
+            **self.env,
+        )
+
+    def _proc(self, name: str, module: str, port: int | None, http_url: str | None = None, **extra) -> ServiceProcess:
+        env = self.common_env()
+        env.update({k: str(v) for k, v in extra.items()})
+        env.update({k: str(v) for k, v in self.service_env.get(name.split("-")[0], {}).items()})
+        env.update({k: str(v) for k, v in self.service_env.get(name, {}).items()})
+        p = ServiceProcess(module, env, self.workdir / "logs" / f"{name}.log", grpc_port=port, http_url=http_url)
+        self.procs[name] = p
+        return p
+
+    async def start(self) -> "Stack":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if "payments" in self.services:
+            self.relay = await WebhookRelay(self.payments_addrs).start()
+        psp = self._proc("pspsim", "pspsim", None, http_url=f"{self.psp_url}/v1/_ledger",
+                         CUTY_PSP_WEBHOOK_URL=self.relay.url if self.relay else "http://127.0.0.1:9/none")
+        psp.start()
+        started = [psp]
+        for s in ("booking", "codepool"):
+            if s in self.services:
+                started.append(self._proc(s, s, self.ports[s], **{f"CUTY_{s.upper()}_GRPC_PORT": self.ports[s]}).start())
+        if "payments" in self.services:
+            for i, port in enumerate(self.payments_ports):
+                started.append(self._proc(f"payments-{i}", "payments", port, CUTY_PAYMENTS_GRPC_PORT=port).start())
+        await asyncio.gather(*(p.wait_healthy(60) for p in started))
+        return self
+
+    async def restart(self, name: str) -> ServiceProcess:
+        """Start a (killed) process again with the same environment and port; wait until healthy."""
+        old = self.procs[name]
+        old.stop()
+        p = ServiceProcess(old.module, old.env, old.log_path, grpc_port=old.grpc_port, http_url=old.http_url)
+        self.procs[name] = p
+        p.start()
+        await p.wait_healthy(60)
+        return p
+
+    async def psp_ledger(self) -> dict:
+        async with httpx.AsyncClient(timeout=5) as c:
+            return (await c.get(f"{self.psp_url}/v1/_ledger")).json()
+
+    async def stop(self) -> None:
+        for p in self.procs.values():
+            p.stop()
+        if self.relay:
+            await self.relay.stop()

@@ -1,0 +1,144 @@
+"""HTTP API of the PSP simulator (Starlette)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .psp import ApiError, Psp, invalid
+from .settings import Settings
+
+log = logging.getLogger("pspsim.app")
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise invalid("invalid_json", "the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise invalid("invalid_json", "the request body must be a JSON object")
+    return data
+
+
+def _psp(request: Request) -> Psp:
+    return request.app.state.psp
+
+
+async def healthz(request: Request) -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+async def create_intent(request: Request) -> JSONResponse:
+    body = await _json_body(request)
+    intent = await _psp(request).create_intent(request.headers.get("Idempotency-Key"), body)
+    return JSONResponse(intent)
+
+
+async def get_intent(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).get_intent(request.path_params["intent_id"]))
+
+
+async def cancel_intent(request: Request) -> JSONResponse:
+    body = await _json_body(request)
+    return JSONResponse(_psp(request).cancel_intent(request.path_params["intent_id"], body))
+
+
+async def complete_3ds(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).complete_action(request.path_params["intent_id"], succeed=True))
+
+
+async def fail_3ds(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).complete_action(request.path_params["intent_id"], succeed=False))
+
+
+async def create_refund(request: Request) -> JSONResponse:
+    body = await _json_body(request)
+    return JSONResponse(_psp(request).create_refund(request.headers.get("Idempotency-Key"), body))
+
+
+async def get_refund(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).get_refund(request.path_params["refund_id"]))
+
+
+async def ledger(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).store.ledger())
+
+
+async def events(request: Request) -> JSONResponse:
+    return JSONResponse({"events": _psp(request).webhooks.snapshot()})
+
+
+async def faults(request: Request) -> JSONResponse:
+    if request.method == "GET":
+        return JSONResponse(_psp(request).faults())
+    return JSONResponse(_psp(request).set_faults(await _json_body(request)))
+
+
+async def reset(request: Request) -> JSONResponse:
+    _psp(request).reset()
+    return JSONResponse({"status": "reset"})
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = {404: "route_missing", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code, "http_error")
+    return JSONResponse({"error": {"type": "invalid_request_error", "code": code, "message": str(exc.detail)}},
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    settings = settings or Settings.from_env()
+    psp = Psp(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        await psp.start()
+        log.info("listening", extra={"url": settings.base_url, "webhook_url": settings.webhook_url})
+        try:
+            yield
+        finally:
+            await psp.aclose()
+            log.info("stopped")
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/v1/payment_intents", create_intent, methods=["POST"]),
+        Route("/v1/payment_intents/{intent_id}", get_intent, methods=["GET"]),
+        Route("/v1/payment_intents/{intent_id}/cancel", cancel_intent, methods=["POST"]),
+        Route("/3ds/{intent_id}/complete", complete_3ds, methods=["GET", "POST"]),
+        Route("/3ds/{intent_id}/fail", fail_3ds, methods=["GET", "POST"]),
+        Route("/v1/refunds", create_refund, methods=["POST"]),
+        Route("/v1/refunds/{refund_id}", get_refund, methods=["GET"]),
+        Route("/v1/_ledger", ledger, methods=["GET"]),
+        Route("/v1/_events", events, methods=["GET"]),
+        Route("/v1/_faults", faults, methods=["GET", "POST"]),
+        Route("/v1/_reset", reset, methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error},
+        max_body_size=MAX_BODY_BYTES,
+    )
+    app.state.psp = psp
+    app.state.settings = settings
+    return app
