@@ -1,0 +1,48 @@
+import json
+import logging
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from cutylib.config import Settings, database_url_for, with_database
+from cutylib.telemetry import JsonFormatter
+
+
+def test_settings_read_the_environment_with_defaults(monkeypatch):
+    monkeypatch.setenv("CUTY_HOLD_TTL_SECONDS", "7")
+    monkeypatch.delenv("CUTY_MAX_ACTIVE_HOLDS", raising=False)
+    s = Settings.from_env()
+    assert s.hold_ttl_seconds == 7
+    assert s.max_active_holds == 3
+
+
+def test_bad_number_names_the_variable(monkeypatch):
+    monkeypatch.setenv("CUTY_LEASE_SECONDS", "soon")
+    with pytest.raises(ValueError, match="CUTY_LEASE_SECONDS must be a number, got 'soon'"):
+        Settings.from_env()
+
+
+def test_each_service_gets_its_own_database(monkeypatch):
+    monkeypatch.setenv("CUTY_DATABASE_URL", "postgresql://u:p@db:5432/whatever?sslmode=require")
+    monkeypatch.delenv("CUTY_CODEPOOL_DATABASE_URL", raising=False)
+    assert database_url_for("codepool") == "postgresql://u:p@db:5432/cuty_codepool?sslmode=require"
+    monkeypatch.setenv("CUTY_CODEPOOL_DATABASE_URL", "postgresql://x/y")
+    assert database_url_for("codepool") == "postgresql://x/y"
+    assert with_database("postgresql://h/a", "b") == "postgresql://h/b"
+
+
+def test_json_logs_carry_trace_and_span_ids():
+    tracer = TracerProvider().get_tracer("t")
+    fmt = JsonFormatter("booking")
+    with tracer.start_as_current_span("op") as span:
+        rec = logging.LogRecord("x", logging.INFO, __file__, 1, "held %s", ("h1",), None)
+        rec.hold_id = "h1"
+        out = json.loads(fmt.format(rec))
+    ctx = span.get_span_context()
+    assert out["msg"] == "held h1"
+    assert out["service"] == "booking"
+    assert out["hold_id"] == "h1"
+    assert out["trace_id"] == format(ctx.trace_id, "032x")
+    assert out["span_id"] == format(ctx.span_id, "016x")
+    assert "trace_id" not in json.loads(fmt.format(logging.LogRecord("x", 20, __file__, 1, "m", (), None)))
