@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import logging.config
+import signal
 import sys
 
 from .logs import log_config
 from .server import serve
 from .settings import Settings
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    # uvicorn drains and shuts down on SIGINT/SIGTERM, then re-raises the signal with the
+    # previous handler restored: that is this one, so a signalled stop exits with status 0.
+    raise SystemExit(0)
 
 
 def main() -> int:
@@ -17,6 +24,8 @@ def main() -> int:
         print(f"pspsim: {exc}", file=sys.stderr)
         return 2
     logging.config.dictConfig(log_config(settings.log_level))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_cleanly)
     serve(settings)
     return 0
 

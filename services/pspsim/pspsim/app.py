@@ -13,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .psp import ApiError, Psp, invalid
+from .psp import Psp
+from .validation import ApiError, invalid
 from .settings import Settings
 
 log = logging.getLogger("pspsim.app")

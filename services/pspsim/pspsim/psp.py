@@ -8,104 +8,18 @@ import secrets
 import time
 from typing import Any
 
-from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, DUPLICATES, SCENARIOS, Scenario
+from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, SCENARIOS, Scenario
 from .settings import Settings
 from .state import (
     CANCELED, FAILED, PROCESSING, REQUIRES_ACTION, SUCCEEDED,
     Intent, Refund, Store, fingerprint, new_id,
 )
+from .validation import ApiError, check_fields, invalid, require_key, validate_intent, validate_refund
 from .webhooks import Event, WebhookDispatcher
 
 log = logging.getLogger("pspsim.psp")
 
-MAX_AMOUNT = 10**12
-MAX_KEY_LENGTH = 255
 FAULT_OPERATIONS = ("create", "retrieve", "cancel", "refund")
-
-
-class ApiError(Exception):
-    """An error answer: ``{"error": {"type", "code", "message", "param"?, ...extra}}``."""
-
-    def __init__(self, status: int, type_: str, code: str, message: str, *,
-                 param: str | None = None, **extra: Any):
-        super().__init__(message)
-        self.status = status
-        self.error: dict[str, Any] = {"type": type_, "code": code, "message": message}
-        if param is not None:
-            self.error["param"] = param
-        self.error.update(extra)
-
-    def body(self) -> dict[str, Any]:
-        return {"error": self.error}
-
-
-def invalid(code: str, message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, "invalid_request_error", code, message, param=param)
-
-
-def _require_key(key: str | None) -> str:
-    if key is None or not key.strip():
-        raise invalid("idempotency_key_missing", "the Idempotency-Key header is required")
-    if len(key) > MAX_KEY_LENGTH:
-        raise invalid("idempotency_key_invalid", f"Idempotency-Key longer than {MAX_KEY_LENGTH} characters")
-    return key
-
-
-def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
-    for name in body:
-        if name not in allowed:
-            raise invalid("parameter_unknown", f"unknown parameter {name!r}", param=name)
-
-
-def _positive_int(value: Any, param: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_AMOUNT:
-        raise invalid("parameter_invalid_integer", f"{param} must be a positive integer (minor units)", param)
-    return value
-
-
-def _metadata(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise invalid("parameter_invalid", "metadata must be an object", "metadata")
-    return value
-
-
-def validate_intent(body: dict[str, Any]) -> dict[str, Any]:
-    _check_fields(body, {"amount", "currency", "payment_method", "metadata"})
-    for name in ("amount", "currency", "payment_method"):
-        if name not in body:
-            raise invalid("parameter_missing", f"{name} is required", name)
-    currency = body["currency"]
-    if not (isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha()):
-        raise invalid("parameter_invalid", "currency must be a 3-letter ISO 4217 code", "currency")
-    pm = body["payment_method"]
-    if not isinstance(pm, str) or pm not in SCENARIOS:
-        raise invalid("payment_method_unknown",
-                   f"unknown payment_method; one of {', '.join(SCENARIOS)}", "payment_method")
-    return {
-        "amount": _positive_int(body["amount"], "amount"),
-        "currency": currency.upper(),
-        "payment_method": pm,
-        "metadata": _metadata(body.get("metadata")),
-    }
-
-
-def validate_refund(body: dict[str, Any]) -> dict[str, Any]:
-    _check_fields(body, {"payment_intent", "amount", "reason", "metadata"})
-    pi = body.get("payment_intent")
-    if not isinstance(pi, str) or not pi:
-        raise invalid("parameter_missing", "payment_intent is required", "payment_intent")
-    amount = body.get("amount")
-    reason = body.get("reason")
-    if reason is not None and not isinstance(reason, str):
-        raise invalid("parameter_invalid", "reason must be a string", "reason")
-    return {
-        "payment_intent": pi,
-        "amount": None if amount is None else _positive_int(amount, "amount"),
-        "reason": reason,
-        "metadata": _metadata(body.get("metadata")),
-    }
 
 
 class Psp:
@@ -144,13 +58,13 @@ class Psp:
         return intent
 
     def _copies(self, scenario: Scenario) -> int:
-        if scenario.webhook_copies == DUPLICATES:
-            return self.settings.webhook_duplicate_copies
-        return scenario.webhook_copies
+        if not scenario.sends_webhooks:
+            return 0
+        return self.settings.webhook_duplicate_copies if scenario.duplicates else 1
 
     def _emit(self, intent: Intent, *events: Event) -> None:
         scenario = SCENARIOS[intent.payment_method]
-        self.webhooks.schedule(list(events), copies=self._copies(scenario), scrambled=scenario.scrambled)
+        self.webhooks.schedule(list(events), copies=self._copies(scenario), scrambled=scenario.duplicates)
 
     def _event(self, intent: Intent, type_: str, obj: dict[str, Any] | None = None,
                created: int | None = None) -> Event | None:
@@ -176,7 +90,7 @@ class Psp:
 
     # -- payment intents -----------------------------------------------------------------
     async def create_intent(self, key: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        key = _require_key(key)
+        key = require_key(key)
         params = validate_intent(body)
         self._fault("create")
         fp = fingerprint(params)
@@ -207,7 +121,7 @@ class Psp:
             succeeded = self._event(intent, "payment_intent.succeeded")
             if scenario.webhook_before_answer and succeeded is not None:
                 await self.webhooks.deliver_now(succeeded)
-            elif scenario.scrambled and succeeded is not None:
+            elif scenario.duplicates and succeeded is not None:
                 processing = self._event(intent, "payment_intent.processing", stale, created=intent.created)
                 self._emit(intent, processing, succeeded)
             elif succeeded is not None:
@@ -236,6 +150,10 @@ class Psp:
 
     async def _settle_later(self, intent: Intent) -> None:
         await asyncio.sleep(self.settings.settle_delay_ms / 1000.0)
+        self.settle(intent)
+
+    def settle(self, intent: Intent) -> None:
+        """A processing intent's charge goes through (unless it was canceled meanwhile)."""
         if self.store.intents.get(intent.id) is intent and self.store.capture(intent):
             self._captured(intent)
             self._emit_intent(intent, "payment_intent.succeeded")
@@ -245,10 +163,11 @@ class Psp:
         return self._intent(intent_id).snapshot()
 
     def cancel_intent(self, intent_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        _check_fields(body, {"cancellation_reason"})
+        check_fields(body, {"cancellation_reason"})
         reason = body.get("cancellation_reason")
         if reason is not None and not isinstance(reason, str):
-            raise invalid("parameter_invalid", "cancellation_reason must be a string", "cancellation_reason")
+            raise invalid("parameter_invalid", f"cancellation_reason must be a string, got {reason!r}",
+                          "cancellation_reason")
         self._fault("cancel")
         intent = self._intent(intent_id)
         if intent.status == CANCELED:
@@ -283,7 +202,7 @@ class Psp:
 
     # -- refunds -------------------------------------------------------------------------
     def create_refund(self, key: str | None, body: dict[str, Any]) -> dict[str, Any]:
-        key = _require_key(key)
+        key = require_key(key)
         params = validate_refund(body)
         self._fault("refund")
         fp = fingerprint(params)
@@ -307,7 +226,7 @@ class Psp:
             raise invalid("charge_already_refunded", "the charge is already fully refunded", "payment_intent")
         amount = remaining if params["amount"] is None else params["amount"]
         if amount > remaining:
-            raise invalid("amount_too_large", f"amount exceeds the refundable {remaining}", "amount")
+            raise invalid("amount_too_large", f"amount must be at most the refundable {remaining}, got {amount}", "amount")
 
         refund = Refund(id=new_id("re"), payment_intent=intent.id, amount=amount, currency=intent.currency,
                         idempotency_key=key, metadata=params["metadata"], reason=params["reason"])
@@ -332,9 +251,9 @@ class Psp:
 
     def set_faults(self, body: dict[str, Any]) -> dict[str, int]:
         names = {f"fail_next_{op}s": op for op in FAULT_OPERATIONS}
-        _check_fields(body, set(names))
+        check_fields(body, set(names))
         for name, value in body.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise invalid("parameter_invalid_integer", f"{name} must be a non-negative integer", name)
+                raise invalid("parameter_invalid_integer", f"{name} must be a non-negative integer, got {value!r}", name)
             self.store.faults[names[name]] = value
         return self.faults()

@@ -12,19 +12,18 @@ class Scenario:
     name: str
     # Status of the intent in the synchronous answer.
     initial_status: str
-    # Copies of every webhook event for intents of this method (0: never any webhook).
-    webhook_copies: int = 1
+    # False: no webhook is ever sent for intents of this method.
+    sends_webhooks: bool = True
+    # Every event delivered settings.webhook_duplicate_copies times, shuffled, and a stale
+    # "processing" event delivered after a copy of "succeeded".
+    duplicates: bool = False
     # Deliver the succeeded webhook (first attempt awaited) before the sync answer.
     webhook_before_answer: bool = False
-    # Also emit a stale "processing" event, delivered after a "succeeded" copy, shuffled.
-    scrambled: bool = False
     # Charge, then hang for sync_timeout_delay_seconds and answer 504.
     sync_timeout: bool = False
-    # processing -> succeeded after settle_delay_ms (no webhook when webhook_copies == 0).
+    # processing -> succeeded after settle_delay_ms.
     settles_later: bool = False
 
-
-DUPLICATES = -1  # placeholder for settings.webhook_duplicate_copies
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -33,8 +32,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("pm_card_declined", FAILED),
         Scenario("pm_card_3ds", REQUIRES_ACTION),
         Scenario("pm_card_webhook_first", SUCCEEDED, webhook_before_answer=True),
-        Scenario("pm_card_duplicate_webhooks", SUCCEEDED, webhook_copies=DUPLICATES, scrambled=True),
-        Scenario("pm_card_no_webhook", PROCESSING, webhook_copies=0, settles_later=True),
+        Scenario("pm_card_duplicate_webhooks", SUCCEEDED, duplicates=True),
+        Scenario("pm_card_no_webhook", PROCESSING, sends_webhooks=False, settles_later=True),
         Scenario("pm_card_sync_timeout", SUCCEEDED, sync_timeout=True),
     )
 }

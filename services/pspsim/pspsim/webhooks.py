@@ -31,6 +31,7 @@ class DeliveryStats:
     id: str
     type: str
     object_id: str
+    intent_id: str  # the payment intent concerned (for a refund: its payment_intent)
     created: int
     copies: int = 0
     attempts: int = 0
@@ -45,10 +46,6 @@ class Event:
     id: str
     type: str
     body: bytes
-
-    @property
-    def payload(self) -> dict[str, Any]:
-        return json.loads(self.body)
 
 
 class WebhookDispatcher:
@@ -95,7 +92,9 @@ class WebhookDispatcher:
             "request": {"idempotency_key": idempotency_key},
         }
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        self.stats[evt_id] = DeliveryStats(id=evt_id, type=type_, object_id=obj.get("id", ""), created=created)
+        intent_id = obj.get("payment_intent") if obj.get("object") == "refund" else obj.get("id")
+        self.stats[evt_id] = DeliveryStats(id=evt_id, type=type_, object_id=obj.get("id", ""),
+                                           intent_id=intent_id or "", created=created)
         return Event(evt_id, type_, body)
 
     # -- scheduling ----------------------------------------------------------------------

@@ -6,11 +6,9 @@ import random
 import pytest
 
 from pspsim import signing
-from pspsim.psp import ApiError
+from pspsim.validation import ApiError
 from pspsim.settings import Settings
 from pspsim.webhooks import WebhookDispatcher
-
-from conftest import SECRET  # noqa: E402  (tests/unit/pspsim/conftest.py)
 
 
 def body(pm="pm_card_ok", amount=1000, **extra):
@@ -27,7 +25,7 @@ async def test_ok_succeeds_and_sends_one_signed_webhook(make_psp, wait_for):
     assert d["event"]["type"] == "payment_intent.succeeded"
     assert d["event"]["request"]["idempotency_key"] == "k1"
     assert d["event"]["data"]["object"]["status"] == "succeeded"
-    assert signing.verify(d["signature"], d["body"], [SECRET])
+    assert signing.verify(d["signature"], d["body"], psp.settings.webhook_secrets)
     assert psp.store.ledger()["charge_count_by_key"] == {"k1": 1}
 
 
@@ -161,7 +159,7 @@ async def test_cancel_processing_before_it_settles(make_psp):
     intent = await psp.create_intent("k", body("pm_card_no_webhook"))
     canceled = psp.cancel_intent(intent["id"], {"cancellation_reason": "abandoned"})
     assert canceled["status"] == "canceled" and canceled["cancellation_reason"] == "abandoned"
-    await psp._settle_later(psp.store.intents[intent["id"]])  # the timer firing late changes nothing
+    psp.settle(psp.store.intents[intent["id"]])  # the timer firing late changes nothing
     assert psp.get_intent(intent["id"])["status"] == "canceled"
     assert psp.store.ledger()["charges"] == []
 

@@ -1,0 +1,97 @@
+"""Request validation and the error answer shared by every route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .scenarios import SCENARIOS
+
+MAX_AMOUNT = 10**12
+MAX_KEY_LENGTH = 255
+
+
+class ApiError(Exception):
+    """An error answer: ``{"error": {"type", "code", "message", "param"?, ...extra}}``."""
+
+    def __init__(self, status: int, type_: str, code: str, message: str, *,
+                 param: str | None = None, **extra: Any):
+        super().__init__(message)
+        self.status = status
+        self.error: dict[str, Any] = {"type": type_, "code": code, "message": message}
+        if param is not None:
+            self.error["param"] = param
+        self.error.update(extra)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.error}
+
+
+def invalid(code: str, message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, "invalid_request_error", code, message, param=param)
+
+
+def require_key(key: str | None) -> str:
+    if key is None or not key.strip():
+        raise invalid("idempotency_key_missing", "the Idempotency-Key header is required")
+    if len(key) > MAX_KEY_LENGTH:
+        raise invalid("idempotency_key_invalid",
+                      f"Idempotency-Key must be at most {MAX_KEY_LENGTH} characters, got {len(key)}")
+    return key
+
+
+def check_fields(body: dict[str, Any], allowed: set[str]) -> None:
+    for name in body:
+        if name not in allowed:
+            raise invalid("parameter_unknown", f"unknown parameter {name!r}; expected one of {sorted(allowed)}", name)
+
+
+def _positive_int(value: Any, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_AMOUNT:
+        raise invalid("parameter_invalid_integer",
+                      f"{param} must be a positive integer in minor units, got {value!r}", param)
+    return value
+
+
+def _metadata(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid("parameter_invalid", f"metadata must be an object, got {type(value).__name__}", "metadata")
+    return value
+
+
+def validate_intent(body: dict[str, Any]) -> dict[str, Any]:
+    check_fields(body, {"amount", "currency", "payment_method", "metadata"})
+    for name in ("amount", "currency", "payment_method"):
+        if name not in body:
+            raise invalid("parameter_missing", f"{name} is required", name)
+    currency = body["currency"]
+    if not (isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha()):
+        raise invalid("parameter_invalid", f"currency must be a 3-letter ISO 4217 code, got {currency!r}", "currency")
+    pm = body["payment_method"]
+    if not isinstance(pm, str) or pm not in SCENARIOS:
+        raise invalid("payment_method_unknown",
+                      f"payment_method must be one of {', '.join(SCENARIOS)}, got {pm!r}", "payment_method")
+    return {
+        "amount": _positive_int(body["amount"], "amount"),
+        "currency": currency.upper(),
+        "payment_method": pm,
+        "metadata": _metadata(body.get("metadata")),
+    }
+
+
+def validate_refund(body: dict[str, Any]) -> dict[str, Any]:
+    check_fields(body, {"payment_intent", "amount", "reason", "metadata"})
+    pi = body.get("payment_intent")
+    if not isinstance(pi, str) or not pi:
+        raise invalid("parameter_missing", f"payment_intent must be an intent id, got {pi!r}", "payment_intent")
+    amount = body.get("amount")
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise invalid("parameter_invalid", f"reason must be a string, got {reason!r}", "reason")
+    return {
+        "payment_intent": pi,
+        "amount": None if amount is None else _positive_int(amount, "amount"),
+        "reason": reason,
+        "metadata": _metadata(body.get("metadata")),
+    }

@@ -1,0 +1,100 @@
+"""HTTP layer over ASGITransport: routes, status codes and the error envelope."""
+
+import httpx
+import pytest_asyncio
+
+from pspsim.app import create_app
+from pspsim.settings import Settings
+
+
+@pytest_asyncio.fixture
+async def client():
+    app = create_app(Settings(webhook_url="http://127.0.0.1:9/unused", webhook_delay_ms=60_000))
+    psp = app.state.psp
+    await psp.start()  # ASGITransport does not run the lifespan
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://psp") as c:
+        yield c
+    await psp.aclose()
+
+
+def create(client, key="k1", **over):
+    body = {"amount": 500, "currency": "TRY", "payment_method": "pm_card_ok", **over}
+    headers = {"Idempotency-Key": key} if key else {}
+    return client.post("/v1/payment_intents", json=body, headers=headers)
+
+
+async def test_create_get_and_ledger(client):
+    r = await create(client)
+    assert r.status_code == 200
+    intent = r.json()
+    assert set(intent) >= {"id", "status", "amount", "currency", "payment_method", "client_secret",
+                           "next_action", "metadata", "created"}
+    assert (await client.get(f"/v1/payment_intents/{intent['id']}")).json() == intent
+    ledger = (await client.get("/v1/_ledger")).json()
+    assert ledger["charge_count_by_key"] == {"k1": 1}
+    assert ledger["charges"][0] | {"captured_at": 0} == {
+        "idempotency_key": "k1", "intent_id": intent["id"], "amount": 500, "amount_refunded": 0,
+        "currency": "TRY", "payment_method": "pm_card_ok", "status": "succeeded", "captured_at": 0}
+    events = (await client.get("/v1/_events")).json()["events"]
+    assert [(e["type"], e["object_id"], e["copies"]) for e in events] == [
+        ("payment_intent.succeeded", intent["id"], 1)]
+
+
+async def test_error_envelopes(client):
+    r = await create(client, key=None)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "idempotency_key_missing"
+    r = await create(client, payment_method="pm_nope")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "payment_method"
+    r = await client.post("/v1/payment_intents", content=b"{not json", headers={"Idempotency-Key": "x"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = await client.post("/v1/payment_intents", json=[1], headers={"Idempotency-Key": "x"})
+    assert r.status_code == 400
+    r = await client.get("/v1/payment_intents/pi_missing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "resource_missing"
+    r = await client.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+    r = await client.delete("/v1/payment_intents")
+    assert r.status_code == 405
+
+
+async def test_idempotency_and_faults_over_http(client):
+    first = (await create(client, key="same")).json()
+    assert (await create(client, key="same")).json()["id"] == first["id"]
+    r = await create(client, key="same", amount=501)
+    assert r.status_code == 422 and r.json()["error"]["type"] == "idempotency_error"
+    r = await client.post("/v1/_faults", json={"fail_next_creates": 1})
+    assert r.json()["fail_next_creates"] == 1
+    r = await create(client, key="other")
+    assert r.status_code == 503 and r.json()["error"]["type"] == "api_error"
+    assert (await create(client, key="other")).status_code == 200
+    assert (await client.get("/v1/_faults")).json()["fail_next_creates"] == 0
+
+
+async def test_3ds_routes_cancel_refund_and_reset(client):
+    a = (await create(client, key="a", payment_method="pm_card_3ds")).json()
+    path = httpx.URL(a["next_action"]["redirect_url"]).path
+    assert path == f"/3ds/{a['id']}/complete"
+    assert (await client.get(path)).json()["status"] == "succeeded"
+    assert (await client.post(path)).json()["status"] == "succeeded"
+    r = await client.post(f"/v1/payment_intents/{a['id']}/cancel")
+    assert r.status_code == 409 and r.json()["error"]["payment_intent"]["status"] == "succeeded"
+    b = (await create(client, key="b", payment_method="pm_card_3ds")).json()
+    assert (await client.post(f"/3ds/{b['id']}/fail")).json()["status"] == "failed"
+    c = (await create(client, key="c", payment_method="pm_card_3ds")).json()
+    r = await client.post(f"/v1/payment_intents/{c['id']}/cancel", json={"cancellation_reason": "expired"})
+    assert r.status_code == 200 and r.json()["status"] == "canceled"
+
+    r = await client.post("/v1/refunds", json={"payment_intent": a["id"], "amount": 100},
+                          headers={"Idempotency-Key": "r1"})
+    assert r.status_code == 200
+    refund = r.json()
+    assert refund["id"].startswith("re_") and refund["status"] == "succeeded"
+    assert (await client.get(f"/v1/refunds/{refund['id']}")).json() == refund
+    r = await client.post("/v1/refunds", json={"payment_intent": b["id"]}, headers={"Idempotency-Key": "r2"})
+    assert r.status_code == 400
+    r = await client.post("/v1/refunds", json={"payment_intent": a["id"]})
+    assert r.status_code == 400
+
+    assert (await client.post("/v1/_reset")).status_code == 200
+    ledger = (await client.get("/v1/_ledger")).json()
+    assert ledger == {"charges": [], "refunds": [], "charge_count_by_key": {}, "totals_by_currency": {}}
