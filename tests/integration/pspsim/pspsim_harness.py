@@ -42,7 +42,7 @@ FAST_ENV = {
 }
 
 
-async def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
+async def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
     """Poll ``predicate`` (sync or async) until truthy, failing after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:

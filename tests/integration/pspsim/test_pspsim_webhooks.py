@@ -18,7 +18,12 @@ async def test_receiver_500_is_retried_until_2xx(sim, receiver, new_key):
     assert len({d.event["id"] for d in attempts}) == 1  # a retry keeps the event id
     assert len({d.body for d in attempts}) == 1  # and the body
     assert all(d.signature_ok for d in attempts)
-    [stats] = [e for e in await sim.events() if e["object_id"] == intent["id"]]
+
+    async def acknowledged():
+        # The simulator records the answer after the receiver has sent it: wait for its books.
+        return [e for e in await sim.events() if e["object_id"] == intent["id"] and e["acknowledged"]]
+
+    [stats] = await wait_for(acknowledged, what="the simulator to record the acknowledgement")
     assert (stats["attempts"], stats["acknowledged"], stats["last_status"]) == (4, 1, 200)
 
 
