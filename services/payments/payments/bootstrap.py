@@ -1,0 +1,60 @@
+"""Wiring shared by __main__ and the in-process integration tests."""
+from __future__ import annotations
+
+import inspect
+
+import asyncpg
+
+from cuty.payments.v1 import payments_pb2, payments_pb2_grpc
+from cutylib.config import Settings
+from cutylib.grpc_server import GrpcServer
+
+from . import metrics, signature
+from .checkout import wiring
+from .core import PaymentsCore
+from .grpc_api import PaymentApi
+from .psp import PspClient
+from .reconcile import Reconciler
+from .settings import PaymentsOptions
+from .webhooks import WebhookInbox
+
+SERVICE_NAME = payments_pb2.DESCRIPTOR.services_by_name["PaymentService"].full_name
+
+
+def build_core(settings: Settings, pool: asyncpg.Pool, *, psp=None,
+               options: PaymentsOptions | None = None) -> PaymentsCore:
+    options = options or PaymentsOptions()
+    psp = psp or PspClient(settings.psp_url, timeout=options.psp_timeout_seconds, retries=options.psp_retries,
+                           backoff=options.psp_backoff_seconds)
+    return PaymentsCore(settings, pool, psp, options=options)
+
+
+async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0, host: str = "127.0.0.1",
+                        psp=None, options: PaymentsOptions | None = None, workers: bool = True) -> GrpcServer:
+    """A payments GrpcServer (not started): PaymentService, the webhook-retry worker, the reconciler,
+    and the checkout saga (payments.checkout.wiring). `psp`: a PSP client (default: HTTP to
+    CUTY_PSP_URL, closed on stop). `workers=False` leaves the background workers out."""
+    core = build_core(settings, pool, psp=psp, options=options)
+    inbox = WebhookInbox(core, signature.secrets_from(settings.psp_webhook_secret,
+                                                      settings.psp_webhook_previous_secrets))
+    server = GrpcServer("payments", port, host=host)
+    payments_pb2_grpc.add_PaymentServiceServicer_to_server(PaymentApi(core, inbox), server.server)
+    server.add_service_name(SERVICE_NAME)
+    if workers:
+        server.add_background(inbox.run_retries)
+        server.add_background(Reconciler(core).run)
+        server.add_background(lambda: metrics.log_periodically(core.metrics, core.options.metrics_log_seconds))
+    if psp is None:
+        server.on_stop(core.psp.aclose)
+    server.on_stop(_log_metrics(core))
+    registered = wiring.register(server, settings, pool, core)
+    if inspect.isawaitable(registered):
+        await registered
+    return server
+
+
+def _log_metrics(core: PaymentsCore):
+    async def log_final() -> None:
+        metrics.log.info("payments metrics at shutdown", extra={"metrics": core.metrics.snapshot(),
+                                                                "worker": core.worker_id})
+    return log_final

@@ -1,0 +1,320 @@
+"""The payments core: the one `finalize` every source goes through, and the use cases built on it.
+
+This is the Python API the checkout saga (payments/checkout/) codes against; keep its signatures
+stable. DESIGN.md, "Payment finalize: one path for every source", is the specification; see also
+docs/payments.md.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any, Awaitable, Callable
+
+import asyncpg
+from opentelemetry import trace
+
+from cutylib.config import Settings
+from cutylib.db import UnitOfWork
+from cutylib.errors import Aborted, FailedPrecondition, NotFound, Unavailable, require
+from cutylib.telemetry import current_trace_id
+
+from . import domain, metrics as m, repository as sql
+from .domain import Outcome
+from .psp import PspClient, PspError, PspUnavailable
+from .settings import PaymentsOptions, new_worker_id
+from .views import PaymentView, TimelineEvent, parse_uuid
+
+__all__ = ["PaymentsCore", "PaymentView", "TimelineEvent", "TransitionHook"]
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("cuty.payments")
+
+# fn(conn, payment_after, old_status), awaited inside the transaction that made the change.
+TransitionHook = Callable[[asyncpg.Connection, PaymentView, str], Awaitable[None]]
+
+# Each version conflict means another writer made a forward step, and a payment has at most four,
+# so the loop ends long before this; the bound only guards against a bug looping forever.
+MAX_FINALIZE_ROUNDS = 16
+
+
+class PaymentsCore:
+    def __init__(self, settings: Settings, pool: asyncpg.Pool, psp: PspClient, *,
+                 options: PaymentsOptions | None = None, metrics: m.Metrics | None = None,
+                 worker_id: str | None = None):
+        self.settings = settings
+        self.pool = pool
+        self.psp = psp
+        self.options = options or PaymentsOptions()
+        self.metrics = metrics if metrics is not None else m.REGISTRY
+        # The lease owner identity of this process (or of this core, in tests with several).
+        self.worker_id = worker_id or new_worker_id()
+        self._hooks: list[TransitionHook] = []
+
+    def add_transition_hook(self, fn: TransitionHook) -> None:
+        """Call `fn(conn, payment, old_status)` inside the transaction of every accepted transition.
+
+        The saga wakes itself here, so a payment change and its wake-up commit together; a hook
+        that raises rolls the transition back (and finalize raises), so keep hooks to SQL."""
+        self._hooks.append(fn)
+
+    # -- reads ----------------------------------------------------------------------------------------
+    async def get(self, payment_id: str) -> PaymentView:
+        row = await self.pool.fetchrow(sql.GET_PAYMENT, parse_uuid(payment_id, "payment_id"))
+        if row is None:
+            raise NotFound(f"payment {payment_id} not found")
+        return PaymentView.from_row(row)
+
+    async def timeline(self, payment_id: str) -> list[TimelineEvent]:
+        payment = await self.get(payment_id)
+        rows = await self.pool.fetch(sql.TIMELINE, uuid.UUID(payment.id),
+                                     uuid.UUID(payment.checkout_id) if payment.checkout_id else None)
+        return [TimelineEvent.from_row(r) for r in rows]
+
+    async def append_event(self, conn: asyncpg.Connection, *, payment_id: str | None, checkout_id: str | None,
+                           source: str, from_status: str | None, to_status: str, version: int | None,
+                           note: str = "") -> int:
+        """Append to the payment event log on `conn` (the caller's transaction); returns its seq."""
+        if source not in domain.SOURCES:
+            raise ValueError(f"source must be one of {', '.join(domain.SOURCES)}, got {source!r}")
+        return await conn.fetchval(
+            sql.INSERT_EVENT, parse_uuid(payment_id, "payment_id") if payment_id else None,
+            parse_uuid(checkout_id, "checkout_id") if checkout_id else None,
+            source, from_status, to_status, version, current_trace_id(), note)
+
+    # -- charge -----------------------------------------------------------------------------------------
+    async def create_and_charge(self, *, checkout_id: str | None, amount_minor: int, currency: str,
+                                payment_method: str, idempotency_key: str, customer_id: str) -> PaymentView:
+        """Create the payment (idempotently on `idempotency_key`, also the PSP's Idempotency-Key) and
+        charge it. A PSP timeout leaves it non-terminal (`created`) for reconciliation."""
+        require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
+        require(isinstance(amount_minor, int) and not isinstance(amount_minor, bool) and amount_minor > 0,
+                "amount.amount_minor",
+                f"amount_minor must be a positive integer (minor units), got {amount_minor!r}")
+        require(isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha(),
+                "amount.currency_code", f"currency must be a 3-letter ISO 4217 code, got {currency!r}")
+        require(bool(payment_method), "payment_method", "payment_method must not be empty")
+        checkout = parse_uuid(checkout_id, "checkout_id") if checkout_id else None
+        idempotency_key, currency = str(idempotency_key), currency.upper()
+        payment_id = uuid.uuid4()
+        async with UnitOfWork(self.pool) as uow:
+            row = await uow.conn.fetchrow(sql.INSERT_PAYMENT, payment_id, checkout, customer_id or "", amount_minor,
+                                          currency, payment_method, idempotency_key,
+                                          float(self.settings.reconcile_after_seconds))
+            if row is not None:
+                await self.append_event(uow.conn, payment_id=str(payment_id), checkout_id=_str(checkout),
+                                        source="sync", from_status=None, to_status=domain.CREATED, version=1,
+                                        note="payment created")
+            await uow.commit()
+        if row is None:  # the key was used before: same request -> first answer, other request -> refused
+            row = await self.pool.fetchrow(sql.GET_BY_KEY, idempotency_key)
+            asked = (checkout, customer_id or "", amount_minor, currency, payment_method)
+            had = (row["checkout_id"], row["customer_id"], row["amount_minor"], row["currency"], row["payment_method"])
+            if asked != had:
+                raise FailedPrecondition(f"idempotency key {idempotency_key!r} was used for a different payment",
+                                         reason="idempotency-key-reused")
+            if row["status"] != domain.CREATED:
+                return PaymentView.from_row(row)
+        trace.get_current_span().set_attribute("payment.id", str(row["id"]))
+        # Still `created`: charge (again). The PSP dedupes on the key, so a replay never charges twice.
+        try:
+            intent = await self._create_intent(row)
+        except PspUnavailable as exc:
+            log.warning("charge outcome unknown; reconciliation will ask the PSP",
+                        extra={"payment_id": str(row["id"]), "error": str(exc)})
+            return await self.get(row["id"])
+        except PspError as exc:
+            return await self._refused(row, exc)
+        return await self.finalize(row["id"], domain.status_of_intent(intent), "sync", intent=intent)
+
+    async def _create_intent(self, row: Any) -> dict[str, Any]:
+        body = domain.intent_body(payment_id=str(row["id"]), checkout_id=_str(row["checkout_id"]),
+                                  amount_minor=row["amount_minor"], currency=row["currency"],
+                                  payment_method=row["payment_method"])
+        return await self.psp.create_intent(row["idempotency_key"], body)
+
+    async def _refused(self, row: Any, exc: PspError) -> PaymentView:
+        if exc.status in (400, 402, 404):  # a refused create charged nothing: the payment failed
+            return await self.finalize(row["id"], domain.FAILED, "sync",
+                                       intent={"last_payment_error": {"code": exc.code or f"http_{exc.status}"}},
+                                       note=str(exc))
+        # 409/422 on a create built only from our own row means something is off at the PSP: leave
+        # the payment non-terminal and let reconciliation ask again rather than guess.
+        log.error("PSP refused a charge replay", extra={"payment_id": str(row["id"]), "error": str(exc)})
+        return await self.get(row["id"])
+
+    # -- finalize -------------------------------------------------------------------------------------
+    async def finalize(self, payment_id: str, observed_status: str, source: str, *,
+                       intent: dict[str, Any] | None = None, note: str = "") -> PaymentView:
+        """Apply what a source observed (`intent`: the PSP object it came with) and return the payment
+        as re-read afterwards. Version conflicts are retried here, never raised."""
+        view, _ = await self.finalize_outcome(payment_id, observed_status, source, intent=intent, note=note)
+        return view
+
+    async def finalize_outcome(self, payment_id: Any, observed: str, source: str, *,
+                               intent: dict[str, Any] | None = None,
+                               note: str = "", leased: bool = False) -> tuple[PaymentView, Outcome]:
+        """`finalize`, also saying what happened (applied, same, stale, contradicts). `leased`: the
+        caller holds the payment's lease (webhook and reconcile paths)."""
+        pid = parse_uuid(payment_id, "payment_id")
+        if source not in domain.SOURCES:
+            raise ValueError(f"source must be one of {', '.join(domain.SOURCES)}, got {source!r}")
+        obs = domain.observation_of(intent)
+        with tracer.start_as_current_span("payments.finalize", attributes={
+                "payment.id": str(pid), "payment.source": source, "payment.observed": observed}):
+            # One connection for read, write and re-read: each pool release costs a reset round trip.
+            async with self.pool.acquire() as conn:
+                for _ in range(MAX_FINALIZE_ROUNDS):
+                    row = await conn.fetchrow(sql.GET_PAYMENT, pid)  # step 2: read with its version
+                    if row is None:
+                        raise NotFound(f"payment {pid} not found")
+                    outcome = domain.decide(row["status"], observed)  # step 3
+                    if obs.psp_intent_id and row["psp_intent_id"] and obs.psp_intent_id != row["psp_intent_id"]:
+                        outcome = Outcome.CONTRADICTS  # an object of another intent never moves this payment
+                    if outcome is not Outcome.APPLY:
+                        self._no_change(row, observed, source, outcome)
+                        if outcome is Outcome.SAME and obs.psp_intent_id and row["psp_intent_id"] is None:
+                            # Nothing to transition, but learn the intent id (needed to cancel or refund).
+                            await conn.execute(sql.SET_INTENT_ID, pid, obs.psp_intent_id)
+                            row = await conn.fetchrow(sql.GET_PAYMENT, pid)
+                        return PaymentView.from_row(row), outcome
+                    if leased and self.options.test_pause_after_lease_ms:
+                        log.warning("test hook: pausing between lease and write", extra={
+                            "payment_id": str(pid), "version": row["version"], "worker": self.worker_id})
+                        await asyncio.sleep(self.options.test_pause_after_lease_ms / 1000)
+                    if await self._write(conn, row, observed, source, obs, note):  # steps 4 and 5
+                        # What the caller is told is re-read: another path may already be further.
+                        return PaymentView.from_row(await conn.fetchrow(sql.GET_PAYMENT, pid)), Outcome.APPLY
+                    self.metrics.inc(m.VERSION_CONFLICTS)
+                    log.info("version conflict, re-reading", extra={
+                        "payment_id": str(pid), "version": row["version"], "source": source,
+                        "worker": self.worker_id})
+            raise Aborted(f"payment {pid} kept changing under finalize", reason="version-conflict")
+
+    async def _write(self, conn: asyncpg.Connection, row: Any, observed: str, source: str,
+                     obs: domain.Observation, note: str) -> bool:
+        args = (row["id"], row["version"], observed, obs.psp_intent_id, obs.redirect_url, obs.client_secret,
+                obs.failure_reason if observed == domain.FAILED else None, obs.psp_refund_id,
+                source, row["status"], current_trace_id(), note)
+        if not self._hooks:
+            # One statement is one transaction: the UPDATE and its event commit together.
+            return await conn.fetchrow(sql.FINALIZE, *args) is not None
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            updated = await conn.fetchrow(sql.FINALIZE, *args)
+            if updated is not None:
+                view = PaymentView.from_row(updated)
+                for hook in self._hooks:
+                    await hook(conn, view, row["status"])
+        except BaseException:
+            await tx.rollback()
+            raise
+        # Nothing to keep when the version moved (zero rows), so commit and rollback are the same then.
+        await tx.commit()
+        return updated is not None
+
+    def _no_change(self, row: Any, observed: str, source: str, outcome: Outcome) -> None:
+        fields = {"payment_id": str(row["id"]), "status": row["status"], "observed": observed, "source": source}
+        if outcome is Outcome.STALE:
+            self.metrics.inc(m.STALE_OBSERVATIONS)
+            log.info("stale observation ignored", extra=fields)
+        elif outcome is Outcome.CONTRADICTS:
+            self.metrics.inc(m.CONTRADICTIONS)
+            log.warning("observation contradicts the payment", extra=fields)
+
+    # -- leases (webhook and reconciliation paths) ----------------------------------------------------
+    async def take_lease(self, payment_id: Any) -> bool:
+        row = await self.pool.fetchrow(sql.TAKE_LEASE, parse_uuid(payment_id, "payment_id"), self.worker_id,
+                                       float(self.settings.lease_seconds))
+        if row is None:
+            return False
+        self._note_takeover(payment_id, row["previous_owner"])
+        return True
+
+    def _note_takeover(self, payment_id: Any, previous_owner: str | None) -> None:
+        if previous_owner is not None and previous_owner != self.worker_id:
+            self.metrics.inc(m.LEASE_TAKEOVERS)
+            log.warning("took over an expired payment lease", extra={
+                "payment_id": str(payment_id), "previous_owner": previous_owner, "worker": self.worker_id})
+
+    async def release_lease(self, payment_id: Any) -> None:
+        await self.pool.execute(sql.RELEASE_LEASE, parse_uuid(payment_id, "payment_id"), self.worker_id)
+
+    async def finalize_leased(self, payment_id: str, observed_status: str, source: str, *,
+                              intent: dict[str, Any] | None = None, note: str = "") -> PaymentView | None:
+        """Finalize under the payment's lease; None (and counted) when another worker holds it, so
+        the caller defers. An observation that contradicts the row is settled by asking the PSP."""
+        if not await self.take_lease(payment_id):
+            self.metrics.inc(m.DEFERRED_FINALIZES)
+            return None
+        try:
+            view, outcome = await self.finalize_outcome(payment_id, observed_status, source, intent=intent, note=note,
+                                                 leased=True)
+            if outcome is Outcome.CONTRADICTS and view.psp_intent_id:
+                fresh = await self.psp.get_intent(view.psp_intent_id)
+                view, _ = await self.finalize_outcome(payment_id, domain.status_of_intent(fresh), source, intent=fresh,
+                                               note=f"re-fetched from the PSP: {source} said {observed_status}",
+                                               leased=True)
+            return view
+        finally:
+            await self.release_lease(payment_id)
+
+    async def ask_psp(self, view: PaymentView) -> dict[str, Any]:
+        """The PSP's current intent for a payment; without an intent id yet (the create timed out),
+        replay the create with the same key and body, which returns the same intent."""
+        if view.psp_intent_id:
+            return await self.psp.get_intent(view.psp_intent_id)
+        row = await self.pool.fetchrow(sql.GET_PAYMENT, uuid.UUID(view.id))
+        return await self._create_intent(row)
+
+    # -- cancel and refund ----------------------------------------------------------------------------
+    async def cancel(self, payment_id: str) -> PaymentView:
+        """Cancel at the PSP. If the PSP says the payment already succeeded, that is what is returned
+        (and recorded): the caller then refunds instead."""
+        view = await self.get(payment_id)
+        if view.terminal:
+            return view
+        try:
+            intent = await self.ask_psp(view)
+            if domain.status_of_intent(intent) in domain.NON_TERMINAL:
+                intent = await self.psp.cancel_intent(intent["id"])
+        except PspError as exc:
+            if exc.payment_intent is None:
+                raise FailedPrecondition(f"the PSP refused to cancel payment {view.id}: {exc.code}",
+                                         reason="psp-refused") from exc
+            intent = exc.payment_intent
+        except PspUnavailable as exc:
+            raise Unavailable(f"PSP unavailable while cancelling payment {view.id}; retry") from exc
+        return await self.finalize(view.id, domain.status_of_intent(intent), "sync", intent=intent,
+                                   note="cancel requested")
+
+    async def refund(self, payment_id: str, idempotency_key: str) -> PaymentView:
+        """Refund a succeeded payment in full (idempotent on `idempotency_key`) -> refunded."""
+        require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
+        view = await self.get(payment_id)
+        if view.status == domain.REFUNDED:
+            return view
+        try:
+            if view.status in domain.NON_TERMINAL or not view.psp_intent_id:
+                intent = await self.ask_psp(view)  # a lost webhook must not block the refund
+                view = await self.finalize(view.id, domain.status_of_intent(intent), "sync", intent=intent)
+            if view.status != domain.SUCCEEDED:
+                if view.status == domain.REFUNDED:
+                    return view
+                raise FailedPrecondition(f"only a succeeded payment can be refunded; payment {view.id} is "
+                                         f"{view.status}", reason="payment-not-refundable")
+            refund: dict[str, Any] | None = await self.psp.create_refund(
+                idempotency_key, view.psp_intent_id, {"payment_id": view.id})
+        except PspError as exc:
+            if exc.code != "charge_already_refunded":
+                raise FailedPrecondition(f"the PSP refused to refund payment {view.id}: {exc.code}",
+                                         reason="psp-refused") from exc
+            refund = None
+        except PspUnavailable as exc:
+            raise Unavailable(f"PSP unavailable while refunding payment {view.id}; retry") from exc
+        return await self.finalize(view.id, domain.REFUNDED, "sync", intent=refund, note="refund requested")
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)

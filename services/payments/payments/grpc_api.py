@@ -1,0 +1,86 @@
+"""cuty.payments.v1.PaymentService: proto <-> core translation only; errors are raised and
+cutylib's interceptor turns them into statuses with details."""
+from __future__ import annotations
+
+import grpc
+
+from cuty.payments.v1 import payments_pb2 as pb
+from cuty.payments.v1 import payments_pb2_grpc
+from cutylib import principal
+from cutylib.errors import InvalidArgument, NotFound
+from cutylib.telemetry import set_span_attributes
+
+from .core import PaymentsCore
+from .views import PaymentView, parse_uuid
+from .webhooks import WebhookInbox
+
+SIGNATURE_KEY = "cuty-signature"
+IDEMPOTENCY_KEY = "idempotency-key"
+# CreatePayment / CancelPayment / RefundPayment move money: internal callers and admins only.
+MONEY_ROLES = ("system", "admin")
+READ_ROLES = ("system", "staff", "admin")
+
+
+def _payment_id(value: str) -> str:
+    if not value:
+        raise InvalidArgument("payment_id", "payment_id is required")
+    pid = str(parse_uuid(value, "payment_id"))
+    set_span_attributes(payment_id=pid)
+    return pid
+
+
+class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
+    def __init__(self, core: PaymentsCore, inbox: WebhookInbox):
+        self.core = core
+        self.inbox = inbox
+
+    async def CreatePayment(self, request: pb.CreatePaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
+        principal.current().require_role(*MONEY_ROLES)
+        if not request.HasField("amount"):
+            raise InvalidArgument("amount", "amount is required")
+        key = request.idempotency_key or principal.metadata_value(context.invocation_metadata(), IDEMPOTENCY_KEY)
+        view = await self.core.create_and_charge(
+            checkout_id=request.checkout_id or None, amount_minor=request.amount.amount_minor,
+            currency=request.amount.currency_code, payment_method=request.payment_method,
+            idempotency_key=key, customer_id=request.customer_id)
+        set_span_attributes(payment_id=view.id, checkout_id=view.checkout_id or "")
+        return view.to_proto()
+
+    async def GetPayment(self, request: pb.GetPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
+        view = await self.core.get(_payment_id(request.payment_id))
+        _may_read(view)
+        return view.to_proto()
+
+    async def CancelPayment(self, request: pb.CancelPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
+        principal.current().require_role(*MONEY_ROLES)
+        return (await self.core.cancel(_payment_id(request.payment_id))).to_proto()
+
+    async def RefundPayment(self, request: pb.RefundPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
+        principal.current().require_role(*MONEY_ROLES)
+        key = request.idempotency_key or principal.metadata_value(context.invocation_metadata(), IDEMPOTENCY_KEY)
+        if not key:
+            raise InvalidArgument("idempotency_key", "idempotency_key is required for a refund")
+        return (await self.core.refund(_payment_id(request.payment_id), key)).to_proto()
+
+    async def GetPaymentTimeline(self, request: pb.GetPaymentTimelineRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.PaymentTimeline:
+        principal.current().require_role(*READ_ROLES)
+        pid = _payment_id(request.payment_id)
+        events = await self.core.timeline(pid)
+        return pb.PaymentTimeline(payment_id=pid, events=[e.to_proto() for e in events])
+
+    async def HandlePspWebhook(self, request: pb.PspWebhookRequest,
+                               context: grpc.aio.ServicerContext) -> pb.PspWebhookResponse:
+        # Authenticated by the signature over the raw body, not by a principal: the PSP is no user.
+        header = principal.metadata_value(context.invocation_metadata(), SIGNATURE_KEY)
+        return pb.PspWebhookResponse(result=await self.inbox.handle(request.payload, header))
+
+
+def _may_read(view: PaymentView) -> None:
+    """Staff read any payment; a customer only their own, and another's does not exist for them."""
+    caller = principal.current()
+    if caller.role in READ_ROLES:
+        return
+    if caller.role == "customer" and caller.subject and caller.subject == view.customer_id:
+        return
+    raise NotFound(f"payment {view.id} not found")

@@ -1,0 +1,95 @@
+"""HTTP client of the PSP (Stripe-like payment intents; docs/pspsim.md).
+
+Every call we make is idempotent (creates and refunds carry an Idempotency-Key, GET and cancel are
+naturally so), so 5xx answers, connection errors and timeouts are retried with jittered backoff.
+When the attempts run out the outcome is *unknown* (`PspUnavailable`), never "failed": the charge
+may have happened, and reconciliation or a webhook will tell.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any
+
+import httpx
+from opentelemetry import propagate, trace
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("cuty.payments.psp")
+
+
+class PspError(Exception):
+    """A definitive 4xx answer: the PSP understood the request and refused it."""
+
+    def __init__(self, status: int, error: dict[str, Any]):
+        super().__init__(f"PSP answered {status}: {error.get('code', '')}: {error.get('message', '')}")
+        self.status = status
+        self.error = error
+        self.code = str(error.get("code", ""))
+
+    @property
+    def payment_intent(self) -> dict[str, Any] | None:
+        """The intent the PSP attaches to a wrong-state refusal (e.g. cancel of a succeeded intent)."""
+        pi = self.error.get("payment_intent")
+        return pi if isinstance(pi, dict) else None
+
+
+class PspUnavailable(Exception):
+    """No definitive answer (timeouts, 5xx, connection errors after retries): outcome unknown."""
+
+
+class PspClient:
+    def __init__(self, base_url: str, *, timeout: float = 3.0, retries: int = 2, backoff: float = 0.1,
+                 client: httpx.AsyncClient | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self._client = client or httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def create_intent(self, idempotency_key: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("POST", "/v1/payment_intents", body=body, key=idempotency_key)
+
+    async def get_intent(self, intent_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/payment_intents/{intent_id}")
+
+    async def cancel_intent(self, intent_id: str) -> dict[str, Any]:
+        return await self._call("POST", f"/v1/payment_intents/{intent_id}/cancel", body={})
+
+    async def create_refund(self, idempotency_key: str, intent_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+        return await self._call("POST", "/v1/refunds", body={"payment_intent": intent_id, "metadata": metadata},
+                                key=idempotency_key)
+
+    async def _call(self, method: str, path: str, *, body: dict | None = None, key: str | None = None) -> dict:
+        headers: dict[str, str] = {}
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        last = ""
+        with tracer.start_as_current_span(f"psp {method} {path.split('/pi_')[0]}") as span:
+            propagate.inject(headers)  # W3C traceparent, so the PSP call joins the trace
+            for attempt in range(self.retries + 1):
+                if attempt:
+                    # Full jitter: replicas retrying the same outage do not stampede together.
+                    await asyncio.sleep(random.uniform(0, self.backoff * 2 ** attempt))
+                try:
+                    resp = await self._client.request(method, path, json=body, headers=headers)
+                except httpx.HTTPError as exc:  # timeouts, refused connections, resets
+                    last = f"{type(exc).__name__}: {exc}"
+                    log.warning("PSP call failed, outcome unknown", extra={"path": path, "attempt": attempt, "error": last})
+                    continue
+                span.set_attribute("http.status_code", resp.status_code)
+                if resp.status_code < 300:
+                    return resp.json()
+                if resp.status_code >= 500 or resp.status_code == 429:
+                    last = f"HTTP {resp.status_code}"
+                    log.warning("PSP answered %s, retrying", resp.status_code, extra={"path": path, "attempt": attempt})
+                    continue
+                try:
+                    error = resp.json().get("error") or {}
+                except ValueError:
+                    error = {"message": resp.text[:200]}
+                raise PspError(resp.status_code, error)
+            raise PspUnavailable(f"PSP {method} {path}: no answer after {self.retries + 1} attempts ({last})")

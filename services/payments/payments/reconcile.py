@@ -1,0 +1,73 @@
+"""Reconciliation: ask the PSP about every payment non-terminal for longer than
+CUTY_RECONCILE_AFTER_SECONDS and finalize what it says, so a lost webhook never strands money.
+
+Replicas are safe together: a claim is `FOR UPDATE SKIP LOCKED` plus the payment's lease, taken in
+one statement (repository.CLAIM_RECONCILE); the next attempt backs off exponentially.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from opentelemetry import trace
+
+from . import domain, metrics as m, repository as sql
+from .core import PaymentsCore
+from .domain import Outcome
+from .psp import PspError, PspUnavailable
+from .views import PaymentView
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("cuty.payments.reconcile")
+
+
+class Reconciler:
+    def __init__(self, core: PaymentsCore):
+        self.core = core
+
+    async def run(self) -> None:
+        """Worker loop: drain due payments, then poll."""
+        while True:
+            if await self.run_once() == 0:
+                await asyncio.sleep(self.core.options.poll_seconds)
+
+    async def run_once(self) -> int:
+        core = self.core
+        rows = await core.pool.fetch(sql.CLAIM_RECONCILE, core.options.batch_size, core.worker_id,
+                                     float(core.settings.lease_seconds), float(core.settings.reconcile_after_seconds))
+        if rows:
+            await asyncio.gather(*(self._one(r) for r in rows))
+        return len(rows)
+
+    async def _one(self, row: Any) -> None:
+        core = self.core
+        view = PaymentView.from_row(row)
+        core._note_takeover(view.id, row["previous_owner"])
+        with tracer.start_as_current_span("payments.reconcile", attributes={"payment.id": view.id}):
+            try:
+                try:
+                    intent = await core.ask_psp(view)
+                except PspError as exc:
+                    if view.psp_intent_id is None and exc.status in (400, 402, 404):
+                        # The replayed create was refused: nothing was charged.
+                        await self._finalize(view, domain.FAILED, {"last_payment_error": {"code": exc.code}})
+                    else:
+                        log.error("PSP refused reconciliation", extra={"payment_id": view.id, "error": str(exc)})
+                    return
+                await self._finalize(view, domain.status_of_intent(intent), intent)
+            except PspUnavailable as exc:
+                log.warning("PSP unavailable during reconciliation; will retry",
+                            extra={"payment_id": view.id, "error": str(exc)})
+            except Exception:  # noqa: BLE001 - one bad payment must not stop the others
+                log.exception("reconciliation failed", extra={"payment_id": view.id})
+            finally:
+                await core.release_lease(view.id)
+
+    async def _finalize(self, view: PaymentView, observed: str, intent: dict[str, Any]) -> None:
+        after, outcome = await self.core.finalize_outcome(view.id, observed, "reconcile", intent=intent,
+                                                          note=f"reconciled with the PSP by {self.core.worker_id}",
+                                                          leased=True)
+        if outcome is Outcome.APPLY:
+            self.core.metrics.inc(m.RECONCILED_PAYMENTS)
+            log.info("payment reconciled", extra={"payment_id": view.id, "from": view.status, "to": after.status})

@@ -1,0 +1,120 @@
+"""What callers are told about a payment: built from a row, and unable to carry a customer action
+(redirect URL / client secret) unless the payment is waiting for the customer."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from cuty.common.v1 import common_pb2
+from cuty.payments.v1 import payments_pb2
+from cutylib.errors import InvalidArgument
+
+from . import domain
+
+
+def parse_uuid(value: Any, field: str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise InvalidArgument(field, f"{field} must be a UUID, got {value!r}") from None
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _ts(value: datetime | None) -> Timestamp | None:
+    if value is None:
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+@dataclass(frozen=True)
+class PaymentView:
+    id: str
+    checkout_id: str | None
+    customer_id: str
+    status: str
+    version: int
+    amount_minor: int
+    currency: str
+    psp_intent_id: str | None
+    payment_method: str
+    redirect_url: str | None
+    client_secret: str | None
+    failure_reason: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    def __post_init__(self) -> None:
+        # Whoever builds a view (a row, a test, the saga), a payment that does not wait for the
+        # customer cannot carry the action: DESIGN.md invariant 6, enforced at the last step too.
+        if not domain.shows_customer_action(self.status):
+            object.__setattr__(self, "redirect_url", None)
+            object.__setattr__(self, "client_secret", None)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in domain.TERMINAL
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "PaymentView":
+        return cls(
+            id=str(row["id"]), checkout_id=_str(row["checkout_id"]), customer_id=row["customer_id"],
+            status=row["status"], version=row["version"], amount_minor=row["amount_minor"],
+            currency=row["currency"], psp_intent_id=row["psp_intent_id"], payment_method=row["payment_method"],
+            redirect_url=row["redirect_url"], client_secret=row["client_secret"],
+            failure_reason=row["failure_reason"], created_at=row["created_at"], updated_at=row["updated_at"],
+        )
+
+    def to_proto(self) -> payments_pb2.Payment:
+        p = payments_pb2.Payment(
+            id=self.id,
+            status=payments_pb2.PaymentStatus.Value(f"PAYMENT_STATUS_{self.status.upper()}"),
+            amount=common_pb2.Money(currency_code=self.currency, amount_minor=self.amount_minor),
+            psp_intent_id=self.psp_intent_id or "",
+            version=self.version,
+            checkout_id=self.checkout_id or "",
+            payment_method=self.payment_method,
+            failure_reason=self.failure_reason or "",
+            create_time=_ts(self.created_at),
+            update_time=_ts(self.updated_at),
+        )
+        if self.redirect_url:
+            p.next_action.redirect_url = self.redirect_url
+        if self.client_secret:
+            p.client_secret = self.client_secret
+        return p
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    seq: int
+    payment_id: str | None
+    checkout_id: str | None
+    source: str
+    from_status: str | None
+    to_status: str
+    version: int | None
+    trace_id: str
+    note: str
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "TimelineEvent":
+        return cls(seq=row["seq"], payment_id=_str(row["payment_id"]), checkout_id=_str(row["checkout_id"]),
+                   source=row["source"], from_status=row["from_status"], to_status=row["to_status"],
+                   version=row["version"], trace_id=row["trace_id"], note=row["note"], created_at=row["created_at"])
+
+    def to_proto(self) -> payments_pb2.PaymentEvent:
+        return payments_pb2.PaymentEvent(
+            seq=self.seq, source=self.source, from_status=self.from_status or "", to_status=self.to_status,
+            version=self.version or 0, trace_id=self.trace_id, create_time=_ts(self.created_at), note=self.note)

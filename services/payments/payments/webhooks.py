@@ -1,0 +1,144 @@
+"""PSP webhooks: verify, store (deduplicated on the PSP's event id) before acknowledging, then
+finalize under the payment's lease; if another worker holds it, keep the event deferred and let the
+retry worker finish it. Issue 4, "Webhooks"; docs/payments.md."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import uuid
+from typing import Any
+
+from cutylib.errors import InvalidArgument, Unauthenticated
+from cutylib.telemetry import set_span_attributes
+
+from . import domain, metrics as m, repository as sql, signature
+from .core import PaymentsCore
+
+log = logging.getLogger(__name__)
+
+RESOLVE_PAYMENT = """
+SELECT id FROM payments WHERE id = $1 OR psp_intent_id = $2 OR idempotency_key = $3
+ORDER BY (id = $1) DESC NULLS LAST LIMIT 1
+"""
+# An event that keeps failing (not one waiting for a lease) is given up after this many attempts:
+# reconciliation still asks the PSP about its payment, so no money is stranded by giving up.
+MAX_FAILED_ATTEMPTS = 20
+
+
+def parse_event(payload: bytes) -> dict[str, Any]:
+    """The event of a well-signed body, or InvalidArgument (nothing is stored for it)."""
+    try:
+        event = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument("payload", f"webhook body must be JSON: {exc}") from None
+    if not isinstance(event, dict):
+        raise InvalidArgument("payload", f"webhook body must be a JSON object, got {type(event).__name__}")
+    if not isinstance(event.get("id"), str) or not event["id"] or len(event["id"]) > 255:
+        raise InvalidArgument("payload.id", f"webhook event id must be a non-empty string, got {event.get('id')!r}")
+    if not isinstance(event.get("type"), str):
+        raise InvalidArgument("payload.type", f"webhook event type must be a string, got {event.get('type')!r}")
+    data = event.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("object"), dict):
+        raise InvalidArgument("payload.data.object", "webhook event must carry data.object")
+    return event
+
+
+def _as_uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+class WebhookInbox:
+    def __init__(self, core: PaymentsCore, secrets: list[str]):
+        self.core = core
+        self.secrets = secrets
+        self.pool = core.pool
+        self.metrics = core.metrics
+        self.options = core.options
+
+    async def handle(self, payload: bytes, signature_header: str | None) -> str:
+        """One delivery -> stored | duplicate | ignored | deferred | processed (all acknowledged)."""
+        try:
+            signature.verify(signature_header, payload, self.secrets, tolerance=self.options.webhook_tolerance_seconds)
+        except Unauthenticated as exc:
+            self.metrics.inc(m.WEBHOOKS_REFUSED)
+            log.warning("webhook refused", extra={"reason": exc.reason})
+            raise
+        event = parse_event(payload)
+        obj = event["data"]["object"]
+        observed = domain.EVENT_STATUS.get(event["type"])
+        payment_id = await self._resolve(event, obj)
+        status = "received" if payment_id is not None and observed is not None else "ignored"
+        stored = await self.pool.fetchval(sql.STORE_PSP_EVENT, event["id"], event["type"], payment_id, event, status,
+                                          float(self.options.event_retry_seconds))
+        if stored is None:
+            self.metrics.inc(m.DUPLICATE_WEBHOOKS)
+            return "duplicate"
+        if status == "ignored":
+            log.info("webhook ignored", extra={"event_id": event["id"], "event_type": event["type"],
+                                               "known_payment": payment_id is not None})
+            return "ignored"
+        # Stored: from here on the delivery is acknowledged whatever happens; a failure below leaves
+        # the event 'received' for the retry worker.
+        return await self.process(event["id"], event["type"], payment_id, obj, attempts=0)
+
+    async def _resolve(self, event: dict[str, Any], obj: dict[str, Any]) -> uuid.UUID | None:
+        metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        intent_id = obj.get("payment_intent") if obj.get("object") == "refund" else obj.get("id")
+        request = event.get("request") if isinstance(event.get("request"), dict) else {}
+        key = request.get("idempotency_key") if obj.get("object") != "refund" else None
+        return await self.pool.fetchval(RESOLVE_PAYMENT, _as_uuid(metadata.get("payment_id")),
+                                        intent_id if isinstance(intent_id, str) else None,
+                                        key if isinstance(key, str) else None)
+
+    async def process(self, event_id: str, event_type: str, payment_id: uuid.UUID, obj: dict[str, Any],
+                      attempts: int) -> str:
+        set_span_attributes(payment_id=str(payment_id))
+        observed = domain.EVENT_STATUS[event_type]
+        try:
+            view = await self.core.finalize_leased(str(payment_id), observed, "webhook", intent=obj,
+                                                   note=f"{event_type} {event_id}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - stored; the retry worker tries again
+            error = f"{type(exc).__name__}: {exc}"
+            if attempts >= MAX_FAILED_ATTEMPTS:
+                log.error("webhook given up; reconciliation covers its payment", exc_info=True,
+                          extra={"event_id": event_id, "payment_id": str(payment_id), "attempts": attempts})
+                await self._mark(event_id, "ignored", 0.0, error)
+                return "ignored"
+            log.warning("webhook processing failed; will retry", exc_info=True,
+                        extra={"event_id": event_id, "payment_id": str(payment_id)})
+            await self._mark(event_id, "received", self._backoff(attempts + 1), error)
+            return "stored"
+        if view is None:
+            log.info("payment lease held elsewhere; webhook deferred",
+                     extra={"event_id": event_id, "payment_id": str(payment_id), "attempts": attempts})
+            await self._mark(event_id, "deferred", self._backoff(attempts), "lease held by another worker")
+            return "deferred"
+        await self._mark(event_id, "processed", 0.0, "")
+        return "processed"
+
+    def _backoff(self, attempts: int) -> float:
+        # Leases are short-lived (one finalize), so retry soon; never later than one lease period.
+        cap = float(self.core.settings.lease_seconds)
+        return min(cap, 0.1 * 2 ** min(attempts, 10)) * random.uniform(0.5, 1.0)
+
+    async def _mark(self, event_id: str, status: str, delay: float, error: str) -> None:
+        await self.pool.execute(sql.MARK_PSP_EVENT, event_id, status, delay, error)
+
+    async def run_retries(self) -> None:
+        """Worker: finish deferred events and events whose inline handling died."""
+        while True:
+            rows = await self.pool.fetch(sql.CLAIM_PSP_EVENTS, self.options.batch_size,
+                                         float(self.options.event_retry_seconds))
+            for r in rows:
+                payload = r["payload"]
+                await self.process(r["event_id"], r["type"], r["payment_id"], payload["data"]["object"],
+                                   attempts=r["attempts"])
+            if not rows:
+                await asyncio.sleep(self.options.poll_seconds)

@@ -1,0 +1,69 @@
+"""Fixtures for the payments core against the real PostgreSQL (a fake PSP, in process)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import pytest_asyncio
+
+from cutylib.config import Settings
+from cutylib.db import create_pool
+from payments.core import PaymentsCore
+from payments.metrics import Metrics
+from payments.settings import PaymentsOptions
+
+from payments_events import PREVIOUS_SECRET, WEBHOOK_SECRET
+from payments_fakes import FakePsp
+
+
+@pytest_asyncio.fixture(scope="session")
+async def payments_pool(payments_dsn):
+    pool = await create_pool(payments_dsn, min_size=2, max_size=60)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+def fake_psp() -> FakePsp:
+    return FakePsp()
+
+
+@pytest.fixture
+def make_core(payments_pool, fake_psp):
+    """make_core(**settings) -> a PaymentsCore with its own worker id and metrics."""
+    made = 0
+
+    def make(*, lease_seconds: float = 30, reconcile_after_seconds: float = 60, psp=None, **options) -> PaymentsCore:
+        nonlocal made
+        made += 1
+        settings = dataclasses.replace(Settings(), lease_seconds=lease_seconds,
+                                       reconcile_after_seconds=reconcile_after_seconds)
+        opts = dataclasses.replace(PaymentsOptions(), poll_seconds=0.05, **options)
+        return PaymentsCore(settings, payments_pool, psp or fake_psp, options=opts, metrics=Metrics(),
+                            worker_id=f"test-worker-{made}")
+
+    return make
+
+
+@pytest.fixture
+def core(make_core) -> PaymentsCore:
+    return make_core()
+
+
+@pytest_asyncio.fixture
+async def payments_server(payments_pool, fake_psp):
+    """PaymentService in process (fake PSP, workers running), and a stub to it."""
+    import grpc
+
+    from cuty.payments.v1 import payments_pb2_grpc
+    from payments.bootstrap import create_server
+
+    settings = dataclasses.replace(Settings(), psp_webhook_secret=WEBHOOK_SECRET,
+                                   psp_webhook_previous_secrets=PREVIOUS_SECRET, lease_seconds=1.0)
+    options = dataclasses.replace(PaymentsOptions(), poll_seconds=0.05)
+    server = await create_server(settings, payments_pool, psp=fake_psp, options=options)
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    yield payments_pb2_grpc.PaymentServiceStub(channel)
+    await channel.close()
+    await server.stop()
