@@ -1,0 +1,48 @@
+"""Wiring shared by __main__ and the in-process integration tests."""
+from __future__ import annotations
+
+import asyncpg
+
+from cuty.booking.v1 import booking_pb2, booking_pb2_grpc
+from cutylib.config import Settings
+from cutylib.db import create_pool
+from cutylib.grpc_server import GrpcServer
+
+from .grpc_api import BookingApi
+from .service import BookingService
+from .workers import Sweeper
+
+SERVICE_NAME = booking_pb2.DESCRIPTOR.services_by_name["BookingService"].full_name
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool release without asyncpg's default reset query.
+
+    The default (`UNLISTEN *; RESET ALL; CLOSE ALL; pg_advisory_unlock_all()`) is one more round
+    trip on every release, i.e. on every HoldSlot, for session state booking never creates: it sets
+    no session variables, opens no cursors, listens to nothing and takes only transaction-scoped
+    advisory locks. asyncpg still rolls back an open transaction itself before calling this.
+    """
+
+
+async def create_booking_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
+    # max_inactive_connection_lifetime=0: no idle timer re-armed on every release; a service pool
+    # of a few connections has nothing to gain from closing idle ones.
+    return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
+                             application_name="cuty-booking", reset=_keep_session,
+                             max_inactive_connection_lifetime=0)
+
+
+async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0, host: str = "127.0.0.1",
+                        sweeper: bool = True) -> GrpcServer:
+    """A booking GrpcServer (not started): the service, its health/reflection name, the sweeper.
+
+    `sweeper=False` leaves the background sweeper out (tests that drive `Sweeper.sweep_once`
+    themselves, or prove that nothing depends on it).
+    """
+    server = GrpcServer("booking", port, host=host)
+    booking_pb2_grpc.add_BookingServiceServicer_to_server(BookingApi(BookingService(pool, settings)), server.server)
+    server.add_service_name(SERVICE_NAME)
+    if sweeper:
+        server.add_background(Sweeper(pool, settings.sweep_interval_seconds).run)
+    return server

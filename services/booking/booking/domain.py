@@ -1,0 +1,255 @@
+"""Booking's pure rules: what a valid request is, hold states, who may act on a hold, and how an
+instant reads on a salon's wall clock. No I/O; unit-tested without a database.
+
+The invariants themselves (no overlap, one hold per request id, the active-hold cap) are the
+database's job (migrations/0001_init.sql); these rules only reject input before it gets there.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import uuid
+import zoneinfo
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta, timezone
+
+from cutylib.errors import InvalidArgument, PermissionDenied
+from cutylib.principal import Principal
+
+from .currencies import ISO_4217
+
+HELD, CONFIRMED, RELEASED, EXPIRED = "held", "confirmed", "released", "expired"
+STATUSES = (HELD, CONFIRMED, RELEASED, EXPIRED)
+
+MAX_NAME = 200
+MAX_KEY = 200  # customer ids, request ids, payment refs: opaque strings chosen by callers
+MAX_BATCH = 1000
+MAX_LIST_WINDOW = timedelta(days=93)
+ADMIN_ROLES = ("admin", "system")
+# Postgres and zoneinfo both list these, but none is a place: a salon's zone must be one.
+_NOT_PLACES = frozenset({"localtime", "posixrules", "Factory"})
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+@dataclass(frozen=True)
+class Salon:
+    id: uuid.UUID
+    name: str
+    time_zone: str
+
+
+@dataclass(frozen=True)
+class Resource:
+    id: uuid.UUID
+    salon_id: uuid.UUID
+    name: str
+
+
+@dataclass(frozen=True)
+class Slot:
+    id: uuid.UUID
+    salon_id: uuid.UUID
+    resource_id: uuid.UUID
+    start_time: datetime
+    end_time: datetime
+    price_minor: int
+    currency: str
+    time_zone: str
+    available: bool
+
+    @property
+    def local_start_time(self) -> str:
+        return local_time(self.start_time, self.time_zone)
+
+
+@dataclass(frozen=True)
+class Hold:
+    id: uuid.UUID
+    slot_id: uuid.UUID
+    salon_id: uuid.UUID
+    resource_id: uuid.UUID
+    customer_id: str
+    request_id: str
+    status: str  # effective: a 'held' row past its expiry reads as 'expired' (effective_status)
+    start_time: datetime
+    end_time: datetime
+    price_minor: int
+    currency: str
+    expires_at: datetime
+    extended: bool
+    payment_ref: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class SlotDraft:
+    """One slot of a BatchCreateSlots request, shape-checked; `index` names it in errors."""
+    index: int
+    resource_id: uuid.UUID
+    start_time: datetime
+    end_time: datetime
+    price_minor: int
+    currency: str
+
+
+def effective_status(status: str, expires_at: datetime, now: datetime) -> str:
+    """A hold is 'held' only until its expiry (database clock), swept or not (DESIGN.md invariant 2)."""
+    if status == HELD and expires_at <= now:
+        return EXPIRED
+    return status
+
+
+# --- input ---------------------------------------------------------------------------------------
+
+def parse_id(field: str, value: str) -> uuid.UUID:
+    if not value:
+        raise InvalidArgument(field, f"{field} is required")
+    if not _UUID.match(value):
+        raise InvalidArgument(field, f"{field} must be a UUID like 8f14e45f-ceea-467f-a0e6-6f3a2a1b9c4d, got {value!r}")
+    return uuid.UUID(value)
+
+
+def require_name(field: str, value: str) -> str:
+    name = value.strip()
+    if not name:
+        raise InvalidArgument(field, f"{field} must not be empty, got {value!r}")
+    if len(name) > MAX_NAME:
+        raise InvalidArgument(field, f"{field} must be at most {MAX_NAME} characters, got {len(name)}")
+    return name
+
+
+def require_key(field: str, value: str) -> str:
+    if not value or not value.strip():
+        raise InvalidArgument(field, f"{field} is required")
+    if len(value) > MAX_KEY:
+        raise InvalidArgument(field, f"{field} must be at most {MAX_KEY} characters, got {len(value)}")
+    return value
+
+
+@functools.cache
+def _zone_names() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones()) - _NOT_PLACES
+
+
+def require_time_zone(field: str, value: str) -> str:
+    if value not in _zone_names():
+        raise InvalidArgument(field, f"{field} must be an IANA time zone like Europe/Istanbul, got {value!r}")
+    return value
+
+
+def require_instant(field: str, value: datetime | None) -> datetime:
+    if value is None:
+        raise InvalidArgument(field, f"{field} is required (an instant with an offset, e.g. 2026-05-01T09:00:00Z)")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(field, f"{field} must carry a UTC offset, got {value.isoformat()!r}")
+    return value.astimezone(timezone.utc)
+
+
+def require_money(field: str, currency: str | None, amount_minor: int | None) -> tuple[str, int]:
+    """`None` for both means the price was not sent at all."""
+    if currency is None and amount_minor is None:
+        raise InvalidArgument(field, f"{field} is required")
+    if currency not in ISO_4217:
+        raise InvalidArgument(f"{field}.currency_code",
+                              f"{field}.currency_code must be an ISO 4217 code like EUR or TRY, got {currency!r}")
+    if amount_minor is None or amount_minor < 0:
+        raise InvalidArgument(f"{field}.amount_minor",
+                              f"{field}.amount_minor must be zero or more (minor units), got {amount_minor!r}")
+    return currency, amount_minor
+
+
+def slot_draft(index: int, resource_id: str, start: datetime | None, end: datetime | None,
+               currency: str | None, amount_minor: int | None) -> SlotDraft:
+    f = f"slots[{index}]"
+    rid = parse_id(f"{f}.resource_id", resource_id)
+    start_utc = require_instant(f"{f}.start_time", start)
+    end_utc = require_instant(f"{f}.end_time", end)
+    if end_utc <= start_utc:
+        raise InvalidArgument(f"{f}.end_time", f"{f}.end_time must be after start_time "
+                                               f"({start_utc.isoformat()}), got {end_utc.isoformat()}")
+    cur, amount = require_money(f"{f}.price", currency, amount_minor)
+    return SlotDraft(index, rid, start_utc, end_utc, amount, cur)
+
+
+def check_slot_batch(drafts: list[SlotDraft], now: datetime) -> None:
+    """Rules over the whole batch; `now` is the database clock."""
+    if not drafts:
+        raise InvalidArgument("slots", "slots must hold at least one slot")
+    if len(drafts) > MAX_BATCH:
+        raise InvalidArgument("slots", f"slots must hold at most {MAX_BATCH} slots per call, got {len(drafts)}")
+    seen: dict[tuple, int] = {}
+    for d in drafts:
+        if d.start_time <= now:
+            raise InvalidArgument(f"slots[{d.index}].start_time", f"slots[{d.index}].start_time must be in the "
+                                  f"future (now {now.isoformat()}), got {d.start_time.isoformat()}")
+        key = (d.resource_id, d.start_time, d.end_time)
+        if key in seen:
+            raise InvalidArgument(f"slots[{d.index}]", f"slots[{d.index}] repeats slots[{seen[key]}]")
+        seen[key] = d.index
+
+
+def check_window(start: datetime, end: datetime) -> None:
+    if end <= start:
+        raise InvalidArgument("end_time", f"end_time must be after start_time ({start.isoformat()}), got {end.isoformat()}")
+    if end - start > MAX_LIST_WINDOW:
+        raise InvalidArgument("end_time", f"the window may span at most {MAX_LIST_WINDOW.days} days, got {end - start}")
+
+
+def extension_seconds(requested: int, maximum: int) -> int:
+    """ExtendHold's length: 0 asks for the maximum (CUTY_HOLD_MAX_EXTENSION_SECONDS)."""
+    if requested == 0:
+        return maximum
+    if not 0 < requested <= maximum:
+        raise InvalidArgument("seconds", f"seconds must be between 1 and {maximum} (or 0 for {maximum}), got {requested}")
+    return requested
+
+
+# --- who may act ---------------------------------------------------------------------------------
+
+def require_admin(caller: Principal) -> None:
+    caller.require_role(*ADMIN_ROLES)
+
+
+def hold_customer(caller: Principal, requested: str) -> str:
+    """The customer a new hold is for. A signed-in customer holds only for themselves; internal
+    callers (the checkout orchestrator, admins) name the customer."""
+    if caller.role == "customer":
+        subject = caller.require_subject()
+        if requested and requested != subject:
+            raise PermissionDenied("a customer may hold slots only for themselves")
+        return subject
+    return require_key("customer_id", requested)
+
+
+def may_act_on(caller: Principal, customer_id: str) -> bool:
+    """Customers see and change only their own holds (others' read as NOT_FOUND)."""
+    return caller.role != "customer" or caller.subject == customer_id
+
+
+# --- wall clocks ---------------------------------------------------------------------------------
+
+def local_time(instant: datetime, tz: str) -> str:
+    """RFC 3339 wall time in `tz` with its offset: 2026-03-08T03:00:00-04:00. An instant always
+    has exactly one wall time, so this direction is never ambiguous."""
+    return instant.astimezone(zoneinfo.ZoneInfo(tz)).isoformat()
+
+
+def wall_clock_starts(tz: str, day: date, opens: time, closes: time, step: timedelta) -> list[datetime]:
+    """UTC instants of the wall times opens, opens+step, ... (before closes) on `day` in `tz`.
+
+    Explicit about DST because the two clocks we use disagree: for a repeated (fall-back) wall
+    time zoneinfo's fold=0 is the first, daylight-time instant, while Postgres' `AT TIME ZONE`
+    picks the second, standard-time one; for a skipped (spring-forward) wall time both silently
+    shift it by the gap. So: a wall time that does not exist is skipped, and one that exists twice
+    yields both instants.
+    """
+    zone = zoneinfo.ZoneInfo(tz)
+    out: set[datetime] = set()
+    wall, close = datetime.combine(day, opens), datetime.combine(day, closes)
+    while wall < close:
+        for fold in (0, 1):
+            instant = wall.replace(tzinfo=zone, fold=fold).astimezone(timezone.utc)
+            if instant.astimezone(zone).replace(tzinfo=None) == wall:  # else: in the gap
+                out.add(instant)
+        wall += step  # naive arithmetic: wall-clock steps
+    return sorted(out)

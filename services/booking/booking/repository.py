@@ -1,0 +1,213 @@
+"""Booking's SQL, as named constants next to the code that maps its rows to domain objects.
+
+Repositories take an asyncpg Connection (inside a unit of work) or the Pool itself: a use case that
+is one statement needs no BEGIN/COMMIT around it (a statement is its own transaction), and on the
+HoldSlot hot path those would triple the round trips.
+"""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Union
+
+import asyncpg
+
+from cutylib.errors import AlreadyExists
+
+from .domain import Hold, Resource, Salon, Slot, SlotDraft, effective_status
+
+Db = Union[asyncpg.Connection, asyncpg.Pool]
+
+# --- salons and resources ------------------------------------------------------------------------
+
+INSERT_SALON = "INSERT INTO salons (id, name, time_zone) VALUES ($1, $2, $3) RETURNING id, name, time_zone"
+GET_SALON = "SELECT id, name, time_zone FROM salons WHERE id = $1"
+# Inserts nothing when the salon does not exist, so the caller can answer NOT_FOUND.
+INSERT_RESOURCE = """
+INSERT INTO resources (id, salon_id, name)
+SELECT $1, sa.id, $3 FROM salons sa WHERE sa.id = $2
+RETURNING id, salon_id, name
+"""
+
+
+class Salons:
+    def __init__(self, db: Db):
+        self.db = db
+
+    async def add(self, name: str, time_zone: str) -> Salon:
+        r = await self.db.fetchrow(INSERT_SALON, uuid.uuid4(), name, time_zone)
+        return Salon(r["id"], r["name"], r["time_zone"])
+
+    async def get(self, salon_id: uuid.UUID) -> Salon | None:
+        r = await self.db.fetchrow(GET_SALON, salon_id)
+        return Salon(r["id"], r["name"], r["time_zone"]) if r else None
+
+
+class Resources:
+    def __init__(self, db: Db):
+        self.db = db
+
+    async def add(self, salon_id: uuid.UUID, name: str) -> Resource | None:
+        r = await self.db.fetchrow(INSERT_RESOURCE, uuid.uuid4(), salon_id, name)
+        return Resource(r["id"], r["salon_id"], r["name"]) if r else None
+
+
+# --- slots ---------------------------------------------------------------------------------------
+
+# Free = no held-and-unexpired or confirmed hold overlaps it on its resource (database clock), and
+# it has not started. The `status IN` term lets the planner use the exclusion constraint's index.
+SLOT_AVAILABLE = """(s.start_time > clock_timestamp() AND NOT EXISTS (
+    SELECT 1 FROM holds h
+     WHERE h.resource_id = s.resource_id AND h.status IN ('held', 'confirmed')
+       AND h.during && tstzrange(s.start_time, s.end_time)
+       AND (h.status = 'confirmed' OR h.expires_at > clock_timestamp())))"""
+
+SLOT_COLUMNS = "s.id, s.salon_id, s.resource_id, s.start_time, s.end_time, s.price_minor, s.currency"
+
+# Only slots whose resource belongs to the salon are inserted; the caller compares counts. A new
+# slot may overlap a hold of an existing, longer one on its chair, hence `available`.
+INSERT_SLOTS = f"""
+INSERT INTO slots AS s (id, salon_id, resource_id, start_time, end_time, price_minor, currency)
+SELECT i.id, r.salon_id, r.id, i.start_time, i.end_time, i.price_minor, i.currency
+  FROM unnest($2::uuid[], $3::uuid[], $4::timestamptz[], $5::timestamptz[], $6::bigint[], $7::text[])
+       AS i(id, resource_id, start_time, end_time, price_minor, currency)
+  JOIN resources r ON r.id = i.resource_id AND r.salon_id = $1
+RETURNING {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
+"""
+
+# One row per slot; one row with NULL slot columns when the salon exists but has none in range;
+# no row at all when the salon does not exist.
+LIST_SLOTS = f"""
+SELECT sa.time_zone, sl.*
+  FROM salons sa
+  LEFT JOIN LATERAL (
+      SELECT * FROM (
+          SELECT {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
+            FROM slots s
+           WHERE s.salon_id = sa.id AND s.start_time >= $2 AND s.start_time < $3
+      ) x
+       WHERE NOT $4 OR x.available
+       ORDER BY x.start_time, x.resource_id, x.id
+  ) sl ON true
+ WHERE sa.id = $1
+"""
+
+GET_SLOT = f"""
+SELECT sa.time_zone, {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
+  FROM slots s JOIN salons sa ON sa.id = s.salon_id
+ WHERE s.id = $1
+"""
+
+
+def slot_from(r: Any, time_zone: str, available: bool) -> Slot:
+    return Slot(r["id"], r["salon_id"], r["resource_id"], r["start_time"], r["end_time"], r["price_minor"],
+                r["currency"], time_zone, available)
+
+
+class Slots:
+    def __init__(self, db: Db):
+        self.db = db
+
+    async def add_batch(self, salon: Salon, drafts: list[SlotDraft]) -> dict[uuid.UUID, Slot]:
+        """Slots by the draft's id; a draft whose resource is not the salon's is left out."""
+        ids = [uuid.uuid4() for _ in drafts]
+        try:
+            rows = await self.db.fetch(
+                INSERT_SLOTS, salon.id, ids, [d.resource_id for d in drafts], [d.start_time for d in drafts],
+                [d.end_time for d in drafts], [d.price_minor for d in drafts], [d.currency for d in drafts])
+        except asyncpg.UniqueViolationError as e:
+            raise AlreadyExists(f"a slot with the same resource, start and end exists already: {e.detail}",
+                                reason="slot-exists") from None
+        by_id = {r["id"]: slot_from(r, salon.time_zone, r["available"]) for r in rows}
+        return {d.index: by_id[i] for d, i in zip(drafts, ids) if i in by_id}
+
+    async def list(self, salon_id: uuid.UUID, start: datetime, end: datetime,
+                   available_only: bool) -> list[Slot] | None:
+        rows = await self.db.fetch(LIST_SLOTS, salon_id, start, end, available_only)
+        if not rows:
+            return None
+        return [slot_from(r, r["time_zone"], r["available"]) for r in rows if r["id"] is not None]
+
+    async def get(self, slot_id: uuid.UUID) -> Slot | None:
+        r = await self.db.fetchrow(GET_SLOT, slot_id)
+        return slot_from(r, r["time_zone"], r["available"]) if r else None
+
+
+# --- holds ---------------------------------------------------------------------------------------
+
+# migrations/0001_init.sql: booking_take_hold and booking_confirm_hold decide in one round trip.
+TAKE_HOLD = "SELECT outcome, hold, alternatives, time_zone, db_now FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)"
+CONFIRM_HOLD = "SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2)"
+# Only a live hold is released: an expired one stays 'expired' (swept or not), so the answer to
+# a release does not depend on whether the sweeper came by first.
+RELEASE_HOLD = """
+UPDATE holds SET status = 'released', updated_at = clock_timestamp()
+ WHERE id = $1 AND status = 'held' AND expires_at > clock_timestamp()
+RETURNING holds AS hold, clock_timestamp() AS db_now
+"""
+# Once (NOT extended), and only while the hold is still live: an expired hold may already be
+# someone else's time, so it is never revived by an extension.
+EXTEND_HOLD = """
+UPDATE holds SET expires_at = expires_at + $2::integer * interval '1 second', extended = true,
+                 updated_at = clock_timestamp()
+ WHERE id = $1 AND status = 'held' AND NOT extended AND expires_at > clock_timestamp()
+RETURNING holds AS hold, clock_timestamp() AS db_now
+"""
+GET_HOLD = "SELECT h AS hold, clock_timestamp() AS db_now FROM holds h WHERE h.id = $1"
+# Several sweepers (replicas) at once: SKIP LOCKED hands each a disjoint batch; a row a HoldSlot
+# or ConfirmHold is changing right now is skipped and left to that statement.
+SWEEP_EXPIRED = """
+WITH due AS (
+    SELECT id FROM holds
+     WHERE status = 'held' AND expires_at <= clock_timestamp()
+     ORDER BY expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE holds h SET status = 'expired', updated_at = clock_timestamp()
+  FROM due
+ WHERE h.id = due.id AND h.status = 'held'
+RETURNING h.id
+"""
+
+
+def hold_from(r: Any, now: datetime) -> Hold:
+    return Hold(r["id"], r["slot_id"], r["salon_id"], r["resource_id"], r["customer_id"], r["request_id"],
+                effective_status(r["status"], r["expires_at"], now), r["start_time"], r["end_time"],
+                r["price_minor"], r["currency"], r["expires_at"], r["extended"], r["payment_ref"] or "",
+                r["created_at"])
+
+
+class Holds:
+    def __init__(self, db: Db):
+        self.db = db
+
+    async def take(self, slot_id: uuid.UUID, customer_id: str, request_id: str, *, ttl_seconds: int,
+                   max_active: int, max_alternatives: int) -> tuple[str, Hold | None, list[Slot]]:
+        """(outcome, hold, alternatives): see booking_take_hold for the outcomes."""
+        r = await self.db.fetchrow(TAKE_HOLD, uuid.uuid4(), slot_id, customer_id, request_id, ttl_seconds,
+                                   max_active, max_alternatives)
+        hold = hold_from(r["hold"], r["db_now"]) if r["outcome"] in ("held", "existing", "request_reused") else None
+        alternatives = [slot_from(s, r["time_zone"], True) for s in r["alternatives"] or ()]
+        return r["outcome"], hold, alternatives
+
+    async def confirm(self, hold_id: uuid.UUID, payment_ref: str) -> tuple[str, Hold | None]:
+        r = await self.db.fetchrow(CONFIRM_HOLD, hold_id, payment_ref)
+        return r["outcome"], (hold_from(r["hold"], r["db_now"]) if r["outcome"] != "not_found" else None)
+
+    async def release(self, hold_id: uuid.UUID) -> Hold | None:
+        """The released hold, or None when it was not live (or does not exist)."""
+        r = await self.db.fetchrow(RELEASE_HOLD, hold_id)
+        return hold_from(r["hold"], r["db_now"]) if r else None
+
+    async def extend(self, hold_id: uuid.UUID, seconds: int) -> Hold | None:
+        """The extended hold, or None when it was not live and unextended (or does not exist)."""
+        r = await self.db.fetchrow(EXTEND_HOLD, hold_id, seconds)
+        return hold_from(r["hold"], r["db_now"]) if r else None
+
+    async def get(self, hold_id: uuid.UUID) -> Hold | None:
+        r = await self.db.fetchrow(GET_HOLD, hold_id)
+        return hold_from(r["hold"], r["db_now"]) if r else None
+
+    async def sweep(self, batch: int) -> list[uuid.UUID]:
+        return [r["id"] for r in await self.db.fetch(SWEEP_EXPIRED, batch)]

@@ -1,0 +1,189 @@
+"""Booking's use cases: each reads like the rule it implements; the database decides every race.
+
+Use cases that are one statement (all the hold ones) run it straight on the pool: the statement is
+its own transaction, and HoldSlot's single round trip is the point (docs/booking.md).
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+
+import asyncpg
+
+from cutylib.config import Settings
+from cutylib.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from cutylib.principal import Principal
+from cutylib.telemetry import set_span_attributes
+
+from . import domain, metrics
+from .domain import Hold, Resource, Salon, Slot, SlotDraft
+from .repository import Holds, Slots
+from .unit_of_work import BookingUnitOfWork
+
+log = logging.getLogger(__name__)
+
+MAX_ALTERNATIVES = 3
+
+
+class SlotTaken(AlreadyExists):
+    """HoldSlot lost: the time is held or booked. Carries the alternatives offered instead."""
+
+    def __init__(self, slot_id: uuid.UUID, alternatives: list[Slot]):
+        super().__init__(f"slot {slot_id} is held or booked by someone else; "
+                         f"{len(alternatives)} alternative(s) offered", reason="slot-unavailable")
+        self.slot_id = slot_id
+        self.alternatives = alternatives
+
+
+class BookingService:
+    def __init__(self, pool: asyncpg.Pool, settings: Settings):
+        self.pool = pool
+        self.settings = settings
+        self.holds = Holds(pool)
+        self.slots = Slots(pool)
+
+    def uow(self) -> BookingUnitOfWork:
+        return BookingUnitOfWork(self.pool)
+
+    # --- catalog (admin) -------------------------------------------------------------------------
+
+    async def create_salon(self, name: str, time_zone: str) -> Salon:
+        async with self.uow() as uow:
+            salon = await uow.salons.add(name, time_zone)
+            await uow.commit()
+        return salon
+
+    async def create_resource(self, salon_id: uuid.UUID, name: str) -> Resource:
+        async with self.uow() as uow:
+            resource = await uow.resources.add(salon_id, name)
+            if resource is None:
+                raise NotFound(f"salon {salon_id} not found")
+            await uow.commit()
+        return resource
+
+    async def create_slots(self, salon_id: uuid.UUID, drafts: list[SlotDraft]) -> list[Slot]:
+        """All or nothing: one bad slot and the batch is refused."""
+        async with self.uow() as uow:
+            domain.check_slot_batch(drafts, await uow.now())
+            salon = await uow.salons.get(salon_id)
+            if salon is None:
+                raise NotFound(f"salon {salon_id} not found")
+            created = await uow.slots.add_batch(salon, drafts)
+            for d in drafts:
+                if d.index not in created:  # leaving the uow uncommitted rolls the others back
+                    raise NotFound(f"slots[{d.index}].resource_id: resource {d.resource_id} is not a resource "
+                                   f"of salon {salon_id}", field=f"slots[{d.index}].resource_id")
+            await uow.commit()
+        return [created[d.index] for d in drafts]
+
+    async def list_slots(self, salon_id: uuid.UUID, start: datetime, end: datetime, available_only: bool) -> list[Slot]:
+        domain.check_window(start, end)
+        slots = await self.slots.list(salon_id, start, end, available_only)
+        if slots is None:
+            raise NotFound(f"salon {salon_id} not found")
+        return slots
+
+    async def get_slot(self, slot_id: uuid.UUID) -> Slot:
+        slot = await self.slots.get(slot_id)
+        if slot is None:
+            raise NotFound(f"slot {slot_id} not found")
+        return slot
+
+    # --- holds -----------------------------------------------------------------------------------
+
+    async def hold_slot(self, slot_id: uuid.UUID, customer_id: str, request_id: str) -> Hold:
+        outcome, hold, alternatives = await self.holds.take(
+            slot_id, customer_id, request_id, ttl_seconds=self.settings.hold_ttl_seconds,
+            max_active=self.settings.max_active_holds, max_alternatives=MAX_ALTERNATIVES)
+        if hold is not None:
+            set_span_attributes(hold_id=str(hold.id))
+        if outcome == "held":
+            metrics.REGISTRY.inc(metrics.HOLDS_CREATED)
+            return hold
+        if outcome == "existing":  # an idempotent retry: the hold as it is now (maybe confirmed)
+            return hold
+        if outcome == "taken":
+            metrics.REGISTRY.inc(metrics.HOLD_CONFLICTS)
+            raise SlotTaken(slot_id, alternatives)
+        if outcome == "cap":
+            metrics.REGISTRY.inc(metrics.HOLDS_CAPPED)
+            raise ResourceExhausted(
+                f"customer has {self.settings.max_active_holds} active holds already (the most allowed); "
+                "confirm or release one first", reason="too-many-active-holds")
+        if outcome == "request_reused":
+            raise InvalidArgument("request_id", f"request_id {request_id!r} was already used for slot {hold.slot_id}, "
+                                                f"not {slot_id}", reason="request-id-reused")
+        if outcome == "slot_not_found":
+            raise NotFound(f"slot {slot_id} not found")
+        if outcome == "slot_started":
+            raise FailedPrecondition(f"slot {slot_id} has already started", reason="slot-started")
+        raise RuntimeError(f"booking_take_hold returned an unknown outcome {outcome!r}")
+
+    async def confirm_hold(self, caller: Principal, hold_id: uuid.UUID, payment_ref: str) -> Hold:
+        await self._check_owner(caller, hold_id)
+        outcome, hold = await self.holds.confirm(hold_id, payment_ref)
+        set_span_attributes(hold_id=str(hold_id))
+        if outcome == "confirmed":
+            return hold
+        if outcome == "reacquired":
+            metrics.REGISTRY.inc(metrics.HOLDS_REACQUIRED)
+            log.info("expired hold re-acquired on confirm", extra={"hold_id": str(hold_id)})
+            return hold
+        if outcome == "not_found":
+            raise NotFound(f"hold {hold_id} not found")
+        if outcome == "lost":
+            metrics.REGISTRY.inc(metrics.HOLDS_LOST)
+            raise FailedPrecondition(f"hold {hold_id} expired and its time is held or booked by someone else",
+                                     reason="hold-lost")
+        if outcome == "released":
+            raise FailedPrecondition(f"hold {hold_id} was released", reason="hold-released")
+        if outcome == "payment_ref_mismatch":
+            raise FailedPrecondition(f"hold {hold_id} is confirmed already, by another payment",
+                                     reason="hold-confirmed-by-other-payment")
+        raise RuntimeError(f"booking_confirm_hold returned an unknown outcome {outcome!r}")
+
+    async def release_hold(self, caller: Principal, hold_id: uuid.UUID) -> Hold:
+        await self._check_owner(caller, hold_id)
+        set_span_attributes(hold_id=str(hold_id))
+        released = await self.holds.release(hold_id)
+        if released is not None:
+            return released
+        # Nothing live to release: released or expired already is success (idempotent).
+        hold = await self._get(hold_id)
+        if hold.status == domain.CONFIRMED:
+            raise FailedPrecondition(f"hold {hold_id} is confirmed; a booking is not released", reason="hold-confirmed")
+        return hold
+
+    async def extend_hold(self, caller: Principal, hold_id: uuid.UUID, seconds: int) -> Hold:
+        seconds = domain.extension_seconds(seconds, self.settings.hold_max_extension_seconds)
+        await self._check_owner(caller, hold_id)
+        set_span_attributes(hold_id=str(hold_id))
+        extended = await self.holds.extend(hold_id, seconds)
+        if extended is not None:
+            return extended
+        hold = await self._get(hold_id)
+        if hold.status == domain.HELD and hold.extended:
+            return hold  # a retry of the one extension: no second one, same answer
+        if hold.status == domain.EXPIRED:
+            raise FailedPrecondition(f"hold {hold_id} has expired; hold the slot again", reason="hold-expired")
+        raise FailedPrecondition(f"hold {hold_id} is {hold.status}, only a held hold can be extended",
+                                 reason=f"hold-{hold.status}")
+
+    async def get_hold(self, caller: Principal, hold_id: uuid.UUID) -> Hold:
+        hold = await self._get(hold_id)
+        if not domain.may_act_on(caller, hold.customer_id):
+            raise NotFound(f"hold {hold_id} not found")
+        return hold
+
+    async def _get(self, hold_id: uuid.UUID) -> Hold:
+        hold = await self.holds.get(hold_id)
+        if hold is None:
+            raise NotFound(f"hold {hold_id} not found")
+        return hold
+
+    async def _check_owner(self, caller: Principal, hold_id: uuid.UUID) -> None:
+        """Customers act only on their own holds. Reading first is safe here: a hold's customer
+        never changes, so nothing can slip in between this check and the write."""
+        if caller.role == "customer":
+            await self.get_hold(caller, hold_id)

@@ -1,0 +1,53 @@
+"""The hold sweeper: marks expired holds 'expired'.
+
+Correctness never waits for it (HoldSlot and ConfirmHold retire overlapping expired holds
+themselves); it keeps the 'held' rows, the per-customer cap's index and the exclusion index small,
+and makes statuses read true to anyone querying the table. Any number of replicas may run it at
+once: SKIP LOCKED hands each a disjoint batch (repository.SWEEP_EXPIRED).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import asyncpg
+
+from . import metrics
+from .repository import Holds
+
+log = logging.getLogger(__name__)
+
+SWEEP_BATCH = 500
+
+
+class Sweeper:
+    def __init__(self, pool: asyncpg.Pool, interval_seconds: float, *, batch: int = SWEEP_BATCH):
+        self.holds = Holds(pool)
+        self.interval = interval_seconds
+        self.batch = batch
+
+    async def sweep_once(self) -> list[uuid.UUID]:
+        """Expire every hold that is due now, batch by batch (one short transaction each, so a big
+        backlog never holds many row locks at once). Returns the ids this sweeper expired."""
+        swept: list[uuid.UUID] = []
+        while True:
+            ids = await self.holds.sweep(self.batch)
+            swept.extend(ids)
+            if len(ids) < self.batch:
+                break
+        metrics.REGISTRY.inc(metrics.SWEEPS)
+        if swept:
+            metrics.REGISTRY.inc(metrics.HOLDS_SWEPT, len(swept))
+            log.info("expired holds swept", extra={"swept": len(swept),
+                                                   "swept_total": metrics.REGISTRY[metrics.HOLDS_SWEPT]})
+        return swept
+
+    async def run(self) -> None:
+        """Forever, every `interval` seconds. A database outage is logged and retried next round."""
+        while True:
+            try:
+                await self.sweep_once()
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+                log.warning("hold sweep failed; retrying next round: %s", e)
+            await asyncio.sleep(self.interval)
