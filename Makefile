@@ -9,8 +9,9 @@ export PYTHONPATH := $(CURDIR)/$(GEN):$(CURDIR)/libs:$(CURDIR)/services/booking:
 export CUTY_PG_BIN := $(PG_BIN)
 
 PROTOS := $(shell find protos -name '*.proto')
+BENCHES := bench-booking bench-codepool bench-payments bench-checkout bench-gateway
 
-.PHONY: all venv gen pg-check run test test-unit test-integration test-e2e soak bench bench-booking bench-codepool bench-payments bench-checkout bench-gateway demo clean
+.PHONY: all venv gen pg-check run test test-unit test-integration test-e2e soak bench $(BENCHES) demo clean
 
 all: gen
 
@@ -72,9 +73,10 @@ test-e2e: gen pg-check
 soak: gen pg-check
 	$(PY) -m pytest -q -m slow tests
 
-bench: bench-booking bench-codepool bench-payments bench-checkout bench-gateway
+bench: $(BENCHES)
 
-bench-%: gen pg-check
+# Explicit rules: make ignores pattern rules for .PHONY targets.
+$(BENCHES): bench-%: gen pg-check
 	$(PY) bench/$*.py
 
 clean:
