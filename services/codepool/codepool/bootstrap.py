@@ -1,0 +1,60 @@
+"""Wiring of the code pool's gRPC server (used by __main__ and by in-process integration tests)."""
+from __future__ import annotations
+
+import hmac
+import logging
+
+import asyncpg
+
+from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
+from cutylib.config import Settings, env_int
+from cutylib.grpc_server import GrpcServer
+
+from .catalog import Catalog
+from .grpc_api import CodePoolApi, out_of_stock
+from .importer import Importer
+from .interceptors import LostConnectionInterceptor
+from .keys import Keyring, KeyringError
+from .service import ReservationService
+from .workers import Sweeper
+
+log = logging.getLogger("codepool")
+
+SERVICE_NAME = codepool_pb2.DESCRIPTOR.services_by_name["CodePoolService"].full_name
+
+RECORD_HASH_KEY = """
+INSERT INTO hash_key_check (fingerprint) VALUES ($1) ON CONFLICT (singleton) DO NOTHING
+"""
+
+
+def load_keyring(settings: Settings) -> Keyring:
+    return Keyring.load(settings.code_keys, settings.data_dir)
+
+
+async def check_hash_key(pool: asyncpg.Pool, keyring: Keyring) -> None:
+    """Refuse to run with a hash key other than the one the stored codes were hashed under: the
+    duplicate check would silently pass every duplicate."""
+    await pool.execute(RECORD_HASH_KEY, keyring.hash_fingerprint())
+    stored = await pool.fetchval("SELECT fingerprint FROM hash_key_check")
+    if not hmac.compare_digest(bytes(stored), keyring.hash_fingerprint()):
+        raise KeyringError("the configured hash key is not the one this database's codes were hashed under; "
+                           "restore CUTY_CODE_HASH_KEY (or the keyring's hash key)")
+
+
+async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0, host: str = "127.0.0.1",
+                        keyring: Keyring | None = None) -> GrpcServer:
+    keyring = keyring or load_keyring(settings)
+    await check_hash_key(pool, keyring)
+    reservations = ReservationService(pool, ttl_seconds=settings.code_reservation_ttl_seconds,
+                                      out_of_stock_detail=out_of_stock)
+    api = CodePoolApi(reservations, Catalog(pool, keyring),
+                      Importer(pool, keyring, chunk_rows=env_int("CUTY_CODE_IMPORT_CHUNK", 5000)))
+    server = GrpcServer("codepool", port, host=host, interceptors=[LostConnectionInterceptor()])
+    codepool_pb2_grpc.add_CodePoolServiceServicer_to_server(api, server.server)
+    server.add_service_name(SERVICE_NAME)
+    sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
+    server.add_background(sweeper.run)
+    server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters
+    log.info("code pool wired", extra={"keys": sorted(keyring.keys), "active_key": keyring.active,
+                                       "reservation_ttl_seconds": settings.code_reservation_ttl_seconds})
+    return server

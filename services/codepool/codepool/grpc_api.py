@@ -1,0 +1,168 @@
+"""gRPC <-> use cases: translate protos and check who may call; no business rules here."""
+from __future__ import annotations
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
+from cuty.common.v1 import common_pb2
+from cutylib import principal
+from cutylib.errors import NotFound, PermissionDenied
+
+from . import domain
+from .catalog import Catalog, Product
+from .domain import ReservationView, ReserveCommand
+from .importer import Chunk, Importer, ImportResult
+from .service import ReservationService
+
+STATUS = {domain.RESERVED: pb.RESERVATION_STATUS_RESERVED, domain.DELIVERED: pb.RESERVATION_STATUS_DELIVERED,
+          domain.RELEASED: pb.RESERVATION_STATUS_RELEASED}
+
+
+def out_of_stock(product_id: str, requested: int, available: int) -> pb.OutOfStock:
+    return pb.OutOfStock(product_id=product_id, requested=requested, available=available)
+
+
+def actor() -> str:
+    """Who acts, as written to the audit log: 'role:subject' (internal callers are 'system')."""
+    p = principal.current()
+    return f"{p.role}:{p.subject}" if p.subject else p.role
+
+
+def _ts(value) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def _reservation(v: ReservationView) -> pb.Reservation:
+    return pb.Reservation(
+        order_id=v.order_id, order_item_id=v.order_item_id, product_id=v.product_id, customer_id=v.customer_id,
+        status=STATUS[v.status], code_ids=list(v.code_ids), quantity=v.quantity, reserve_time=_ts(v.reserved_at),
+        expire_time=_ts(v.expires_at), payment_transaction_id=v.payment_transaction_id,
+        unit_price=common_pb2.Money(currency_code=v.currency, amount_minor=v.unit_price_minor))
+
+
+def _product(p: Product) -> pb.Product:
+    return pb.Product(id=p.id, sku=p.sku, name=p.name,
+                      price=common_pb2.Money(currency_code=p.currency, amount_minor=p.price_minor))
+
+
+def _import_response(r: ImportResult) -> pb.ImportCodesResponse:
+    return pb.ImportCodesResponse(batch_id=r.batch_id, imported=r.imported, rejected_duplicates=r.rejected_duplicates,
+                                  accepted=r.accepted, received=r.received)
+
+
+class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
+    def __init__(self, reservations: ReservationService, catalog: Catalog, importer: Importer):
+        self.reservations = reservations
+        self.catalog = catalog
+        self.importer = importer
+
+    async def _own_order(self, order_id: str) -> None:
+        """A customer may act only on its own order; another's answers NOT_FOUND (existence is not leaked).
+        Internal callers (the orchestrator, `system`) and staff may act on any."""
+        p = principal.current()
+        if p.role == "customer":
+            view = await self.reservations.get(order_id)
+            if view.customer_id != p.subject:
+                raise NotFound(f"no reservation for order {order_id}")
+
+    # --- products --------------------------------------------------------------------------------
+    async def CreateProduct(self, request: pb.CreateProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
+        principal.current().require_role("admin", "system")
+        sku = domain.require_sku(request.sku)
+        name = domain.require_id("name", request.name.strip(), max_length=200)
+        currency, amount = domain.require_price(request.price.currency_code, request.price.amount_minor)
+        return _product(await self.catalog.create_product(sku, name, currency, amount))
+
+    async def GetProduct(self, request: pb.GetProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
+        return _product(await self.catalog.get_product(domain.parse_uuid("product_id", request.product_id)))
+
+    # --- import ----------------------------------------------------------------------------------
+    async def ImportCodes(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ImportCodesResponse:
+        principal.current().require_role("admin", "system")
+
+        async def chunks():
+            async for m in request_iterator:
+                yield Chunk(m.product_id, m.batch_ref, list(m.codes))
+
+        return _import_response(await self.importer.import_batch(chunks(), actor()))
+
+    async def ImportCodeBatch(self, request: pb.ImportCodeBatchRequest,
+                              context: grpc.aio.ServicerContext) -> pb.ImportCodesResponse:
+        principal.current().require_role("admin", "system")
+
+        async def one():
+            yield Chunk(request.product_id, request.batch_ref, list(request.codes))
+
+        return _import_response(await self.importer.import_batch(one(), actor()))
+
+    # --- reservations ----------------------------------------------------------------------------
+    async def ReserveCodes(self, request: pb.ReserveCodesRequest, context: grpc.aio.ServicerContext) -> pb.Reservation:
+        p = principal.current()
+        customer_id = request.customer_id or (p.subject if p.role == "customer" else "")
+        if p.role == "customer" and customer_id != p.subject:
+            raise PermissionDenied("a customer reserves only for itself")
+        cmd = ReserveCommand(
+            order_id=domain.require_id("order_id", request.order_id),
+            order_item_id=domain.require_id("order_item_id", request.order_item_id),
+            product_id=domain.parse_uuid("product_id", request.product_id),
+            quantity=domain.require_quantity(request.quantity),
+            customer_id=domain.require_id("customer_id", customer_id))
+        return _reservation(await self.reservations.reserve(cmd, actor()))
+
+    async def DeliverCodes(self, request: pb.DeliverCodesRequest, context: grpc.aio.ServicerContext) -> pb.Reservation:
+        order_id = domain.require_id("order_id", request.order_id)
+        transaction_id = domain.require_id("payment_transaction_id", request.payment_transaction_id,
+                                           max_length=domain.MAX_TRANSACTION_ID_LENGTH)
+        await self._own_order(order_id)
+        return _reservation(await self.reservations.deliver(order_id, transaction_id, actor()))
+
+    async def ReleaseReservation(self, request: pb.ReleaseReservationRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.Reservation:
+        order_id = domain.require_id("order_id", request.order_id)
+        await self._own_order(order_id)
+        return _reservation(await self.reservations.release(order_id, actor()))
+
+    async def GetReservation(self, request: pb.GetReservationRequest, context: grpc.aio.ServicerContext) -> pb.Reservation:
+        order_id = domain.require_id("order_id", request.order_id)
+        await self._own_order(order_id)
+        return _reservation(await self.reservations.get(order_id))
+
+    # --- stock and codes -------------------------------------------------------------------------
+    async def GetStock(self, request: pb.GetStockRequest, context: grpc.aio.ServicerContext) -> pb.Stock:
+        principal.current().require_role("staff", "admin", "system")
+        product_id = domain.parse_uuid("product_id", request.product_id)
+        available, reserved, delivered = await self.catalog.stock(product_id)
+        return pb.Stock(product_id=str(product_id), available=available, reserved=reserved, delivered=delivered)
+
+    async def ListCodes(self, request: pb.ListCodesRequest, context: grpc.aio.ServicerContext) -> pb.ListCodesResponse:
+        principal.current().require_role("staff", "admin", "system")
+        product_id = domain.parse_uuid("product_id", request.product_id)
+        items, last = await self.catalog.list_codes(product_id, domain.decode_page_token(request.page_token),
+                                                    domain.page_size(request.page_size))
+        return pb.ListCodesResponse(
+            codes=[pb.MaskedCode(id=i, status=s, masked_value=m) for i, s, m in items],
+            next_page_token=domain.encode_page_token(last) if last is not None else "")
+
+    async def RevealCode(self, request: pb.RevealCodeRequest, context: grpc.aio.ServicerContext) -> pb.RevealedCode:
+        principal.current().require_role("admin")
+        code_id = domain.parse_uuid("code_id", request.code_id)
+        value, views = await self.catalog.reveal(code_id, actor())
+        return pb.RevealedCode(id=str(code_id), value=value, view_count=views)
+
+    async def GetDeliveredCodes(self, request: pb.GetDeliveredCodesRequest,
+                                context: grpc.aio.ServicerContext) -> pb.DeliveredCodes:
+        p = principal.current()
+        order_id = domain.require_id("order_id", request.order_id)
+        if p.role == "customer":
+            customer_id = p.subject
+            if request.customer_id and request.customer_id != customer_id:
+                raise NotFound(f"no order {order_id} for this customer")
+        elif p.role == "system":
+            customer_id = domain.require_id("customer_id", request.customer_id)
+        else:
+            raise PermissionDenied(f"role {p.role!r} sees codes masked (ListCodes) or through RevealCode")
+        codes = await self.catalog.delivered_codes(order_id, customer_id)
+        return pb.DeliveredCodes(order_id=order_id, codes=[pb.PlainCode(id=i, value=v) for i, v in codes])

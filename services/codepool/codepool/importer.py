@@ -1,0 +1,168 @@
+"""Importing supplier batches: any size, bounded memory, all or nothing (issue 3, "ImportCodes").
+
+The stream is encrypted chunk by chunk and copied (COPY) into a temporary staging table inside one
+transaction; only then are duplicates counted, in SQL, by keyed hash, within the batch and against
+the product's codes. A batch with any duplicate is refused whole; otherwise all of it is moved into
+`codes` in one statement. Nothing is visible to anyone until the commit.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterable, AsyncIterator
+
+import asyncpg
+
+from cutylib.db import UnitOfWork
+from cutylib.errors import AlreadyExists, InvalidArgument
+
+from . import domain
+from .keys import Keyring
+
+log = logging.getLogger("codepool.import")
+
+STAGE = "codepool_import_stage"
+STAGE_COLUMNS = ("pos", "id", "key_id", "nonce", "ciphertext", "code_hash")
+CREATE_STAGE = f"""
+CREATE TEMPORARY TABLE {STAGE} (pos bigint, id uuid, key_id text, nonce bytea, ciphertext bytea, code_hash bytea)
+ON COMMIT DROP
+"""
+# Serialises imports of one product from here to the commit, so two batches carrying the same code
+# cannot both pass the duplicate check. NO KEY UPDATE does not conflict with the KEY SHARE lock that
+# reservations' foreign keys take, so buyers are not held up.
+LOCK_PRODUCT = "SELECT id FROM products WHERE id = $1 FOR NO KEY UPDATE"
+PRODUCT_EXISTS = "SELECT EXISTS (SELECT FROM products WHERE id = $1)"
+FIND_BATCH = "SELECT id, imported, content_digest FROM supplier_batches WHERE product_id = $1 AND batch_ref = $2"
+# Codes of the batch that repeat an earlier one of the batch or one the product already has.
+COUNT_DUPLICATES = f"""
+SELECT (SELECT count(*) FROM {STAGE}) - count(*)
+FROM (SELECT DISTINCT code_hash FROM {STAGE}) s
+WHERE NOT EXISTS (SELECT FROM codes c WHERE c.product_id = $1 AND c.code_hash = s.code_hash)
+"""
+INSERT_BATCH = """
+INSERT INTO supplier_batches (id, product_id, batch_ref, received, imported, content_digest, actor)
+VALUES ($1, $2, $3, $4, $4, $5, $6)
+"""
+# In stream order, so codes are handed out (seq) in the order the supplier listed them.
+MOVE_CODES = f"""
+INSERT INTO codes (id, product_id, batch_id, key_id, nonce, ciphertext, code_hash)
+SELECT id, $1, $2, key_id, nonce, ciphertext, code_hash FROM {STAGE} ORDER BY pos
+"""
+AUDIT = """
+INSERT INTO audit_log (actor, action, product_id, details) VALUES ($1, $2, $3, $4)
+"""
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    batch_id: str
+    received: int
+    imported: int
+    rejected_duplicates: int
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class Chunk:
+    product_id: str
+    batch_ref: str
+    codes: list[str]
+
+
+class Importer:
+    def __init__(self, pool: asyncpg.Pool, keyring: Keyring, *, chunk_rows: int = 5000):
+        self.pool = pool
+        self.keyring = keyring
+        self.chunk_rows = chunk_rows
+
+    def _seal(self, product: uuid.UUID, codes: list[str], offset: int) -> tuple[list[tuple], bytes]:
+        """Encrypt and hash one chunk (run in a thread: the event loop keeps serving buyers)."""
+        kr, pid = self.keyring, product.bytes
+        records, hashes = [], []
+        for pos, code_id, value in zip(range(offset, offset + len(codes)), domain.new_code_ids(len(codes)), codes):
+            key_id, nonce, ct = kr.encrypt(code_id.bytes, pid, value)
+            h = kr.code_hash(value)
+            records.append((pos, code_id, key_id, nonce, ct, h))
+            hashes.append(h)
+        return records, b"".join(hashes)
+
+    async def import_batch(self, chunks: AsyncIterable[Chunk], actor: str) -> ImportResult:
+        stream = aiter(chunks)
+        first = await anext(stream, None)
+        if first is None:
+            raise InvalidArgument("codes", "the import stream carried no message")
+        product = domain.parse_uuid("product_id", first.product_id)
+        batch_ref = domain.require_id("batch_ref", first.batch_ref)
+        async with UnitOfWork(self.pool) as uow:
+            conn = uow.conn
+            if not await conn.fetchval(PRODUCT_EXISTS, product):
+                raise InvalidArgument("product_id", f"unknown product {product}")
+            await conn.execute(CREATE_STAGE)
+            digest = hashlib.sha256()
+            received = 0
+            # The database copies one chunk while the next is encrypted: two CPUs at work, not one.
+            copying: asyncio.Future | None = None
+            try:
+                async for codes in _rechunk(first, stream, self.chunk_rows):
+                    domain.require_codes(codes, offset=received)
+                    records, hashes = await asyncio.to_thread(self._seal, product, codes, received)
+                    digest.update(hashes)
+                    if copying is not None:
+                        await copying
+                    copying = asyncio.ensure_future(
+                        conn.copy_records_to_table(STAGE, records=records, columns=STAGE_COLUMNS))
+                    received += len(codes)
+                if copying is not None:
+                    await copying
+            finally:
+                if copying is not None and not copying.done():
+                    # a bad chunk or a dropped stream: let the copy finish before the rollback uses conn
+                    await asyncio.gather(copying, return_exceptions=True)
+            if received == 0:
+                raise InvalidArgument("codes", "a batch needs at least one code")
+            await conn.execute(f"ANALYZE {STAGE}")
+            await conn.fetchval(LOCK_PRODUCT, product)
+            stored = await conn.fetchrow(FIND_BATCH, product, batch_ref)
+            if stored is not None:
+                # A retried upload of a batch already imported answers as the first one did.
+                if stored["content_digest"] != digest.digest():
+                    raise AlreadyExists(f"batch {batch_ref!r} of product {product} was imported with other codes",
+                                        reason="batch-ref-taken")
+                return ImportResult(str(stored["id"]), received, stored["imported"], 0, True)
+            duplicates = await conn.fetchval(COUNT_DUPLICATES, product)
+            details = {"batch_ref": batch_ref, "received": received, "rejected_duplicates": duplicates}
+            if duplicates:
+                await uow.rollback()
+                await conn.execute(AUDIT, actor, "import_rejected", product, details)
+                log.warning("import refused: duplicate codes", extra={"product_id": str(product), **details})
+                return ImportResult("", received, 0, duplicates, False)
+            batch_id = uuid.uuid4()
+            await conn.execute(INSERT_BATCH, batch_id, product, batch_ref, received, digest.digest(), actor)
+            await conn.execute(MOVE_CODES, product, batch_id)
+            await conn.execute(AUDIT, actor, "import", product, {**details, "batch_id": str(batch_id)})
+            await uow.commit()
+        log.info("codes imported", extra={"product_id": str(product), "batch_id": str(batch_id), "imported": received})
+        return ImportResult(str(batch_id), received, received, 0, True)
+
+
+async def _rechunk(first: Chunk, rest: AsyncIterator[Chunk], size: int) -> AsyncIterator[list[str]]:
+    """Regroup the caller's messages (any sizes) into lists of about `size` codes; checks that later
+    messages name the same product and batch as the first (or leave them empty)."""
+    buf: list[str] = list(first.codes)
+    async for chunk in rest:
+        for name, value, expected in (("product_id", chunk.product_id, first.product_id),
+                                      ("batch_ref", chunk.batch_ref, first.batch_ref)):
+            if value and value != expected:
+                raise InvalidArgument(name, f"every message of one import names the same {name}; "
+                                            f"expected {expected!r}, got {value!r}")
+        buf.extend(chunk.codes)
+        if len(buf) >= size:
+            full = len(buf) - len(buf) % size
+            for i in range(0, full, size):
+                yield buf[i:i + size]
+            buf = buf[full:]
+    if buf:
+        yield buf

@@ -1,0 +1,225 @@
+"""SQL of reservations, deliveries and payment transactions, as named statements.
+
+Each statement either runs after the order's reservation row is locked (`LOCK_RESERVATION`) or
+guards itself with a conditional `WHERE status = ...`, so a concurrent actor never makes one apply
+twice; codes are taken with `FOR UPDATE SKIP LOCKED` so buyers never queue on the same row.
+"""
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+# Codes are taken oldest first, `ORDER BY seq`, an order only the partial index codes_available
+# yields for available codes (migrations/0001_init.sql says why that matters);
+# tests/integration/codepool/test_codepool_schema.py and `make bench-codepool` check the plan.
+
+# The hot path, one autocommit statement: the order's row, the next free codes (skipping rows other
+# buyers hold), their deliveries and the audit entry. Returns no row when the reservation already
+# exists (a replay) or the product is unknown. When fewer codes than ordered could be taken it
+# raises SQLSTATE CP001 (codepool_short_stock), which undoes the whole statement: all or nothing.
+RESERVE = """
+WITH r AS (
+    INSERT INTO reservations (order_id, order_item_id, product_id, customer_id, quantity,
+                              unit_price_minor, currency, status, reserved_at, expires_at)
+    SELECT $1, $2, p.id, $4, $5, p.price_minor, p.currency, 'reserved', clock_timestamp(),
+           clock_timestamp() + make_interval(secs => $6)
+    FROM products p WHERE p.id = $3
+    ON CONFLICT DO NOTHING
+    RETURNING *
+), picked AS (
+    SELECT c.id FROM codes c
+    WHERE c.product_id = $3 AND c.status = 'available' AND EXISTS (SELECT FROM r)
+    ORDER BY c.seq
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE codes c SET status = 'reserved' FROM picked WHERE c.id = picked.id RETURNING c.id
+), d AS (
+    INSERT INTO deliveries (order_id, order_item_id, product_id, customer_id, code_id, status)
+    SELECT $1, $2, $3, $4, taken.id, 'reserved' FROM taken
+    RETURNING code_id
+), a AS (
+    INSERT INTO audit_log (actor, action, product_id, order_id, code_ids, details)
+    SELECT $7, 'reserve', r.product_id, r.order_id, (SELECT array_agg(code_id ORDER BY code_id) FROM d),
+           jsonb_build_object('quantity', r.quantity)
+    FROM r
+)
+SELECT r.*, got.code_ids
+FROM r, (SELECT array_agg(code_id ORDER BY code_id) AS code_ids, count(*) AS n FROM d) got
+-- CASE, not OR: SQL does not promise to evaluate OR left to right.
+WHERE CASE WHEN got.n = r.quantity THEN true ELSE codepool_short_stock(r.quantity, got.n) END
+"""
+
+SHORT_STOCK = "CP001"
+
+# A reservation with the codes it holds now (none once released: they are back in stock).
+GET_RESERVATION = """
+SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries d
+             WHERE d.order_id = r.order_id AND d.status = r.status AND r.status <> 'released') AS code_ids
+FROM reservations r WHERE r.order_id = $1
+"""
+
+# The stored reservation a non-inserting RESERVE collided with: this request's own, else the other.
+FIND_COLLISION = """
+SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries d
+             WHERE d.order_id = r.order_id AND d.status = r.status AND r.status <> 'released') AS code_ids
+FROM reservations r WHERE r.order_id = $1 OR r.order_item_id = $2
+ORDER BY (r.order_id = $1 AND r.order_item_id = $2) DESC
+LIMIT 1
+"""
+
+LOCK_RESERVATION = "SELECT * FROM reservations WHERE order_id = $1 FOR UPDATE"
+
+COUNT_AVAILABLE = "SELECT count(*) FROM codes WHERE product_id = $1 AND status = 'available'"
+
+PRODUCT_EXISTS = "SELECT EXISTS (SELECT FROM products WHERE id = $1)"
+
+# A late payment for a released reservation takes the order up again, with fresh codes.
+REOPEN = """
+UPDATE reservations
+SET status = 'reserved', reserved_at = clock_timestamp(), expires_at = clock_timestamp() + make_interval(secs => $2),
+    released_at = NULL, release_reason = NULL
+WHERE order_id = $1 AND status = 'released'
+"""
+
+TAKE_CODES = """
+WITH picked AS (
+    SELECT id FROM codes WHERE product_id = $3 AND status = 'available'
+    ORDER BY seq LIMIT $5 FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE codes c SET status = 'reserved' FROM picked WHERE c.id = picked.id RETURNING c.id
+), d AS (
+    INSERT INTO deliveries (order_id, order_item_id, product_id, customer_id, code_id, status)
+    SELECT $1, $2, $3, $4, taken.id, 'reserved' FROM taken
+    RETURNING code_id
+)
+SELECT coalesce(array_agg(code_id ORDER BY code_id), '{}') FROM d
+"""
+
+# A payment callback is acted on once: the first writer of the transaction id wins; a concurrent
+# duplicate waits on the unique index and then finds it.
+CLAIM_TRANSACTION = """
+INSERT INTO payment_transactions (transaction_id, order_id, outcome) VALUES ($1, $2, 'delivered')
+ON CONFLICT (transaction_id) DO NOTHING
+RETURNING transaction_id
+"""
+
+GET_TRANSACTION = "SELECT order_id, outcome, reason FROM payment_transactions WHERE transaction_id = $1"
+
+REJECT_TRANSACTION = "UPDATE payment_transactions SET outcome = 'rejected', reason = $2 WHERE transaction_id = $1"
+
+DELIVER = """
+WITH d AS (
+    UPDATE deliveries SET status = 'delivered', delivered_at = clock_timestamp()
+    WHERE order_id = $1 AND status = 'reserved'
+    RETURNING code_id
+), c AS (
+    UPDATE codes SET status = 'delivered' FROM d WHERE codes.id = d.code_id AND codes.status = 'reserved'
+    RETURNING codes.id
+), r AS (
+    UPDATE reservations SET status = 'delivered', delivered_at = clock_timestamp(), payment_transaction_id = $2
+    WHERE order_id = $1 AND status = 'reserved'
+    RETURNING product_id, quantity
+), a AS (
+    INSERT INTO audit_log (actor, action, product_id, order_id, code_ids, details)
+    SELECT $3, 'deliver', r.product_id, $1, (SELECT array_agg(code_id ORDER BY code_id) FROM d),
+           jsonb_build_object('payment_transaction_id', $2::text)
+    FROM r
+)
+SELECT (SELECT count(*) FROM d) AS deliveries, (SELECT count(*) FROM c) AS codes,
+       (SELECT quantity FROM r) AS quantity
+"""
+
+# Release reservations (locked by the caller) and put their codes back; `$2` is why: released or expired.
+RELEASE = """
+WITH r AS (
+    UPDATE reservations SET status = 'released', released_at = clock_timestamp(), release_reason = $2
+    WHERE order_id = ANY($1::text[]) AND status = 'reserved'
+    RETURNING order_id, product_id
+), d AS (
+    UPDATE deliveries d SET status = 'released', released_at = clock_timestamp()
+    FROM r WHERE d.order_id = r.order_id AND d.status = 'reserved'
+    RETURNING d.order_id, d.code_id
+), c AS (
+    UPDATE codes SET status = 'available' FROM d WHERE codes.id = d.code_id AND codes.status = 'reserved'
+    RETURNING codes.id
+), a AS (
+    INSERT INTO audit_log (actor, action, product_id, order_id, code_ids)
+    SELECT $3, CASE $2 WHEN 'expired' THEN 'expire' ELSE 'release' END, r.product_id, r.order_id,
+           (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM d WHERE d.order_id = r.order_id)
+    FROM r
+)
+SELECT (SELECT count(*) FROM r) AS reservations, (SELECT count(*) FROM d) AS deliveries,
+       (SELECT count(*) FROM c) AS codes
+"""
+
+# The sweeper's batch: due reservations no other replica is working on.
+CLAIM_EXPIRED = """
+SELECT order_id FROM reservations
+WHERE status = 'reserved' AND expires_at <= clock_timestamp()
+ORDER BY expires_at
+LIMIT $1
+FOR UPDATE SKIP LOCKED
+"""
+
+AUDIT = """
+INSERT INTO audit_log (actor, action, product_id, order_id, code_ids, details) VALUES ($1, $2, $3, $4, $5, $6)
+"""
+
+
+class Reservations:
+    """The statements above, bound to one connection (one unit of work)."""
+
+    def __init__(self, conn: asyncpg.Connection):
+        self.conn = conn
+
+    async def reserve(self, cmd, ttl_seconds: float, actor: str):
+        """The RESERVE row, or None for a replay / unknown product; asyncpg.PostgresError with
+        sqlstate SHORT_STOCK when the stock is short (nothing was written)."""
+        return await self.conn.fetchrow(RESERVE, cmd.order_id, cmd.order_item_id, cmd.product_id, cmd.customer_id,
+                                        cmd.quantity, float(ttl_seconds), actor)
+
+    async def get(self, order_id: str):
+        return await self.conn.fetchrow(GET_RESERVATION, order_id)
+
+    async def find_collision(self, order_id: str, order_item_id: str):
+        return await self.conn.fetchrow(FIND_COLLISION, order_id, order_item_id)
+
+    async def lock(self, order_id: str):
+        return await self.conn.fetchrow(LOCK_RESERVATION, order_id)
+
+    async def count_available(self, product_id: uuid.UUID) -> int:
+        return await self.conn.fetchval(COUNT_AVAILABLE, product_id)
+
+    async def product_exists(self, product_id: uuid.UUID) -> bool:
+        return await self.conn.fetchval(PRODUCT_EXISTS, product_id)
+
+    async def reopen(self, order_id: str, ttl_seconds: float) -> None:
+        await self.conn.execute(REOPEN, order_id, float(ttl_seconds))
+
+    async def take_codes(self, row) -> list:
+        return list(await self.conn.fetchval(TAKE_CODES, row["order_id"], row["order_item_id"], row["product_id"],
+                                             row["customer_id"], row["quantity"]))
+
+    async def claim_transaction(self, transaction_id: str, order_id: str) -> bool:
+        return await self.conn.fetchval(CLAIM_TRANSACTION, transaction_id, order_id) is not None
+
+    async def get_transaction(self, transaction_id: str):
+        return await self.conn.fetchrow(GET_TRANSACTION, transaction_id)
+
+    async def reject_transaction(self, transaction_id: str, reason: str) -> None:
+        await self.conn.execute(REJECT_TRANSACTION, transaction_id, reason)
+
+    async def deliver(self, order_id: str, transaction_id: str, actor: str):
+        return await self.conn.fetchrow(DELIVER, order_id, transaction_id, actor)
+
+    async def release(self, order_ids: list[str], reason: str, actor: str):
+        return await self.conn.fetchrow(RELEASE, order_ids, reason, actor)
+
+    async def claim_expired(self, limit: int) -> list[str]:
+        return [r["order_id"] for r in await self.conn.fetch(CLAIM_EXPIRED, limit)]
+
+    async def audit(self, actor: str, action: str, *, product_id=None, order_id=None, code_ids=None,
+                    details: dict | None = None) -> None:
+        await self.conn.execute(AUDIT, actor, action, product_id, order_id, code_ids, details or {})

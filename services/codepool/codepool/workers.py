@@ -1,0 +1,44 @@
+"""The reservation sweeper: releases reservations older than CUTY_CODE_RESERVATION_TTL_SECONDS."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+
+from .service import ReservationService
+
+log = logging.getLogger("codepool.sweeper")
+
+
+class Sweeper:
+    """Every `interval` seconds, expire due reservations in batches until none is left.
+
+    Any number of replicas may run one: each batch is claimed with SKIP LOCKED (see
+    ReservationService.expire_due), so they share the work instead of repeating it.
+    """
+
+    def __init__(self, reservations: ReservationService, interval: float, *, batch: int = 500):
+        self.reservations = reservations
+        self.interval = interval
+        self.batch = batch
+        self.expired_total = 0
+
+    async def sweep_once(self) -> int:
+        total = 0
+        while True:
+            n = await self.reservations.expire_due(self.batch)
+            total += n
+            if n < self.batch:
+                break
+        self.expired_total += total
+        return total
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sweep_once()
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
+                # The database restarting or a connection killed: try again next round.
+                log.warning("sweep failed; retrying next interval", extra={"error": type(e).__name__})
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,111 @@
+"""Stock, the staff list (masked), the admin reveal (audited, counted) and the buyer's own codes."""
+import uuid
+
+import grpc
+import pytest
+
+from cuty.codepool.v1 import codepool_pb2 as pb
+from cutylib.testing.ids import new_id
+
+from codepool_testkit import ADMIN, STAFF, customer, new_product, reserve_request, stock_of, stocked_product
+
+
+async def test_products(stub):
+    product_id = await new_product(stub, price=4500)
+    got = await stub.GetProduct(pb.GetProductRequest(product_id=product_id))
+    assert (got.price.amount_minor, got.price.currency_code, got.name) == (4500, "TRY", "Gift card")
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.CreateProduct(pb.CreateProductRequest(sku=got.sku, name="again", price=got.price), metadata=ADMIN)
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    for bad, field in ((pb.CreateProductRequest(sku="", name="n", price=got.price), "sku"),
+                       (pb.CreateProductRequest(sku="s-" + new_id()[:8], name=" ", price=got.price), "name"),
+                       (pb.CreateProductRequest(sku="s-" + new_id()[:8], name="n"), "price.currency_code")):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.CreateProduct(bad, metadata=ADMIN)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.CreateProduct(pb.CreateProductRequest(sku="x", name="n", price=got.price), metadata=STAFF)
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.GetProduct(pb.GetProductRequest(product_id=str(uuid.uuid4())))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_staff_list_masked_codes_in_pages(stub):
+    product_id, codes = await stocked_product(stub, 7)
+    await stub.ReserveCodes(reserve_request(product_id, 2))
+    seen, token = [], ""
+    while True:
+        page = await stub.ListCodes(pb.ListCodesRequest(product_id=product_id, page_size=3, page_token=token),
+                                    metadata=STAFF)
+        seen += page.codes
+        token = page.next_page_token
+        if not token:
+            break
+    assert len(seen) == 7 and len({c.id for c in seen}) == 7
+    assert sorted(c.masked_value for c in seen) == sorted("****" + c[-4:] for c in codes)
+    assert sorted(c.status for c in seen) == ["available"] * 5 + ["reserved"] * 2
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.ListCodes(pb.ListCodesRequest(product_id=product_id), metadata=customer("c"))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.ListCodes(pb.ListCodesRequest(product_id=product_id, page_token="garbage!"), metadata=STAFF)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_reveal_is_admin_only_audited_and_counted(stub, cp_pool):
+    product_id, codes = await stocked_product(stub, 2)
+    listed = await stub.ListCodes(pb.ListCodesRequest(product_id=product_id), metadata=ADMIN)
+    code_id = listed.codes[0].id
+    for role in (STAFF, customer("c"), ()):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.RevealCode(pb.RevealCodeRequest(code_id=code_id), metadata=role)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    first = await stub.RevealCode(pb.RevealCodeRequest(code_id=code_id), metadata=ADMIN)
+    second = await stub.RevealCode(pb.RevealCodeRequest(code_id=code_id), metadata=ADMIN)
+    assert first.value == second.value and first.value in codes
+    assert (first.view_count, second.view_count) == (1, 2)
+    audit = await cp_pool.fetch("SELECT actor, details FROM audit_log WHERE action = 'reveal' AND code_ids = ARRAY[$1::uuid]",
+                                uuid.UUID(code_id))
+    assert [a["actor"] for a in audit] == ["admin:admin-1"] * 2
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.RevealCode(pb.RevealCodeRequest(code_id=str(uuid.uuid4())), metadata=ADMIN)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_buyer_reads_its_own_codes_once_delivered(stub):
+    product_id, codes = await stocked_product(stub, 3)
+    res = await stub.ReserveCodes(reserve_request(product_id, 2, customer_id="alice"))
+    mine = pb.GetDeliveredCodesRequest(order_id=res.order_id)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.GetDeliveredCodes(mine, metadata=customer("alice"))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # reserved, not delivered yet
+    await stub.DeliverCodes(pb.DeliverCodesRequest(order_id=res.order_id, payment_transaction_id="p-" + res.order_id))
+    got = await stub.GetDeliveredCodes(mine, metadata=customer("alice"))
+    assert [c.id for c in got.codes] == list(res.code_ids)
+    assert {c.value for c in got.codes} <= set(codes) and len(got.codes) == 2
+    internal = await stub.GetDeliveredCodes(pb.GetDeliveredCodesRequest(order_id=res.order_id, customer_id="alice"))
+    assert internal.codes == got.codes
+    for req, md, code in (
+        (mine, customer("bob"), grpc.StatusCode.NOT_FOUND),
+        (pb.GetDeliveredCodesRequest(order_id=res.order_id, customer_id="bob"), (), grpc.StatusCode.NOT_FOUND),
+        (pb.GetDeliveredCodesRequest(order_id=res.order_id, customer_id="bob"), customer("alice"),
+         grpc.StatusCode.NOT_FOUND),
+        (mine, STAFF, grpc.StatusCode.PERMISSION_DENIED),
+        (mine, ADMIN, grpc.StatusCode.PERMISSION_DENIED),
+        (pb.GetDeliveredCodesRequest(order_id="nope", customer_id="alice"), (), grpc.StatusCode.NOT_FOUND),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.GetDeliveredCodes(req, metadata=md)
+        assert e.value.code() == code
+
+
+async def test_stock_requires_staff_and_a_known_product(stub):
+    product_id, _ = await stocked_product(stub, 1)
+    assert await stock_of(stub, product_id) == (1, 0, 0)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.GetStock(pb.GetStockRequest(product_id=product_id), metadata=customer("c"))
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.GetStock(pb.GetStockRequest(product_id=str(uuid.uuid4())))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
