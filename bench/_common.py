@@ -114,7 +114,10 @@ def report(area: str, results: list[Result]) -> None:
 
 
 def bench_postgres():
-    """A Postgres for the benchmark: CUTY_TEST_DSN, or a throwaway local cluster (durable settings)."""
+    """A Postgres for the benchmark: CUTY_TEST_DSN, or a throwaway local cluster.
+
+    The throwaway cluster runs with fsync off (as the tests do): figures measure our code and the
+    database's CPU work, not this machine's disk flushes."""
     from cutylib.testing.postgres import start_test_postgres
 
     return start_test_postgres()

@@ -45,6 +45,8 @@ def status_for_exception(exc: BaseException) -> grpc.Status | None:
     if isinstance(exc, (asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.CannotConnectNowError,
                         asyncpg.exceptions.AdminShutdownError, asyncpg.exceptions.TooManyConnectionsError,
                         asyncpg.exceptions.InterfaceError, asyncpg.exceptions.ConnectionFailureError,
+                        # raised when a backend was killed while its connection sat idle in the pool
+                        asyncpg.exceptions.InternalClientError,
                         ConnectionError, OSError, TimeoutError)):
         return rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, message=f"database unavailable: {type(exc).__name__}"))
     return None

@@ -13,7 +13,6 @@ from cutylib.grpc_server import GrpcServer
 from .catalog import Catalog
 from .grpc_api import CodePoolApi, out_of_stock
 from .importer import Importer
-from .interceptors import LostConnectionInterceptor
 from .keys import Keyring, KeyringError
 from .service import ReservationService
 from .workers import Sweeper
@@ -49,7 +48,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                                       out_of_stock_detail=out_of_stock)
     api = CodePoolApi(reservations, Catalog(pool, keyring),
                       Importer(pool, keyring, chunk_rows=env_int("CUTY_CODE_IMPORT_CHUNK", 5000)))
-    server = GrpcServer("codepool", port, host=host, interceptors=[LostConnectionInterceptor()])
+    server = GrpcServer("codepool", port, host=host)
     codepool_pb2_grpc.add_CodePoolServiceServicer_to_server(api, server.server)
     server.add_service_name(SERVICE_NAME)
     sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
