@@ -2,7 +2,7 @@
 swept). Per process; the sweeper logs them when they change."""
 from __future__ import annotations
 
-from collections import Counter
+from cutylib.metrics import Metrics
 
 HOLDS_CREATED = "holds_created"
 HOLD_CONFLICTS = "hold_conflicts"          # HoldSlot lost the race (ALREADY_EXISTS)
@@ -11,14 +11,6 @@ HOLDS_REACQUIRED = "holds_reacquired"      # ConfirmHold of an expired hold whos
 HOLDS_LOST = "holds_lost"                  # ConfirmHold of an expired hold whose time was taken
 HOLDS_SWEPT = "holds_swept"
 SWEEPS = "sweeps"
-
-
-class Metrics(Counter):
-    def inc(self, name: str, n: int = 1) -> None:
-        self[name] += n
-
-    def snapshot(self) -> dict[str, int]:
-        return dict(self)
 
 
 REGISTRY = Metrics()

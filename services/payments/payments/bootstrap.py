@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 
 import asyncpg
 
@@ -17,6 +18,8 @@ from .psp import PspClient
 from .reconcile import Reconciler
 from .settings import PaymentsOptions
 from .webhooks import WebhookInbox
+
+log = logging.getLogger("payments.metrics")
 
 SERVICE_NAME = payments_pb2.DESCRIPTOR.services_by_name["PaymentService"].full_name
 
@@ -43,7 +46,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     if workers:
         server.add_background(inbox.run_retries)
         server.add_background(Reconciler(core).run)
-        server.add_background(lambda: metrics.log_periodically(core.metrics, core.options.metrics_log_seconds))
+        server.add_background(lambda: metrics.log_periodically(core.metrics, "payments", core.options.metrics_log_seconds))
     if psp is None:
         server.on_stop(core.psp.aclose)
     server.on_stop(_log_metrics(core))
@@ -55,6 +58,6 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
 
 def _log_metrics(core: PaymentsCore):
     async def log_final() -> None:
-        metrics.log.info("payments metrics at shutdown", extra={"metrics": core.metrics.snapshot(),
-                                                                "worker": core.worker_id})
+        log.info("payments metrics at shutdown", extra={"metrics": core.metrics.snapshot(),
+                                                        "worker": core.worker_id})
     return log_final

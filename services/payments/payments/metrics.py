@@ -2,11 +2,7 @@
 finalizes, lease contention...). Per process; logged periodically and on shutdown."""
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections import Counter
-
-log = logging.getLogger(__name__)
+from cutylib.metrics import Metrics, log_periodically  # noqa: F401 - re-exported for the service
 
 VERSION_CONFLICTS = "version_conflicts"
 DEFERRED_FINALIZES = "deferred_finalizes"
@@ -18,24 +14,4 @@ CONTRADICTIONS = "contradictions"
 WEBHOOKS_REFUSED = "webhooks_refused"
 
 
-class Metrics(Counter):
-    """A Counter of named events; `inc()` reads better at call sites than `m[name] += 1`."""
-
-    def inc(self, name: str, n: int = 1) -> None:
-        self[name] += n
-
-    def snapshot(self) -> dict[str, int]:
-        return dict(self)
-
-
 REGISTRY = Metrics()
-
-
-async def log_periodically(metrics: Metrics, interval: float = 60.0) -> None:
-    last: dict[str, int] = {}
-    while True:
-        await asyncio.sleep(interval)
-        now = metrics.snapshot()
-        if now != last:
-            log.info("payments metrics", extra={"metrics": now})
-            last = now

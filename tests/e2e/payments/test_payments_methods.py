@@ -152,7 +152,10 @@ async def test_psp_down_leaves_payment_created_not_failed_until_reconciled(payme
     await wait_status(ps, p.id, S.PAYMENT_STATUS_SUCCEEDED)
     assert (await ps.ledger())["charge_count_by_key"][req.idempotency_key] == 1
     events = await events_of(ps, p.id)
-    assert (events[-1].source, events[-1].to_status) == ("reconcile", "succeeded")
+    # Only reconciliation's re-sent create made the charge (every sync attempt got a 503); its
+    # answer and the PSP's webhook for that charge then race to record it, and either may win.
+    assert [e.to_status for e in events] == ["created", "succeeded"]
+    assert events[-1].source in ("reconcile", "webhook")
 
 
 async def test_cancel_3ds_then_refund_ok(payments_stack):

@@ -3,6 +3,7 @@ and an async client. (A uniquely named module, so it never collides with other c
 
 from __future__ import annotations
 
+from cutylib.testing.procs import wait_for as _wait_for
 import asyncio
 import hashlib
 import hmac
@@ -44,16 +45,7 @@ FAST_ENV = {
 
 async def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
     """Poll ``predicate`` (sync or async) until truthy, failing after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
+    return await _wait_for(predicate, timeout=timeout, interval=0.01, message=what)
 
 
 # -- webhook receiver ---------------------------------------------------------------------
