@@ -5,6 +5,9 @@ and the webhook route (the gateway when present, else the in-process relay).
     await stack.start()
     ... stack.booking_addr, stack.payments_addrs[0], stack.psp_url ...
     await stack.stop()
+
+`Stack(..., gateway=True)` also runs `python -m gateway` (HTTP on `stack.gateway_url`) and points
+the PSP's webhooks at it instead of the relay, so webhooks take the production path.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ class Stack:
     def __init__(self, pg_dsn: str, workdir: str | pathlib.Path, *,
                  services: tuple[str, ...] = ("booking", "codepool", "payments"),
                  payments_replicas: int = 1, env: dict | None = None,
-                 service_env: dict[str, dict] | None = None):
+                 service_env: dict[str, dict] | None = None, gateway: bool = False):
         self.pg_dsn = pg_dsn
         self.workdir = pathlib.Path(workdir)
         self.services = services
@@ -33,6 +36,8 @@ class Stack:
         self.ports = {s: free_port() for s in ("booking", "codepool")}
         self.payments_ports = [free_port() for _ in range(payments_replicas)]
         self.psp_port = free_port()
+        self.gateway = gateway
+        self.http_port = free_port() if gateway else None
         self.relay: WebhookRelay | None = None
         self.procs: dict[str, ServiceProcess] = {}
 
@@ -48,6 +53,12 @@ class Stack:
     @property
     def payments_addrs(self) -> list[str]:
         return [f"127.0.0.1:{p}" for p in self.payments_ports]
+
+    @property
+    def gateway_url(self) -> str:
+        if not self.gateway:
+            raise RuntimeError("this Stack runs no gateway; create it with gateway=True")
+        return f"http://127.0.0.1:{self.http_port}"
 
     @property
     def psp_url(self) -> str:
@@ -78,10 +89,15 @@ class Stack:
 
     async def start(self) -> "Stack":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if "payments" in self.services:
+        if self.gateway:
+            webhook_url = f"{self.gateway_url}/v1/psp/webhooks"
+        elif "payments" in self.services:
             self.relay = await WebhookRelay(self.payments_addrs).start()
+            webhook_url = self.relay.url
+        else:
+            webhook_url = "http://127.0.0.1:9/none"
         psp = self._proc("pspsim", "pspsim", None, http_url=f"{self.psp_url}/v1/_ledger",
-                         CUTY_PSP_WEBHOOK_URL=self.relay.url if self.relay else "http://127.0.0.1:9/none")
+                         CUTY_PSP_WEBHOOK_URL=webhook_url)
         psp.start()
         started = [psp]
         for s in ("booking", "codepool"):
@@ -90,6 +106,12 @@ class Stack:
         if "payments" in self.services:
             for i, port in enumerate(self.payments_ports):
                 started.append(self._proc(f"payments-{i}", "payments", port, CUTY_PAYMENTS_GRPC_PORT=port).start())
+        if self.gateway:
+            # /openapi.json answers once the gateway serves (/healthz stays 503 while any service is down).
+            # Every payments replica, round robin (a gRPC `ipv4:` target lists several addresses).
+            started.append(self._proc("gateway", "gateway", None, http_url=f"{self.gateway_url}/openapi.json",
+                                      CUTY_HTTP_PORT=self.http_port,
+                                      CUTY_PAYMENTS_ADDR="ipv4:" + ",".join(self.payments_addrs)).start())
         await asyncio.gather(*(p.wait_healthy(60) for p in started))
         return self
 

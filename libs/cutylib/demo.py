@@ -1,0 +1,195 @@
+"""Demo data for `make run`, and `make demo` against the running stack, all through the gateway:
+
+1. 50 buyers race for one slot: one wins, every loser is told at once and offered alternatives;
+   the winner pays and the booking completes.
+2. A customer buys a code: create, pay, completed, the code shown to its buyer.
+3. The timeline of that payment, as support would read it.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import pathlib
+import secrets
+import sys
+import time
+import uuid
+from zoneinfo import ZoneInfo
+
+import httpx
+import jwt
+
+ZONE = "Europe/Istanbul"
+SLOT_HOURS = range(9, 18)  # 09:00 .. 17:00 local starts, one hour each
+DAYS = 7
+PRICE = {"currencyCode": "TRY", "amountMinor": "75000"}
+CODES = 200
+TOKEN_TTL = 7 * 24 * 3600
+
+
+def token(secret: str, sub: str, role: str, ttl: float = TOKEN_TTL) -> str:
+    now = int(time.time())
+    return jwt.encode({"sub": sub, "role": role, "iat": now, "exp": now + int(ttl)}, secret, algorithm="HS256")
+
+
+def demo_tokens(secret: str) -> dict[str, str]:
+    return {role: token(secret, f"demo-{role}", role) for role in ("customer", "staff", "admin")}
+
+
+def _auth(secret: str, sub: str, role: str, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token(secret, sub, role, 600)}", **extra}
+
+
+def _ok(r: httpx.Response) -> dict:
+    if r.status_code != 200:
+        raise RuntimeError(f"{r.request.method} {r.request.url.path} -> {r.status_code}: {r.text[:500]}")
+    return r.json()
+
+
+def week_of_slots(resource_id: str, today: dt.date) -> list[dict]:
+    zone = ZoneInfo(ZONE)
+    out = []
+    for d in range(1, DAYS + 1):
+        day = today + dt.timedelta(days=d)
+        for h in SLOT_HOURS:
+            start = dt.datetime(day.year, day.month, day.day, h, tzinfo=zone)
+            out.append({"resourceId": resource_id, "startTime": start.isoformat(),
+                        "endTime": (start + dt.timedelta(hours=1)).isoformat(), "price": PRICE})
+    return out
+
+
+def _window(days: int = DAYS + 1) -> dict[str, str]:
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    return {"startTime": now.isoformat(), "endTime": (now + dt.timedelta(days=days)).isoformat()}
+
+
+def ensure_demo_data(base_url: str, secret: str, data_dir: pathlib.Path, say=print) -> dict:
+    """Create the demo salon and product once; on later starts check that they still exist.
+    The ids are kept in CUTY_DATA_DIR/demo.json, so a second `make run` adds nothing."""
+    marker = pathlib.Path(data_dir) / "demo.json"
+    admin = _auth(secret, "demo-admin", "admin")
+    with httpx.Client(base_url=base_url, timeout=30, headers=admin) as c:
+        if marker.exists():
+            demo = json.loads(marker.read_text())
+            salon = c.get(f"/v1/salons/{demo['salon_id']}/slots", params=_window())
+            stock = c.get(f"/v1/products/{demo['product_id']}/stock")
+            if salon.status_code == 200 and stock.status_code == 200:
+                say(f"demo data present (salon {demo['salon_id']}, product {demo['product_id']})")
+                return demo
+            if 404 not in (salon.status_code, stock.status_code):
+                raise RuntimeError(f"cannot check the demo data: {salon.status_code} {stock.status_code}")
+            say("demo data missing from the database (new database?); creating it again")
+        say("creating demo data: a salon in Europe/Istanbul, two stylists, a week of slots, a product with codes")
+        salon = _ok(c.post("/v1/salons", json={"name": "Cuty Demo Salon", "timeZone": ZONE}))
+        today = dt.datetime.now(ZoneInfo(ZONE)).date()
+        resources, slots = [], 0
+        for name in ("Ayşe (stylist)", "Mehmet (stylist)"):
+            res = _ok(c.post(f"/v1/salons/{salon['id']}/resources", json={"name": name}))
+            resources.append(res["id"])
+            made = _ok(c.post(f"/v1/salons/{salon['id']}/slots:batchCreate", json={"slots": week_of_slots(res["id"], today)}))
+            slots += len(made.get("slots", []))
+        product = _ok(c.post("/v1/products", json={"sku": f"DEMO-GIFT-100-{secrets.token_hex(3).upper()}",
+                                                   "name": "Gift card 100 TRY",
+                                                   "price": {"currencyCode": "TRY", "amountMinor": "10000"}}))
+        codes = [f"GIFT-{secrets.token_hex(2).upper()}-{secrets.token_hex(2).upper()}-{secrets.token_hex(2).upper()}"
+                 for _ in range(CODES)]
+        imported = _ok(c.post(f"/v1/products/{product['id']}/codes:import", json={"batchRef": "demo-1", "codes": codes}))
+    demo = {"salon_id": salon["id"], "resource_ids": resources, "slots": slots, "product_id": product["id"],
+            "codes": int(imported.get("imported", 0))}
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(demo, indent=2))
+    return demo
+
+
+# `make demo` ----------------------------------------------------------------------------------------
+
+async def _until_terminal(c: httpx.AsyncClient, checkout_id: str, headers: dict, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        co = _ok(await c.get(f"/v1/checkouts/{checkout_id}", headers=headers))
+        if co["state"] in ("COMPLETED", "FAILED", "REFUNDED", "EXPIRED", "CANCELLED", "REJECTED"):
+            return co
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"checkout {checkout_id} still {co['state']} after {timeout:g} s")
+        await asyncio.sleep(0.2)
+
+
+async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) -> None:
+    admin = _auth(secret, "demo-admin", "admin")
+    run = uuid.uuid4().hex[:6]
+    # A chair of its own per run, so reruns never collide with an earlier race's booking.
+    res = _ok(await c.post(f"/v1/salons/{demo['salon_id']}/resources", json={"name": f"Race chair {run}"}, headers=admin))
+    start = dt.datetime.combine(dt.datetime.now(ZoneInfo(ZONE)).date() + dt.timedelta(days=1), dt.time(10), ZoneInfo(ZONE))
+    slot = _ok(await c.post(f"/v1/salons/{demo['salon_id']}/slots:batchCreate", headers=admin, json={"slots": [
+        {"resourceId": res["id"], "startTime": start.isoformat(), "endTime": (start + dt.timedelta(hours=1)).isoformat(),
+         "price": PRICE}]}))["slots"][0]
+    print(f"\n1) {buyers} buyers race for slot {slot['id']} ({slot.get('localStartTime', start.isoformat())})")
+    heads = [_auth(secret, f"buyer-{run}-{i}", "customer", **{"Idempotency-Key": uuid.uuid4().hex}) for i in range(buyers)]
+    t0 = time.perf_counter()
+    answers = await asyncio.gather(*(c.post("/v1/checkouts", json={"slotId": slot["id"]}, headers=h) for h in heads))
+    ms = (time.perf_counter() - t0) * 1000
+    won = [(h, r.json()) for h, r in zip(heads, answers) if r.status_code == 200]
+    lost = [r.json() for r in answers if r.status_code != 200]
+    kinds = ", ".join(sorted({f"{p.get('status')} {p.get('type')}" for p in lost}))
+    print(f"   all {buyers} answered in {ms:.0f} ms: {len(won)} winner, {len(lost)} told at once ({kinds})")
+    alts = {a["id"]: a for p in lost for a in p.get("alternatives", [])}
+    for a in alts.values():
+        print(f"   alternative offered: slot {a['id']} at {a.get('localStartTime')} (stylist {a.get('resourceId')})")
+    if not won:
+        return
+    head, co = won[0]
+    print(f"   winner: checkout {co['id']} {co['state']} until {co.get('expireTime')}, amount {co.get('amount')}")
+    pay = {**head, "Idempotency-Key": uuid.uuid4().hex}
+    _ok(await c.post(f"/v1/checkouts/{co['id']}:pay", json={"paymentMethod": "pm_card_ok"}, headers=pay))
+    done = await _until_terminal(c, co["id"], head)
+    print(f"   winner paid: checkout {done['state']}")
+
+
+async def buy_code(c: httpx.AsyncClient, secret: str, demo: dict) -> str:
+    me = _auth(secret, "demo-customer", "customer")
+    print(f"\n2) a customer buys one code of product {demo['product_id']}")
+    co = _ok(await c.post("/v1/checkouts", json={"productId": demo["product_id"], "quantity": 1},
+                          headers={**me, "Idempotency-Key": uuid.uuid4().hex}))
+    print(f"   checkout {co['id']} {co['state']}, amount {co.get('amount')}")
+    paid = _ok(await c.post(f"/v1/checkouts/{co['id']}:pay", json={"paymentMethod": "pm_card_ok"},
+                            headers={**me, "Idempotency-Key": uuid.uuid4().hex}))
+    done = await _until_terminal(c, co["id"], me)
+    print(f"   {done['state']}; codes: {', '.join(x.get('value', '(hidden)') for x in done.get('codes', [])) or '-'}")
+    return (done.get("payment") or paid.get("payment") or {}).get("id", "")
+
+
+async def timeline(c: httpx.AsyncClient, secret: str, payment_id: str) -> None:
+    print(f"\n3) timeline of payment {payment_id}")
+    events = _ok(await c.get(f"/v1/payments/{payment_id}/events", headers=_auth(secret, "demo-staff", "staff")))
+    print(f"   {'seq':>3}  {'source':<10} {'from':<16} {'to':<16} {'ver':>3}  {'trace id':<32}  time")
+    for e in events.get("events", []):
+        print(f"   {e.get('seq', '0'):>3}  {e.get('source', ''):<10} {e.get('fromStatus', '-'):<16} {e.get('toStatus', ''):<16} "
+              f"{e.get('version', '0'):>3}  {e.get('traceId', ''):<32}  {e.get('createTime', '')}")
+
+
+async def main_async() -> int:
+    data_dir = pathlib.Path(os.environ.get("CUTY_DATA_DIR") or ".cuty").absolute()
+    try:
+        state = json.loads((data_dir / "devstack.json").read_text())
+    except (OSError, ValueError):
+        state = {}
+    base = state.get("gateway_url") or f"http://127.0.0.1:{os.environ.get('CUTY_HTTP_PORT') or 8080}"
+    secret = os.environ.get("CUTY_JWT_SECRET") or __import__("cutylib.config", fromlist=["x"]).DEV_JWT_SECRET
+    try:
+        httpx.get(f"{base}/healthz", timeout=3)
+    except httpx.HTTPError:
+        print(f"no gateway at {base}: start the platform with `make run` first", file=sys.stderr)
+        return 1
+    demo = ensure_demo_data(base, secret, data_dir)
+    async with httpx.AsyncClient(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64)) as c:
+        await race(c, secret, demo)
+        payment_id = await buy_code(c, secret, demo)
+        if payment_id:
+            await timeline(c, secret, payment_id)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main_async()))

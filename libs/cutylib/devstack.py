@@ -1,0 +1,302 @@
+"""`make run`: the whole platform on one machine, supervised.
+
+Postgres (embedded in CUTY_DATA_DIR unless CUTY_DATABASE_URL is given), the PSP simulator (its
+webhooks go to the gateway), booking, codepool, payments and the gateway on CUTY_HTTP_PORT; demo
+data on first start; a demo token per role. Every variable of DESIGN.md's table passes through
+to the processes unchanged. A process that dies is reported and restarted with back-off.
+Ctrl-C / SIGTERM stops everything, Postgres included; the next run reuses the data.
+
+The children run in their own sessions, so a terminal's Ctrl-C reaches only this supervisor,
+which then stops them in order (gateway first, Postgres last) instead of all dying at once.
+`CUTY_DATA_DIR/devstack.json` describes the running stack (pids, URLs) for tools and tests.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from .config import DEV_JWT_SECRET, SERVICES, env_int
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PYTHONPATH = os.pathsep.join(str(REPO / p) for p in (
+    "build/gen", "libs", "services/booking", "services/codepool", "services/payments",
+    "services/gateway", "services/pspsim", "."))
+GRACE_SECONDS = 10.0
+
+
+def say(msg: str) -> None:
+    print(f"[cuty] {msg}", flush=True)
+
+
+def _die_with_parent() -> None:
+    """Child pre-exec: own session (no terminal signals) and SIGTERM if the supervisor is killed."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    module: str
+    grpc_port: int | None = None
+    http_health: str | None = None
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    next_start: float = 0.0
+    env: dict = field(default_factory=dict)
+
+
+class DevStack:
+    def __init__(self, environ: dict[str, str] | None = None):
+        e = dict(os.environ if environ is None else environ)
+        self.data_dir = pathlib.Path(e.get("CUTY_DATA_DIR") or ".cuty").absolute()
+        self.logs = self.data_dir / "logs"
+        self.http_port = int(e.get("CUTY_HTTP_PORT") or 8080)
+        self.gateway_url = f"http://127.0.0.1:{self.http_port}"
+        self.external_db = e.get("CUTY_DATABASE_URL", "")
+        self.pg_port = int(e.get("CUTY_PG_PORT") or 5439)
+        self.cluster = None
+        psp_url = e.get("CUTY_PSP_URL") or "http://127.0.0.1:8090"
+        psp_port = int(e.get("CUTY_PSP_PORT") or urlsplit(psp_url).port or 8090)
+        self.jwt_secret = e.get("CUTY_JWT_SECRET") or DEV_JWT_SECRET
+        self.dev_secret = not e.get("CUTY_JWT_SECRET")
+        self.env = {**e, "PYTHONPATH": PYTHONPATH + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else ""),
+                    "CUTY_DATA_DIR": str(self.data_dir), "CUTY_HTTP_PORT": str(self.http_port),
+                    "CUTY_PSP_URL": psp_url, "CUTY_PSP_PORT": str(psp_port),
+                    "CUTY_PSP_WEBHOOK_URL": e.get("CUTY_PSP_WEBHOOK_URL") or f"{self.gateway_url}/v1/psp/webhooks"}
+        self.children = [Child("pspsim", "pspsim", http_health=f"{psp_url}/healthz")]
+        for svc, (_, default_port) in SERVICES.items():
+            port = int(e.get(f"CUTY_{svc.upper()}_GRPC_PORT") or default_port)
+            self.env[f"CUTY_{svc.upper()}_GRPC_PORT"] = str(port)
+            self.env.setdefault(f"CUTY_{svc.upper()}_ADDR", f"127.0.0.1:{port}")
+            self.children.append(Child(svc, svc, grpc_port=port))
+        self.children.append(Child("gateway", "gateway", http_health=f"{self.gateway_url}/healthz"))
+        self.stopping = False
+
+    def busy_ports(self) -> list[str]:
+        """Ports another program already holds, named by the variable that moves them."""
+        wanted = {"CUTY_HTTP_PORT": self.http_port, "CUTY_PSP_URL (its port)": int(self.env["CUTY_PSP_PORT"])}
+        for svc in SERVICES:
+            wanted[f"CUTY_{svc.upper()}_GRPC_PORT"] = int(self.env[f"CUTY_{svc.upper()}_GRPC_PORT"])
+        busy = []
+        for var, port in wanted.items():
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("0.0.0.0", port))
+                except OSError:
+                    busy.append(f"{port} ({var})")
+        return busy
+
+    # Postgres -------------------------------------------------------------------------------------
+    def start_postgres(self) -> None:
+        if self.external_db:
+            say(f"using the database server of CUTY_DATABASE_URL (databases cuty_booking, cuty_codepool, cuty_payments)")
+            return
+        from .pgcluster import LocalCluster
+
+        self.cluster = LocalCluster(self.data_dir / "pg", self.pg_port)
+        fresh = not (self.cluster.datadir / "PG_VERSION").exists()
+        if self.cluster.is_running():
+            say(f"Postgres already running in {self.cluster.datadir}; reusing it")
+        else:
+            say(("initialising" if fresh else "starting") + f" Postgres in {self.cluster.datadir} on port {self.pg_port}")
+            # In a session of its own (see the module docstring), so Ctrl-C does not stop it under the services.
+            r = subprocess.run([sys.executable, "-c", "import sys; from cutylib.pgcluster import LocalCluster; "
+                                "LocalCluster(sys.argv[1], int(sys.argv[2])).start()",
+                                str(self.cluster.datadir), str(self.pg_port)],
+                               env=self.env, start_new_session=True, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemExit(f"[cuty] Postgres did not start:\n{r.stderr.strip()[-3000:]}")
+        self.env["CUTY_DATABASE_URL"] = self.cluster.dsn
+
+    def stop_postgres(self) -> None:
+        if self.cluster is not None:
+            say("stopping Postgres")
+            self.cluster.stop()
+
+    # Processes ------------------------------------------------------------------------------------
+    def spawn(self, c: Child) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{c.name}.log", "ab") as log:
+            c.proc = subprocess.Popen([sys.executable, "-m", c.module], env={**self.env, **c.env}, cwd=str(REPO),
+                                      stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        c.started_at = time.monotonic()
+        self.write_state()
+
+    def healthy(self, c: Child) -> bool:
+        try:
+            if c.grpc_port:
+                import grpc
+                from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+                with grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}") as ch:
+                    r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    return r.status == health_pb2.HealthCheckResponse.SERVING
+            import httpx
+
+            return httpx.get(c.http_health, timeout=2).status_code == 200
+        except Exception:  # noqa: BLE001 - not up (yet)
+            return False
+
+    def wait_healthy(self, names: list[str], timeout: float) -> list[str]:
+        """Names still unhealthy after `timeout` (crashed ones are restarted meanwhile)."""
+        deadline = time.monotonic() + timeout
+        pending = list(names)
+        while pending and time.monotonic() < deadline and not self.stopping:
+            self.reap()
+            pending = [n for n in pending if not self.healthy(self.child(n))]
+            if pending:
+                time.sleep(0.2)
+        return pending
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
+
+    def tail(self, c: Child, n: int = 1500) -> str:
+        try:
+            return (self.logs / f"{c.name}.log").read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def reap(self) -> None:
+        """Report and restart exited children, with back-off so a crash loop does not spin."""
+        now = time.monotonic()
+        for c in self.children:
+            if c.proc is None or self.stopping:
+                continue
+            code = c.proc.poll()
+            if code is None:
+                if c.restarts and now - c.started_at > 60:
+                    c.restarts = 0  # it stayed up: the next crash starts the back-off afresh
+                continue
+            if c.next_start == 0.0:
+                delay = min(30.0, 0.5 * 2 ** c.restarts)
+                c.next_start = now + delay
+                say(f"{c.name} exited with code {code}; restarting in {delay:.1f} s "
+                    f"(log: {self.logs / (c.name + '.log')}):\n" + self.tail(c, 800))
+            elif now >= c.next_start:
+                c.restarts += 1
+                c.next_start = 0.0
+                self.spawn(c)
+                say(f"{c.name} restarted (pid {c.proc.pid})")
+
+    def stop_children(self) -> None:
+        for c in reversed(self.children):  # gateway first, so no request meets a stopped service
+            if c.proc is not None and c.proc.poll() is None:
+                c.proc.terminate()
+                try:
+                    c.proc.wait(GRACE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    say(f"{c.name} did not stop within {GRACE_SECONDS:g} s; killing it")
+                    c.proc.kill()
+                    c.proc.wait(5)
+
+    def write_state(self, **extra) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        state = {"pid": os.getpid(), "gateway_url": self.gateway_url, "database_url": self.env.get("CUTY_DATABASE_URL", ""),
+                 "children": {c.name: c.proc.pid for c in self.children if c.proc is not None}}
+        prev = self.state()
+        state.update({k: v for k, v in prev.items() if k not in state}, **extra)
+        tmp = self.data_dir / "devstack.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.data_dir / "devstack.json")
+
+    def state(self) -> dict:
+        try:
+            return json.loads((self.data_dir / "devstack.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    # The whole run --------------------------------------------------------------------------------
+    def run(self) -> int:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        busy = self.busy_ports()
+        if busy:
+            say(f"port(s) already in use: {', '.join(busy)}. Is another `make run` up? Stop it, or set those "
+                "variables (and CUTY_DATA_DIR) for a second stack; see docs/running.md.")
+            return 1
+        (self.data_dir / "devstack.json").unlink(missing_ok=True)
+        try:
+            self.start_postgres()
+            self.write_state(ready=False)
+            for c in self.children:
+                self.spawn(c)
+            slow = self.wait_healthy([c.name for c in self.children], env_int("CUTY_DEVSTACK_START_TIMEOUT", 90))
+            if self.stopping:
+                return 0
+            if slow:
+                say(f"not healthy yet: {', '.join(slow)} (see {self.logs}); continuing, they are restarted if they exit")
+            demo = self.seed()
+            self.write_state(ready=True, demo=demo)
+            self.banner(demo)
+            while not self.stopping:
+                self.reap()
+                time.sleep(0.2)
+            return 0
+        finally:
+            say("stopping")
+            self.stopping = True
+            self.stop_children()
+            self.stop_postgres()
+            self.write_state(ready=False, stopped=True)
+            say("stopped")
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stopping = True
+
+    def seed(self) -> dict:
+        from .demo import ensure_demo_data
+
+        try:
+            return ensure_demo_data(self.gateway_url, self.jwt_secret, self.data_dir, say)
+        except Exception as e:  # noqa: BLE001 - the stack is still useful without demo data
+            say(f"demo data not created ({type(e).__name__}: {e}); it is tried again on the next start")
+            return {}
+
+    def banner(self, demo: dict) -> None:
+        from .demo import demo_tokens
+
+        tokens = demo_tokens(self.jwt_secret)
+        lines = ["", "Cuty is running.",
+                 f"  gateway    {self.gateway_url}   (GET /healthz, GET /openapi.json)",
+                 f"  PSP sim    {self.env['CUTY_PSP_URL']}",
+                 f"  database   {self.env.get('CUTY_DATABASE_URL')}" + ("" if self.external_db else f"  (data in {self.data_dir / 'pg'})"),
+                 f"  logs       {self.logs}/<service>.log"]
+        if demo:
+            lines += [f"  demo salon {demo['salon_id']} (Europe/Istanbul, 2 stylists, {demo['slots']} slots)",
+                      f"  product    {demo['product_id']} ({demo['codes']} codes)"]
+        lines += ["", "Demo tokens (7 days):"] + [f"  {role:<8} {tok}" for role, tok in tokens.items()]
+        if self.dev_secret:
+            lines += ["", "NOTE: signed with the dev-only JWT secret (CUTY_JWT_SECRET unset). Never use it outside development."]
+        if demo:
+            day = time.strftime("%Y-%m-%d", time.gmtime())
+            lines += ["", "Try (TOKEN=<the customer token>):", f"  curl -H \"Authorization: Bearer $TOKEN\" "
+                      f"'{self.gateway_url}/v1/salons/{demo['salon_id']}/slots?startTime={day}T00:00:00Z"
+                      f"&endTime={time.strftime('%Y-%m-%d', time.gmtime(time.time() + 9 * 86400))}T00:00:00Z&availableOnly=true'",
+                      "  make demo"]
+        lines += ["", "Ctrl-C stops everything (Postgres too); the next `make run` reuses the data.", ""]
+        print("\n".join(lines), flush=True)
+
+
+def main() -> int:
+    return DevStack().run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

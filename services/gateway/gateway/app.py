@@ -1,0 +1,209 @@
+"""The gateway as one ASGI application: every route goes through the same steps.
+
+    match route (404/405) -> server span -> body size (413) -> token (401) -> role (403)
+    -> rate limit (429) -> Idempotency-Key (400) -> transcode (400) -> gRPC call with a deadline
+    -> JSON answer, or the gRPC status as an RFC 9457 problem
+
+There is no per-route code: the route table comes from the protos (descriptors.py), who may call
+what from policy.py. Plain ASGI rather than a framework router: the routes are not known until
+the descriptors are read, and the hot path stays short (see bench/gateway.py).
+"""
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from . import auth, openapi, problems, tracing
+from .backends import Backends
+from .descriptors import Route, load_routes
+from .policy import Access, access_for
+from .problems import Problem, bad_request
+from .ratelimit import RateLimiter, retry_after_header
+from .settings import GatewaySettings
+from .transcode import TranscodeError, build_request, dumps, to_json
+
+log = logging.getLogger("gateway")
+
+JSON = "application/json"
+PROBLEM_JSON = "application/problem+json"
+MAX_IDEMPOTENCY_KEY = 255
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings | None = None, routes: list[Route] | None = None):
+        self.settings = settings or GatewaySettings()
+        self.routes = routes if routes is not None else load_routes()
+        self.access: dict[str, Access] = {r.rpc: access_for(r.rpc) for r in self.routes}
+        owners = sorted({r.owner for r in self.routes})
+        self.backends = Backends({o: self.settings.addr_for(o) for o in owners})
+        self.limiter = RateLimiter(self.settings.rate_per_second, self.settings.rate_burst)
+        self.verify = auth.Verifier(self.settings.jwt_secret, leeway=self.settings.jwt_leeway_seconds)
+        self._openapi: bytes | None = None
+        for rpc, a in self.access.items():
+            if a.roles == frozenset():
+                log.warning("route has no access policy; refused to everyone", extra={"rpc": rpc})
+
+    # ASGI ---------------------------------------------------------------------------------------
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.backends.start()
+                except Exception as e:  # noqa: BLE001 - reported to the server, which exits
+                    await send({"type": "lifespan.startup.failed", "message": str(e)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.backends.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def match(self, method: str, raw_path: str) -> tuple[Route | None, dict[str, str], list[str]]:
+        allowed: list[str] = []
+        for r in self.routes:
+            bound = r.template.match(raw_path)
+            if bound is None:
+                continue
+            if r.http_method == method:
+                return r, bound, []
+            allowed.append(r.http_method)
+        return None, {}, allowed
+
+    async def _http(self, scope, receive, send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        method = scope["method"]
+        raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1").split("?", 1)[0]
+        query = scope.get("query_string", b"").decode("latin-1")
+        route, bound, allowed = self.match(method, raw_path)
+        name = f"{method} {route.template.source}" if route else f"{method} {raw_path if raw_path in _OWN else '(unmatched)'}"
+        with tracing.start_server_span(name, headers) as span:
+            tp, trace_id = tracing.traceparent(span)
+            extra: dict[str, str] = {}
+            try:
+                if route is not None:
+                    status, body, ctype = 200, await self._rpc(route, bound, query, headers, receive), JSON
+                elif raw_path in _OWN and method == "GET":
+                    status, body, ctype = await _OWN[raw_path](self)
+                elif allowed or raw_path in _OWN:
+                    raise Problem(405, "method-not-allowed", f"{method} is not allowed here",
+                                  headers={"allow": ", ".join(sorted(set(allowed) or {"GET"}))})
+                else:
+                    raise Problem(404, "not-found", f"no route for {method} {raw_path}")
+            except Problem as p:
+                status, body, ctype, extra = p.status, p.body(trace_id), PROBLEM_JSON, p.headers
+            except ClientGone:
+                return
+            except Exception:  # noqa: BLE001 - a gateway bug must still answer with a problem
+                log.exception("unhandled error", extra={"route": name})
+                p = Problem(500, "internal", "the gateway failed; quote the trace id when reporting it")
+                status, body, ctype = 500, p.body(trace_id), PROBLEM_JSON
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500 and route is not None:
+                log.warning("request failed", extra={"route": name, "status": status})
+        out = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode()),
+               (b"cache-control", b"no-store")]
+        if tp:
+            out += [(b"traceparent", tp.encode()), (b"x-trace-id", trace_id.encode())]
+        out += [(k.encode(), v.encode()) for k, v in extra.items()]
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        await send({"type": "http.response.body", "body": body})
+
+    # The one generic route handler ---------------------------------------------------------------
+    async def _rpc(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive) -> bytes:
+        access = self.access[route.rpc]
+        limit = self.settings.max_body_bytes
+        declared = headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise bad_request("Content-Length", f"Content-Length must be a number, got {declared!r}")
+            if int(declared) > limit:
+                raise _too_large(limit, int(declared))
+        metadata: list[tuple[str, str]] = []
+        if not access.public:
+            who = self.verify(headers.get("authorization"))
+            if who.role not in access.roles:
+                raise Problem(403, "permission-denied", f"role {who.role!r} may not call {route.http_method} "
+                              f"{route.template.source}; allowed: {', '.join(sorted(access.roles)) or 'nobody'}")
+            wait = self.limiter.take(who.subject)
+            if wait:
+                raise Problem(429, "rate-limited", f"too many requests; retry in {wait:.1f} s",
+                              headers={"retry-after": retry_after_header(wait)})
+            metadata += who.metadata()
+        body = await _read_body(receive, limit)
+        if route.body == "" and body.strip():
+            raise bad_request("", f"{route.http_method} {route.template.source} takes no request body")
+        if access.idempotency_key:
+            metadata.append(("idempotency-key", _idempotency_key(headers.get("idempotency-key"))))
+        for header, key in access.forward_headers:
+            if header in headers:
+                metadata.append((key, headers[header]))
+        try:
+            request = build_request(route, bound, query, body)
+        except TranscodeError as e:
+            raise bad_request(e.field, e.message) from None
+        metadata += tracing.inject()
+        deadline = self.settings.deadline_seconds
+        try:
+            response = await self.backends.call(route, request, metadata=tuple(metadata), timeout=deadline)
+        except grpc.aio.AioRpcError as e:
+            raise problems.from_rpc_error(e, service=route.owner, deadline=deadline) from None
+        return to_json(response)
+
+    # The gateway's own routes --------------------------------------------------------------------
+    async def healthz(self) -> tuple[int, bytes, str]:
+        services = await self.backends.health(self.settings.health_timeout_seconds)
+        ok = all(s == "SERVING" for s in services.values())
+        return (200 if ok else 503), dumps({"status": "SERVING" if ok else "NOT_SERVING", "services": services}), JSON
+
+    async def openapi_json(self) -> tuple[int, bytes, str]:
+        if self._openapi is None:
+            self._openapi = dumps(openapi.document(self.routes, self.access))
+        return 200, self._openapi, JSON
+
+
+_OWN = {"/healthz": Gateway.healthz, "/openapi.json": Gateway.openapi_json}
+
+
+def _too_large(limit: int, size: int | None = None) -> Problem:
+    got = f", got {size} bytes" if size is not None else ""
+    return Problem(413, "payload-too-large", f"the request body may be at most {limit} bytes{got}",
+                   extra={"maxBytes": limit})
+
+
+async def _read_body(receive, limit: int) -> bytes:
+    """The whole body, refusing (413) as soon as it passes `limit`, even without Content-Length."""
+    chunks, size = [], 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+        if not msg.get("more_body"):
+            return b"".join(chunks)
+
+
+def _idempotency_key(raw: str | None) -> str:
+    key = (raw or "").strip()
+    if not key:
+        raise bad_request("Idempotency-Key", "this request needs an Idempotency-Key header (a unique value per "
+                          "intended operation, reused only to retry it)", type_="idempotency-key-required")
+    if len(key) > MAX_IDEMPOTENCY_KEY or not key.isascii() or not key.isprintable():
+        raise bad_request("Idempotency-Key", f"the Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} printable "
+                          f"ASCII characters, got {len(key)} characters")
+    return key

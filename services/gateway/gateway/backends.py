@@ -1,0 +1,61 @@
+"""One grpc.aio channel per service process, and a generic unary call per route.
+
+Calls use `channel.unary_unary(path, serializer, deserializer)` built from the route's message
+classes, so no generated stub is needed and every annotated RPC is callable the same way.
+Channels are created inside the running event loop (grpc.aio binds them to it).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from .descriptors import Route
+
+log = logging.getLogger(__name__)
+
+
+class Backends:
+    def __init__(self, addrs: dict[str, str]):
+        self.addrs = addrs
+        self.channels: dict[str, grpc.aio.Channel] = {}
+        self._calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+
+    async def start(self) -> None:
+        for owner, addr in self.addrs.items():
+            self.channels[owner] = grpc.aio.insecure_channel(addr, options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                # Spread calls over every address the name resolves to (replicas behind a headless
+                # Service, or an explicit `ipv4:host:port,host:port` list), not just the first.
+                ("grpc.lb_policy_name", "round_robin"),
+            ])
+            log.info("backend", extra={"backend": owner, "addr": addr})
+
+    async def close(self) -> None:
+        await asyncio.gather(*(ch.close() for ch in self.channels.values()), return_exceptions=True)
+        self.channels.clear()
+        self._calls.clear()
+
+    def _callable(self, route: Route) -> grpc.aio.UnaryUnaryMultiCallable:
+        fn = self._calls.get(route.grpc_path)
+        if fn is None:
+            fn = self.channels[route.owner].unary_unary(
+                route.grpc_path, request_serializer=route.input_type.SerializeToString,
+                response_deserializer=route.output_type.FromString)
+            self._calls[route.grpc_path] = fn
+        return fn
+
+    async def call(self, route: Route, request, *, metadata: tuple, timeout: float):
+        return await self._callable(route)(request, metadata=metadata, timeout=timeout)
+
+    async def health(self, timeout: float) -> dict[str, str]:
+        """owner -> SERVING | NOT_SERVING | UNAVAILABLE ... (the overall server status, service "")."""
+        async def one(owner: str, ch: grpc.aio.Channel) -> tuple[str, str]:
+            try:
+                resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+                return owner, health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+            except grpc.aio.AioRpcError as e:
+                return owner, e.code().name
+        return dict(await asyncio.gather(*(one(o, ch) for o, ch in sorted(self.channels.items()))))

@@ -1,0 +1,57 @@
+"""Who may call which route (DESIGN.md, "Public HTTP API"), as one table keyed by RPC.
+
+The gateway checks roles; ownership ("its customer") is the orchestrator's to check, because only
+it knows whose checkout is whose; it answers NOT_FOUND for someone else's, never PERMISSION_DENIED,
+so existence does not leak. An annotated RPC missing from this table is refused to everyone
+(fail closed) and a unit test names it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CUSTOMER, STAFF, ADMIN = "customer", "staff", "admin"
+SIGNED_IN = frozenset({CUSTOMER, STAFF, ADMIN})
+TOKEN_ROLES = SIGNED_IN  # roles a token may carry; `system` is for internal callers only
+
+
+@dataclass(frozen=True)
+class Access:
+    roles: frozenset[str] | None  # None: no token needed
+    idempotency_key: bool = False  # Idempotency-Key header required, forwarded as metadata
+    # HTTP header -> gRPC metadata key, passed through unchanged.
+    forward_headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def public(self) -> bool:
+        return self.roles is None
+
+
+def _roles(*r: str) -> frozenset[str]:
+    return frozenset(r)
+
+
+POLICY: dict[str, Access] = {
+    "cuty.booking.v1.BookingService.CreateSalon": Access(_roles(ADMIN)),
+    "cuty.booking.v1.BookingService.CreateResource": Access(_roles(ADMIN)),
+    "cuty.booking.v1.BookingService.BatchCreateSlots": Access(_roles(ADMIN)),
+    "cuty.booking.v1.BookingService.ListSlots": Access(SIGNED_IN),
+    "cuty.codepool.v1.CodePoolService.CreateProduct": Access(_roles(ADMIN)),
+    "cuty.codepool.v1.CodePoolService.ImportCodeBatch": Access(_roles(ADMIN)),
+    "cuty.codepool.v1.CodePoolService.GetStock": Access(_roles(STAFF, ADMIN)),
+    "cuty.codepool.v1.CodePoolService.ListCodes": Access(_roles(STAFF, ADMIN)),
+    "cuty.codepool.v1.CodePoolService.RevealCode": Access(_roles(ADMIN)),
+    "cuty.payments.v1.CheckoutService.CreateCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
+    "cuty.payments.v1.CheckoutService.PayCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
+    "cuty.payments.v1.CheckoutService.GetCheckout": Access(_roles(CUSTOMER, STAFF)),
+    "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER)),
+    "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(_roles(STAFF, ADMIN)),
+    # The PSP has no token; the orchestrator verifies the HMAC over the raw body instead.
+    "cuty.payments.v1.PaymentService.HandlePspWebhook": Access(
+        None, forward_headers=(("cuty-signature", "cuty-signature"),)),
+}
+
+DENY_ALL = Access(frozenset())
+
+
+def access_for(rpc: str) -> Access:
+    return POLICY.get(rpc, DENY_ALL)

@@ -1,0 +1,49 @@
+"""A server span per HTTP request, continuing the caller's W3C trace.
+
+The incoming `traceparent` is extracted, the span is made current, and `inject` writes it into the
+metadata of the backend call, so one trace runs gateway -> orchestrator -> booking/codepool. The
+gateway injects explicitly instead of installing the grpc.aio client interceptor: the same
+propagation without a Python interceptor (and a client span) on every call's hot path. The
+answer's `traceparent` names this span, so a support engineer can find the trace of any response.
+"""
+from __future__ import annotations
+
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
+
+_tracer = trace.get_tracer("cuty.gateway")
+
+
+class _Headers:
+    """Getter over ASGI's raw header list for the propagator (names are lower-case bytes)."""
+
+    @staticmethod
+    def get(carrier: dict, key: str):
+        v = carrier.get(key.lower())
+        return [v] if v is not None else None
+
+    @staticmethod
+    def keys(carrier: dict):
+        return list(carrier)
+
+
+def start_server_span(name: str, headers: dict[str, str]):
+    """A context manager for the request's span; `headers` are lower-cased str -> str."""
+    ctx = propagate.extract(headers, getter=_Headers)
+    return _tracer.start_as_current_span(name, context=ctx, kind=SpanKind.SERVER)
+
+
+def inject() -> list[tuple[str, str]]:
+    """The current context as gRPC metadata pairs (traceparent, tracestate)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return list(carrier.items())
+
+
+def traceparent(span) -> tuple[str, str]:
+    """(traceparent, trace id) for the response headers."""
+    sc = span.get_span_context()
+    if not sc.is_valid:
+        return "", ""
+    trace_id = format(sc.trace_id, "032x")
+    return f"00-{trace_id}-{format(sc.span_id, '016x')}-{int(sc.trace_flags):02x}", trace_id

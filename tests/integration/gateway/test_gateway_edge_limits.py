@@ -1,0 +1,119 @@
+"""Auth, limits and tracing at the edge: refused requests never reach a service."""
+import asyncio
+import json
+
+import httpx
+import pytest
+
+SLOTS = "/v1/salons/s1/slots"
+
+
+@pytest.fixture
+def untouched(fake):
+    before = len(fake.calls)
+    yield
+    assert len(fake.calls) == before, "a refused request reached the service"
+
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Authorization": "Basic YWRtaW46YWRtaW4="}, {"Authorization": "Bearer garbage"},
+])
+async def test_no_or_malformed_token_is_401(client, untouched, headers):
+    r = await client.get(SLOTS, headers=headers)
+    assert r.status_code == 401 and r.json()["type"] == "unauthenticated"
+    assert r.headers["www-authenticate"].startswith("Bearer")
+
+
+async def test_bad_signature_and_expired_token_are_401(client, untouched, bearer):
+    r = await client.get(SLOTS, headers=bearer("customer", secret="not-the-gateway-secret-0123456789abcdef"))
+    assert r.status_code == 401 and "signature" in r.json()["detail"]
+    r = await client.get(SLOTS, headers=bearer("customer", ttl=-10))
+    assert r.status_code == 401 and "expired" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("method, path, role", [
+    ("POST", "/v1/salons", "customer"), ("POST", "/v1/salons", "staff"),
+    ("GET", "/v1/products/p1/stock", "customer"), ("POST", "/v1/codes/c1:reveal", "staff"),
+    ("POST", "/v1/checkouts", "staff"), ("POST", "/v1/checkouts", "admin"),
+    ("POST", "/v1/checkouts/ck1:cancel", "staff"), ("GET", "/v1/payments/p/events", "customer"),
+])
+async def test_wrong_role_is_403(client, untouched, bearer, method, path, role):
+    r = await client.request(method, path, headers={**bearer(role), "Idempotency-Key": "k"}, json={})
+    assert r.status_code == 403 and r.json()["type"] == "permission-denied"
+
+
+@pytest.mark.parametrize("body, field", [
+    (b"{not json", ""), (b'{"name": 42}', "name"), (b'{"name": "x", "owner": "me"}', "owner"),
+    (b'[{"name": "x"}]', ""), (b'{"name": "a", "name": "b"}', "name"),
+])
+async def test_bad_bodies_are_400_naming_the_field(client, untouched, bearer, body, field):
+    r = await client.post("/v1/salons", content=body, headers=bearer("admin"))
+    assert r.status_code == 400, r.text
+    assert r.json().get("field", "") == field
+
+
+async def test_body_over_one_mib_is_413(client, untouched, bearer):
+    big = b'{"name": "' + b"x" * (1024 * 1024) + b'"}'
+    r = await client.post("/v1/salons", content=big, headers=bearer("admin"))
+    assert r.status_code == 413 and r.json()["type"] == "payload-too-large"
+
+    async def chunks():  # no Content-Length: counted while reading
+        yield b'{"name": "'
+        for _ in range(20):
+            yield b"y" * 65536
+        yield b'"}'
+    r = await client.post("/v1/salons", content=chunks(), headers=bearer("admin"))
+    assert r.status_code == 413
+
+
+async def test_body_just_under_the_limit_passes(client, fake, bearer):
+    codes = ["C%07d" % i for i in range(85_000)]  # ~1 MB of JSON
+    body = json.dumps({"batchRef": "b", "codes": codes}).encode()
+    assert 1000_000 < len(body) < 1024 * 1024
+    r = await client.post("/v1/products/p1/codes:import", content=body, headers=bearer("admin"))
+    assert r.status_code == 200, r.text
+    assert len(fake.last("ImportCodeBatch").request.codes) == 85_000
+
+
+async def test_rate_limit_per_customer_with_retry_after(start_gateway, bearer):
+    g = await start_gateway(rate_per_second=1, rate_burst=3)
+    async with httpx.AsyncClient(base_url=g.url) as c:
+        a = bearer("customer", sub="greedy")
+        codes = [(await c.get(SLOTS, headers=a)).status_code for _ in range(5)]
+        assert codes[:3] == [200, 200, 200] and codes[3:] == [429, 429]
+        r = await c.get(SLOTS, headers=a)
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert r.json()["type"] == "rate-limited"
+        # Someone else is not affected, and the PSP's webhook is never limited.
+        assert (await c.get(SLOTS, headers=bearer("customer", sub="polite"))).status_code == 200
+        hooks = [(await c.post("/v1/psp/webhooks", content=b"{}")).status_code for _ in range(5)]
+        assert hooks == [200] * 5
+
+
+async def test_traceparent_is_continued_and_propagated(client, fake, bearer):
+    incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    r = await client.get(SLOTS, headers={**bearer("customer"), "traceparent": incoming})
+    assert r.headers["x-trace-id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    version, trace_id, span_id, flags = r.headers["traceparent"].split("-")
+    assert (version, trace_id) == ("00", "4bf92f3577b34da6a3ce929d0e0e4736") and span_id != "00f067aa0ba902b7"
+    sent = fake.last("ListSlots").metadata["traceparent"]
+    assert sent.split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+async def test_every_answer_has_a_fresh_trace_id(client, bearer):
+    rs = await asyncio.gather(client.get(SLOTS, headers=bearer("customer")), client.get("/nope"),
+                              client.get(SLOTS), client.get("/healthz"))
+    ids = [r.headers["x-trace-id"] for r in rs]
+    assert all(len(i) == 32 for i in ids) and len(set(ids)) == 4
+    assert all(r.headers["traceparent"].split("-")[1] == i for r, i in zip(rs, ids))
+
+
+async def test_get_with_a_body_is_refused(client, untouched, bearer):
+    r = await client.request("GET", SLOTS, content=b'{"salonId":"x"}', headers=bearer("customer"))
+    assert r.status_code == 400
+
+
+async def test_path_ids_are_decoded_and_passed_verbatim(client, fake, bearer):
+    r = await client.get("/v1/checkouts/1%27%20OR%20%271%27%3D%271", headers=bearer("customer"))
+    assert r.status_code == 200
+    assert fake.last("GetCheckout").request.checkout_id == "1' OR '1'='1"

@@ -1,0 +1,118 @@
+"""Route policy (DESIGN.md's table), JWT verification and the rate limiter, without I/O."""
+import time
+
+import jwt
+import pytest
+
+from gateway import auth
+from gateway.policy import POLICY, access_for
+from gateway.problems import Problem
+from gateway.ratelimit import RateLimiter, retry_after_header
+
+SECRET = "unit-test-secret-of-at-least-32-bytes!"
+
+# DESIGN.md "Public HTTP API": route -> who may call it ("its customer" is checked by the service).
+DESIGN_TABLE = {
+    ("POST", "/v1/salons"): {"admin"},
+    ("POST", "/v1/salons/{salon_id}/resources"): {"admin"},
+    ("POST", "/v1/salons/{salon_id}/slots:batchCreate"): {"admin"},
+    ("GET", "/v1/salons/{salon_id}/slots"): {"customer", "staff", "admin"},
+    ("POST", "/v1/products"): {"admin"},
+    ("POST", "/v1/products/{product_id}/codes:import"): {"admin"},
+    ("GET", "/v1/products/{product_id}/stock"): {"staff", "admin"},
+    ("GET", "/v1/products/{product_id}/codes"): {"staff", "admin"},
+    ("POST", "/v1/codes/{code_id}:reveal"): {"admin"},
+    ("POST", "/v1/checkouts"): {"customer"},
+    ("POST", "/v1/checkouts/{checkout_id}:pay"): {"customer"},
+    ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff"},
+    ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer"},
+    ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin"},
+    ("POST", "/v1/psp/webhooks"): None,
+}
+
+
+def test_every_annotated_route_has_the_designed_policy(routes):
+    served = {(r.http_method, r.template.source): access_for(r.rpc) for r in routes.values()}
+    assert set(served) == set(DESIGN_TABLE), "a route was added or removed: update policy.py and this table"
+    for key, roles in DESIGN_TABLE.items():
+        assert served[key].roles == (None if roles is None else frozenset(roles)), key
+
+
+def test_idempotency_key_required_exactly_on_create_and_pay(routes):
+    need = {r.template.source for r in routes.values() if access_for(r.rpc).idempotency_key}
+    assert need == {"/v1/checkouts", "/v1/checkouts/{checkout_id}:pay"}
+
+
+def test_unknown_rpc_is_denied_to_everyone():
+    a = access_for("cuty.x.v1.X.Y")
+    assert a.roles == frozenset() and not a.public
+    assert all(k.count(".") >= 4 for k in POLICY)
+
+
+def token(**claims):
+    base = {"sub": "u1", "role": "customer", "exp": int(time.time()) + 60}
+    base.update(claims)
+    return jwt.encode({k: v for k, v in base.items() if v is not None}, SECRET, algorithm="HS256")
+
+
+def test_valid_token():
+    p = auth.verify(f"Bearer {token(role='staff')}", SECRET)
+    assert (p.subject, p.role) == ("u1", "staff")
+
+
+@pytest.mark.parametrize("header", [
+    None, "", "Basic dTpw", "Bearer", "Bearer not.a.jwt",
+    f"Bearer {token(exp=int(time.time()) - 5)}",
+    f"Bearer {jwt.encode({'sub': 'u1', 'role': 'admin', 'exp': int(time.time()) + 60}, 'another-secret-also-32-bytes-long!!', algorithm='HS256')}",
+    f"Bearer {token(role='system')}", f"Bearer {token(role=None)}", f"Bearer {token(sub=None)}",
+    f"Bearer {token(exp=None)}", f"Bearer {token(sub='')}",
+    f"Bearer {jwt.encode({'sub': 'u1', 'role': 'admin', 'exp': int(time.time()) + 60}, None, algorithm='none')}",
+])
+def test_invalid_tokens_are_401(header):
+    with pytest.raises(Problem) as e:
+        auth.verify(header, SECRET)
+    assert e.value.status == 401 and "www-authenticate" in e.value.headers
+
+
+def test_issue_round_trips():
+    p = auth.verify("Bearer " + auth.issue(SECRET, "admin-1", "admin"), SECRET)
+    assert (p.subject, p.role) == ("admin-1", "admin")
+
+
+def test_token_bucket_per_key():
+    now = [100.0]
+    rl = RateLimiter(2.0, 3, clock=lambda: now[0])
+    assert [rl.take("a") for _ in range(3)] == [0, 0, 0]
+    wait = rl.take("a")
+    assert wait == pytest.approx(0.5)
+    assert rl.take("b") == 0  # another caller has its own bucket
+    now[0] += 0.5
+    assert rl.take("a") == 0
+    assert rl.take("a") > 0
+    assert retry_after_header(0.01) == "1" and retry_after_header(2.2) == "3"
+
+
+def test_rate_limiter_disabled_and_pruned():
+    assert RateLimiter(0, 10).take("x") == 0
+    now = [0.0]
+    rl = RateLimiter(1000.0, 1, max_keys=10, clock=lambda: now[0])
+    for i in range(50):
+        now[0] += 0.001
+        rl.take(f"k{i}")
+    assert len(rl._buckets) <= 11
+
+
+def test_verifier_caches_until_exp_only(monkeypatch):
+    now = [time.time()]
+    calls = []
+    real = auth._verify
+    monkeypatch.setattr(auth, "_verify", lambda *a: calls.append(a) or real(*a))
+    v = auth.Verifier(SECRET, clock=lambda: now[0])
+    tok = f"Bearer {token(exp=int(now[0]) + 10, sub='cached')}"
+    assert v(tok).subject == "cached" and v(tok).subject == "cached"
+    assert len(calls) == 1  # the second answer came from the cache
+    now[0] += 11  # past exp: the cached entry is dropped and the token checked again
+    v(tok)
+    assert len(calls) == 2
+    with pytest.raises(Problem):
+        v(f"Bearer {jwt.encode({'sub': 'u', 'role': 'admin', 'exp': int(time.time()) + 60}, 'x' * 40, algorithm='HS256')}")
