@@ -1,5 +1,59 @@
-"""How the checkout saga plugs into the payments server (filled in by the saga work, issue 5)."""
+"""How the checkout saga plugs into the payments server (payments/bootstrap.py calls `register`)."""
+from __future__ import annotations
+
+from cuty.booking.v1 import booking_pb2_grpc
+from cuty.codepool.v1 import codepool_pb2_grpc
+from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
+from cutylib.config import grpc_addr_for
+from cutylib.grpc_client import create_channel
+
+from . import crash
+from .engine import Engine
+from .grpc_api import CheckoutApi
+from .idempotency import IdempotencyStore
+from .remote import Holds
+from .service import CheckoutService
+from .settings import CheckoutOptions
+from .workers import SagaWorker, wake_saga
+
+SERVICE_NAME = checkout_pb2.DESCRIPTOR.services_by_name["CheckoutService"].full_name
+
+
+def build(settings, pool, core, *, options: CheckoutOptions | None = None, booking_stub=None, codepool_stub=None):
+    """The saga's parts, with stubs given (tests: fakes) or channels to CUTY_BOOKING_ADDR /
+    CUTY_CODEPOOL_ADDR. Returns (service, engine, worker, channels)."""
+    options = options or CheckoutOptions()
+    channels = []
+    if booking_stub is None:
+        ch = create_channel(grpc_addr_for("booking"), deadline_seconds=options.remote_deadline_seconds)
+        channels.append(ch)
+        booking_stub = booking_pb2_grpc.BookingServiceStub(ch)
+    if codepool_stub is None:
+        ch = create_channel(grpc_addr_for("codepool"), deadline_seconds=options.remote_deadline_seconds)
+        channels.append(ch)
+        codepool_stub = codepool_pb2_grpc.CodePoolServiceStub(ch)
+    lease = float(settings.lease_seconds)
+    holds = Holds(booking_stub, codepool_stub)
+    engine = Engine(pool, holds, core, options, lease)
+    keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds)
+    service = CheckoutService(pool, engine, holds, core, keys, lease)
+    worker = SagaWorker(pool, engine, keys, options, lease, f"saga:{core.worker_id}")
+    return service, engine, worker, channels
 
 
 def register(server, settings, pool, core) -> None:
     """Register CheckoutService and the saga workers on `server` (a cutylib GrpcServer)."""
+    options = CheckoutOptions()
+    crash.configure(options.crash_at)
+    service, _engine, worker, channels = build(settings, pool, core, options=options)
+    checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(service), server.server)
+    server.add_service_name(SERVICE_NAME)
+    server.add_background(worker.run)
+    # The payment change and the saga's wake-up commit in one transaction (repository.WAKE).
+    core.add_transition_hook(wake_saga)
+
+    async def close_channels() -> None:
+        for ch in channels:
+            await ch.close()
+
+    server.on_stop(close_channels)

@@ -1,0 +1,313 @@
+"""Checkout benchmark (`make bench-checkout`): end-to-end purchases through the real processes.
+
+One op = CreateCheckout + PayCheckout(pm_card_ok) until COMPLETED (PayCheckout normally answers
+COMPLETED itself: the confirm step runs inline after a synchronous capture), for a slot and for
+one code, at 16 and 64 concurrent buyers. Latency is create -> COMPLETED as the buyer sees it.
+
+The limit beside each row is the same remote work done directly, without the orchestrator, at the
+same concurrency: HoldSlot / ExtendHold / PSP create intent / ConfirmHold (codes: ReserveCodes /
+PSP / DeliverCodes), so the ratio is what the saga's bookkeeping (idempotency key, saga row,
+transitions, timeline, payment row and finalize) costs on top of the calls it must make anyway.
+
+Where the time goes: per-step durations from the payment timeline (every saga transition carries
+its step's duration, every payment event its time) and the CPU seconds each process used per
+checkout (from /proc), printed after the table. All processes and Postgres share this machine.
+
+BENCH_SECONDS (default 8) sets each measured run's length; BENCH_CONCURRENCY="16,64".
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from _common import Run, bench_postgres, closed_loop, report
+
+import asyncpg
+import grpc
+import httpx
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from cuty.booking.v1 import booking_pb2 as bpb, booking_pb2_grpc
+from cuty.codepool.v1 import codepool_pb2 as cpb, codepool_pb2_grpc
+from cuty.common.v1 import common_pb2
+from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
+from cutylib.config import with_database
+from cutylib.testing.stack import Stack
+
+SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))
+CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "16,64").split(",")]
+SLOTS_PER_RUN = int(os.environ.get("BENCH_SLOTS", "3000"))
+ENV = {
+    "CUTY_LOG_LEVEL": "WARNING",  # JSON logs of every transition cost CPU the buyers would not see
+    # Production-like tracing: 1 % of traces sampled (an unsampled span costs next to nothing).
+    "OTEL_TRACES_SAMPLER": os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+    "OTEL_TRACES_SAMPLER_ARG": os.environ.get("OTEL_TRACES_SAMPLER_ARG", "0.01"),
+    "CUTY_MAX_ACTIVE_HOLDS": 1000,
+    "CUTY_DB_POOL_MAX": 40,
+}
+
+
+def _ts(dt: datetime) -> Timestamp:
+    t = Timestamp()
+    t.FromDatetime(dt)
+    return t
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # a backend that exited
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu(server) -> dict[int, float]:
+    """CPU seconds of each backend of the benchmark's own cluster (children of its postmaster)."""
+    cluster = getattr(server, "cluster", None)
+    if cluster is None:
+        return {}
+    with open(os.path.join(cluster.datadir, "postmaster.pid")) as f:
+        postmaster = f.readline().strip()
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[1] == postmaster:
+                    out[int(pid)] = cpu_seconds(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+def all_cpu(stack, server) -> dict[str, float]:
+    """CPU seconds so far: each service process, Postgres' backends, and this client (with the
+    in-process webhook relay)."""
+    cpu = {n: cpu_seconds(p.proc.pid) for n, p in stack.procs.items()}
+    cpu["postgres"] = sum(postgres_cpu(server).values())
+    t = os.times()
+    cpu["client+relay"] = t.user + t.system
+    return cpu
+
+
+class Catalogue:
+    """Slots (one hour each, never overlapping) and products with codes, created up front."""
+
+    def __init__(self, booking, codepool):
+        self.booking, self.codepool = booking, codepool
+        self.slots: list[str] = []
+        self.products: list[str] = []
+
+    async def make_slots(self, n: int) -> None:
+        salon = await self.booking.CreateSalon(bpb.CreateSalonRequest(name="Bench", time_zone="Europe/Istanbul"))
+        base = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) + timedelta(days=1)
+        per_resource = 2000
+        for r in range((n + per_resource - 1) // per_resource):
+            res = await self.booking.CreateResource(bpb.CreateResourceRequest(salon_id=salon.id, name=f"Chair {r}"))
+            for start in range(0, min(per_resource, n - r * per_resource), 500):
+                batch = [bpb.SlotInput(resource_id=res.id, start_time=_ts(base + timedelta(hours=h)),
+                                       end_time=_ts(base + timedelta(hours=h + 1)),
+                                       price=common_pb2.Money(currency_code="TRY", amount_minor=75000))
+                         for h in range(start, min(start + 500, per_resource, n - r * per_resource))]
+                out = await self.booking.BatchCreateSlots(bpb.BatchCreateSlotsRequest(salon_id=salon.id, slots=batch),
+                                                          timeout=60)
+                self.slots += [s.id for s in out.slots]
+
+    async def make_product(self, codes: int) -> str:
+        p = await self.codepool.CreateProduct(cpb.CreateProductRequest(
+            sku=f"bench-{uuid.uuid4().hex[:8]}", name="Bench card",
+            price=common_pb2.Money(currency_code="TRY", amount_minor=2500)))
+        for start in range(0, codes, 5000):
+            await self.codepool.ImportCodeBatch(cpb.ImportCodeBatchRequest(
+                product_id=p.id, batch_ref=f"b{start}-{uuid.uuid4().hex[:6]}",
+                codes=[f"BENCH-{uuid.uuid4().hex}" for _ in range(min(5000, codes - start))]), timeout=120)
+        return p.id
+
+
+async def main() -> None:
+    server = bench_postgres()
+    work = tempfile.mkdtemp(prefix="cuty-bench-checkout-")
+    suffix = uuid.uuid4().hex[:6]
+    dbs = {s: with_database(server.dsn, f"cuty_{s}_bench_{suffix}") for s in ("booking", "codepool", "payments")}
+    env = {**ENV, **{f"CUTY_{s.upper()}_DATABASE_URL": d for s, d in dbs.items()}}
+    stack = Stack(server.dsn, work, env=env)
+    channels = []
+    try:
+        await stack.start()
+        ch = grpc.aio.insecure_channel(stack.payments_addrs[0])
+        bch = grpc.aio.insecure_channel(stack.booking_addr)
+        cch = grpc.aio.insecure_channel(stack.codepool_addr)
+        channels += [ch, bch, cch]
+        api = checkout_pb2_grpc.CheckoutServiceStub(ch)
+        booking, codepool = booking_pb2_grpc.BookingServiceStub(bch), codepool_pb2_grpc.CodePoolServiceStub(cch)
+        cat = Catalogue(booking, codepool)
+        n_slots = SLOTS_PER_RUN * len(CONCURRENCY) * 2
+        t0 = time.perf_counter()
+        await cat.make_slots(n_slots)
+        products = [await cat.make_product(SLOTS_PER_RUN) for _ in range(len(CONCURRENCY) * 2)]
+        print(f"catalogue: {len(cat.slots)} slots, {len(products)} products in {time.perf_counter() - t0:.1f}s",
+              file=sys.stderr)
+        pay_db = await asyncpg.create_pool(dbs["payments"], min_size=1, max_size=2)
+        psp = httpx.AsyncClient(base_url=stack.psp_url, timeout=10, limits=httpx.Limits(max_connections=200))
+        slot_iter = iter(cat.slots)
+        results, profiles = [], []
+        for kind in ("booking", "codes"):
+            for conc in CONCURRENCY:
+                product = products.pop()
+                done: list[str] = []
+
+                async def purchase(i: int, kind=kind, product=product, done=done) -> None:
+                    me = f"bench-{uuid.uuid4().hex[:12]}"
+                    req = (pb.CreateCheckoutRequest(slot_id=next(slot_iter)) if kind == "booking"
+                           else pb.CreateCheckoutRequest(product_id=product, quantity=1))
+                    c = await api.CreateCheckout(req, metadata=_md(me), timeout=10)
+                    paid = await api.PayCheckout(pb.PayCheckoutRequest(checkout_id=c.id, payment_method="pm_card_ok"),
+                                                 metadata=_md(me), timeout=10)
+                    while paid.state != pb.COMPLETED:  # only if the inline confirm was deferred
+                        if paid.state not in (pb.CHARGING, pb.CONFIRMING):
+                            raise RuntimeError(f"checkout {c.id} ended {pb.CheckoutState.Name(paid.state)}")
+                        await asyncio.sleep(0.01)
+                        paid = await api.GetCheckout(pb.GetCheckoutRequest(checkout_id=c.id), metadata=_md(me))
+                    done.append(c.id)
+
+                cpu0 = all_cpu(stack, server)
+                spy = pyspy(stack.procs["payments-0"].proc.pid, work, f"{kind}-{conc}")
+                run = await closed_loop(purchase, concurrency=conc, duration=SECONDS)
+                if spy is not None:
+                    print(spy.summary(), file=sys.stderr)
+                cpu = {n: s - cpu0[n] for n, s in all_cpu(stack, server).items()}
+                limit = await direct(kind, conc, booking, codepool, psp, slot_iter, product)
+                profile = await step_profile(pay_db, done)
+                per_op = {n: round(1000 * s / max(1, run.ops), 2) for n, s in cpu.items() if s > 0}
+                per_op["total"] = round(sum(per_op.values()), 2)
+                results.append(run.result(f"{kind} create+pay->COMPLETED", conc, limit=limit,
+                                          notes="limit: the same remote calls without the orchestrator",
+                                          steps_p50_ms=profile, cpu_ms_per_checkout=per_op))
+                profiles.append((kind, conc, profile, per_op))
+        report("checkout", results)
+        print("\nwhere the time goes (p50 ms per step from the payment timeline; CPU ms per checkout per process):")
+        for kind, conc, profile, per_op in profiles:
+            print(f"  {kind:8} @{conc:<3} steps {profile}")
+            print(f"  {'':8}      cpu   {per_op}")
+        await psp.aclose()
+        await pay_db.close()
+    finally:
+        for c in channels:
+            await c.close()
+        await stack.stop()
+        server.close()
+
+
+class pyspy:
+    """BENCH_PYSPY=1 and py-spy installed: sample the orchestrator during the run and print where
+    its CPU goes (self time by function, and shares by library)."""
+
+    GROUPS = ("site-packages/asyncpg", "site-packages/grpc", "site-packages/opentelemetry", "lib/python3.11/logging",
+              "site-packages/httpx", "site-packages/httpcore", "site-packages/google", "payments/checkout",
+              "payments/core", "payments/psp", "lib/python3.11/asyncio", "lib/python3.11/json", "cutylib")
+
+    def __new__(cls, pid: int, work: str, tag: str):
+        import shutil
+        import subprocess
+
+        exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+        if not os.environ.get("BENCH_PYSPY") or not os.path.exists(exe):
+            return None
+        self = super().__new__(cls)
+        self.out = os.path.join(work, f"pyspy-{tag}.txt")
+        self.proc = subprocess.Popen([exe, "record", "-p", str(pid), "-d", str(int(SECONDS)), "-r", "200",
+                                      "--format", "raw", "--full-filenames", "-o", self.out,
+                                      "--nonblocking"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self
+
+    def summary(self, top: int = 15) -> str:
+        from collections import Counter
+
+        self.proc.wait(30)
+        own, groups, total = Counter(), Counter(), 0
+        for line in open(self.out):
+            stack, _, n = line.rstrip().rpartition(" ")
+            n = int(n)
+            total += n
+            frames = stack.split(";")
+            own[frames[-1].split("site-packages/")[-1].split("python3.11/")[-1][:110]] += n
+            for g in self.GROUPS:
+                if any(g in f for f in frames):
+                    groups[g] += n
+        lines = [f"py-spy: {total} samples of the orchestrator; inclusive share by library:"]
+        lines += [f"  {g:22} {100 * c / total:5.1f}%" for g, c in groups.most_common()]
+        lines += ["  top self time:"] + [f"  {100 * c / total:5.1f}%  {f}" for f, c in own.most_common(top)]
+        return "\n".join(lines)
+
+
+def _md(customer: str):
+    return (("cuty-subject", customer), ("cuty-role", "customer"), ("idempotency-key", str(uuid.uuid4())))
+
+
+async def direct(kind, conc, booking, codepool, psp, slot_iter, product) -> Run:
+    """The limit: the remote calls of one checkout made directly, no orchestrator in between."""
+    async def one(i: int) -> None:
+        key = str(uuid.uuid4())
+        if kind == "booking":
+            h = await booking.HoldSlot(bpb.HoldSlotRequest(slot_id=next(slot_iter), customer_id=f"d-{key}",
+                                                           request_id=key))
+            await booking.ExtendHold(bpb.ExtendHoldRequest(hold_id=h.id))
+        else:
+            await codepool.ReserveCodes(cpb.ReserveCodesRequest(order_id=key, order_item_id=key, product_id=product,
+                                                                quantity=1, customer_id=f"d-{key}"))
+        r = await psp.post("/v1/payment_intents", headers={"Idempotency-Key": key},
+                           json={"amount": 2500, "currency": "TRY", "payment_method": "pm_card_ok"})
+        r.raise_for_status()
+        if kind == "booking":
+            await booking.ConfirmHold(bpb.ConfirmHoldRequest(hold_id=h.id, payment_ref=key))
+        else:
+            await codepool.DeliverCodes(cpb.DeliverCodesRequest(order_id=key, payment_transaction_id=key))
+    return await closed_loop(one, concurrency=conc, duration=min(SECONDS, 4))
+
+
+STEPS = """
+SELECT checkout_id, payment_id, source, from_status, to_status, note, created_at
+FROM payment_events WHERE checkout_id = ANY($1::uuid[]) ORDER BY seq
+"""
+
+
+async def step_profile(pool, checkout_ids: list[str]) -> dict[str, float]:
+    """p50 of each step of the checkouts: hold / extend / PSP charge / record / confirm, from the
+    timeline (saga notes carry step durations; the rest are gaps between consecutive events)."""
+    sample = checkout_ids[:: max(1, len(checkout_ids) // 500)]
+    by_checkout: dict[str, list] = {}
+    for r in await pool.fetch(STEPS, sample):
+        by_checkout.setdefault(str(r["checkout_id"]), []).append(r)
+    spans: dict[str, list[float]] = {}
+
+    def add(name: str, ms: float) -> None:
+        spans.setdefault(name, []).append(ms)
+
+    for events in by_checkout.values():
+        at = {}
+        for e in events:
+            at[(e["source"], e["from_status"], e["to_status"])] = e["created_at"]
+            if e["note"].startswith(("hold ", "confirm ")):
+                add(e["note"].split()[0], float(e["note"].split()[1].removesuffix("ms")))
+        try:
+            charging = at[("saga", "HELD", "CHARGING")]
+            created = at[("sync", None, "created")]
+            succeeded = at[("sync", "created", "succeeded")]
+            confirming = at[("saga", "CHARGING", "CONFIRMING")]
+        except KeyError:
+            continue
+        add("extend", (created - charging).total_seconds() * 1000)
+        add("psp_charge+finalize", (succeeded - created).total_seconds() * 1000)
+        add("record+route", (confirming - succeeded).total_seconds() * 1000)
+    return {k: round(statistics.median(v), 2) for k, v in spans.items()}
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

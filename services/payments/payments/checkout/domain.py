@@ -1,0 +1,279 @@
+"""The checkout saga's rules, with no I/O (DESIGN.md, "The checkout saga"; docs/checkout.md).
+
+The saga is a row advanced by transitions from TRANSITIONS (the database repeats the table as a
+trigger). What a worker does next is decided here from the row and the payment's status, so every
+path (the synchronous PayCheckout, a woken worker, a worker resuming after a crash) takes the same
+decision from the same facts.
+"""
+from __future__ import annotations
+
+import enum
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+# -- states ----------------------------------------------------------------------------------------
+
+PENDING = "PENDING"
+HELD = "HELD"
+CHARGING = "CHARGING"
+AWAITING_ACTION = "AWAITING_ACTION"
+CONFIRMING = "CONFIRMING"
+COMPLETED = "COMPLETED"
+RELEASING = "RELEASING"
+REJECTED = "REJECTED"
+FAILED = "FAILED"
+EXPIRED = "EXPIRED"
+CANCELLED = "CANCELLED"
+REFUNDING = "REFUNDING"
+REFUNDED = "REFUNDED"
+
+TERMINAL = frozenset({COMPLETED, REJECTED, FAILED, EXPIRED, CANCELLED, REFUNDED})
+RELEASE_OUTCOMES = frozenset({FAILED, EXPIRED, CANCELLED})
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    PENDING: frozenset({HELD, REJECTED}),
+    HELD: frozenset({CHARGING, RELEASING}),
+    CHARGING: frozenset({AWAITING_ACTION, CONFIRMING, RELEASING}),
+    AWAITING_ACTION: frozenset({CHARGING, CONFIRMING, RELEASING}),
+    CONFIRMING: frozenset({COMPLETED, REFUNDING}),
+    # Late capture: the PSP says the payment we tried to cancel already succeeded.
+    RELEASING: frozenset({FAILED, EXPIRED, CANCELLED, CONFIRMING, REFUNDING}),
+    REFUNDING: frozenset({REFUNDED}),
+    **{s: frozenset() for s in TERMINAL},
+}
+
+# The customer may cancel while nothing irrevocable is under way. CHARGING only once the payment
+# is known: before that the charge request may be on its way to the PSP and there is no intent to
+# cancel yet (the synchronous PayCheckout finishes that step within its deadline).
+CANCELLABLE = frozenset({HELD, AWAITING_ACTION, CHARGING})
+
+BOOKING = "booking"
+CODES = "codes"
+
+# Payment statuses (payments/domain.py), as far as the saga cares.
+P_CREATED, P_REQUIRES_ACTION, P_PROCESSING = "created", "requires_action", "processing"
+P_SUCCEEDED, P_FAILED, P_CANCELED, P_REFUNDED = "succeeded", "failed", "canceled", "refunded"
+P_TERMINAL = frozenset({P_SUCCEEDED, P_FAILED, P_CANCELED, P_REFUNDED})
+
+
+def can_transition(current: str, new: str) -> bool:
+    return new in TRANSITIONS[current]
+
+
+# -- idempotency keys of the remote steps ---------------------------------------------------------
+
+# Every remote step carries a key derived from (checkout id, step), so a retry after a timeout or a
+# crash is recognised by booking, the code pool and the PSP as the same request.
+_NAMESPACE = uuid.UUID("6f1c3b0e-4c2a-4b8e-9a57-63757479636b")  # fixed forever: keys must not change
+
+
+def step_key(checkout_id: str | uuid.UUID, step: str) -> str:
+    return str(uuid.uuid5(_NAMESPACE, f"{checkout_id}:{step}"))
+
+
+def hold_request_id(checkout_id) -> str:
+    return step_key(checkout_id, "hold")
+
+
+def order_item_id(checkout_id) -> str:
+    return step_key(checkout_id, "order-item")
+
+
+def payment_attempt_id(checkout_id) -> str:
+    # One attempt per checkout (PayCheckout needs HELD, and a failed payment ends the checkout).
+    return step_key(checkout_id, "payment:1")
+
+
+def refund_key(checkout_id) -> str:
+    return step_key(checkout_id, "refund")
+
+
+# -- the saga row ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Saga:
+    id: str
+    customer_id: str
+    kind: str
+    state: str
+    outcome: str | None
+    version: int
+    slot_id: str | None
+    product_id: str | None
+    quantity: int
+    hold_id: str | None
+    order_id: str | None
+    amount_minor: int | None
+    currency: str | None
+    expire_time: datetime | None
+    extended: bool
+    payment_key: str | None
+    payment_id: str | None
+    payment_method: str | None
+    failure_reason: str
+    attempts: int
+    lease_owner: str | None
+    created_at: datetime
+    updated_at: datetime
+    # The database clock when the row was read: TTL decisions use it, never the local clock.
+    read_at: datetime
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "Saga":
+        s = lambda v: None if v is None else str(v)  # noqa: E731 - uuid columns arrive as UUID
+        return cls(
+            id=str(row["id"]), customer_id=row["customer_id"], kind=row["kind"], state=row["state"],
+            outcome=row["outcome"], version=row["version"], slot_id=s(row["slot_id"]),
+            product_id=s(row["product_id"]), quantity=row["quantity"], hold_id=row["hold_id"],
+            order_id=s(row["order_id"]), amount_minor=row["amount_minor"], currency=row["currency"],
+            expire_time=row["expire_time"], extended=row["extended"], payment_key=s(row["payment_key"]),
+            payment_id=s(row["payment_id"]), payment_method=row["payment_method"],
+            failure_reason=row["failure_reason"], attempts=row["attempts"], lease_owner=row["lease_owner"],
+            created_at=row["created_at"], updated_at=row["updated_at"], read_at=row["db_now"],
+        )
+
+
+# -- what to do next ------------------------------------------------------------------------------
+
+class Step(enum.Enum):
+    HOLD = "hold"                      # booking.HoldSlot | codepool.ReserveCodes
+    EXTEND = "extend"                  # booking.ExtendHold, once, when payment starts
+    CHARGE = "charge"                  # core.create_and_charge (idempotent on the attempt id)
+    OBSERVE = "observe"                # read the payment and route on its status
+    CONFIRM = "confirm"                # booking.ConfirmHold | codepool.DeliverCodes
+    CANCEL_PAYMENT = "cancel_payment"  # core.cancel of a payment that is not terminal
+    RELEASE = "release"                # booking.ReleaseHold | codepool.ReleaseReservation
+    REFUND = "refund"                  # core.refund, then release
+    EXPIRE = "expire"                  # a local transition: the hold ran out unpaid
+    LATE_CAPTURE = "late_capture"      # a local transition: RELEASING, but the money arrived
+    WAIT = "wait"                      # nothing to do until next_run_at / a wake-up
+
+
+def is_expired(saga: Saga, now: datetime, grace_seconds: float = 0.0) -> bool:
+    if saga.expire_time is None:
+        return False
+    return (now - saga.expire_time).total_seconds() >= grace_seconds
+
+
+def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_seconds: float = 0.0) -> Step:
+    """The next step of a leased saga. `payment_status` is None when no payment is known yet."""
+    st = saga.state
+    if st == PENDING:
+        return Step.HOLD
+    if st == HELD:
+        return Step.EXPIRE if is_expired(saga, now) else Step.WAIT
+    if st in (CHARGING, AWAITING_ACTION):
+        if saga.kind == BOOKING and not saga.extended:
+            return Step.EXTEND
+        if saga.payment_id is None:
+            # Even past the hold's expiry: the charge may already be at the PSP, and only the
+            # payment row can tell us which intent to cancel. A capture then follows late capture.
+            return Step.CHARGE
+        return Step.OBSERVE
+    if st == CONFIRMING:
+        return Step.CONFIRM
+    if st == RELEASING:
+        if payment_status is not None and payment_status not in P_TERMINAL:
+            return Step.CANCEL_PAYMENT
+        if payment_status == P_SUCCEEDED:
+            return Step.LATE_CAPTURE
+        return Step.RELEASE
+    if st == REFUNDING:
+        return Step.REFUND
+    return Step.WAIT
+
+
+@dataclass(frozen=True)
+class Move:
+    """A transition to make: the new state and, for RELEASING, where it leads."""
+    state: str
+    outcome: str | None = None
+    reason: str = ""
+
+
+def route_payment(saga: Saga, payment_status: str, now: datetime, grace_seconds: float = 0.0) -> Move | None:
+    """CHARGING / AWAITING_ACTION: where the payment's status takes the saga (None: stay and wait)."""
+    if payment_status == P_SUCCEEDED:
+        return Move(CONFIRMING)
+    if payment_status in (P_FAILED, P_CANCELED, P_REFUNDED):
+        return Move(RELEASING, FAILED, "payment-" + payment_status)
+    if is_expired(saga, now, grace_seconds):
+        # Unpaid past the hold's expiry, including a customer still in 3-D Secure: cancel the
+        # intent; if the PSP says it already succeeded, RELEASING turns into late capture.
+        return Move(RELEASING, EXPIRED, "hold-expired-unpaid")
+    if payment_status == P_REQUIRES_ACTION:
+        return None if saga.state == AWAITING_ACTION else Move(AWAITING_ACTION)
+    # created / processing: the charge is in flight (or its outcome unknown): wait for the webhook
+    # or reconciliation, which wake the saga through the transition hook.
+    return None if saga.state == CHARGING else Move(CHARGING)
+
+
+def late_capture(saga: Saga) -> Move:
+    """RELEASING, but the money arrived. A cancelled checkout is refunded (the buyer changed their
+    mind); an expired one tries to confirm (ConfirmHold re-holds a still-free slot, DeliverCodes
+    re-reserves while stock allows) and refunds only if that fails."""
+    if saga.outcome == CANCELLED:
+        return Move(REFUNDING, reason="captured-after-cancel")
+    return Move(CONFIRMING, reason="late-capture")
+
+
+def wait_until(saga: Saga, grace_seconds: float = 0.0) -> datetime | None:
+    """When a waiting saga should be looked at again without any wake-up: its hold's expiry."""
+    if saga.state in (HELD, CHARGING, AWAITING_ACTION) and saga.expire_time is not None:
+        return saga.expire_time + timedelta(seconds=grace_seconds)
+    return None
+
+
+# -- retries --------------------------------------------------------------------------------------
+
+def backoff_seconds(attempts: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """Capped exponential backoff with 'equal jitter': at least half the step, so a failing
+    dependency is not hammered, and spread so replicas retrying one outage do not stampede."""
+    step = min(cap, base * (2 ** min(attempts, 20)))
+    r = (rng or random).random()
+    return step / 2 + r * step / 2
+
+
+# -- request validation ---------------------------------------------------------------------------
+
+MAX_QUANTITY = 100
+
+
+def parse_uuid(value: str, field: str) -> str:
+    from cutylib.errors import InvalidArgument
+
+    try:
+        return str(uuid.UUID(value))
+    except (ValueError, TypeError, AttributeError):
+        raise InvalidArgument(field, f"{field} must be a UUID, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    kind: str
+    slot_id: str | None
+    product_id: str | None
+    quantity: int
+
+
+def validate_create(slot_id: str, product_id: str, quantity: int) -> CreateRequest:
+    from cutylib.errors import InvalidArgument
+
+    if slot_id and product_id:
+        raise InvalidArgument("slot_id", "give either slot_id or product_id with quantity, not both")
+    if not slot_id and not product_id:
+        raise InvalidArgument("slot_id", "slot_id or product_id is required")
+    if slot_id:
+        if quantity not in (0, 1):
+            raise InvalidArgument("quantity", f"a slot is booked once; quantity must be 0 or 1, got {quantity!r}")
+        return CreateRequest(BOOKING, parse_uuid(slot_id, "slot_id"), None, 1)
+    if not 1 <= quantity <= MAX_QUANTITY:
+        raise InvalidArgument("quantity", f"quantity must be between 1 and {MAX_QUANTITY}, got {quantity!r}")
+    return CreateRequest(CODES, None, parse_uuid(product_id, "product_id"), quantity)

@@ -1,0 +1,186 @@
+"""The saga step engine: drives one leased saga until it waits or ends.
+
+`drive()` is the only code that performs saga steps, whoever holds the lease: the synchronous
+CreateCheckout / PayCheckout / CancelCheckout paths and the workers. Each round reads what the
+step needs, asks domain.next_step what to do, performs it (steps.py; the remote call is idempotent
+on its (checkout, step) key) and records the result with one fenced statement. A crash anywhere
+leaves the row leased until lease_until, after which any worker repeats the step with the same key.
+
+Round trips are what a checkout costs, so facts learned without a state change (the extension,
+the payment id) ride on the next write, and a transition into a waiting state gives the lease back
+in the same statement.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+
+import asyncpg
+from opentelemetry import trace
+
+from cutylib import errors
+
+from . import domain, repository as repo
+from .domain import Move, Saga, Step
+from .remote import Holds, Refused, Rejected, Retryable
+from .settings import CheckoutOptions
+from .steps import Steps
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("cuty.checkout")
+
+# Exceptions that mean "no definitive answer; repeat the step later with the same key".
+TRANSIENT = (Retryable, errors.Unavailable, errors.Aborted, asyncpg.PostgresConnectionError,
+             asyncpg.InterfaceError, asyncpg.SerializationError, asyncpg.DeadlockDetectedError,
+             ConnectionError, OSError, asyncio.TimeoutError)
+_NOTHING = repo.Fields()
+
+
+class Fenced(Exception):
+    """Another actor moved the saga or took its lease: stop; they carry on."""
+
+
+def _merge(a: repo.Fields, b: repo.Fields) -> repo.Fields:
+    return repo.Fields(**{f.name: getattr(b, f.name) or getattr(a, f.name) for f in dataclasses.fields(repo.Fields)})
+
+
+class Engine:
+    def __init__(self, pool: asyncpg.Pool, holds: Holds, core, options: CheckoutOptions, lease_seconds: float):
+        self.pool = pool
+        self.core = core
+        self.options = options
+        self.lease_seconds = lease_seconds
+        self.steps = Steps(holds, core, options)
+
+    async def drive(self, saga: Saga, owner: str, payment=None):
+        """Run `saga` (whose lease `owner` holds) until it waits or ends and give the lease back.
+        Returns (last row seen, last PaymentView read or None).
+
+        Raises Rejected (the hold was refused; the saga is REJECTED) and Refused (bad input; the
+        PENDING row stays for the caller to delete); any other failure is retried later."""
+        with tracer.start_as_current_span("checkout.drive", attributes={"checkout.id": saga.id}), \
+                self._heartbeat(saga.id, owner):
+            try:
+                return await self._drive(saga, owner, payment)
+            except Fenced:
+                return await repo.get(self.pool, saga.id) or saga, None
+            except (Rejected, Refused):
+                raise
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(repo.hand_back(self.pool, saga.id, owner), 1.0)
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure is retried; a saga is never dropped
+                await self._retry_later(saga, owner, exc)
+                return await repo.get(self.pool, saga.id) or saga, None
+
+    async def _drive(self, saga: Saga, owner: str, payment):
+        learned = _NOTHING  # facts a step learned that are not written yet
+        while not saga.terminal:
+            if payment is None or payment.id != saga.payment_id:
+                payment = await self._payment(saga, payment)
+            status = payment.status if payment is not None else None
+            step = domain.next_step(saga, status, saga.read_at, self.options.expiry_grace_seconds)
+            if self._waits(step, saga, status):
+                saga, again = await self._release(saga, owner, learned, status)
+                learned = _NOTHING
+                if not again:
+                    return saga, payment
+                payment = None  # a payment changed during our step: look again
+                continue
+            out = await self.steps.perform(step, saga, payment, status)
+            payment = out.payment or payment
+            learned = _merge(learned, out.learned)
+            if out.move is None:
+                # Learned something; keep it in the local row (for next_step) until the next write.
+                saga = dataclasses.replace(
+                    saga, extended=saga.extended or learned.extended, expire_time=learned.expire_time or saga.expire_time,
+                    payment_id=saga.payment_id or learned.payment_id)
+                continue
+            saga, again = await self._move(saga, owner, out.move, learned, out.note, status)
+            learned = _NOTHING
+            if out.raise_after is not None:
+                raise out.raise_after
+            if again:
+                payment = None  # a payment changed during our step: look again
+            elif saga.lease_owner is None:
+                return saga, payment  # waiting now; the lease went back with the transition
+        return saga, payment
+
+    def _waits(self, step: Step, saga: Saga, status: str | None) -> bool:
+        return step is Step.WAIT or (step is Step.OBSERVE and domain.route_payment(
+            saga, status, saga.read_at, self.options.expiry_grace_seconds) is None)
+
+    async def _payment(self, saga: Saga, current):
+        if saga.payment_id is None or saga.state not in (
+                domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING, domain.REFUNDING):
+            return current
+        return await self.core.get(saga.payment_id)
+
+    async def _move(self, saga: Saga, owner: str, move: Move, learned: repo.Fields, note: str,
+                    status: str | None) -> tuple[Saga, bool]:
+        """Record `move` (and what was learned). When the saga will then wait, the same statement
+        gives the lease back, unless a wake-up came meanwhile. Returns (new row, look again)."""
+        fields = dataclasses.replace(learned, outcome=move.outcome or learned.outcome,
+                                     failure_reason=move.reason or learned.failure_reason)
+        after = dataclasses.replace(saga, state=move.state, outcome=move.outcome or saga.outcome)
+        waits = not after.terminal and self._waits(
+            domain.next_step(after, status, saga.read_at, self.options.expiry_grace_seconds), after, status)
+        wake_at = domain.wait_until(dataclasses.replace(after, expire_time=fields.expire_time or saga.expire_time),
+                                    self.options.expiry_grace_seconds)
+        new = await repo.transition(self.pool, saga, owner, move.state, fields, note, release=waits, wake_at=wake_at)
+        if new is None:
+            raise Fenced()
+        if new.state != saga.state:
+            log.info("checkout %s -> %s", saga.state, new.state,
+                     extra={"checkout_id": saga.id, "from": saga.state, "to": new.state, "note": note})
+        return new, waits and new.lease_owner is not None
+
+    async def _release(self, saga: Saga, owner: str, learned: repo.Fields, status: str | None) -> tuple[Saga, bool]:
+        """Give the lease back (writing what was learned); (row, True) when a wake-up arrived
+        during the step and the saga must be looked at again."""
+        if learned != _NOTHING:
+            return await self._move(saga, owner, Move(saga.state), learned, "", status)
+        released = await repo.release(self.pool, saga, owner,
+                                      domain.wait_until(saga, self.options.expiry_grace_seconds))
+        if released is True:
+            return saga, False
+        if released is None:
+            raise Fenced()
+        return released, True
+
+    async def reject(self, saga: Saga, owner: str, reason: str) -> Saga:
+        """A PENDING saga whose hold was refused for bad input, found by a worker resuming it (the
+        synchronous CreateCheckout deletes the row instead: nothing changes for bad input)."""
+        new = await repo.transition(self.pool, saga, owner, domain.REJECTED,
+                                    repo.Fields(failure_reason=reason), "hold refused")
+        return new or await repo.get(self.pool, saga.id) or saga
+
+    async def _retry_later(self, saga: Saga, owner: str, exc: BaseException) -> None:
+        current = await repo.get(self.pool, saga.id)
+        attempts = current.attempts if current is not None else saga.attempts
+        delay = domain.backoff_seconds(attempts, self.options.retry_base_seconds, self.options.retry_cap_seconds)
+        level = logging.INFO if isinstance(exc, TRANSIENT) and attempts < 5 else logging.WARNING
+        log.log(level, "saga step failed; retrying in %.2fs", delay, exc_info=not isinstance(exc, TRANSIENT),
+                extra={"checkout_id": saga.id, "state": saga.state, "attempts": attempts, "error": repr(exc)})
+        with contextlib.suppress(*TRANSIENT):
+            await repo.retry_later(self.pool, saga, owner, delay, repr(exc))
+
+    @contextlib.contextmanager
+    def _heartbeat(self, checkout_id: str, owner: str):
+        """Keep the lease while a step is slow (a PSP timeout can take seconds), so another replica
+        does not start the same step meanwhile (it would be harmless, only wasted)."""
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self.lease_seconds / 3)
+                with contextlib.suppress(*TRANSIENT):
+                    if not await repo.heartbeat(self.pool, checkout_id, owner, self.lease_seconds):
+                        return
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()

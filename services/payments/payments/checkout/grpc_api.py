@@ -1,0 +1,63 @@
+"""cuty.payments.v1.CheckoutService: proto <-> use case translation only.
+
+The customer is the caller's principal (metadata cuty-subject set by the gateway from the JWT),
+never a request field; the Idempotency-Key arrives as metadata `idempotency-key`.
+"""
+from __future__ import annotations
+
+import grpc
+from grpc_status import rpc_status
+
+from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
+from cutylib import principal
+
+from . import domain
+from .idempotency import Replay
+from .service import CheckoutService
+
+IDEMPOTENCY_KEY = "idempotency-key"
+
+
+def _key(context: grpc.aio.ServicerContext) -> str:
+    return principal.metadata_value(context.invocation_metadata(), IDEMPOTENCY_KEY).strip()
+
+
+async def _replay(context: grpc.aio.ServicerContext, replay: Replay) -> checkout_pb2.Checkout:
+    """The first answer to this Idempotency-Key, unchanged (an error is replayed as the same status)."""
+    if replay.is_error:
+        await context.abort_with_status(rpc_status.to_status(replay.status()))
+    return checkout_pb2.Checkout.FromString(replay.response)
+
+
+class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
+    def __init__(self, service: CheckoutService):
+        self.service = service
+
+    async def CreateCheckout(self, request: checkout_pb2.CreateCheckoutRequest,
+                             context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        customer = principal.current().require_subject()
+        req = domain.validate_create(request.slot_id, request.product_id, request.quantity)
+        try:
+            return await self.service.create(customer, req, _key(context))
+        except Replay as r:
+            return await _replay(context, r)
+
+    async def PayCheckout(self, request: checkout_pb2.PayCheckoutRequest,
+                          context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        customer = principal.current().require_subject()
+        try:
+            return await self.service.pay(customer, request.checkout_id, request.payment_method, _key(context))
+        except Replay as r:
+            return await _replay(context, r)
+
+    async def GetCheckout(self, request: checkout_pb2.GetCheckoutRequest,
+                          context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        caller = principal.current()
+        if caller.role != "system":
+            caller.require_subject()
+        return await self.service.get(caller, request.checkout_id)
+
+    async def CancelCheckout(self, request: checkout_pb2.CancelCheckoutRequest,
+                             context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        customer = principal.current().require_subject()
+        return await self.service.cancel(customer, request.checkout_id)

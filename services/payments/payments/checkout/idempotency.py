@@ -1,0 +1,175 @@
+"""Idempotency-Key handling of the checkout API (DESIGN.md invariant 7; saleor's pattern).
+
+The key is a row UNIQUE on (customer, operation, key). The first request inserts it `in_flight`
+with a hash of the request; when it ends it stores its serialized answer, which replays return byte
+for byte. The database decides every race: two requests with one key meet on the primary key, and
+an abandoned `in_flight` row (its process died) is taken over by one conditional upsert.
+
+    replay or run: await store.run(customer, "create", key, request_hash, fn)
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import asyncpg
+from google.protobuf.message import Message
+from google.rpc import status_pb2
+
+from cutylib import errors
+from cutylib.grpc_errors import to_status
+
+log = logging.getLogger(__name__)
+
+MAX_KEY_LENGTH = 255
+
+# Insert, or take over a row that expired (24 h: the key may be used afresh) or whose in-flight
+# request died (locked_until passed) with the same request. Returns nothing when the key belongs
+# to a live request or already has an answer; the caller then reads the row to say which.
+BEGIN = """
+INSERT INTO checkout_idempotency_keys AS k
+    (customer_id, operation, key, request_hash, resource_id, state, locked_until, expires_at)
+VALUES ($1, $2, $3, $4, $5, 'in_flight',
+        clock_timestamp() + make_interval(secs => $6::float8),
+        clock_timestamp() + make_interval(secs => $7::float8))
+ON CONFLICT (customer_id, operation, key) DO UPDATE SET
+    request_hash = EXCLUDED.request_hash,
+    resource_id = CASE WHEN k.expires_at <= clock_timestamp() THEN EXCLUDED.resource_id ELSE k.resource_id END,
+    state = 'in_flight', response = NULL, response_is_error = NULL,
+    locked_until = EXCLUDED.locked_until,
+    runs = CASE WHEN k.expires_at <= clock_timestamp() THEN 1 ELSE k.runs + 1 END,
+    created_at = CASE WHEN k.expires_at <= clock_timestamp() THEN clock_timestamp() ELSE k.created_at END,
+    expires_at = CASE WHEN k.expires_at <= clock_timestamp() THEN EXCLUDED.expires_at ELSE k.expires_at END
+WHERE k.expires_at <= clock_timestamp()
+   OR (k.state = 'in_flight' AND k.locked_until <= clock_timestamp() AND k.request_hash = EXCLUDED.request_hash)
+RETURNING resource_id, runs > 1 AS resumed
+"""
+
+EXISTING = """
+SELECT request_hash, state, response, response_is_error FROM checkout_idempotency_keys
+WHERE customer_id = $1 AND operation = $2 AND key = $3 AND expires_at > clock_timestamp()
+"""
+
+FINISH = """
+UPDATE checkout_idempotency_keys SET state = 'done', response = $4, response_is_error = $5, locked_until = NULL
+WHERE customer_id = $1 AND operation = $2 AND key = $3 AND state = 'in_flight'
+"""
+
+# Bad input changed nothing, so it leaves no key behind either: the same key may be used again.
+ABANDON = """
+DELETE FROM checkout_idempotency_keys
+WHERE customer_id = $1 AND operation = $2 AND key = $3 AND state = 'in_flight'
+"""
+
+# The request failed without an answer (a dependency down): let the client's retry resume now.
+UNLOCK = """
+UPDATE checkout_idempotency_keys SET locked_until = clock_timestamp()
+WHERE customer_id = $1 AND operation = $2 AND key = $3 AND state = 'in_flight'
+"""
+
+PURGE_EXPIRED = """
+DELETE FROM checkout_idempotency_keys
+WHERE (customer_id, operation, key) IN (
+    SELECT customer_id, operation, key FROM checkout_idempotency_keys
+    WHERE expires_at < clock_timestamp() ORDER BY expires_at LIMIT $1)
+"""
+
+
+class Replay(Exception):
+    """The key already has an answer: return it unchanged."""
+
+    def __init__(self, response: bytes, is_error: bool):
+        super().__init__("replayed answer")
+        self.response = response
+        self.is_error = is_error
+
+    def status(self) -> status_pb2.Status:
+        return status_pb2.Status.FromString(self.response)
+
+
+def request_hash(operation: str, *parts: str) -> bytes:
+    h = hashlib.sha256(operation.encode())
+    for p in parts:
+        h.update(b"\x00" + p.encode())
+    return h.digest()
+
+
+def check_key(key: str) -> None:
+    if len(key) > MAX_KEY_LENGTH or not key.isprintable():
+        raise errors.InvalidArgument("idempotency-key",
+                                     f"Idempotency-Key must be 1..{MAX_KEY_LENGTH} printable characters, "
+                                     f"got {len(key)} characters")
+
+
+@dataclass
+class IdempotencyStore:
+    pool: asyncpg.Pool
+    lease_seconds: float
+    ttl_seconds: float
+
+    async def run(self, customer: str, operation: str, key: str, req_hash: bytes,
+                  fn: Callable[[str, bool], Awaitable[Message]]) -> Message:
+        """`fn(resource_id, resumed)` once per key; replays raise Replay with the first answer.
+        `resumed`: this request takes over an earlier one with the same key whose process died.
+
+        A DomainError marked `recorded` (the request did change something: a REJECTED checkout)
+        is stored and replayed as the answer; other domain errors changed nothing and free the key;
+        anything else (a dependency down, a crash) leaves the key to be resumed by a retry."""
+        if not key:
+            return await fn(str(uuid.uuid4()), False)
+        check_key(key)
+        resource_id, resumed = await self._begin(customer, operation, key, req_hash)
+        try:
+            answer = await fn(resource_id, resumed)
+        except errors.DomainError as exc:
+            if getattr(exc, "recorded", False):
+                await self.pool.execute(FINISH, customer, operation, key,
+                                        _status_bytes(exc), True)
+            elif isinstance(exc, (errors.Unavailable, errors.Aborted)):
+                await self.pool.execute(UNLOCK, customer, operation, key)
+            else:
+                await self.pool.execute(ABANDON, customer, operation, key)
+            raise
+        except BaseException:
+            try:
+                await self.pool.execute(UNLOCK, customer, operation, key)
+            except Exception:  # noqa: BLE001 - the row's own lock expiry frees it anyway
+                log.warning("could not unlock idempotency key", exc_info=True)
+            raise
+        await self.pool.execute(FINISH, customer, operation, key, answer.SerializeToString(), False)
+        return answer
+
+    async def _begin(self, customer: str, operation: str, key: str, req_hash: bytes) -> tuple[str, bool]:
+        for _ in range(3):  # the row may expire or be freed between our two statements
+            began = await self.pool.fetchrow(BEGIN, customer, operation, key, req_hash, uuid.uuid4(),
+                                             self.lease_seconds, self.ttl_seconds)
+            if began is not None:
+                return str(began["resource_id"]), began["resumed"]
+            row = await self.pool.fetchrow(EXISTING, customer, operation, key)
+            if row is None:
+                continue
+            if bytes(row["request_hash"]) != req_hash:
+                raise errors.InvalidArgument(
+                    "idempotency-key", f"Idempotency-Key {key!r} was already used with a different {operation} "
+                                       "request", reason="idempotency-key-reused")
+            if row["state"] == "done":
+                raise Replay(bytes(row["response"]), row["response_is_error"])
+            raise errors.Aborted(f"a {operation} request with Idempotency-Key {key!r} is still running; "
+                                 "retry shortly", reason="idempotency-key-in-flight")
+        raise errors.Aborted(f"Idempotency-Key {key!r} is contended; retry", reason="idempotency-key-in-flight")
+
+    async def purge_expired(self, limit: int = 500) -> int:
+        done = await self.pool.execute(PURGE_EXPIRED, limit)
+        return int(done.split()[-1])
+
+
+def _status_bytes(exc: errors.DomainError) -> bytes:
+    st = to_status(exc)
+    # grpc.Status carries the serialized google.rpc.Status in its trailing metadata.
+    for k, v in st.trailing_metadata:
+        if k == "grpc-status-details-bin":
+            return v
+    return status_pb2.Status(code=exc.code.value[0], message=exc.message).SerializeToString()

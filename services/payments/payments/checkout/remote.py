@@ -1,0 +1,254 @@
+"""The saga's calls to booking and the code pool, and what their answers mean for the saga.
+
+One adapter per purchase kind behind the same four verbs (hold / extend / confirm / release), so
+the engine never branches on the kind. Every call carries the idempotency key of (checkout, step)
+(docs/checkout.md, "Keys"), so any of them may be retried any number of times.
+
+Errors are sorted into what the saga can act on:
+- `Retryable`: UNAVAILABLE, DEADLINE_EXCEEDED (the outcome is unknown, never assumed failed), ABORTED,
+  INTERNAL...: back off and repeat the step with the same key.
+- `Rejected`: the hold was refused for a business reason (slot taken, out of stock): the detail is
+  passed on to the buyer as it came.
+- `HoldLost`: confirm refused because the hold expired and the time / stock is gone: refund.
+- `Refused`: a client error to hand back unchanged (unknown slot, malformed id, hold cap).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import grpc
+
+from cuty.booking.v1 import booking_pb2
+from cuty.codepool.v1 import codepool_pb2
+from cutylib import errors, principal
+from cutylib.grpc_errors import bad_field, error_reason, unpack_detail
+
+from . import domain
+from .domain import Saga
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
+    grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED,
+})
+
+
+class Retryable(Exception):
+    """No definitive answer: repeat the step later with the same idempotency key."""
+
+
+class Rejected(Exception):
+    def __init__(self, error: errors.DomainError):
+        super().__init__(error.message)
+        self.error = error
+
+
+class Refused(Exception):
+    def __init__(self, error: errors.DomainError):
+        super().__init__(error.message)
+        self.error = error
+
+
+class HoldLost(Exception):
+    pass
+
+
+# A release refused because the purchase went through. No saga path releases after a confirm, so
+# this is a bug somewhere: never report the release as done (the saga would be refunded while the
+# buyer keeps the booking); keep retrying, loudly, until a human looks.
+_RELEASE_REFUSED = frozenset({"hold-confirmed", "order-delivered"})
+
+
+def _release_refused(err: grpc.aio.AioRpcError, what: str) -> bool:
+    if err.code() in _RETRYABLE:
+        raise _retryable(err, what) from None
+    if err.code() == grpc.StatusCode.FAILED_PRECONDITION and error_reason(err) in _RELEASE_REFUSED:
+        raise RuntimeError(f"{what} refused: {err.details()}") from None
+    # NOT_FOUND / FAILED_PRECONDITION otherwise: nothing left to give back (already expired or
+    # released): the goal of the step holds.
+    return err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+@dataclass(frozen=True)
+class Held:
+    hold_id: str | None
+    expire_time: datetime
+    amount_minor: int
+    currency: str
+
+
+@contextlib.contextmanager
+def _as_system():
+    """Calls to booking / the code pool are made by the orchestrator itself (role system), not in
+    the name of the customer whose request we are serving: the customer is passed explicitly."""
+    token = principal.set_current(principal.SYSTEM)
+    try:
+        yield
+    finally:
+        token.var.reset(token)
+
+
+def _dt(ts) -> datetime:
+    return ts.ToDatetime(tzinfo=timezone.utc)
+
+
+def _retryable(err: grpc.aio.AioRpcError, what: str) -> Retryable:
+    return Retryable(f"{what}: {err.code().name}: {err.details()}")
+
+
+def _refused(err: grpc.aio.AioRpcError) -> Refused:
+    code = err.code()
+    msg = err.details() or code.name
+    if code == grpc.StatusCode.NOT_FOUND:
+        return Refused(errors.NotFound(msg))
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return Refused(errors.InvalidArgument(bad_field(err), msg))
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return Refused(errors.ResourceExhausted(msg, reason="too-many-holds"))
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return Refused(errors.PermissionDenied(msg))
+    return Refused(errors.FailedPrecondition(msg))
+
+
+class BookingHolds:
+    def __init__(self, stub):
+        self.stub = stub
+
+    async def hold(self, saga: Saga) -> Held:
+        req = booking_pb2.HoldSlotRequest(slot_id=saga.slot_id, customer_id=saga.customer_id,
+                                          request_id=domain.hold_request_id(saga.id))
+        try:
+            with _as_system():
+                h = await self.stub.HoldSlot(req)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise _retryable(e, "booking.HoldSlot") from None
+            if e.code() == grpc.StatusCode.ALREADY_EXISTS:
+                detail = unpack_detail(e, booking_pb2.SlotUnavailable) or booking_pb2.SlotUnavailable(
+                    slot_id=saga.slot_id)
+                raise Rejected(errors.AlreadyExists(e.details() or "the slot is taken", reason="slot-unavailable",
+                                                    detail=detail)) from None
+            raise _refused(e) from None
+        return Held(h.id, _dt(h.expire_time), h.price.amount_minor, h.price.currency_code)
+
+    async def extend(self, saga: Saga) -> datetime | None:
+        """The hold's expiry after the one extension; None when it can no longer be extended
+        (already expired: the expiry rules take over)."""
+        try:
+            with _as_system():
+                h = await self.stub.ExtendHold(booking_pb2.ExtendHoldRequest(hold_id=saga.hold_id))
+            return _dt(h.expire_time)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise _retryable(e, "booking.ExtendHold") from None
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+        # Refused: extended already (a retry after a crash) or no longer held. Its current expiry
+        # tells which, and is what the saga must go by either way.
+        try:
+            with _as_system():
+                h = await self.stub.GetHold(booking_pb2.GetHoldRequest(hold_id=saga.hold_id))
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise _retryable(e, "booking.GetHold") from None
+            raise
+        return _dt(h.expire_time) if h.status == booking_pb2.HOLD_STATUS_HELD else None
+
+    async def confirm(self, saga: Saga) -> None:
+        # payment_ref = the payment id: ConfirmHold is idempotent on it, and re-acquires an
+        # expired hold whose time is still free.
+        req = booking_pb2.ConfirmHoldRequest(hold_id=saga.hold_id, payment_ref=saga.payment_id)
+        try:
+            with _as_system():
+                await self.stub.ConfirmHold(req)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise _retryable(e, "booking.ConfirmHold") from None
+            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
+                            grpc.StatusCode.NOT_FOUND):
+                raise HoldLost(e.details()) from None
+            raise
+
+    async def release(self, saga: Saga) -> None:
+        try:
+            with _as_system():
+                await self.stub.ReleaseHold(booking_pb2.ReleaseHoldRequest(hold_id=saga.hold_id))
+        except grpc.aio.AioRpcError as e:
+            if not _release_refused(e, "booking.ReleaseHold"):
+                raise
+            log.info("release: hold not held", extra={"checkout_id": saga.id, "hold_id": saga.hold_id,
+                                                      "detail": e.details()})
+
+
+class CodeReservations:
+    def __init__(self, stub):
+        self.stub = stub
+
+    async def hold(self, saga: Saga) -> Held:
+        req = codepool_pb2.ReserveCodesRequest(order_id=saga.id, order_item_id=domain.order_item_id(saga.id),
+                                               product_id=saga.product_id, quantity=saga.quantity,
+                                               customer_id=saga.customer_id)
+        try:
+            with _as_system():
+                r = await self.stub.ReserveCodes(req)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise _retryable(e, "codepool.ReserveCodes") from None
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                detail = unpack_detail(e, codepool_pb2.OutOfStock) or codepool_pb2.OutOfStock(
+                    product_id=saga.product_id, requested=saga.quantity)
+                raise Rejected(errors.ResourceExhausted(e.details() or "out of stock", reason="out-of-stock",
+                                                        detail=detail)) from None
+            raise _refused(e) from None
+        return Held(None, _dt(r.expire_time), r.unit_price.amount_minor * saga.quantity, r.unit_price.currency_code)
+
+    async def extend(self, saga: Saga) -> datetime | None:
+        return saga.expire_time  # reservations are long (CUTY_CODE_RESERVATION_TTL_SECONDS); never extended
+
+    async def confirm(self, saga: Saga) -> None:
+        req = codepool_pb2.DeliverCodesRequest(order_id=saga.id, payment_transaction_id=saga.payment_id)
+        try:
+            with _as_system():
+                await self.stub.DeliverCodes(req)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise _retryable(e, "codepool.DeliverCodes") from None
+            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            grpc.StatusCode.NOT_FOUND):
+                raise HoldLost(e.details()) from None
+            raise
+
+    async def release(self, saga: Saga) -> None:
+        try:
+            with _as_system():
+                await self.stub.ReleaseReservation(codepool_pb2.ReleaseReservationRequest(order_id=saga.id))
+        except grpc.aio.AioRpcError as e:
+            if not _release_refused(e, "codepool.ReleaseReservation"):
+                raise
+            log.info("release: nothing reserved", extra={"checkout_id": saga.id, "detail": e.details()})
+
+    async def delivered_codes(self, saga: Saga) -> list[tuple[str, str]]:
+        req = codepool_pb2.GetDeliveredCodesRequest(order_id=saga.id, customer_id=saga.customer_id)
+        try:
+            with _as_system():
+                r = await self.stub.GetDeliveredCodes(req)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise errors.Unavailable(f"code pool: {e.details()}") from None
+            raise
+        return [(c.id, c.value) for c in r.codes]
+
+
+class Holds:
+    """Dispatch on the checkout's kind."""
+
+    def __init__(self, booking_stub, codepool_stub):
+        self.booking = BookingHolds(booking_stub)
+        self.codes = CodeReservations(codepool_stub)
+
+    def of(self, saga: Saga):
+        return self.booking if saga.kind == domain.BOOKING else self.codes

@@ -1,0 +1,173 @@
+"""Checkout use cases: create (HOLD, synchronously), pay, get, cancel.
+
+Each takes the caller (never a body field) and does its first write as one conditional statement
+that also takes the saga lease; the steps that follow are the engine's, the same code the workers
+run, so a request that dies half-way is finished by a worker exactly as if it had been one.
+"""
+from __future__ import annotations
+
+import secrets
+
+import asyncpg
+
+from cuty.payments.v1 import checkout_pb2
+from cutylib import errors
+from cutylib.principal import Principal
+from cutylib.telemetry import set_span_attributes
+
+from . import domain, repository as repo, views
+from .domain import Saga
+from .engine import Engine
+from .idempotency import IdempotencyStore, request_hash
+from .remote import Holds, Refused, Rejected
+
+MAX_PAYMENT_METHOD = 64
+# Cancel re-reads and retries when a concurrent step moved the saga between its read and write.
+CANCEL_ROUNDS = 5
+
+
+def new_owner(kind: str) -> str:
+    """A lease owner token: unique per request, so two requests never mistake each other's lease."""
+    return f"{kind}:{secrets.token_hex(8)}"
+
+
+class CheckoutService:
+    def __init__(self, pool: asyncpg.Pool, engine: Engine, holds: Holds, core, keys: IdempotencyStore,
+                 lease_seconds: float):
+        self.pool = pool
+        self.engine = engine
+        self.holds = holds
+        self.core = core
+        self.keys = keys
+        self.lease_seconds = lease_seconds
+
+    # -- CreateCheckout ---------------------------------------------------------------------------
+    async def create(self, customer: str, req: domain.CreateRequest, key: str) -> checkout_pb2.Checkout:
+        h = request_hash("create", req.kind, req.slot_id or "", req.product_id or "", str(req.quantity))
+        return await self.keys.run(customer, "create", key, h,
+                                   lambda checkout_id, _resumed: self._create(customer, req, checkout_id))
+
+    async def _create(self, customer: str, req: domain.CreateRequest, checkout_id: str) -> checkout_pb2.Checkout:
+        set_span_attributes(checkout_id=checkout_id)
+        owner = new_owner("create")
+        saga = await repo.insert_pending(self.pool, checkout_id=checkout_id, customer_id=customer, kind=req.kind,
+                                         slot_id=req.slot_id, product_id=req.product_id, quantity=req.quantity,
+                                         owner=owner, lease_seconds=self.lease_seconds)
+        if saga is None:
+            # A retry (same Idempotency-Key) of a request that died: resume its checkout.
+            saga = await self._resume_pending(checkout_id, owner)
+            if saga.state != domain.PENDING:
+                return await self.view(saga)
+        try:
+            saga, _ = await self.engine.drive(saga, owner)
+        except Rejected as rej:
+            rej.error.recorded = True  # the checkout is REJECTED: a replay must say so again
+            raise rej.error from None
+        except Refused as ref:
+            await repo.delete_pending(self.pool, checkout_id, owner)
+            raise ref.error from None
+        if saga.state == domain.PENDING:
+            # The hold's outcome is unknown (a dependency is down). A worker keeps trying with the
+            # same request id; a retry with the same Idempotency-Key resumes this checkout.
+            raise errors.Unavailable("the hold could not be taken yet; retry with the same Idempotency-Key")
+        return await self.view(saga)
+
+    async def _resume_pending(self, checkout_id: str, owner: str) -> Saga:
+        saga = await repo.get(self.pool, checkout_id)
+        if saga is None:
+            raise errors.Aborted("checkout creation is being retried; retry", reason="idempotency-key-in-flight")
+        if saga.state == domain.REJECTED:
+            err = errors.AlreadyExists(f"checkout {checkout_id} was rejected: {saga.failure_reason}",
+                                       reason=saga.failure_reason or "rejected")
+            err.recorded = True
+            raise err
+        if saga.state != domain.PENDING:
+            return saga
+        leased = await repo.take_lease(self.pool, checkout_id, owner, self.lease_seconds)
+        if leased is None:
+            raise errors.Aborted("the checkout is being created by another request; retry",
+                                 reason="idempotency-key-in-flight")
+        return leased
+
+    # -- PayCheckout ------------------------------------------------------------------------------
+    async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> checkout_pb2.Checkout:
+        checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
+        if not payment_method or len(payment_method) > MAX_PAYMENT_METHOD or not payment_method.isprintable():
+            raise errors.InvalidArgument("payment_method", "payment_method must be 1..64 printable characters, "
+                                                           f"got {payment_method!r}")
+        h = request_hash("pay", checkout_id, payment_method)
+        return await self.keys.run(customer, "pay", key, h,
+                                   lambda _id, resumed: self._pay(customer, checkout_id, payment_method, resumed))
+
+    async def _pay(self, customer: str, checkout_id: str, payment_method: str,
+                   resumed: bool = False) -> checkout_pb2.Checkout:
+        set_span_attributes(checkout_id=checkout_id)
+        owner = new_owner("pay")
+        saga = await repo.start_charging(self.pool, checkout_id=checkout_id, customer_id=customer,
+                                         payment_key=domain.payment_attempt_id(checkout_id),
+                                         payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds)
+        if saga is None:
+            # Nothing was written; say why (this read decides no race, only the message).
+            current = await self._owned(customer, checkout_id)
+            if resumed and current.payment_key is not None and current.payment_method == payment_method:
+                # The retry of a pay whose process died after it started charging: the saga went on
+                # (a worker resumed it), so the answer is where it stands now, not an error.
+                return await self.view(current)
+            if current.state == domain.HELD:
+                raise errors.FailedPrecondition(f"the hold of checkout {checkout_id} has expired",
+                                                reason="hold-expired")
+            raise errors.FailedPrecondition(f"only a HELD checkout can be paid; checkout {checkout_id} is "
+                                            f"{current.state}", reason="checkout-not-held")
+        # The charge and, when the PSP answers at once, the confirm step run here (the same engine
+        # as the workers), so a card that succeeds synchronously answers COMPLETED.
+        saga, payment = await self.engine.drive(saga, owner)
+        return await self.view(saga, payment=payment)
+
+    # -- GetCheckout ------------------------------------------------------------------------------
+    async def get(self, caller: Principal, checkout_id: str) -> checkout_pb2.Checkout:
+        checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
+        saga = await repo.get(self.pool, checkout_id)
+        if caller.role == "customer" and (saga is None or saga.customer_id != caller.subject):
+            saga = None  # another customer's checkout does not exist for this caller
+        if saga is None:
+            raise errors.NotFound(f"checkout {checkout_id} not found")
+        return await self.view(saga, with_codes=caller.subject == saga.customer_id)
+
+    # -- CancelCheckout ---------------------------------------------------------------------------
+    async def cancel(self, customer: str, checkout_id: str) -> checkout_pb2.Checkout:
+        checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
+        owner = new_owner("cancel")
+        for _ in range(CANCEL_ROUNDS):
+            current = await self._owned(customer, checkout_id)
+            if current.outcome == domain.CANCELLED:
+                return await self.view(current)  # cancelling twice is not an error
+            if current.state not in domain.CANCELLABLE or (
+                    current.state == domain.CHARGING and current.payment_id is None):
+                raise errors.FailedPrecondition(
+                    f"checkout {checkout_id} is {current.state} and can no longer be cancelled",
+                    reason="checkout-not-cancellable")
+            # Version-guarded: if a step moved the saga since our read, read again and re-decide.
+            saga = await repo.start_cancel(self.pool, saga=current, owner=owner, lease_seconds=self.lease_seconds)
+            if saga is not None:
+                saga, payment = await self.engine.drive(saga, owner)
+                return await self.view(saga, payment=payment)
+        raise errors.Aborted(f"checkout {checkout_id} kept changing; retry", reason="version-conflict")
+
+    # -- helpers ----------------------------------------------------------------------------------
+    async def _owned(self, customer: str, checkout_id: str) -> Saga:
+        saga = await repo.get(self.pool, checkout_id)
+        if saga is None or saga.customer_id != customer:
+            raise errors.NotFound(f"checkout {checkout_id} not found")
+        return saga
+
+    async def view(self, saga: Saga, *, with_codes: bool = False, payment=None) -> checkout_pb2.Checkout:
+        """The answer, built from the row and the payment as last read (re-read unless the caller
+        just read it: a view from before the last transition would be stale)."""
+        if saga.payment_id and (payment is None or payment.id != saga.payment_id):
+            payment = await self.core.get(saga.payment_id)
+        elif not saga.payment_id:
+            payment = None
+        codes: list[tuple[str, str]] = []
+        if with_codes and saga.kind == domain.CODES and saga.state == domain.COMPLETED:
+            codes = await self.holds.codes.delivered_codes(saga)
+        return views.to_proto(saga, payment, codes)

@@ -1,0 +1,123 @@
+"""The saga's steps: each performs its remote call (idempotent on its (checkout, step) key) between
+two crash-injection points and says what follows, without writing anything itself: the engine
+records the result with one fenced statement (engine.py)."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+from opentelemetry import trace
+
+from cutylib import errors
+
+from . import crash, domain, repository as repo
+from .domain import Move, Saga, Step
+from .remote import HoldLost, Holds, Rejected, Retryable
+from .settings import CheckoutOptions
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("cuty.checkout")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    move: Move | None = None                   # the transition to record (None: only facts learned)
+    learned: repo.Fields = repo.Fields()       # facts to write with the next statement
+    payment: object | None = None              # a PaymentView the step just read, if any
+    note: str = ""                             # "<step> <ms>ms": the timeline shows where time went
+    raise_after: Exception | None = None       # raised once the move is recorded (a refused hold)
+
+
+class Steps:
+    def __init__(self, holds: Holds, core, options: CheckoutOptions):
+        self.holds = holds
+        self.core = core
+        self.options = options
+
+    async def perform(self, step: Step, saga: Saga, payment, status: str | None) -> Outcome:
+        t0 = time.perf_counter()
+        with tracer.start_as_current_span(f"checkout.{step.value}") as span:
+            span.set_attribute("checkout.id", saga.id)
+            for k, v in (("payment.id", saga.payment_id), ("hold.id", saga.hold_id), ("order.id", saga.order_id)):
+                if v:
+                    span.set_attribute(k, v)
+            out = await getattr(self, "_" + step.value)(saga, payment, status)
+            if out.payment is not None:
+                span.set_attribute("payment.id", out.payment.id)
+        return dataclasses.replace(out, note=f"{step.value} {1000 * (time.perf_counter() - t0):.1f}ms")
+
+    async def _remote(self, step: Step, call):
+        """A remote call between the crash-injection points of its step."""
+        crash.point(f"{step.value}:before")
+        result = await call
+        crash.point(f"{step.value}:after")
+        return result
+
+    # -- one method per Step ----------------------------------------------------------------------
+    async def _hold(self, saga: Saga, payment, status) -> Outcome:
+        try:
+            held = await self._remote(Step.HOLD, self.holds.of(saga).hold(saga))
+        except Rejected as rej:
+            return Outcome(Move(domain.REJECTED, reason=rej.error.reason), raise_after=rej)
+        return Outcome(Move(domain.HELD), repo.Fields(hold_id=held.hold_id, expire_time=held.expire_time,
+                                                      amount_minor=held.amount_minor, currency=held.currency))
+
+    async def _expire(self, saga: Saga, payment, status) -> Outcome:
+        return Outcome(Move(domain.RELEASING, domain.EXPIRED, "hold-expired-unpaid"))
+
+    async def _extend(self, saga: Saga, payment, status) -> Outcome:
+        expire = await self._remote(Step.EXTEND, self.holds.of(saga).extend(saga))
+        if expire is None:
+            # The hold ran out between PayCheckout's check and the extension: nothing has been
+            # charged yet (the charge step comes after), so give up cleanly.
+            return Outcome(Move(domain.RELEASING, domain.EXPIRED, "hold-expired"), repo.Fields(extended=True))
+        # Recorded with the charge's result: a crash before that repeats the extension, which
+        # booking answers with the same hold (one extension, idempotent).
+        return Outcome(learned=repo.Fields(extended=True, expire_time=expire))
+
+    async def _charge(self, saga: Saga, payment, status) -> Outcome:
+        try:
+            payment = await self._remote(Step.CHARGE, self.core.create_and_charge(
+                checkout_id=saga.id, amount_minor=saga.amount_minor, currency=saga.currency,
+                payment_method=saga.payment_method, idempotency_key=saga.payment_key, customer_id=saga.customer_id))
+        except (errors.InvalidArgument, errors.FailedPrecondition) as refused:
+            # Refused before reaching the PSP (e.g. a zero amount): nothing was charged, and
+            # retrying cannot help.
+            log.warning("payment refused", extra={"checkout_id": saga.id, "error": refused.message})
+            return Outcome(Move(domain.RELEASING, domain.FAILED, "payment-refused"))
+        return Outcome(learned=repo.Fields(payment_id=payment.id), payment=payment)
+
+    async def _observe(self, saga: Saga, payment, status) -> Outcome:
+        return Outcome(domain.route_payment(saga, status, saga.read_at, self.options.expiry_grace_seconds))
+
+    async def _confirm(self, saga: Saga, payment, status) -> Outcome:
+        try:
+            await self._remote(Step.CONFIRM, self.holds.of(saga).confirm(saga))
+        except HoldLost as lost:
+            log.warning("hold lost before confirm; refunding", extra={"checkout_id": saga.id, "detail": str(lost)})
+            return Outcome(Move(domain.REFUNDING, reason="hold-lost"))
+        return Outcome(Move(domain.COMPLETED))
+
+    async def _cancel_payment(self, saga: Saga, payment, status) -> Outcome:
+        payment = await self._remote(Step.CANCEL_PAYMENT, self.core.cancel(saga.payment_id))
+        if not payment.terminal:
+            raise Retryable(f"payment {payment.id} still {payment.status} after cancel")
+        return Outcome(payment=payment)  # the next round releases, or follows late capture
+
+    async def _late_capture(self, saga: Saga, payment, status) -> Outcome:
+        log.warning("late capture", extra={"checkout_id": saga.id, "outcome": saga.outcome})
+        return Outcome(domain.late_capture(saga))
+
+    async def _release(self, saga: Saga, payment, status) -> Outcome:
+        await self._remote(Step.RELEASE, self.holds.of(saga).release(saga))
+        return Outcome(Move(saga.outcome))
+
+    async def _refund(self, saga: Saga, payment, status) -> Outcome:
+        payment = await self._remote(Step.REFUND, self.core.refund(saga.payment_id, domain.refund_key(saga.id)))
+        if payment.status != domain.P_REFUNDED:
+            raise Retryable(f"payment {payment.id} is {payment.status} after refund")
+        # Give back whatever is still held (a cancelled checkout's slot; a no-op when it was lost).
+        await self._remote(Step.RELEASE, self.holds.of(saga).release(saga))
+        return Outcome(Move(domain.REFUNDED), payment=payment)

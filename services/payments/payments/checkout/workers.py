@@ -1,0 +1,122 @@
+"""Saga workers: claim due sagas (FOR UPDATE SKIP LOCKED + lease) and drive them.
+
+Any number of replicas run this loop against one database. A saga is due when its next_run_at has
+passed: a wake-up from a payment change (the transition hook, which also NOTIFYs every replica on
+commit), a hold running out, a retry's backoff ending, or a lease left behind by a crashed
+process. Polling every CUTY_SAGA_POLL_SECONDS is only the safety net under NOTIFY.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import asyncpg
+
+from . import repository as repo
+from .engine import TRANSIENT, Engine
+from .idempotency import IdempotencyStore
+from .remote import Refused, Rejected
+from .settings import CheckoutOptions
+
+log = logging.getLogger(__name__)
+
+PURGE_EVERY_SECONDS = 300.0
+
+
+class SagaWorker:
+    def __init__(self, pool: asyncpg.Pool, engine: Engine, keys: IdempotencyStore, options: CheckoutOptions,
+                 lease_seconds: float, worker_id: str):
+        self.pool = pool
+        self.engine = engine
+        self.keys = keys
+        self.options = options
+        self.lease_seconds = lease_seconds
+        self.worker_id = worker_id
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._running: set[asyncio.Task] = set()
+
+    async def run(self) -> None:
+        """The background task (GrpcServer.add_background): listen, claim, drive, forever."""
+        async with self._listening():
+            next_purge = time.monotonic()
+            while True:
+                # Cleared before claiming: a NOTIFY that lands while we claim keeps it set, so the
+                # wait below returns at once instead of sleeping through that wake-up.
+                self._wake.clear()
+                claimed = await self.claim_and_start()
+                if time.monotonic() >= next_purge:
+                    next_purge = time.monotonic() + PURGE_EVERY_SECONDS
+                    with contextlib.suppress(*TRANSIENT):
+                        await self.keys.purge_expired()
+                if claimed < self.options.batch_size:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.options.poll_seconds)
+
+    async def claim_and_start(self) -> int:
+        """Claim up to as many due sagas as there are free driving slots and start driving them.
+        Returns how many were claimed, or batch_size when all slots are busy (look again soon)."""
+        free = min(self.options.batch_size, self.options.concurrency - len(self._running))
+        if free <= 0:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+            return self.options.batch_size
+        try:
+            sagas = await repo.claim_due(self.pool, self.worker_id, free, self.lease_seconds)
+        except TRANSIENT:
+            log.warning("saga claim failed; retrying", exc_info=True)
+            await asyncio.sleep(self.options.poll_seconds)
+            return 0
+        for saga in sagas:
+            task = asyncio.create_task(self._drive(saga))
+            self._running.add(task)
+            task.add_done_callback(self._done)
+        return len(sagas)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        self._slot_freed.set()
+
+    async def _drive(self, saga) -> None:
+        try:
+            await self.engine.drive(saga, saga.lease_owner)
+        except Rejected:
+            pass  # recorded as REJECTED by the engine
+        except Refused as ref:
+            await self.engine.reject(saga, saga.lease_owner, ref.error.reason or type(ref.error).__name__)
+        except Exception:  # noqa: BLE001 - the lease expires and another round retries
+            log.exception("saga drive failed", extra={"checkout_id": saga.id})
+
+    async def drain(self) -> None:
+        for t in list(self._running):
+            t.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+
+    @contextlib.asynccontextmanager
+    async def _listening(self):
+        """LISTEN on a pooled connection held for the worker's life: a NOTIFY (sent at the commit
+        of a payment change) wakes the loop at once, on every replica."""
+        conn = await self.pool.acquire()
+
+        def on_notify(*_args) -> None:
+            self._wake.set()
+
+        try:
+            await conn.add_listener(repo.WAKE_CHANNEL, on_notify)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    await conn.remove_listener(repo.WAKE_CHANNEL, on_notify)
+        finally:
+            await self.pool.release(conn)
+            await self.drain()
+
+
+async def wake_saga(conn: asyncpg.Connection, payment, old_status: str) -> None:
+    """The payments core's transition hook, inside finalize's transaction: the saga that owns the
+    payment is woken in the same commit as the payment change, so no change is ever missed."""
+    if payment.checkout_id:
+        await repo.wake(conn, payment.checkout_id, payment.id)

@@ -1,0 +1,250 @@
+"""Helpers of the checkout e2e tests: a started Stack plus stubs, catalogue set-up, checks of the
+booking / code-pool databases and the PSP ledger, and the DESIGN.md invariants as one oracle."""
+from __future__ import annotations
+
+import itertools
+import secrets
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import asyncpg
+import grpc
+import httpx
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from cuty.booking.v1 import booking_pb2 as bpb, booking_pb2_grpc
+from cuty.codepool.v1 import codepool_pb2 as cpb, codepool_pb2_grpc
+from cuty.common.v1 import common_pb2
+from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
+from cutylib.config import with_database
+from cutylib.testing.procs import wait_for
+from cutylib.testing.stack import Stack
+
+TERMINAL = {pb.COMPLETED, pb.REJECTED, pb.FAILED, pb.EXPIRED, pb.CANCELLED, pb.REFUNDED}
+
+
+def name(state: int) -> str:
+    return pb.CheckoutState.Name(state)
+
+
+def md(customer: str | None, key: str | None = None, role: str = "customer"):
+    out = [("cuty-subject", customer), ("cuty-role", role)] if customer else []
+    if key:
+        out.append(("idempotency-key", key))
+    return tuple(out)
+
+
+def _ts(dt: datetime) -> Timestamp:
+    t = Timestamp()
+    t.FromDatetime(dt)
+    return t
+
+
+class CheckoutStack:
+    def __init__(self, stack: Stack, pools: dict[str, asyncpg.Pool]):
+        self.stack = stack
+        self.db = pools
+        self._slot_hours = itertools.count(1)
+        self.resource_id = ""
+
+    async def open(self) -> "CheckoutStack":
+        self._channels = [grpc.aio.insecure_channel(a) for a in self.stack.payments_addrs]
+        self._booking_ch = grpc.aio.insecure_channel(self.stack.booking_addr)
+        self._codepool_ch = grpc.aio.insecure_channel(self.stack.codepool_addr)
+        self.booking = booking_pb2_grpc.BookingServiceStub(self._booking_ch)
+        self.codepool = codepool_pb2_grpc.CodePoolServiceStub(self._codepool_ch)
+        salon = await self.booking.CreateSalon(bpb.CreateSalonRequest(name="Cuty e2e", time_zone="Europe/Istanbul"))
+        self.resource_id = (await self.booking.CreateResource(
+            bpb.CreateResourceRequest(salon_id=salon.id, name="Chair 1"))).id
+        self.salon_id = salon.id
+        self._base = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) + timedelta(days=2)
+        return self
+
+    async def close(self) -> None:
+        for ch in (*self._channels, self._booking_ch, self._codepool_ch):
+            await ch.close()
+        await self.stack.stop()
+        for p in self.db.values():
+            await p.close()
+
+    # -- catalogue --------------------------------------------------------------------------------
+    async def new_slots(self, n: int, price: int = 75000) -> list[str]:
+        """n back-to-back one-hour slots on the chair, at times no earlier call used."""
+        slots = []
+        for _ in range(n):
+            start = self._base + timedelta(hours=next(self._slot_hours))
+            slots.append(bpb.SlotInput(resource_id=self.resource_id, start_time=_ts(start),
+                                       end_time=_ts(start + timedelta(hours=1)),
+                                       price=common_pb2.Money(currency_code="TRY", amount_minor=price)))
+        out = await self.booking.BatchCreateSlots(bpb.BatchCreateSlotsRequest(salon_id=self.salon_id, slots=slots))
+        return [s.id for s in out.slots]
+
+    async def new_product(self, stock: int, price: int = 2500) -> str:
+        p = await self.codepool.CreateProduct(cpb.CreateProductRequest(
+            sku=f"e2e-{secrets.token_hex(6)}", name="Gift card",
+            price=common_pb2.Money(currency_code="TRY", amount_minor=price)))
+        if stock:
+            await self.codepool.ImportCodeBatch(cpb.ImportCodeBatchRequest(
+                product_id=p.id, batch_ref=f"b-{secrets.token_hex(4)}",
+                codes=[f"CODE-{secrets.token_hex(8).upper()}" for _ in range(stock)]))
+        return p.id
+
+    # -- the API ----------------------------------------------------------------------------------
+    def api(self, replica: int = 0) -> checkout_pb2_grpc.CheckoutServiceStub:
+        return checkout_pb2_grpc.CheckoutServiceStub(self._channels[replica])
+
+    async def create(self, customer: str, *, slot: str = "", product: str = "", quantity: int = 0,
+                     key: str | None = None, replica: int = 0) -> pb.Checkout:
+        return await self.api(replica).CreateCheckout(
+            pb.CreateCheckoutRequest(slot_id=slot, product_id=product, quantity=quantity),
+            metadata=md(customer, key or str(uuid.uuid4())), timeout=10)
+
+    async def pay(self, customer: str, checkout_id: str, method: str, *, key: str | None = None,
+                  replica: int = 0, timeout: float = 10) -> pb.Checkout:
+        return await self.api(replica).PayCheckout(
+            pb.PayCheckoutRequest(checkout_id=checkout_id, payment_method=method),
+            metadata=md(customer, key or str(uuid.uuid4())), timeout=timeout)
+
+    async def get(self, checkout_id: str, customer: str | None = None, replica: int = 0) -> pb.Checkout:
+        return await self.api(replica).GetCheckout(pb.GetCheckoutRequest(checkout_id=checkout_id),
+                                                   metadata=md(customer), timeout=5)
+
+    async def cancel(self, customer: str, checkout_id: str, replica: int = 0) -> pb.Checkout:
+        return await self.api(replica).CancelCheckout(pb.CancelCheckoutRequest(checkout_id=checkout_id),
+                                                      metadata=md(customer), timeout=10)
+
+    async def until(self, checkout_id: str, states=TERMINAL, timeout: float = 20, replica: int = 0) -> pb.Checkout:
+        """Poll (as an internal caller) until the checkout is in one of `states`."""
+        async def reached():
+            try:
+                c = await self.get(checkout_id, replica=replica)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE:  # an orchestrator being restarted
+                    return None
+                raise
+            return c if c.state in states else None
+        return await wait_for(reached, timeout=timeout, interval=0.05,
+                              message=f"checkout {checkout_id} in {[name(s) for s in states]}")
+
+    # -- the other side of the story ---------------------------------------------------------------
+    async def hold_status(self, hold_id: str) -> str:
+        return await self.db["booking"].fetchval("SELECT CASE WHEN status = 'held' AND expires_at <= "
+                                                 "clock_timestamp() THEN 'expired' ELSE status END "
+                                                 "FROM holds WHERE id = $1", uuid.UUID(hold_id))
+
+    async def order_status(self, order_id: str) -> str | None:
+        return await self.db["codepool"].fetchval("SELECT status FROM reservations WHERE order_id = $1", order_id)
+
+    async def code_statuses(self, order_id: str) -> list[str]:
+        rows = await self.db["codepool"].fetch(
+            "SELECT c.status FROM deliveries d JOIN codes c ON c.id = d.code_id "
+            "WHERE d.order_id = $1 AND d.status IN ('reserved', 'delivered')", order_id)
+        return sorted(r["status"] for r in rows)
+
+    async def ledger(self) -> dict:
+        return await self.stack.psp_ledger()
+
+    async def psp(self, method: str, url: str) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=10) as c:
+            return await c.request(method, url)
+
+    async def psp_faults(self, **faults: int) -> None:
+        async with httpx.AsyncClient(timeout=5) as c:
+            r = await c.post(f"{self.stack.psp_url}/v1/_faults", json=faults)
+            r.raise_for_status()
+
+    # -- the oracle -------------------------------------------------------------------------------
+    async def check_invariants(self, checkout_ids: list[str]) -> dict[str, str]:
+        """DESIGN.md invariants 4-6 over these checkouts, checked on the databases and the PSP:
+        every captured payment is exactly one completed checkout or one refund; a finished saga holds
+        nothing; the PSP charged each attempt at most once; no terminal answer carries a secret.
+        Returns {checkout id: final state name}."""
+        ledger = await self.ledger()
+        charged = ledger["charge_count_by_key"]
+        refunded_intents = {r["intent_id"] for r in ledger["refunds"]}
+        assert all(n == 1 for n in charged.values()), f"a payment attempt was charged twice: {charged}"
+        rows = await self.db["payments"].fetch(
+            "SELECT c.*, p.status AS pstatus, p.psp_intent_id, p.idempotency_key FROM checkouts c "
+            "LEFT JOIN payments p ON p.checkout_id = c.id WHERE c.id = ANY($1::uuid[])", checkout_ids)
+        assert len(rows) == len(checkout_ids), "a checkout row is missing (or has two payments)"
+        out = {}
+        for r in rows:
+            cid, st = str(r["id"]), r["state"]
+            out[cid] = st
+            key = r["idempotency_key"]
+            captured = key is not None and charged.get(key, 0) > 0
+            refunded = r["psp_intent_id"] in refunded_intents
+            assert captured == (st in ("COMPLETED", "REFUNDED")), (cid, st, "captured" if captured else "not captured")
+            assert refunded == (st == "REFUNDED"), (cid, st, refunded)
+            view = await self.get(cid)
+            assert name(view.state) == st
+            if st in ("COMPLETED", "REFUNDED", "FAILED", "EXPIRED", "CANCELLED"):
+                assert not view.payment.client_secret and not view.payment.next_action.redirect_url
+            if r["kind"] == "booking" and r["hold_id"]:
+                hold = await self.hold_status(r["hold_id"])
+                assert (hold == "confirmed") == (st == "COMPLETED"), (cid, st, hold)
+                if st != "COMPLETED":
+                    assert hold in ("released", "expired"), (cid, st, hold)
+            if r["kind"] == "codes" and st not in ("REJECTED",):
+                order = await self.order_status(cid)
+                codes = await self.code_statuses(cid)
+                if st == "COMPLETED":
+                    assert order == "delivered" and codes == ["delivered"] * r["quantity"], (cid, order, codes)
+                else:
+                    assert order in ("released", None) and codes == [], (cid, st, order, codes)
+        return out
+
+
+RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+async def persist(call, *, timeout: float = 30, what: str = "a definitive answer", tolerate=()):
+    """A client that keeps retrying through orchestrator crashes: UNAVAILABLE / DEADLINE_EXCEEDED
+    (the process died or restarts) and ABORTED (the first attempt with this key is in flight) are
+    retried, with the same Idempotency-Key, until any other answer. An error whose code is in
+    `tolerate` is returned as the answer instead of raised."""
+    async def attempt():
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as e:
+            if e.code() in RETRY_CODES:
+                return None
+            if e.code() in tolerate:
+                return e
+            raise
+    return await wait_for(attempt, timeout=timeout, interval=0.1, message=what)
+
+
+# Short thresholds so recovery, reconciliation and expiry take seconds, not minutes.
+BASE_ENV = {
+    "CUTY_LEASE_SECONDS": 2,
+    "CUTY_SAGA_POLL_SECONDS": 0.2,
+    "CUTY_SAGA_RETRY_BASE_SECONDS": 0.05,
+    "CUTY_SAGA_RETRY_CAP_SECONDS": 1,
+    "CUTY_RECONCILE_AFTER_SECONDS": 0.5,
+    "CUTY_PAYMENTS_POLL_SECONDS": 0.1,
+    "CUTY_PSP_TIMEOUT_SECONDS": 0.5,
+    "CUTY_PSP_SYNC_TIMEOUT_DELAY_SECONDS": 1.0,
+    "CUTY_PSP_WEBHOOK_RETRY_BASE_SECONDS": 0.05,
+    "CUTY_PSP_WEBHOOK_RETRY_CAP_SECONDS": 0.5,
+    "CUTY_PSP_SETTLE_DELAY_MS": 100,
+    "CUTY_SWEEP_INTERVAL_SECONDS": 1,
+    "CUTY_MAX_ACTIVE_HOLDS": 100,
+    "CUTY_LOG_LEVEL": "INFO",
+}
+
+
+async def start_stack(pg, workdir, *, replicas: int = 1, **env) -> CheckoutStack:
+    suffix = uuid.uuid4().hex[:8]
+    dbs = {svc: with_database(pg.dsn, f"cuty_{svc}_co_{suffix}") for svc in ("booking", "codepool", "payments")}
+    full = {**BASE_ENV, **{f"CUTY_{svc.upper()}_DATABASE_URL": dsn for svc, dsn in dbs.items()}, **env}
+    stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full)
+    try:
+        await stack.start()
+    except BaseException:
+        await stack.stop()
+        raise
+    pools = {svc: await asyncpg.create_pool(dsn, min_size=1, max_size=4) for svc, dsn in dbs.items()}
+    return await CheckoutStack(stack, pools).open()
+
+

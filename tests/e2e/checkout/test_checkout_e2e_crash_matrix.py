@@ -1,0 +1,117 @@
+"""Crash matrix: the orchestrator SIGKILLs itself at every saga step, before and after the remote
+call (CUTY_CRASH_AT), and is restarted. Every saga must end COMPLETED or fully compensated (no held
+slot, no reserved code, no un-refunded capture) and the PSP must have charged each attempt at most
+once. Clients behave like real ones: they retry with the same Idempotency-Key until answered.
+
+One incarnation per crash point: the process armed with point i+1 also finishes the sagas the
+crash at point i left behind (crashing again if their path crosses i+1: a crash during recovery).
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest_asyncio
+
+from cutylib.testing.procs import wait_for
+
+from checkout_e2e import CheckoutStack, persist, start_stack
+
+PROC = "payments-0"
+
+
+async def buy(shop: CheckoutStack, *, method: str, kind: str) -> str:
+    customer = f"crash-{uuid.uuid4().hex[:8]}"
+    ck, pk = str(uuid.uuid4()), str(uuid.uuid4())
+    if kind == "booking":
+        (slot,) = await shop.new_slots(1)
+        c = await persist(lambda: shop.create(customer, slot=slot, key=ck))
+    else:
+        product = await shop.new_product(stock=2)
+        c = await persist(lambda: shop.create(customer, product=product, quantity=2, key=ck))
+    await persist(lambda: shop.pay(customer, c.id, method, key=pk))
+    return c.id
+
+
+async def happy(shop):
+    return await asyncio.gather(buy(shop, method="pm_card_ok", kind="booking"),
+                                buy(shop, method="pm_card_ok", kind="codes"))
+
+
+async def declined(shop):
+    return await asyncio.gather(buy(shop, method="pm_card_declined", kind="booking"),
+                                buy(shop, method="pm_card_declined", kind="codes"))
+
+
+async def cancel_during_3ds(shop):
+    async def one(kind):
+        cid = await buy(shop, method="pm_card_3ds", kind=kind)
+        customer = (await shop.db["payments"].fetchval("SELECT customer_id FROM checkouts WHERE id = $1",
+                                                        uuid.UUID(cid)))
+        await persist(lambda: shop.cancel(customer, cid))
+        return cid
+    return await asyncio.gather(one("booking"), one("codes"))
+
+
+async def hold_lost_then_captured(shop):
+    """3-D Secure drags on, the hold lapses and someone else takes the slot; then the customer
+    completes 3-D Secure: the saga must refund (the refund step is where the crash lands)."""
+    cid = await buy(shop, method="pm_card_3ds", kind="booking")
+    row = await shop.db["payments"].fetchrow("SELECT hold_id, slot_id, payment_id FROM checkouts WHERE id = $1",
+                                             uuid.UUID(cid))
+    await shop.db["booking"].execute("UPDATE holds SET expires_at = clock_timestamp() - interval '1 second' "
+                                     "WHERE id = $1", uuid.UUID(row["hold_id"]))
+    from cuty.booking.v1 import booking_pb2 as bpb
+
+    await shop.booking.HoldSlot(bpb.HoldSlotRequest(slot_id=str(row["slot_id"]), customer_id="rival",
+                                                    request_id=str(uuid.uuid4())))
+    intent = await shop.db["payments"].fetchval("SELECT psp_intent_id FROM payments WHERE id = $1", row["payment_id"])
+    assert (await shop.psp("GET", f"{shop.stack.psp_url}/3ds/{intent}/complete")).status_code == 200
+    return [cid]
+
+
+MATRIX = [
+    ("hold:before", happy), ("hold:after", happy),
+    ("extend:before", happy), ("extend:after", happy),
+    ("charge:before", happy), ("charge:after", happy),
+    ("confirm:before", happy), ("confirm:after", happy),
+    ("release:before", declined), ("release:after", declined),
+    ("cancel_payment:before", cancel_during_3ds), ("cancel_payment:after", cancel_during_3ds),
+    ("refund:before", hold_lost_then_captured), ("refund:after", hold_lost_then_captured),
+]
+
+
+@pytest_asyncio.fixture(scope="module")
+async def crashy(pg, tmp_path_factory):
+    s = await start_stack(pg, tmp_path_factory.mktemp("checkout-crash"))
+    yield s
+    await s.close()
+
+
+async def test_sigkill_at_every_saga_step_then_recover(crashy):
+    shop = crashy
+    stack = shop.stack
+    scenarios: list[asyncio.Task] = []
+    for point, scenario in MATRIX:
+        stack.procs[PROC].env["CUTY_CRASH_AT"] = point
+        try:
+            await stack.restart(PROC)
+        except RuntimeError:
+            pass  # killed at `point` while finishing an earlier scenario's sagas, before it was healthy
+        proc = stack.procs[PROC]
+        scenarios.append(asyncio.create_task(scenario(shop), name=point))
+        await wait_for(lambda: proc.proc.poll() is not None, timeout=30, message=f"the crash at {point}")
+        assert proc.proc.returncode == -9, (point, proc.proc.returncode)
+        assert f'"crash_point": "{point}"' in proc.tail(20000), f"died, but not at {point}"
+    stack.procs[PROC].env.pop("CUTY_CRASH_AT")
+    await stack.restart(PROC)
+
+    ids = [cid for batch in await asyncio.gather(*scenarios) for cid in batch]
+    for cid in ids:
+        await shop.until(cid, timeout=30)
+    states = await shop.check_invariants(ids)
+    assert set(states.values()) <= {"COMPLETED", "FAILED", "CANCELLED", "REFUNDED"}, states
+    by_point = dict(zip([p for p, _ in MATRIX], scenarios))
+    assert all(states[c] == "COMPLETED" for c in by_point["confirm:after"].result())
+    assert all(states[c] == "FAILED" for c in by_point["release:before"].result())
+    assert all(states[c] == "REFUNDED" for c in by_point["refund:after"].result())

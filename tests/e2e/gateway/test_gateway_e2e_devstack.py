@@ -1,0 +1,74 @@
+"""`make run`'s supervisor: demo data once, a crashed service restarted, SIGTERM stops everything
+(Postgres included), and a second start reuses the data without duplicating the demo."""
+import datetime as dt
+import os
+import signal
+
+import httpx
+
+from cutylib.testing.procs import wait_for
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+async def demo_counts(url: str, demo: dict, headers: dict) -> tuple[int, str]:
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as c:
+        slots = await c.get(f"/v1/salons/{demo['salon_id']}/slots", params={
+            "startTime": now.isoformat(), "endTime": (now + dt.timedelta(days=9)).isoformat()})
+        stock = await c.get(f"/v1/products/{demo['product_id']}/stock")
+    assert slots.status_code == 200 and stock.status_code == 200, (slots.text, stock.text)
+    return len(slots.json()["slots"]), stock.json()["available"]
+
+
+async def test_devstack_lifecycle(devstack_at, tmp_path, auth):
+    data = tmp_path / "data"
+    first = devstack_at(data)
+    state = await first.wait_ready()
+    demo = state["demo"]
+    assert demo["slots"] == 126 and demo["codes"] == 200
+    assert await demo_counts(first.url, demo, auth("admin")) == (126, "200")
+    out = first.output()
+    assert "customer " in out and "admin " in out and "staff " in out  # a token per role is printed
+
+    # A crashed service is reported and restarted.
+    old = state["children"]["booking"]
+    os.kill(old, signal.SIGKILL)
+    await wait_for(lambda: first.state()["children"]["booking"] != old, timeout=30, message="booking restarted")
+    async with httpx.AsyncClient(base_url=first.url, timeout=5) as c:
+        await wait_for(lambda: _ok(c), timeout=30, message="healthy again")
+    assert "booking exited with code -9" in first.output()
+
+    # SIGTERM stops every process and Postgres.
+    children = first.state()["children"].values()
+    pg_port = int(first.env["CUTY_PG_PORT"])
+    assert first.stop() == 0
+    assert not any(alive(pid) for pid in children)
+    if not os.environ.get("CUTY_TEST_DSN"):  # the embedded cluster (else the test server is not ours)
+        # Postgres removes postmaster.pid once shut down (a port probe could hit another process).
+        assert (data / "pg" / "PG_VERSION").exists() and not (data / "pg" / "postmaster.pid").exists()
+
+    # The second run reuses the data: same demo ids, nothing added.
+    second = devstack_at(data, CUTY_PG_PORT=str(pg_port))
+    again = (await second.wait_ready())["demo"]
+    assert again == demo
+    assert "demo data present" in second.output()
+    assert await demo_counts(second.url, demo, auth("admin")) == (126, "200")
+    assert second.stop() == 0
+
+
+async def _ok(c: httpx.AsyncClient) -> bool:
+    try:
+        return (await c.get("/healthz")).status_code == 200
+    except httpx.HTTPError:
+        return False

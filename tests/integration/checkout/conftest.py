@@ -1,0 +1,118 @@
+"""The checkout saga in process: real PostgreSQL, the real payments core and saga code, fake
+booking / code pool / PSP (checkout_fakes.py).
+
+The saga tests get a database of their own (migrated like cuty_payments), so no other suite's
+in-process payments server (whose saga workers would claim any due checkout) shares their rows.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import grpc
+import pytest_asyncio
+
+from cuty.payments.v1 import checkout_pb2_grpc
+from cutylib.config import Settings, with_database
+from cutylib.db import create_pool, migrate
+from cutylib.grpc_server import GrpcServer
+from payments.checkout import crash, wiring
+from payments.checkout.grpc_api import CheckoutApi
+from payments.checkout.settings import CheckoutOptions
+from payments.checkout.workers import wake_saga
+from payments.core import PaymentsCore
+from payments.metrics import Metrics
+from payments.settings import PaymentsOptions
+
+from checkout_fake_psp import FakePsp
+from checkout_fakes import FakeBooking, FakeCodePool
+
+REPO_MIGRATIONS = __import__("pathlib").Path(__file__).resolve().parents[3] / "services/payments/migrations"
+
+
+@pytest_asyncio.fixture(scope="session")
+async def checkout_pool(pg):
+    dsn = with_database(pg.dsn, "cuty_payments_checkout_it")
+    await migrate(dsn, REPO_MIGRATIONS)
+    pool = await create_pool(dsn, min_size=2, max_size=40)
+    yield pool
+    await pool.close()
+
+
+class Harness:
+    """One saga world: fakes, a core, the checkout service, and workers on demand."""
+
+    def __init__(self, pool, *, lease_seconds: float = 2.0, hold_ttl: float = 300, **options):
+        self.pool = pool
+        self.booking = FakeBooking(hold_ttl=hold_ttl)
+        self.codepool = FakeCodePool()
+        self.psp = FakePsp()
+        self.settings = dataclasses.replace(Settings(), lease_seconds=lease_seconds, reconcile_after_seconds=60)
+        self.options = dataclasses.replace(CheckoutOptions(), poll_seconds=0.05, retry_base_seconds=0.02,
+                                           retry_cap_seconds=0.2, **options)
+        self.core = self.new_core("core-0")
+        self.service, self.engine, self.worker, _ = self.build(self.core)
+        self.workers: list[asyncio.Task] = []
+        self.server: GrpcServer | None = None
+
+    def new_core(self, worker_id: str) -> PaymentsCore:
+        core = PaymentsCore(self.settings, self.pool, self.psp, options=PaymentsOptions(), metrics=Metrics(),
+                            worker_id=worker_id)
+        core.add_transition_hook(wake_saga)
+        return core
+
+    def build(self, core):
+        return wiring.build(self.settings, self.pool, core, options=self.options,
+                            booking_stub=self.booking, codepool_stub=self.codepool)
+
+    def start_workers(self, n: int = 1) -> None:
+        for i in range(n):
+            core = self.core if i == 0 else self.new_core(f"core-{i}")
+            _, _, worker, _ = self.build(core)
+            self.workers.append(asyncio.create_task(worker.run()))
+
+    async def stop_workers(self) -> None:
+        for t in self.workers:
+            t.cancel()
+        await asyncio.gather(*self.workers, return_exceptions=True)
+        self.workers.clear()
+
+    async def serve(self) -> grpc.aio.Channel:
+        self.server = GrpcServer("checkout-test", 0, host="127.0.0.1")
+        checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(self.service), self.server.server)
+        await self.server.start()
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.server.port}")
+        return self.channel
+
+    async def row(self, checkout_id: str):
+        return await self.pool.fetchrow("SELECT * FROM checkouts WHERE id = $1", checkout_id)
+
+    async def close(self) -> None:
+        await self.stop_workers()
+        if self.server is not None:
+            await self.channel.close()
+            await self.server.stop()
+        # Park whatever this test left running: the next test's workers must not drive this
+        # test's sagas against its own fakes.
+        await self.pool.execute("UPDATE checkouts SET next_run_at = NULL, lease_owner = NULL, lease_until = NULL "
+                                "WHERE next_run_at IS NOT NULL OR lease_owner IS NOT NULL")
+
+
+@pytest_asyncio.fixture
+async def make_harness(checkout_pool):
+    made: list[Harness] = []
+
+    def make(**kw) -> Harness:
+        h = Harness(checkout_pool, **kw)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        await h.close()
+    crash.configure("")
+
+
+@pytest_asyncio.fixture
+async def harness(make_harness) -> Harness:
+    return make_harness()

@@ -1,0 +1,298 @@
+"""The saga's paths through the real engine and database, with fake booking / code pool / PSP."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from cuty.payments.v1 import checkout_pb2 as pb
+from cuty.payments.v1.payments_pb2 import PAYMENT_STATUS_SUCCEEDED
+from cutylib import errors
+from cutylib.testing.procs import wait_for
+from payments.checkout.domain import validate_create
+
+C = "customer-" + uuid.uuid4().hex[:8]
+
+
+def booking_req(h):
+    return validate_create(h.booking.add_slot(price=12345), "", 0)
+
+
+async def timeline(h, checkout_id):
+    rows = await h.pool.fetch("SELECT from_status, to_status, source, payment_id FROM payment_events "
+                              "WHERE checkout_id = $1 AND source = 'saga' ORDER BY seq", checkout_id)
+    return [(r["from_status"], r["to_status"]) for r in rows]
+
+
+async def state(h, checkout_id):
+    return (await h.row(checkout_id))["state"]
+
+
+async def test_booking_happy_path_completes_inside_pay(harness):
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    assert created.state == pb.HELD
+    assert created.amount.amount_minor == 12345 and created.amount.currency_code == "TRY"
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.COMPLETED
+    assert paid.payment.status == PAYMENT_STATUS_SUCCEEDED and not paid.payment.client_secret and not paid.payment.next_action.redirect_url
+    hold = h.booking.holds[created.hold_id]
+    assert hold["status"] == "confirmed" and hold["extended"]
+    assert hold["payment_ref"] == paid.payment.id
+    assert dict(h.booking.effects) == {"hold": 1, "extend": 1, "confirm": 1}
+    assert list(h.psp.charges.values()) == [1]
+    assert await timeline(h, created.id) == [
+        ("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "CONFIRMING"), ("CONFIRMING", "COMPLETED")]
+    row = await h.row(created.id)
+    assert row["next_run_at"] is None and row["lease_owner"] is None
+
+
+async def test_codes_happy_path_and_codes_only_for_the_owner(harness):
+    h = harness
+    pid = h.codepool.add_product(price=2500, stock=5)
+    created = await h.service.create(C, validate_create("", pid, 3), "")
+    assert created.amount.amount_minor == 7500 and created.order_id == created.id
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.COMPLETED
+    assert h.codepool.orders[created.id]["status"] == "delivered"
+    assert h.codepool.effects == {"reserve": 1, "deliver": 1}
+    from cutylib.principal import Principal
+
+    mine = await h.service.get(Principal(C, "customer"), created.id)
+    assert [c.value for c in mine.codes] == h.codepool.orders[created.id]["codes"]
+    staff = await h.service.get(Principal("staff-1", "staff"), created.id)
+    assert staff.state == pb.COMPLETED and not staff.codes
+    with pytest.raises(errors.NotFound):
+        await h.service.get(Principal("intruder", "customer"), created.id)
+
+
+async def test_declined_card_releases_the_hold_and_fails(harness):
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    paid = await h.service.pay(C, created.id, "pm_card_declined", "")
+    assert paid.state == pb.FAILED
+    assert paid.failure_reason == "payment-failed"
+    assert h.booking.holds[created.hold_id]["status"] == "released"
+    assert await timeline(h, created.id) == [
+        ("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "RELEASING"), ("RELEASING", "FAILED")]
+
+
+async def test_slot_taken_is_rejected_with_alternatives(harness):
+    h = harness
+    req = booking_req(h)
+    h.booking.take(req.slot_id)
+    with pytest.raises(errors.AlreadyExists) as e:
+        await h.service.create(C, req, "")
+    assert e.value.reason == "slot-unavailable" and len(e.value.detail.alternatives) == 1
+    n = await h.pool.fetchval("SELECT count(*) FROM checkouts WHERE slot_id = $1 AND state = 'REJECTED'",
+                              uuid.UUID(req.slot_id))
+    assert n == 1
+
+
+async def test_out_of_stock_is_rejected_with_the_available_count(harness):
+    h = harness
+    pid = h.codepool.add_product(stock=2)
+    with pytest.raises(errors.ResourceExhausted) as e:
+        await h.service.create(C, validate_create("", pid, 3), "")
+    assert e.value.reason == "out-of-stock" and e.value.detail.available == 2
+
+
+async def test_unknown_slot_changes_nothing(harness):
+    h = harness
+    before = await h.pool.fetchval("SELECT count(*) FROM checkouts")
+    with pytest.raises(errors.NotFound):
+        await h.service.create(C, validate_create(str(uuid.uuid4()), "", 0), "")
+    assert await h.pool.fetchval("SELECT count(*) FROM checkouts") == before
+
+
+async def test_pay_refusals_change_nothing(harness):
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    with pytest.raises(errors.NotFound):
+        await h.service.pay("someone-else", created.id, "pm_card_ok", "")
+    with pytest.raises(errors.NotFound):
+        await h.service.pay(C, str(uuid.uuid4()), "pm_card_ok", "")
+    with pytest.raises(errors.InvalidArgument):
+        await h.service.pay(C, "nope", "pm_card_ok", "")
+    with pytest.raises(errors.InvalidArgument):
+        await h.service.pay(C, created.id, "", "")
+    assert await state(h, created.id) == "HELD"
+    await h.service.pay(C, created.id, "pm_card_ok", "")
+    with pytest.raises(errors.FailedPrecondition) as e:
+        await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert e.value.reason == "checkout-not-held"
+    assert list(h.psp.charges.values()) == [1]
+
+
+async def test_three_ds_waits_then_completes_when_the_webhook_arrives(harness):
+    h = harness
+    h.start_workers(1)
+    created = await h.service.create(C, booking_req(h), "")
+    paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
+    assert paid.state == pb.AWAITING_ACTION
+    assert paid.payment.next_action.redirect_url.startswith("https://psp.example/3ds/")
+    assert paid.payment.client_secret
+    pi = (await h.core.get(paid.payment.id)).psp_intent_id
+    # The customer completes 3-D Secure; the PSP's webhook reaches finalize (whose hook wakes the saga).
+    await h.core.finalize(paid.payment.id, "succeeded", "webhook", intent=h.psp.complete(pi))
+    await wait_for(lambda: _is(h, created.id, "COMPLETED"), timeout=5, message="COMPLETED after webhook")
+    from cutylib.principal import Principal
+
+    done = await h.service.get(Principal(C, "customer"), created.id)
+    assert not done.payment.next_action.redirect_url and not done.payment.client_secret
+    assert h.booking.effects["confirm"] == 1
+
+
+async def _is(h, checkout_id, expected):
+    return await state(h, checkout_id) == expected
+
+
+async def test_unpaid_hold_expires_and_is_released(make_harness):
+    h = make_harness(hold_ttl=0.3)
+    h.start_workers(1)
+    created = await h.service.create(C, booking_req(h), "")
+    await wait_for(lambda: _is(h, created.id, "EXPIRED"), timeout=5, message="EXPIRED")
+    assert h.booking.holds[created.hold_id]["status"] == "released"
+    assert await timeline(h, created.id) == [("PENDING", "HELD"), ("HELD", "RELEASING"), ("RELEASING", "EXPIRED")]
+
+
+async def test_three_ds_unpaid_past_expiry_cancels_the_intent(make_harness):
+    h = make_harness()
+    h.start_workers(1)
+    created = await h.service.create(C, booking_req(h), "")
+    paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
+    assert paid.state == pb.AWAITING_ACTION
+    await h.pool.execute("UPDATE checkouts SET expire_time = clock_timestamp(), next_run_at = clock_timestamp() "
+                         "WHERE id = $1", uuid.UUID(created.id))
+    await wait_for(lambda: _is(h, created.id, "EXPIRED"), timeout=5, message="EXPIRED")
+    assert (await h.core.get(paid.payment.id)).status == "canceled"
+    assert h.booking.holds[created.hold_id]["status"] == "released"
+
+
+@pytest.mark.parametrize("slot_taken,final", [(True, "REFUNDED"), (False, "COMPLETED")])
+async def test_late_capture(make_harness, slot_taken, final):
+    """3-D Secure completed after the hold ran out: the saga cancels, the PSP says it already
+    succeeded; a still-free slot is re-held and confirmed, a taken one is refunded at once."""
+    h = make_harness()
+    h.start_workers(1)
+    created = await h.service.create(C, booking_req(h), "")
+    paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
+    pi = (await h.core.get(paid.payment.id)).psp_intent_id
+    h.booking.expire(created.hold_id)
+    if slot_taken:
+        h.booking.take(created.slot_id)
+    h.psp.complete(pi)  # captured at the PSP; its webhook is late
+    await h.pool.execute("UPDATE checkouts SET expire_time = clock_timestamp(), next_run_at = clock_timestamp() "
+                         "WHERE id = $1", uuid.UUID(created.id))
+    await wait_for(lambda: _is(h, created.id, final), timeout=5, message=final)
+    payment = await h.core.get(paid.payment.id)
+    if slot_taken:
+        assert payment.status == "refunded" and len(h.psp.refunds) == 1
+        assert h.booking.holds[created.hold_id]["status"] != "confirmed"
+    else:
+        assert payment.status == "succeeded" and not h.psp.refunds
+        assert h.booking.effects["re-hold"] == 1 and h.booking.holds[created.hold_id]["status"] == "confirmed"
+    steps = await timeline(h, created.id)
+    assert ("AWAITING_ACTION", "RELEASING") in steps and ("RELEASING", "CONFIRMING") in steps
+
+
+async def test_cancel_releases_and_is_idempotent(harness):
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    out = await h.service.cancel(C, created.id)
+    assert out.state == pb.CANCELLED
+    assert h.booking.holds[created.hold_id]["status"] == "released"
+    again = await h.service.cancel(C, created.id)
+    assert again.state == pb.CANCELLED and h.booking.effects["release"] == 1
+    with pytest.raises(errors.NotFound):
+        await h.service.cancel("someone-else", created.id)
+
+
+async def test_cancel_during_three_ds_cancels_the_intent(harness):
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
+    out = await h.service.cancel(C, created.id)
+    assert out.state == pb.CANCELLED
+    assert (await h.core.get(paid.payment.id)).status == "canceled"
+
+
+async def test_cancel_after_capture_refunds(harness):
+    """The customer cancels while the PSP already captured (webhook not yet in): refund, not keep."""
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
+    h.psp.complete((await h.core.get(paid.payment.id)).psp_intent_id)
+    out = await h.service.cancel(C, created.id)
+    assert out.state == pb.REFUNDED
+    assert h.booking.holds[created.hold_id]["status"] == "released"
+    assert len(h.psp.refunds) == 1
+
+
+async def test_completed_cannot_be_cancelled(harness):
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    await h.service.pay(C, created.id, "pm_card_ok", "")
+    with pytest.raises(errors.FailedPrecondition):
+        await h.service.cancel(C, created.id)
+
+
+@pytest.mark.parametrize("mode", ["UNAVAILABLE", "DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED_AFTER"])
+async def test_confirm_retried_after_transient_failure_takes_effect_once(harness, mode):
+    h = harness
+    h.start_workers(1)
+    created = await h.service.create(C, booking_req(h), "")
+    h.booking.fail_next["ConfirmHold"] = [mode, mode]
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.CONFIRMING  # the step failed, a worker retries it
+    await wait_for(lambda: _is(h, created.id, "COMPLETED"), timeout=5, message="COMPLETED after retries")
+    assert h.booking.calls["ConfirmHold"] == 3 and h.booking.effects["confirm"] == 1
+    row = await h.row(created.id)
+    assert row["attempts"] == 0  # reset by the transition
+
+
+async def test_hold_unavailable_leaves_pending_that_a_worker_finishes(harness):
+    h = harness
+    req = booking_req(h)
+    h.booking.fail_next["HoldSlot"] = ["DEADLINE_EXCEEDED_AFTER"]
+    with pytest.raises(errors.Unavailable):
+        await h.service.create(C, req, "")
+    row = await h.pool.fetchrow("SELECT * FROM checkouts WHERE slot_id = $1", uuid.UUID(req.slot_id))
+    assert row["state"] == "PENDING"
+    h.start_workers(1)
+    await wait_for(lambda: _is(h, row["id"], "HELD"), timeout=5, message="HELD by the worker")
+    assert h.booking.effects["hold"] == 1  # the retry found the same hold by its request id
+
+
+async def test_psp_unavailable_on_refund_is_retried(harness):
+    h = harness
+    h.start_workers(1)
+    created = await h.service.create(C, booking_req(h), "")
+    paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
+    h.psp.complete((await h.core.get(paid.payment.id)).psp_intent_id)
+    h.psp.unavailable["refund"] = 2
+    await h.service.cancel(C, created.id)
+    await wait_for(lambda: _is(h, created.id, "REFUNDED"), timeout=5, message="REFUNDED")
+    assert len(h.psp.refunds) == 1 and h.psp.calls["refund"] == 3
+
+
+async def test_a_drive_cancelled_mid_step_hands_the_saga_back_at_once(harness):
+    """Shutdown (or a client hanging up) cancels a drive during ConfirmHold: the saga must not wait
+    for its lease to expire; any worker takes it over immediately and confirms it once."""
+    import asyncio
+
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    h.booking.delay["ConfirmHold"] = 0.5
+    pay = asyncio.ensure_future(h.service.pay(C, created.id, "pm_card_ok", ""))
+    await wait_for(lambda: h.booking.calls["ConfirmHold"], timeout=5, message="confirm under way")
+    pay.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await pay
+    row = await h.row(created.id)
+    assert row["state"] == "CONFIRMING" and row["lease_owner"] is None
+    assert row["next_run_at"] <= await h.pool.fetchval("SELECT clock_timestamp()")
+    h.booking.delay["ConfirmHold"] = 0
+    h.start_workers(1)
+    await wait_for(lambda: _is(h, created.id, "COMPLETED"), timeout=5, message="COMPLETED by a worker")
+    assert h.booking.effects["confirm"] == 1

@@ -1,0 +1,151 @@
+"""The saga's pure rules: transition table, next step, payment routing, keys, backoff, validation."""
+from __future__ import annotations
+
+import pathlib
+import random
+import re
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from cutylib.errors import InvalidArgument
+from payments.checkout import domain as d
+from payments.checkout.domain import Saga, Step
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+MIGRATION = pathlib.Path(__file__).resolve().parents[3] / "services/payments/migrations/0100_checkouts.sql"
+
+
+def saga(state=d.HELD, **kw) -> Saga:
+    base = dict(id=str(uuid.uuid4()), customer_id="cust", kind=d.BOOKING, state=state, outcome=None, version=1,
+                slot_id=str(uuid.uuid4()), product_id=None, quantity=1, hold_id="h1", order_id=None,
+                amount_minor=1000, currency="TRY", expire_time=NOW + timedelta(minutes=5), extended=False,
+                payment_key=None, payment_id=None, payment_method=None, failure_reason="", attempts=0,
+                lease_owner="w", created_at=NOW, updated_at=NOW, read_at=NOW)
+    base.update(kw)
+    return Saga(**base)
+
+
+def test_transition_table_matches_the_database_trigger():
+    """The Python table and the SQL trigger must say the same thing, or one of them is lying."""
+    sql = MIGRATION.read_text()
+    pairs = re.findall(r"\(OLD\.state = '(\w+)' AND NEW\.state (?:IN \(([^)]*)\)|= '(\w+)')\)", sql)
+    from_sql = {}
+    for old, many, one in pairs:
+        targets = {t.strip().strip("'") for t in many.split(",")} if many else {one}
+        from_sql[old] = frozenset(targets)
+    from_py = {k: v for k, v in d.TRANSITIONS.items() if v}
+    assert from_sql == from_py
+
+
+def test_terminal_states_go_nowhere():
+    for s in d.TERMINAL:
+        assert not d.TRANSITIONS[s]
+    assert not d.can_transition(d.COMPLETED, d.REFUNDING)
+    assert d.can_transition(d.RELEASING, d.CONFIRMING)  # late capture
+
+
+def test_step_keys_are_deterministic_and_distinct_per_step_and_checkout():
+    a, b = uuid.uuid4(), uuid.uuid4()
+    assert d.hold_request_id(a) == d.hold_request_id(str(a))
+    keys = {d.hold_request_id(a), d.order_item_id(a), d.payment_attempt_id(a), d.refund_key(a),
+            d.hold_request_id(b), d.payment_attempt_id(b)}
+    assert len(keys) == 6
+    for k in keys:
+        uuid.UUID(k)  # every key is a UUID: accepted wherever an id is expected
+
+
+@pytest.mark.parametrize("state,kw,status,step", [
+    (d.PENDING, {}, None, Step.HOLD),
+    (d.HELD, {}, None, Step.WAIT),
+    (d.HELD, {"expire_time": NOW - timedelta(seconds=1)}, None, Step.EXPIRE),
+    (d.HELD, {"expire_time": NOW}, None, Step.EXPIRE),  # expiry instant itself is expired
+    (d.CHARGING, {"payment_key": "k"}, None, Step.EXTEND),
+    (d.CHARGING, {"payment_key": "k", "extended": True}, None, Step.CHARGE),
+    (d.CHARGING, {"payment_key": "k", "kind": d.CODES, "slot_id": None, "product_id": "p"}, None, Step.CHARGE),
+    # past expiry without a known payment: still charge first (the request may be at the PSP)
+    (d.CHARGING, {"payment_key": "k", "extended": True, "expire_time": NOW - timedelta(1)}, None, Step.CHARGE),
+    (d.CHARGING, {"payment_key": "k", "extended": True, "payment_id": "p"}, "processing", Step.OBSERVE),
+    (d.AWAITING_ACTION, {"payment_key": "k", "extended": True, "payment_id": "p"}, "requires_action", Step.OBSERVE),
+    (d.CONFIRMING, {"payment_id": "p"}, "succeeded", Step.CONFIRM),
+    (d.RELEASING, {"outcome": d.EXPIRED}, None, Step.RELEASE),
+    (d.RELEASING, {"outcome": d.EXPIRED, "payment_id": "p"}, "requires_action", Step.CANCEL_PAYMENT),
+    (d.RELEASING, {"outcome": d.CANCELLED, "payment_id": "p"}, "processing", Step.CANCEL_PAYMENT),
+    (d.RELEASING, {"outcome": d.FAILED, "payment_id": "p"}, "failed", Step.RELEASE),
+    (d.RELEASING, {"outcome": d.EXPIRED, "payment_id": "p"}, "canceled", Step.RELEASE),
+    (d.RELEASING, {"outcome": d.EXPIRED, "payment_id": "p"}, "succeeded", Step.LATE_CAPTURE),
+    (d.REFUNDING, {"payment_id": "p"}, "succeeded", Step.REFUND),
+    (d.COMPLETED, {}, "succeeded", Step.WAIT),
+    (d.REFUNDED, {}, "refunded", Step.WAIT),
+])
+def test_next_step(state, kw, status, step):
+    assert d.next_step(saga(state, **kw), status, NOW) is step
+
+
+@pytest.mark.parametrize("state,status,expired,expected", [
+    (d.CHARGING, "succeeded", False, d.Move(d.CONFIRMING)),
+    (d.CHARGING, "succeeded", True, d.Move(d.CONFIRMING)),  # money first: never expire a capture
+    (d.CHARGING, "failed", False, d.Move(d.RELEASING, d.FAILED, "payment-failed")),
+    (d.AWAITING_ACTION, "canceled", False, d.Move(d.RELEASING, d.FAILED, "payment-canceled")),
+    (d.CHARGING, "requires_action", False, d.Move(d.AWAITING_ACTION)),
+    (d.AWAITING_ACTION, "requires_action", False, None),
+    (d.AWAITING_ACTION, "requires_action", True, d.Move(d.RELEASING, d.EXPIRED, "hold-expired-unpaid")),
+    (d.CHARGING, "processing", False, None),
+    (d.CHARGING, "created", False, None),
+    (d.CHARGING, "created", True, d.Move(d.RELEASING, d.EXPIRED, "hold-expired-unpaid")),
+    (d.AWAITING_ACTION, "processing", False, d.Move(d.CHARGING)),
+])
+def test_route_payment(state, status, expired, expected):
+    s = saga(state, payment_id="p", expire_time=NOW - timedelta(seconds=1) if expired else NOW + timedelta(60))
+    assert d.route_payment(s, status, NOW) == expected
+
+
+def test_expiry_grace_delays_cancelling_an_in_flight_payment():
+    s = saga(d.AWAITING_ACTION, payment_id="p", expire_time=NOW - timedelta(seconds=5))
+    assert d.route_payment(s, "requires_action", NOW, grace_seconds=10) is None
+    assert d.route_payment(s, "requires_action", NOW, grace_seconds=5).state == d.RELEASING
+    assert d.wait_until(s, 10) == NOW + timedelta(seconds=5)
+
+
+def test_late_capture_completes_an_expired_checkout_and_refunds_a_cancelled_one():
+    assert d.late_capture(saga(d.RELEASING, outcome=d.EXPIRED)).state == d.CONFIRMING
+    assert d.late_capture(saga(d.RELEASING, outcome=d.CANCELLED)).state == d.REFUNDING
+
+
+def test_wait_until_is_the_hold_expiry_only_while_waiting_for_it():
+    assert d.wait_until(saga(d.HELD)) == NOW + timedelta(minutes=5)
+    assert d.wait_until(saga(d.CONFIRMING)) is None
+
+
+def test_backoff_grows_is_capped_and_jittered():
+    rng = random.Random(7)
+    seen = [d.backoff_seconds(a, 0.2, 30, rng) for a in range(12)]
+    assert all(0.1 <= s for s in seen)
+    assert seen[0] <= 0.2 and seen[3] >= 0.8  # 0.2 * 2**3 / 2
+    assert max(seen) <= 30
+    assert min(d.backoff_seconds(50, 0.2, 30, rng) for _ in range(100)) >= 15  # capped, still spread
+    assert len({round(d.backoff_seconds(4, 0.2, 30, rng), 6) for _ in range(20)}) > 1
+
+
+def test_validate_create():
+    sid, pid = str(uuid.uuid4()), str(uuid.uuid4())
+    assert d.validate_create(sid, "", 0) == d.CreateRequest(d.BOOKING, sid, None, 1)
+    assert d.validate_create("", pid, 3) == d.CreateRequest(d.CODES, None, pid, 3)
+    assert d.validate_create(sid.upper(), "", 1).slot_id == sid  # canonical form
+
+
+@pytest.mark.parametrize("slot,product,qty,field", [
+    ("", "", 0, "slot_id"),
+    ("S", "P", 1, "slot_id"),
+    ("not-a-uuid", "", 0, "slot_id"),
+    ("", "nope", 1, "product_id"),
+    ("", str(uuid.uuid4()), 0, "quantity"),
+    ("", str(uuid.uuid4()), 101, "quantity"),
+    ("", str(uuid.uuid4()), -1, "quantity"),
+    (str(uuid.uuid4()), "", 2, "quantity"),
+])
+def test_validate_create_refuses_bad_input(slot, product, qty, field):
+    with pytest.raises(InvalidArgument) as e:
+        d.validate_create(slot, product, qty)
+    assert e.value.field == field
