@@ -15,21 +15,11 @@ from .workers import Sweeper
 SERVICE_NAME = booking_pb2.DESCRIPTOR.services_by_name["BookingService"].full_name
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Pool release without asyncpg's default reset query.
-
-    The default (`UNLISTEN *; RESET ALL; CLOSE ALL; pg_advisory_unlock_all()`) is one more round
-    trip on every release, i.e. on every HoldSlot, for session state booking never creates: it sets
-    no session variables, opens no cursors, listens to nothing and takes only transaction-scoped
-    advisory locks. asyncpg still rolls back an open transaction itself before calling this.
-    """
-
-
 async def create_booking_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     # max_inactive_connection_lifetime=0: no idle timer re-armed on every release; a service pool
     # of a few connections has nothing to gain from closing idle ones.
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                             application_name="cuty-booking", reset=_keep_session,
+                             application_name="cuty-booking",
                              max_inactive_connection_lifetime=0)
 
 
