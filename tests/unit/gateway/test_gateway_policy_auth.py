@@ -24,7 +24,7 @@ DESIGN_TABLE = {
     ("POST", "/v1/codes/{code_id}:reveal"): {"admin"},
     ("POST", "/v1/checkouts"): {"customer"},
     ("POST", "/v1/checkouts/{checkout_id}:pay"): {"customer"},
-    ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff"},
+    ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff", "admin"},  # "staff"; admin can do what staff can
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer"},
     ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin"},
     ("POST", "/v1/psp/webhooks"): None,
