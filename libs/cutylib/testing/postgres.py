@@ -3,6 +3,7 @@ answers; else a throwaway cluster from the local server binaries. One per test s
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 
@@ -14,10 +15,13 @@ class TestPostgres:
     dsn: str
     cluster: LocalCluster | None = None  # set when we own the server (fault tests may stop it)
     container: object | None = None
+    workdir: str | None = None  # the temporary folder holding the cluster, its socket and log
 
     def close(self) -> None:
         if self.cluster is not None:
             self.cluster.destroy()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
         if self.container is not None:
             self.container.stop()
 
@@ -45,6 +49,6 @@ def start_test_postgres() -> TestPostgres:
         base = tempfile.mkdtemp(prefix="cuty-test-pg-")
         cluster = LocalCluster(os.path.join(base, "data"), fast_unsafe=True, max_connections=600)
         cluster.start()
-        return TestPostgres(dsn=cluster.dsn, cluster=cluster)
+        return TestPostgres(dsn=cluster.dsn, cluster=cluster, workdir=base)
     except PostgresUnavailable as e:
         raise PostgresUnavailable(f"no PostgreSQL for tests: {e}\n{INSTALL_HINT}") from e
