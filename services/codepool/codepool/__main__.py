@@ -2,30 +2,10 @@
 are the operator commands (see `--help`)."""
 from __future__ import annotations
 
-import asyncio
 import pathlib
 import sys
 
 MIGRATIONS = pathlib.Path(__file__).resolve().parents[1] / "migrations"
-
-
-async def serve() -> None:
-    from cutylib.config import Settings, database_url_for, env_int, env_str
-    from cutylib.db import create_pool, migrate
-    from cutylib.telemetry import init_telemetry
-
-    from .bootstrap import create_server
-
-    init_telemetry("codepool")
-    settings = Settings.from_env()
-    dsn = database_url_for("codepool")
-    await migrate(dsn, MIGRATIONS)
-    pool = await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                             application_name="cuty-codepool")
-    port = env_int("CUTY_CODEPOOL_GRPC_PORT", 50052)
-    server = await create_server(settings, pool, port=port, host=env_str("CUTY_CODEPOOL_HOST", "0.0.0.0"))
-    server.on_stop(pool.close)
-    await server.run_until_signal()
 
 
 def main(argv: list[str]) -> int:
@@ -33,7 +13,11 @@ def main(argv: list[str]) -> int:
         from .cli import main as cli_main
 
         return cli_main(argv)
-    asyncio.run(serve())
+    from cutylib.service import run_service
+
+    from .bootstrap import create_server
+
+    run_service("codepool", MIGRATIONS, create_server)
     return 0
 
 
