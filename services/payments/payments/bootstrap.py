@@ -8,6 +8,7 @@ import asyncpg
 
 from cuty.payments.v1 import payments_pb2, payments_pb2_grpc
 from cutylib.config import Settings
+from cutylib.db import create_pool
 from cutylib.grpc_server import GrpcServer
 
 from . import metrics, signature
@@ -22,6 +23,13 @@ from .webhooks import WebhookInbox
 log = logging.getLogger("payments.metrics")
 
 SERVICE_NAME = payments_pb2.DESCRIPTOR.services_by_name["PaymentService"].full_name
+
+
+async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
+    # max_inactive_connection_lifetime=0: no idle timer re-armed on every release (several per
+    # checkout); a service pool of a few dozen connections has nothing to gain from closing idle ones.
+    return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
+                             application_name="cuty-payments", max_inactive_connection_lifetime=0)
 
 
 def build_core(settings: Settings, pool: asyncpg.Pool, *, psp=None,

@@ -15,7 +15,6 @@ import asyncpg
 from opentelemetry import trace
 
 from cutylib.config import Settings
-from cutylib.db import UnitOfWork
 from cutylib.errors import Aborted, FailedPrecondition, NotFound, Unavailable, require
 from cutylib.telemetry import current_trace_id
 
@@ -31,6 +30,9 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("cuty.payments")
 
 # fn(conn, payment_after, old_status), awaited inside the transaction that made the change.
+# A hook that is pure SQL may instead carry `in_statement`: (name, statement) pairs run as CTEs of
+# the transition statement itself (reading `upd`, the updated payment row), so the change, its event
+# and the hook commit together in one round trip (the saga's wake-up does this).
 TransitionHook = Callable[[asyncpg.Connection, PaymentView, str], Awaitable[None]]
 
 # Each version conflict means another writer made a forward step, and a payment has at most four,
@@ -50,13 +52,23 @@ class PaymentsCore:
         # The lease owner identity of this process (or of this core, in tests with several).
         self.worker_id = worker_id or new_worker_id()
         self._hooks: list[TransitionHook] = []
+        self._statement_hooks: list[tuple[str, str]] = []
+        self._finalize_sql = sql.FINALIZE
 
     def add_transition_hook(self, fn: TransitionHook) -> None:
         """Call `fn(conn, payment, old_status)` inside the transaction of every accepted transition.
 
         The saga wakes itself here, so a payment change and its wake-up commit together; a hook
-        that raises rolls the transition back (and finalize raises), so keep hooks to SQL."""
-        self._hooks.append(fn)
+        that raises rolls the transition back (and finalize raises), so keep hooks to SQL.
+        A hook with an `in_statement` attribute ((name, statement) pairs: CTEs reading `upd`)
+        runs as part of the transition statement instead of being awaited: same atomicity, no
+        transaction round trips (repository.finalize_sql)."""
+        ctes = getattr(fn, "in_statement", None)
+        if ctes:
+            self._statement_hooks.extend(ctes)
+            self._finalize_sql = sql.finalize_sql(self._statement_hooks)
+        else:
+            self._hooks.append(fn)
 
     # -- reads ----------------------------------------------------------------------------------------
     async def get(self, payment_id: str) -> PaymentView:
@@ -97,15 +109,10 @@ class PaymentsCore:
         checkout = parse_uuid(checkout_id, "checkout_id") if checkout_id else None
         idempotency_key, currency = str(idempotency_key), currency.upper()
         payment_id = uuid.uuid4()
-        async with UnitOfWork(self.pool) as uow:
-            row = await uow.conn.fetchrow(sql.INSERT_PAYMENT, payment_id, checkout, customer_id or "", amount_minor,
-                                          currency, payment_method, idempotency_key,
-                                          float(self.settings.reconcile_after_seconds))
-            if row is not None:
-                await self.append_event(uow.conn, payment_id=str(payment_id), checkout_id=_str(checkout),
-                                        source="sync", from_status=None, to_status=domain.CREATED, version=1,
-                                        note="payment created")
-            await uow.commit()
+        # The payment and its "created" event: one statement, so one implicit transaction.
+        row = await self.pool.fetchrow(sql.INSERT_PAYMENT, payment_id, checkout, customer_id or "", amount_minor,
+                                       currency, payment_method, idempotency_key,
+                                       float(self.settings.reconcile_after_seconds), current_trace_id())
         if row is None:  # the key was used before: same request -> first answer, other request -> refused
             row = await self.pool.fetchrow(sql.GET_BY_KEY, idempotency_key)
             asked = (checkout, customer_id or "", amount_minor, currency, payment_method)
@@ -125,7 +132,11 @@ class PaymentsCore:
             return await self.get(row["id"])
         except PspError as exc:
             return await self._refused(row, exc)
-        return await self.finalize(row["id"], domain.status_of_intent(intent), "sync", intent=intent)
+        # The row we hold is the finalize's first read: if another path moved the payment meanwhile
+        # (a webhook that beat the answer), the version token refuses the write and finalize re-reads.
+        view, _ = await self.finalize_outcome(row["id"], domain.status_of_intent(intent), "sync", intent=intent,
+                                              known=row)
+        return view
 
     async def _create_intent(self, row: Any) -> dict[str, Any]:
         body = domain.intent_body(payment_id=str(row["id"]), checkout_id=_str(row["checkout_id"]),
@@ -153,19 +164,24 @@ class PaymentsCore:
 
     async def finalize_outcome(self, payment_id: Any, observed: str, source: str, *,
                                intent: dict[str, Any] | None = None,
-                               note: str = "", leased: bool = False) -> tuple[PaymentView, Outcome]:
+                               note: str = "", leased: bool = False,
+                               known: Any = None) -> tuple[PaymentView, Outcome]:
         """`finalize`, also saying what happened (applied, same, stale, contradicts). `leased`: the
-        caller holds the payment's lease (webhook and reconcile paths)."""
+        caller holds the payment's lease (webhook and reconcile paths). `known`: the payment row the
+        caller just read or wrote, used as the first read (the version token fences it if stale)."""
         pid = parse_uuid(payment_id, "payment_id")
         if source not in domain.SOURCES:
             raise ValueError(f"source must be one of {', '.join(domain.SOURCES)}, got {source!r}")
         obs = domain.observation_of(intent)
         with tracer.start_as_current_span("payments.finalize", attributes={
                 "payment.id": str(pid), "payment.source": source, "payment.observed": observed}):
-            # One connection for read, write and re-read: each pool release costs a reset round trip.
+            # One connection for read, write and re-read.
             async with self.pool.acquire() as conn:
                 for _ in range(MAX_FINALIZE_ROUNDS):
-                    row = await conn.fetchrow(sql.GET_PAYMENT, pid)  # step 2: read with its version
+                    if known is not None:  # step 2, already done by the caller
+                        row, known = known, None
+                    else:
+                        row = await conn.fetchrow(sql.GET_PAYMENT, pid)  # step 2: read with its version
                     if row is None:
                         raise NotFound(f"payment {pid} not found")
                     outcome = domain.decide(row["status"], observed)  # step 3
@@ -175,16 +191,21 @@ class PaymentsCore:
                         self._no_change(row, observed, source, outcome)
                         if outcome is Outcome.SAME and obs.psp_intent_id and row["psp_intent_id"] is None:
                             # Nothing to transition, but learn the intent id (needed to cancel or refund).
-                            await conn.execute(sql.SET_INTENT_ID, pid, obs.psp_intent_id)
-                            row = await conn.fetchrow(sql.GET_PAYMENT, pid)
+                            row = (await conn.fetchrow(sql.SET_INTENT_ID, pid, obs.psp_intent_id)
+                                   or await conn.fetchrow(sql.GET_PAYMENT, pid))
                         return PaymentView.from_row(row), outcome
                     if leased and self.options.test_pause_after_lease_ms:
                         log.warning("test hook: pausing between lease and write", extra={
                             "payment_id": str(pid), "version": row["version"], "worker": self.worker_id})
                         await asyncio.sleep(self.options.test_pause_after_lease_ms / 1000)
-                    if await self._write(conn, row, observed, source, obs, note):  # steps 4 and 5
-                        # What the caller is told is re-read: another path may already be further.
-                        return PaymentView.from_row(await conn.fetchrow(sql.GET_PAYMENT, pid)), Outcome.APPLY
+                    written = await self._write(conn, row, observed, source, obs, note)  # steps 4 and 5
+                    if written is not None:
+                        # What the caller is told is never older than its own write: the UPDATE's
+                        # RETURNING row. A payment waiting for the customer is re-read, so one that
+                        # another path completed meanwhile is answered without its secret.
+                        if domain.shows_customer_action(written["status"]):
+                            written = await conn.fetchrow(sql.GET_PAYMENT, pid)
+                        return PaymentView.from_row(written), Outcome.APPLY
                     self.metrics.inc(m.VERSION_CONFLICTS)
                     log.info("version conflict, re-reading", extra={
                         "payment_id": str(pid), "version": row["version"], "source": source,
@@ -192,17 +213,19 @@ class PaymentsCore:
             raise Aborted(f"payment {pid} kept changing under finalize", reason="version-conflict")
 
     async def _write(self, conn: asyncpg.Connection, row: Any, observed: str, source: str,
-                     obs: domain.Observation, note: str) -> bool:
+                     obs: domain.Observation, note: str) -> Any:
+        """The updated row, or None when the version moved (another path won)."""
         args = (row["id"], row["version"], observed, obs.psp_intent_id, obs.redirect_url, obs.client_secret,
                 obs.failure_reason if observed == domain.FAILED else None, obs.psp_refund_id,
                 source, row["status"], current_trace_id(), note)
         if not self._hooks:
-            # One statement is one transaction: the UPDATE and its event commit together.
-            return await conn.fetchrow(sql.FINALIZE, *args) is not None
+            # One statement is one transaction: the UPDATE, its event and the in-statement hooks
+            # commit together.
+            return await conn.fetchrow(self._finalize_sql, *args)
         tx = conn.transaction()
         await tx.start()
         try:
-            updated = await conn.fetchrow(sql.FINALIZE, *args)
+            updated = await conn.fetchrow(self._finalize_sql, *args)
             if updated is not None:
                 view = PaymentView.from_row(updated)
                 for hook in self._hooks:
@@ -212,7 +235,7 @@ class PaymentsCore:
             raise
         # Nothing to keep when the version moved (zero rows), so commit and rollback are the same then.
         await tx.commit()
-        return updated is not None
+        return updated
 
     def _no_change(self, row: Any, observed: str, source: str, outcome: Outcome) -> None:
         fields = {"payment_id": str(row["id"]), "status": row["status"], "observed": observed, "source": source}

@@ -11,12 +11,20 @@ GET_BY_KEY = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE idempotency_key = $1
 GET_BY_INTENT = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE psp_intent_id = $1"
 
 # ON CONFLICT DO NOTHING: two concurrent creates with one key race on the UNIQUE index, not in Python.
+# The payment and its first event are one statement (one implicit transaction): both or neither,
+# and no event for a create that lost the race (the CTE returned no row).
 INSERT_PAYMENT = f"""
-INSERT INTO payments (id, checkout_id, customer_id, amount_minor, currency, payment_method, idempotency_key,
-                      reconcile_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp() + make_interval(secs => $8::float8))
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING {PAYMENT_COLUMNS}
+WITH ins AS (
+    INSERT INTO payments (id, checkout_id, customer_id, amount_minor, currency, payment_method, idempotency_key,
+                          reconcile_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp() + make_interval(secs => $8::float8))
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING {PAYMENT_COLUMNS}
+), ev AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
+    SELECT id, checkout_id, 'sync', NULL, status, version, $9, 'payment created' FROM ins
+)
+SELECT * FROM ins
 """
 
 INSERT_EVENT = """
@@ -29,7 +37,9 @@ RETURNING seq
 # causes commit together or not at all. Zero rows means another path won the race.
 # The customer action is kept only while the new status waits for the customer (the table's CHECK
 # refuses anything else); reconciliation stops once the payment is terminal.
-FINALIZE = f"""
+# `{extra}`: the in-statement transition hooks' CTEs (they see `upd`, the updated row), so a hook
+# like the saga's wake-up commits with the change without a multi-statement transaction.
+FINALIZE_TEMPLATE = """
 WITH upd AS (
     UPDATE payments SET
         status = $3,
@@ -42,16 +52,30 @@ WITH upd AS (
         reconcile_at = CASE WHEN $3 IN ('succeeded', 'failed', 'canceled', 'refunded') THEN NULL ELSE reconcile_at END,
         updated_at = clock_timestamp()
     WHERE id = $1 AND version = $2
-    RETURNING {PAYMENT_COLUMNS}
+    RETURNING {columns}
 ), ev AS (
     INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
     SELECT id, checkout_id, $9, $10, status, version, $11, $12 FROM upd
-)
-SELECT * FROM upd
+){extra}
+SELECT {select} FROM upd
 """
 
+
+def finalize_sql(hook_ctes: list[tuple[str, str]]) -> str:
+    """FINALIZE with in-statement hooks: (name, statement) pairs, each a CTE that may read `upd`
+    (and the CTEs before it). A plain SELECT CTE runs only when referenced, so the result counts
+    every one of them (data-modifying ones run anyway)."""
+    extra = "".join(f",\n{name} AS (\n{body.strip()}\n)" for name, body in hook_ctes)
+    refs = "".join(f", (SELECT count(*) FROM {name}) AS hook_{i}" for i, (name, _) in enumerate(hook_ctes))
+    return FINALIZE_TEMPLATE.format(columns=PAYMENT_COLUMNS, extra=extra, select="upd.*" + refs)
+
+
+FINALIZE = finalize_sql([])
+
 # Learning the intent id without a status change (webhook-first scenarios fill it in via FINALIZE).
-SET_INTENT_ID = "UPDATE payments SET psp_intent_id = $2 WHERE id = $1 AND psp_intent_id IS NULL"
+SET_INTENT_ID = f"""
+UPDATE payments SET psp_intent_id = $2 WHERE id = $1 AND psp_intent_id IS NULL RETURNING {PAYMENT_COLUMNS}
+"""
 
 # The lease: taken when free, expired, or already ours. The CTE locks the row so `previous_owner`
 # is the owner we displaced (a takeover when it is someone else's expired lease).
@@ -101,14 +125,6 @@ ORDER BY seq
 """
 
 # -- PSP events ------------------------------------------------------------------------------------
-
-STORE_PSP_EVENT = """
-INSERT INTO psp_events (event_id, type, payment_id, payload, status, next_attempt_at)
-VALUES ($1, $2, $3, $4, $5,
-        CASE WHEN $5 = 'received' THEN clock_timestamp() + make_interval(secs => $6::float8) END)
-ON CONFLICT (event_id) DO NOTHING
-RETURNING event_id
-"""
 
 MARK_PSP_EVENT = """
 UPDATE psp_events SET

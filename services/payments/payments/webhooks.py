@@ -18,9 +18,31 @@ from .core import PaymentsCore
 
 log = logging.getLogger(__name__)
 
-RESOLVE_PAYMENT = """
-SELECT id FROM payments WHERE id = $1 OR psp_intent_id = $2 OR idempotency_key = $3
-ORDER BY (id = $1) DESC NULLS LAST LIMIT 1
+# Find the payment and store the event (deduplicated on its id) in one statement. An event that
+# only repeats what the payment already says (same status, same intent, so `finalize` would decide
+# SAME and learn nothing) is stored `processed` at once: the status only moves forward, so the
+# event can never change anything later either, and it needs no lease, read or write.
+# $7: the status the event reports (NULL: a type we do not act on -> ignored).
+RESOLVE_AND_STORE = """
+WITH p AS (
+    SELECT id, status, psp_intent_id FROM payments
+    WHERE id = $1 OR psp_intent_id = $2 OR idempotency_key = $3
+    ORDER BY (id = $1) DESC NULLS LAST LIMIT 1
+), ins AS (
+    INSERT INTO psp_events (event_id, type, payment_id, payload, status, next_attempt_at, processed_at)
+    SELECT $4::text, $5::text, p.id, $6::jsonb, s.status,
+           CASE WHEN s.status = 'received' THEN clock_timestamp() + make_interval(secs => $8::float8) END,
+           CASE WHEN s.status IN ('processed', 'ignored') THEN clock_timestamp() END
+    FROM (SELECT 1) one
+    LEFT JOIN p ON true
+    CROSS JOIN LATERAL (SELECT CASE
+        WHEN p.id IS NULL OR $7::text IS NULL THEN 'ignored'
+        WHEN p.status = $7::text AND p.psp_intent_id = $2 THEN 'processed'
+        ELSE 'received' END AS status) s
+    ON CONFLICT (event_id) DO NOTHING
+    RETURNING status, payment_id
+)
+SELECT status, payment_id FROM ins
 """
 # An event that keeps failing (not one waiting for a lease) is given up after this many attempts:
 # reconciliation still asks the PSP about its payment, so no money is stranded by giving up.
@@ -71,29 +93,33 @@ class WebhookInbox:
         event = parse_event(payload)
         obj = event["data"]["object"]
         observed = domain.EVENT_STATUS.get(event["type"])
-        payment_id = await self._resolve(event, obj)
-        status = "received" if payment_id is not None and observed is not None else "ignored"
-        stored = await self.pool.fetchval(sql.STORE_PSP_EVENT, event["id"], event["type"], payment_id, event, status,
-                                          float(self.options.event_retry_seconds))
+        stored = await self._resolve_and_store(event, obj, observed)
         if stored is None:
             self.metrics.inc(m.DUPLICATE_WEBHOOKS)
             return "duplicate"
+        status, payment_id = stored["status"], stored["payment_id"]
         if status == "ignored":
             log.info("webhook ignored", extra={"event_id": event["id"], "event_type": event["type"],
                                                "known_payment": payment_id is not None})
             return "ignored"
+        if status == "processed":  # it repeats the payment's current status: nothing to do
+            set_span_attributes(payment_id=str(payment_id))
+            return "processed"
         # Stored: from here on the delivery is acknowledged whatever happens; a failure below leaves
         # the event 'received' for the retry worker.
         return await self.process(event["id"], event["type"], payment_id, obj, attempts=0)
 
-    async def _resolve(self, event: dict[str, Any], obj: dict[str, Any]) -> uuid.UUID | None:
+    async def _resolve_and_store(self, event: dict[str, Any], obj: dict[str, Any], observed: str | None):
+        """The stored row's (status, payment_id), or None for a duplicate delivery."""
         metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         intent_id = obj.get("payment_intent") if obj.get("object") == "refund" else obj.get("id")
         request = event.get("request") if isinstance(event.get("request"), dict) else {}
         key = request.get("idempotency_key") if obj.get("object") != "refund" else None
-        return await self.pool.fetchval(RESOLVE_PAYMENT, _as_uuid(metadata.get("payment_id")),
+        return await self.pool.fetchrow(RESOLVE_AND_STORE, _as_uuid(metadata.get("payment_id")),
                                         intent_id if isinstance(intent_id, str) else None,
-                                        key if isinstance(key, str) else None)
+                                        key if isinstance(key, str) else None,
+                                        event["id"], event["type"], event, observed,
+                                        float(self.options.event_retry_seconds))
 
     async def process(self, event_id: str, event_type: str, payment_id: uuid.UUID, obj: dict[str, Any],
                       attempts: int) -> str:

@@ -7,9 +7,11 @@ same body), so receivers dedupe on it. Each attempt is signed afresh with the cu
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,6 +21,13 @@ import httpx
 from . import signing
 from .settings import Settings
 from .state import new_id
+
+# httpcore runs `import sniffio` on every request (its locks and cancellation shields ask which async
+# library runs them). sniffio is not installed here, and a failed import is not cached: each one walks
+# sys.path with stat calls (~2 % of the orchestrator's CPU under load). Record its absence once;
+# `import sniffio` then fails at once and httpcore falls back to asyncio, as it does now.
+if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+    sys.modules["sniffio"] = None  # type: ignore[assignment]
 
 log = logging.getLogger("pspsim.webhooks")
 
@@ -59,7 +68,11 @@ class WebhookDispatcher:
 
     async def start(self) -> None:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.settings.webhook_timeout_seconds)
+            # As many connections as are kept alive: with httpx's default (100 open, 20 kept) a
+            # burst of deliveries opened and closed a TCP connection each, on both ends. Not more:
+            # httpcore scans every pooled connection for every request. A burst past 32 waits.
+            self._client = httpx.AsyncClient(timeout=self.settings.webhook_timeout_seconds,
+                                             limits=httpx.Limits(max_connections=32, max_keepalive_connections=32))
 
     async def aclose(self) -> None:
         await self.cancel_all()

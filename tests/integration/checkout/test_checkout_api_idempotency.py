@@ -202,3 +202,31 @@ async def _pay_or_none(api, checkout_id, key):
 
 async def _state_is(api, checkout_id, state):
     return (await api.GetCheckout(pb.GetCheckoutRequest(checkout_id=checkout_id), metadata=md("eve"))).state == state
+
+
+async def test_answer_is_stored_with_the_transition_that_ends_the_request(harness, api, monkeypatch, caplog):
+    """The synchronous create and pay store their answer with their last saga transition
+    (repository.TRANSITION_AND_FINISH), not with a separate FINISH; replays still match byte for byte."""
+    from payments.checkout import idempotency
+
+    monkeypatch.setattr(idempotency, "FINISH", "SELECT 1 / 0")  # a separate FINISH would fail the request
+    cust, key = f"c-{uuid.uuid4()}", str(uuid.uuid4())
+    for req in (pb.CreateCheckoutRequest(slot_id=harness.booking.add_slot()),
+                pb.CreateCheckoutRequest(product_id=harness.codepool.add_product(stock=2), quantity=1)):
+        key = str(uuid.uuid4())
+        first = await call_raw(harness, "CreateCheckout", req, md(cust, key))
+        assert first == await call_raw(harness, "CreateCheckout", req, md(cust, key))
+        checkout = pb.Checkout.FromString(first)
+        assert checkout.state == pb.HELD
+        pay = pb.PayCheckoutRequest(checkout_id=checkout.id, payment_method="pm_card_ok")
+        p1 = await call_raw(harness, "PayCheckout", pay, md(cust, "pay-" + key))
+        assert p1 == await call_raw(harness, "PayCheckout", pay, md(cust, "pay-" + key))
+        paid = pb.Checkout.FromString(p1)
+        assert paid.state == pb.COMPLETED and paid.payment.id
+        rows = await harness.pool.fetch(
+            "SELECT operation, state, response FROM checkout_idempotency_keys WHERE customer_id = $1 AND key = ANY($2)",
+            cust, [key, "pay-" + key])
+        assert {(r["operation"], r["state"], bytes(r["response"])) for r in rows} == {
+            ("create", "done", first), ("pay", "done", p1)}
+    # The answer stored with the transition was the answer given (no correction was needed).
+    assert not [r for r in caplog.records if "stored answer differs" in r.getMessage()]

@@ -54,16 +54,20 @@ class Engine:
         self.lease_seconds = lease_seconds
         self.steps = Steps(holds, core, options)
 
-    async def drive(self, saga: Saga, owner: str, payment=None):
+    async def drive(self, saga: Saga, owner: str, payment=None, finish=None):
         """Run `saga` (whose lease `owner` holds) until it waits or ends and give the lease back.
         Returns (last row seen, last PaymentView read or None).
+
+        `finish(row, payment)`: for a synchronous request, (idempotency.KeyFinish, answer) to store
+        with the transition that ends the drive, where `answer` is what the request answers when
+        the drive ends on `row` and `payment`; None when that is not known yet.
 
         Raises Rejected (the hold was refused; the saga is REJECTED) and Refused (bad input; the
         PENDING row stays for the caller to delete); any other failure is retried later."""
         with tracer.start_as_current_span("checkout.drive", attributes={"checkout.id": saga.id}), \
                 self._heartbeat(saga.id, owner):
             try:
-                return await self._drive(saga, owner, payment)
+                return await self._drive(saga, owner, payment, finish)
             except Fenced:
                 return await repo.get(self.pool, saga.id) or saga, None
             except (Rejected, Refused):
@@ -76,7 +80,7 @@ class Engine:
                 await self._retry_later(saga, owner, exc)
                 return await repo.get(self.pool, saga.id) or saga, None
 
-    async def _drive(self, saga: Saga, owner: str, payment):
+    async def _drive(self, saga: Saga, owner: str, payment, finish=None):
         learned = _NOTHING  # facts a step learned that are not written yet
         while not saga.terminal:
             if payment is None or payment.id != saga.payment_id:
@@ -84,7 +88,7 @@ class Engine:
             status = payment.status if payment is not None else None
             step = domain.next_step(saga, status, saga.read_at, self.options.expiry_grace_seconds)
             if self._waits(step, saga, status):
-                saga, again = await self._release(saga, owner, learned, status)
+                saga, again = await self._release(saga, owner, learned, status, payment, finish)
                 learned = _NOTHING
                 if not again:
                     return saga, payment
@@ -99,7 +103,7 @@ class Engine:
                     saga, extended=saga.extended or learned.extended, expire_time=learned.expire_time or saga.expire_time,
                     payment_id=saga.payment_id or learned.payment_id)
                 continue
-            saga, again = await self._move(saga, owner, out.move, learned, out.note, status)
+            saga, again = await self._move(saga, owner, out.move, learned, out.note, status, payment, finish)
             learned = _NOTHING
             if out.raise_after is not None:
                 raise out.raise_after
@@ -120,7 +124,7 @@ class Engine:
         return await self.core.get(saga.payment_id)
 
     async def _move(self, saga: Saga, owner: str, move: Move, learned: repo.Fields, note: str,
-                    status: str | None) -> tuple[Saga, bool]:
+                    status: str | None, payment=None, finish=None) -> tuple[Saga, bool]:
         """Record `move` (and what was learned). When the saga will then wait, the same statement
         gives the lease back, unless a wake-up came meanwhile. Returns (new row, look again)."""
         fields = dataclasses.replace(learned, outcome=move.outcome or learned.outcome,
@@ -130,7 +134,11 @@ class Engine:
             domain.next_step(after, status, saga.read_at, self.options.expiry_grace_seconds), after, status)
         wake_at = domain.wait_until(dataclasses.replace(after, expire_time=fields.expire_time or saga.expire_time),
                                     self.options.expiry_grace_seconds)
-        new = await repo.transition(self.pool, saga, owner, move.state, fields, note, release=waits, wake_at=wake_at)
+        # A transition that may end the drive (terminal, or waiting) can carry the request's answer.
+        ending = finish(repo.predict(saga, move.state, fields), payment) if finish and (after.terminal or waits) \
+            else None
+        new = await repo.transition(self.pool, saga, owner, move.state, fields, note, release=waits, wake_at=wake_at,
+                                    finish=ending)
         if new is None:
             raise Fenced()
         if new.state != saga.state:
@@ -138,11 +146,12 @@ class Engine:
                      extra={"checkout_id": saga.id, "from": saga.state, "to": new.state, "note": note})
         return new, waits and new.lease_owner is not None
 
-    async def _release(self, saga: Saga, owner: str, learned: repo.Fields, status: str | None) -> tuple[Saga, bool]:
+    async def _release(self, saga: Saga, owner: str, learned: repo.Fields, status: str | None, payment=None,
+                       finish=None) -> tuple[Saga, bool]:
         """Give the lease back (writing what was learned); (row, True) when a wake-up arrived
         during the step and the saga must be looked at again."""
         if learned != _NOTHING:
-            return await self._move(saga, owner, Move(saga.state), learned, "", status)
+            return await self._move(saga, owner, Move(saga.state), learned, "", status, payment, finish)
         released = await repo.release(self.pool, saga, owner,
                                       domain.wait_until(saga, self.options.expiry_grace_seconds))
         if released is True:

@@ -48,6 +48,16 @@ WHERE k.expires_at <= clock_timestamp()
 RETURNING resource_id, runs > 1 AS resumed
 """
 
+# BEGIN and the request's first write as one statement (one round trip, one commit): `{first}` is
+# CTE text (`name AS (...)`, ..., the last one named `first`) on `began` (the key row just inserted
+# or taken over; no row -> it must do nothing), whose own parameters start at $8. The answer is the
+# key's columns and the first write's row (NULLs when it wrote nothing).
+BEGIN_WITH = """
+WITH began AS ({begin}), {first}
+SELECT began.resource_id AS key_resource_id, began.resumed AS key_resumed, first.*
+FROM began LEFT JOIN first ON true
+"""
+
 EXISTING = """
 SELECT request_hash, state, response, response_is_error FROM checkout_idempotency_keys
 WHERE customer_id = $1 AND operation = $2 AND key = $3 AND expires_at > clock_timestamp()
@@ -76,6 +86,25 @@ WHERE (customer_id, operation, key) IN (
     SELECT customer_id, operation, key FROM checkout_idempotency_keys
     WHERE expires_at < clock_timestamp() ORDER BY expires_at LIMIT $1)
 """
+
+
+# The answer a saga statement stored with the transition that ended the request
+# (repository.TRANSITION_AND_FINISH) differs from the one the request built afterwards: never
+# expected, but the client must get what a replay will get, so the stored one is corrected.
+CORRECT = """
+UPDATE checkout_idempotency_keys SET response = $5
+WHERE customer_id = $1 AND operation = $2 AND key = $3 AND state = 'done' AND response = $4
+"""
+
+
+@dataclass
+class KeyFinish:
+    """The key of a running request, for a statement that stores its answer itself; `stored` is
+    the serialized answer once one has."""
+    customer: str
+    operation: str
+    key: str
+    stored: bytes | None = None
 
 
 class Replay(Exception):
@@ -111,19 +140,25 @@ class IdempotencyStore:
     ttl_seconds: float
 
     async def run(self, customer: str, operation: str, key: str, req_hash: bytes,
-                  fn: Callable[[str, bool], Awaitable[Message]]) -> Message:
+                  fn: Callable[..., Awaitable[Message]], *, first: tuple[str, tuple] | None = None) -> Message:
         """`fn(resource_id, resumed)` once per key; replays raise Replay with the first answer.
         `resumed`: this request takes over an earlier one with the same key whose process died.
+        `first`: (SQL, args) of the request's first write, run in the key's own statement (see
+        BEGIN_WITH; it reads `began.resource_id`, its parameters start at $8); `fn` then gets a third
+        argument, that write's row (its columns NULL when it wrote nothing), and a fourth, a
+        KeyFinish a later statement of the request may store the answer with (then no separate
+        FINISH is needed). Without a key `first` is not run and `fn` gets None, None.
 
         A DomainError marked `recorded` (the request did change something: a REJECTED checkout)
         is stored and replayed as the answer; other domain errors changed nothing and free the key;
         anything else (a dependency down, a crash) leaves the key to be resumed by a retry."""
         if not key:
-            return await fn(str(uuid.uuid4()), False)
+            return await (fn(str(uuid.uuid4()), False, None, None) if first else fn(str(uuid.uuid4()), False))
         check_key(key)
-        resource_id, resumed = await self._begin(customer, operation, key, req_hash)
+        resource_id, resumed, row = await self._begin(customer, operation, key, req_hash, first)
+        finish = KeyFinish(customer, operation, key)
         try:
-            answer = await fn(resource_id, resumed)
+            answer = await (fn(resource_id, resumed, row, finish) if first else fn(resource_id, resumed))
         except errors.DomainError as exc:
             if getattr(exc, "recorded", False):
                 await self.pool.execute(FINISH, customer, operation, key,
@@ -139,15 +174,27 @@ class IdempotencyStore:
             except Exception:  # noqa: BLE001 - the row's own lock expiry frees it anyway
                 log.warning("could not unlock idempotency key", exc_info=True)
             raise
-        await self.pool.execute(FINISH, customer, operation, key, answer.SerializeToString(), False)
+        data = answer.SerializeToString()
+        if finish.stored is None:
+            await self.pool.execute(FINISH, customer, operation, key, data, False)
+        elif finish.stored != data:
+            log.error("stored answer differs from the answer; correcting it",
+                      extra={"operation": operation, "key_hash": hashlib.sha256(key.encode()).hexdigest()[:12]})
+            await self.pool.execute(CORRECT, customer, operation, key, finish.stored, data)
         return answer
 
-    async def _begin(self, customer: str, operation: str, key: str, req_hash: bytes) -> tuple[str, bool]:
+    async def _begin(self, customer: str, operation: str, key: str, req_hash: bytes,
+                     first: tuple[str, tuple] | None = None) -> tuple[str, bool, object]:
+        args = (customer, operation, key, req_hash, uuid.uuid4(), self.lease_seconds, self.ttl_seconds)
         for _ in range(3):  # the row may expire or be freed between our two statements
-            began = await self.pool.fetchrow(BEGIN, customer, operation, key, req_hash, uuid.uuid4(),
-                                             self.lease_seconds, self.ttl_seconds)
-            if began is not None:
-                return str(began["resource_id"]), began["resumed"]
+            if first is None:
+                began = await self.pool.fetchrow(BEGIN, *args)
+                if began is not None:
+                    return str(began["resource_id"]), began["resumed"], None
+            else:
+                began = await self.pool.fetchrow(_begin_with(first[0]), *args, *first[1])
+                if began is not None:
+                    return str(began["key_resource_id"]), began["key_resumed"], began
             row = await self.pool.fetchrow(EXISTING, customer, operation, key)
             if row is None:
                 continue
@@ -164,6 +211,16 @@ class IdempotencyStore:
     async def purge_expired(self, limit: int = 500) -> int:
         done = await self.pool.execute(PURGE_EXPIRED, limit)
         return int(done.split()[-1])
+
+
+_BEGIN_WITH_CACHE: dict[str, str] = {}
+
+
+def _begin_with(first_sql: str) -> str:
+    sql = _BEGIN_WITH_CACHE.get(first_sql)
+    if sql is None:
+        sql = _BEGIN_WITH_CACHE[first_sql] = BEGIN_WITH.format(begin=BEGIN.strip(), first=first_sql.strip())
+    return sql
 
 
 def _status_bytes(exc: errors.DomainError) -> bytes:

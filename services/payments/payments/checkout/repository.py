@@ -8,6 +8,7 @@ Every statement returns the database clock (`db_now`): TTL decisions use it, nev
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import asyncpg
@@ -29,6 +30,22 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
         clock_timestamp() + make_interval(secs => $9::float8))
 ON CONFLICT (id) DO NOTHING
 {_RETURNING}
+"""
+
+# INSERT_PENDING as the first write of CreateCheckout's Idempotency-Key statement
+# (idempotency.BEGIN_WITH): the checkout id is the key's resource id, the customer the key's ($1).
+INSERT_PENDING_WITH_KEY = f"""
+first AS (
+    INSERT INTO checkouts (id, customer_id, kind, slot_id, product_id, quantity, order_id,
+                           lease_owner, lease_until, next_run_at)
+    SELECT began.resource_id, $1, $8::text, $9::uuid, $10::uuid, $11::int,
+           CASE WHEN $8::text = 'codes' THEN began.resource_id END, $12::text,
+           clock_timestamp() + make_interval(secs => $13::float8),
+           clock_timestamp() + make_interval(secs => $13::float8)
+    FROM began
+    ON CONFLICT (id) DO NOTHING
+    {_RETURNING}
+)
 """
 
 GET = "SELECT *, clock_timestamp() AS db_now FROM checkouts WHERE id = $1"
@@ -71,6 +88,23 @@ WITH upd AS (
 SELECT * FROM upd
 """
 
+# TRANSITION that also stores the synchronous request's answer under its Idempotency-Key
+# (idempotency.FINISH), when the transition ends the drive: the saga is terminal or gave its lease
+# back (not kept for a wake-up), so the request answers right after with exactly this view.
+# $18: the serialized answer, $19..$21 the key. `key_done` says whether it was stored.
+TRANSITION_AND_FINISH = TRANSITION.replace("""
+SELECT * FROM upd
+""", """, key_done AS (
+    UPDATE checkout_idempotency_keys SET state = 'done', response = $18, response_is_error = false,
+        locked_until = NULL
+    WHERE customer_id = $19 AND operation = $20 AND key = $21 AND state = 'in_flight'
+      AND EXISTS (SELECT 1 FROM upd WHERE upd.lease_owner IS NULL)
+    RETURNING 1
+)
+SELECT upd.*, EXISTS (SELECT 1 FROM key_done) AS key_done FROM upd
+""")
+assert TRANSITION_AND_FINISH != TRANSITION
+
 # PayCheckout: HELD -> CHARGING and the saga lease for the request, in one statement. The hold
 # must not have run out (database clock): a buyer is never charged for an expired hold.
 START_CHARGING = f"""
@@ -88,6 +122,25 @@ WITH upd AS (
     SELECT id, 'saga', 'HELD', state, version, $7, 'pay ' || $4 FROM upd
 )
 SELECT * FROM upd
+"""
+
+# START_CHARGING as the first write of PayCheckout's Idempotency-Key statement
+# (idempotency.BEGIN_WITH): only when the key was taken (`began` has its row); customer = $1.
+START_CHARGING_WITH_KEY = f"""
+first AS (
+    UPDATE checkouts SET
+        state = 'CHARGING', version = version + 1, payment_key = $9::uuid, payment_method = $10::text,
+        lease_owner = $11::text,
+        lease_until = clock_timestamp() + make_interval(secs => $12::float8),
+        next_run_at = clock_timestamp() + make_interval(secs => $12::float8),
+        wakeup = false, attempts = 0, last_error = '', updated_at = clock_timestamp()
+    WHERE id = $8::uuid AND customer_id = $1 AND state = 'HELD' AND expire_time > clock_timestamp()
+      AND EXISTS (SELECT 1 FROM began)
+    {_RETURNING}
+), first_ev AS (
+    INSERT INTO payment_events (checkout_id, source, from_status, to_status, version, trace_id, note)
+    SELECT id, 'saga', 'HELD', state, version, $13::text, 'pay ' || $10::text FROM first
+)
 """
 
 # CancelCheckout takes the lease whoever held it: every write of the displaced holder is fenced
@@ -191,6 +244,24 @@ WITH upd AS (
 SELECT pg_notify('{WAKE_CHANNEL}', id::text) FROM upd WHERE NOT wakeup
 """
 
+# The same wake-up as CTEs of payments' finalize statement (an in-statement transition hook, see
+# payments/core.py): `upd` is the payment row the statement just updated. The payment change, its
+# event and the wake-up are then one statement, one commit, one round trip.
+WAKE_IN_FINALIZE = (
+    ("saga_wake", f"""
+    UPDATE checkouts c SET
+        payment_id = COALESCE(c.payment_id, upd.id),
+        wakeup = (c.lease_until IS NOT NULL AND c.lease_until > clock_timestamp()),
+        next_run_at = CASE WHEN c.lease_until IS NOT NULL AND c.lease_until > clock_timestamp()
+                           THEN c.next_run_at ELSE clock_timestamp() END
+    FROM upd
+    WHERE c.id = upd.checkout_id AND c.state NOT IN {_TERMINAL} AND c.payment_key IS NOT NULL
+      AND (c.payment_id IS NULL OR c.payment_id = upd.id)
+    RETURNING c.id, c.wakeup
+    """),
+    ("saga_notify", f"SELECT pg_notify('{WAKE_CHANNEL}', id::text) FROM saga_wake WHERE NOT wakeup"),
+)
+
 
 @dataclass(frozen=True)
 class Fields:
@@ -216,6 +287,22 @@ async def insert_pending(conn, *, checkout_id: str, customer_id: str, kind: str,
                                        quantity, order_id, owner, lease_seconds))
 
 
+def insert_pending_with_key(*, kind: str, slot_id: str | None, product_id: str | None, quantity: int, owner: str,
+                            lease_seconds: float) -> tuple[str, tuple]:
+    return INSERT_PENDING_WITH_KEY, (kind, slot_id, product_id, quantity, owner, lease_seconds)
+
+
+def start_charging_with_key(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,
+                            lease_seconds: float) -> tuple[str, tuple]:
+    return START_CHARGING_WITH_KEY, (checkout_id, payment_key, payment_method, owner, lease_seconds,
+                                     current_trace_id())
+
+
+def saga_of_first(row) -> Saga | None:
+    """The saga row a BEGIN_WITH statement returned, or None when its first write wrote nothing."""
+    return None if row is None or row["id"] is None else Saga.from_row(row)
+
+
 async def get(conn, checkout_id: str) -> Saga | None:
     return saga_of(await conn.fetchrow(GET, checkout_id))
 
@@ -225,15 +312,36 @@ async def delete_pending(conn, checkout_id: str, owner: str) -> None:
 
 
 async def transition(conn, saga: Saga, owner: str, state: str, fields: Fields = Fields(), note: str = "", *,
-                     release: bool = False, wake_at=None) -> Saga | None:
+                     release: bool = False, wake_at=None, finish=None) -> Saga | None:
     """The new row, or None when fenced (another actor moved the saga or took the lease).
     `release`: give the lease back, due again at `wake_at` (the row's lease_owner then says
-    whether it was given back or kept because a wake-up arrived)."""
-    row = await conn.fetchrow(
-        TRANSITION, saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
-        fields.currency, fields.expire_time, fields.extended, fields.payment_id, fields.failure_reason,
-        saga.state, current_trace_id(), note, release, wake_at)
+    whether it was given back or kept because a wake-up arrived).
+    `finish`: (idempotency.KeyFinish, answer): store `answer` under the request's key in the same
+    statement if this transition ends the drive (`finish[0].stored` is set when it did)."""
+    args = (saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
+            fields.currency, fields.expire_time, fields.extended, fields.payment_id, fields.failure_reason,
+            saga.state, current_trace_id(), note, release, wake_at)
+    if finish is None:
+        return saga_of(await conn.fetchrow(TRANSITION, *args))
+    key, answer = finish
+    data = answer.SerializeToString()
+    row = await conn.fetchrow(TRANSITION_AND_FINISH, *args, data, key.customer, key.operation, key.key)
+    if row is not None and row["key_done"]:
+        key.stored = data
     return saga_of(row)
+
+
+def predict(saga: Saga, state: str, fields: Fields) -> Saga:
+    """The row TRANSITION writes (`state`, `fields`), as far as a view of it goes: the COALESCEs and
+    CASEs of the statement, in Python."""
+    def keep(new, old):
+        return old if new is None else new
+    return dataclasses.replace(
+        saga, state=state, outcome=keep(fields.outcome, saga.outcome), hold_id=keep(fields.hold_id, saga.hold_id),
+        amount_minor=keep(fields.amount_minor, saga.amount_minor), currency=keep(fields.currency, saga.currency),
+        expire_time=keep(fields.expire_time, saga.expire_time), extended=saga.extended or fields.extended,
+        payment_id=keep(saga.payment_id, fields.payment_id),
+        failure_reason=saga.failure_reason if fields.failure_reason == "" else fields.failure_reason)
 
 
 async def start_charging(conn, *, checkout_id: str, customer_id: str, payment_key: str, payment_method: str,

@@ -44,22 +44,31 @@ class CheckoutService:
     # -- CreateCheckout ---------------------------------------------------------------------------
     async def create(self, customer: str, req: domain.CreateRequest, key: str) -> checkout_pb2.Checkout:
         h = request_hash("create", req.kind, req.slot_id or "", req.product_id or "", str(req.quantity))
-        return await self.keys.run(customer, "create", key, h,
-                                   lambda checkout_id, _resumed: self._create(customer, req, checkout_id))
-
-    async def _create(self, customer: str, req: domain.CreateRequest, checkout_id: str) -> checkout_pb2.Checkout:
-        set_span_attributes(checkout_id=checkout_id)
         owner = new_owner("create")
-        saga = await repo.insert_pending(self.pool, checkout_id=checkout_id, customer_id=customer, kind=req.kind,
-                                         slot_id=req.slot_id, product_id=req.product_id, quantity=req.quantity,
-                                         owner=owner, lease_seconds=self.lease_seconds)
+        # The PENDING row is inserted by the key's own statement (one round trip).
+        first = repo.insert_pending_with_key(kind=req.kind, slot_id=req.slot_id, product_id=req.product_id,
+                                             quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds)
+        return await self.keys.run(
+            customer, "create", key, h,
+            lambda checkout_id, _resumed, row, key: self._create(customer, req, checkout_id, owner, row, key),
+            first=first)
+
+    async def _create(self, customer: str, req: domain.CreateRequest, checkout_id: str, owner: str,
+                      row=None, key=None) -> checkout_pb2.Checkout:
+        set_span_attributes(checkout_id=checkout_id)
+        if row is not None:  # inserted (or not, on a retry) with the Idempotency-Key
+            saga = repo.saga_of_first(row)
+        else:
+            saga = await repo.insert_pending(self.pool, checkout_id=checkout_id, customer_id=customer, kind=req.kind,
+                                             slot_id=req.slot_id, product_id=req.product_id, quantity=req.quantity,
+                                             owner=owner, lease_seconds=self.lease_seconds)
         if saga is None:
             # A retry (same Idempotency-Key) of a request that died: resume its checkout.
             saga = await self._resume_pending(checkout_id, owner)
             if saga.state != domain.PENDING:
                 return await self.view(saga)
         try:
-            saga, _ = await self.engine.drive(saga, owner)
+            saga, _ = await self.engine.drive(saga, owner, finish=self._answer_with(key, domain.HELD))
         except Rejected as rej:
             rej.error.recorded = True  # the checkout is REJECTED: a replay must say so again
             raise rej.error from None
@@ -96,16 +105,28 @@ class CheckoutService:
             raise errors.InvalidArgument("payment_method", "payment_method must be 1..64 printable characters, "
                                                            f"got {payment_method!r}")
         h = request_hash("pay", checkout_id, payment_method)
-        return await self.keys.run(customer, "pay", key, h,
-                                   lambda _id, resumed: self._pay(customer, checkout_id, payment_method, resumed))
+        owner = new_owner("pay")
+        # HELD -> CHARGING is written by the key's own statement (one round trip).
+        first = repo.start_charging_with_key(checkout_id=checkout_id,
+                                             payment_key=domain.payment_attempt_id(checkout_id),
+                                             payment_method=payment_method, owner=owner,
+                                             lease_seconds=self.lease_seconds)
+        return await self.keys.run(
+            customer, "pay", key, h,
+            lambda _id, resumed, row, key: self._pay(customer, checkout_id, payment_method, resumed, owner, row, key),
+            first=first)
 
     async def _pay(self, customer: str, checkout_id: str, payment_method: str,
-                   resumed: bool = False) -> checkout_pb2.Checkout:
+                   resumed: bool = False, owner: str | None = None, row=None, key=None) -> checkout_pb2.Checkout:
         set_span_attributes(checkout_id=checkout_id)
-        owner = new_owner("pay")
-        saga = await repo.start_charging(self.pool, checkout_id=checkout_id, customer_id=customer,
-                                         payment_key=domain.payment_attempt_id(checkout_id),
-                                         payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds)
+        if row is not None:  # the transition ran with the Idempotency-Key
+            saga = repo.saga_of_first(row)
+        else:
+            owner = owner or new_owner("pay")
+            saga = await repo.start_charging(self.pool, checkout_id=checkout_id, customer_id=customer,
+                                             payment_key=domain.payment_attempt_id(checkout_id),
+                                             payment_method=payment_method, owner=owner,
+                                             lease_seconds=self.lease_seconds)
         if saga is None:
             # Nothing was written; say why (this read decides no race, only the message).
             current = await self._owned(customer, checkout_id)
@@ -120,7 +141,7 @@ class CheckoutService:
                                             f"{current.state}", reason="checkout-not-held")
         # The charge and, when the PSP answers at once, the confirm step run here (the same engine
         # as the workers), so a card that succeeds synchronously answers COMPLETED.
-        saga, payment = await self.engine.drive(saga, owner)
+        saga, payment = await self.engine.drive(saga, owner, finish=self._answer_with(key))
         return await self.view(saga, payment=payment)
 
     # -- GetCheckout ------------------------------------------------------------------------------
@@ -154,6 +175,24 @@ class CheckoutService:
         raise errors.Aborted(f"checkout {checkout_id} kept changing; retry", reason="version-conflict")
 
     # -- helpers ----------------------------------------------------------------------------------
+    @staticmethod
+    def _answer_with(key, state: str | None = None):
+        """For engine.drive(finish=...): the answer `view` gives when the drive ends on `saga` and
+        `payment`, to store under `key` with that last transition (one statement less). None when
+        it is not known without I/O (the payment would be re-read) or the request would not answer
+        with a view then (`state`: the only end state that does, for CreateCheckout)."""
+        if key is None:
+            return None
+
+        def answer(saga: Saga, payment):
+            if state is not None and saga.state != state:
+                return None
+            if saga.payment_id and (payment is None or payment.id != saga.payment_id):
+                return None
+            return key, views.to_proto(saga, payment if saga.payment_id else None)
+        return answer
+
+    # -- helpers (reads) --------------------------------------------------------------------------
     async def _owned(self, customer: str, checkout_id: str) -> Saga:
         saga = await repo.get(self.pool, checkout_id)
         if saga is None or saga.customer_id != customer:

@@ -120,3 +120,8 @@ async def wake_saga(conn: asyncpg.Connection, payment, old_status: str) -> None:
     payment is woken in the same commit as the payment change, so no change is ever missed."""
     if payment.checkout_id:
         await repo.wake(conn, payment.checkout_id, payment.id)
+
+
+# Registered with PaymentsCore.add_transition_hook, the same wake-up runs inside finalize's
+# statement (repository.WAKE_IN_FINALIZE) instead of as a second statement in a transaction.
+wake_saga.in_statement = repo.WAKE_IN_FINALIZE
