@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import grpc
 
-from . import principal
+from . import principal, telemetry
 
 
 class _Defaults(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamUnaryClientInterceptor):
@@ -18,6 +18,9 @@ class _Defaults(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamUnaryClient
         p = principal.current()
         if p.subject and principal.SUBJECT_KEY not in md:
             for k, v in p.metadata():
+                md.add(k, v)
+        if telemetry.propagating_by_hand() and "traceparent" not in md:
+            for k, v in telemetry.inject_metadata():
                 md.add(k, v)
         return grpc.aio.ClientCallDetails(d.method, timeout, md, d.credentials, d.wait_for_ready)
 

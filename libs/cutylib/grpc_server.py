@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import principal
+from . import principal, telemetry
 from .grpc_errors import status_for_exception
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,16 @@ class ErrorAndPrincipalInterceptor(grpc.aio.ServerInterceptor):
                     log.warning("%s: %s", handler_call_details.method, status.details)
                 await context.abort_with_status(status)
 
+        by_hand = telemetry.propagating_by_hand()
+        method, metadata = handler_call_details.method, handler_call_details.invocation_metadata
+
         def wrap_unary(behavior):
             async def wrapped(request_or_iterator, context):
                 token = principal.set_current(caller)
                 try:
+                    if by_hand:
+                        with telemetry.server_span(method, metadata):
+                            return await behavior(request_or_iterator, context)
                     return await behavior(request_or_iterator, context)
                 except (asyncio.CancelledError, grpc.aio.AbortError):
                     raise

@@ -31,7 +31,7 @@ async def wait_status(ps, payment_id: str, status: int, timeout: float = 10) -> 
     return await wait_for(reached, timeout=timeout, message=f"payment {payment_id} -> {S.Name(status)}")
 
 
-async def wait_webhooks_done(ps, payment_id: str, n: int, timeout: float = 10) -> None:
+async def wait_webhooks_done(ps, payment_id: str, n: int, timeout: float = 30) -> None:
     """Until `n` PSP events for the payment are stored and none is left to process."""
     async def done():
         rows = await ps.db.fetch("SELECT status FROM psp_events WHERE payment_id = $1", payment_id)
@@ -110,7 +110,7 @@ async def test_duplicate_out_of_order_webhooks_make_one_transition(payments_stac
     async def all_acknowledged():
         mine = [e for e in await ps.psp_events() if e["object_id"] == p.psp_intent_id]
         return len(mine) == 2 and all(e["acknowledged"] == e["copies"] == 3 for e in mine)
-    await wait_for(all_acknowledged, timeout=10, message="every webhook copy acknowledged")
+    await wait_for(all_acknowledged, timeout=30, message="every webhook copy acknowledged")
     await wait_webhooks_done(ps, p.id, 2)
     events = await events_of(ps, p.id)
     assert [e.to_status for e in events] == ["created", "succeeded"]  # the stale processing changed nothing
