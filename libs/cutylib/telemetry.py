@@ -11,7 +11,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 _initialised = False
 # True when gRPC trace context is propagated by our own interceptors instead of OpenTelemetry's
@@ -71,8 +71,9 @@ def init_telemetry(service: str, *, instrument_grpc: bool = True, instrument_asy
     # With nowhere to send spans, recording them is pure cost (10-30% of a HoldSlot's CPU). An
     # unsampled span still gets real trace and span ids, so logs, the payment timeline and the
     # traceparent headers keep working.
-    sampler = ParentBased(ALWAYS_ON) if endpoint else ALWAYS_OFF
-    provider = TracerProvider(resource=Resource.create({"service.name": f"cuty-{service}"}), sampler=sampler)
+    # With an exporter the SDK's own choice stands (OTEL_TRACES_SAMPLER, default parent-based always-on).
+    kwargs = {} if endpoint else {"sampler": ALWAYS_OFF}
+    provider = TracerProvider(resource=Resource.create({"service.name": f"cuty-{service}"}), **kwargs)
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
