@@ -73,6 +73,32 @@ def _release_refused(err: grpc.aio.AioRpcError, what: str) -> bool:
     return err.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
 
 
+async def _confirm(call, what: str, lost: frozenset) -> None:
+    """A confirm step (ConfirmHold / DeliverCodes): retryable errors retry, `lost` codes mean the
+    hold is gone (the saga refunds), anything else is a bug and propagates."""
+    try:
+        with _as_system():
+            await call()
+    except grpc.aio.AioRpcError as e:
+        if e.code() in _RETRYABLE:
+            raise _retryable(e, what) from None
+        if e.code() in lost:
+            raise HoldLost(e.details()) from None
+        raise
+
+
+async def _release(call, what: str, saga) -> None:
+    """A compensation (ReleaseHold / ReleaseReservation): done when released or nothing is left."""
+    try:
+        with _as_system():
+            await call()
+    except grpc.aio.AioRpcError as e:
+        if not _release_refused(e, what):
+            raise
+        log.info("release: nothing left to release", extra={"checkout_id": saga.id, "step": what,
+                                                             "detail": e.details()})
+
+
 @dataclass(frozen=True)
 class Held:
     hold_id: str | None
@@ -162,26 +188,13 @@ class BookingHolds:
         # payment_ref = the payment id: ConfirmHold is idempotent on it, and re-acquires an
         # expired hold whose time is still free.
         req = booking_pb2.ConfirmHoldRequest(hold_id=saga.hold_id, payment_ref=saga.payment_id)
-        try:
-            with _as_system():
-                await self.stub.ConfirmHold(req)
-        except grpc.aio.AioRpcError as e:
-            if e.code() in _RETRYABLE:
-                raise _retryable(e, "booking.ConfirmHold") from None
-            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
-                            grpc.StatusCode.NOT_FOUND):
-                raise HoldLost(e.details()) from None
-            raise
+        await _confirm(lambda: self.stub.ConfirmHold(req), "booking.ConfirmHold",
+                       frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
+                                  grpc.StatusCode.NOT_FOUND}))
 
     async def release(self, saga: Saga) -> None:
-        try:
-            with _as_system():
-                await self.stub.ReleaseHold(booking_pb2.ReleaseHoldRequest(hold_id=saga.hold_id))
-        except grpc.aio.AioRpcError as e:
-            if not _release_refused(e, "booking.ReleaseHold"):
-                raise
-            log.info("release: hold not held", extra={"checkout_id": saga.id, "hold_id": saga.hold_id,
-                                                      "detail": e.details()})
+        req = booking_pb2.ReleaseHoldRequest(hold_id=saga.hold_id)
+        await _release(lambda: self.stub.ReleaseHold(req), "booking.ReleaseHold", saga)
 
 
 class CodeReservations:
@@ -211,25 +224,13 @@ class CodeReservations:
 
     async def confirm(self, saga: Saga) -> None:
         req = codepool_pb2.DeliverCodesRequest(order_id=saga.id, payment_transaction_id=saga.payment_id)
-        try:
-            with _as_system():
-                await self.stub.DeliverCodes(req)
-        except grpc.aio.AioRpcError as e:
-            if e.code() in _RETRYABLE:
-                raise _retryable(e, "codepool.DeliverCodes") from None
-            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            grpc.StatusCode.NOT_FOUND):
-                raise HoldLost(e.details()) from None
-            raise
+        await _confirm(lambda: self.stub.DeliverCodes(req), "codepool.DeliverCodes",
+                       frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  grpc.StatusCode.NOT_FOUND}))
 
     async def release(self, saga: Saga) -> None:
-        try:
-            with _as_system():
-                await self.stub.ReleaseReservation(codepool_pb2.ReleaseReservationRequest(order_id=saga.id))
-        except grpc.aio.AioRpcError as e:
-            if not _release_refused(e, "codepool.ReleaseReservation"):
-                raise
-            log.info("release: nothing reserved", extra={"checkout_id": saga.id, "detail": e.details()})
+        req = codepool_pb2.ReleaseReservationRequest(order_id=saga.id)
+        await _release(lambda: self.stub.ReleaseReservation(req), "codepool.ReleaseReservation", saga)
 
     async def delivered_codes(self, saga: Saga) -> list[tuple[str, str]]:
         req = codepool_pb2.GetDeliveredCodesRequest(order_id=saga.id, customer_id=saga.customer_id)
