@@ -71,6 +71,11 @@ class PaymentsCore:
             self._hooks.append(fn)
 
     # -- reads ----------------------------------------------------------------------------------------
+    async def find_by_key(self, idempotency_key: str) -> PaymentView | None:
+        """The payment created with `idempotency_key` (the payment attempt id), if any."""
+        row = await self.pool.fetchrow(sql.GET_BY_KEY, idempotency_key)
+        return PaymentView.from_row(row) if row is not None else None
+
     async def get(self, payment_id: str) -> PaymentView:
         row = await self.pool.fetchrow(sql.GET_PAYMENT, parse_uuid(payment_id, "payment_id"))
         if row is None:

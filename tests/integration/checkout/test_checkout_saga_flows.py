@@ -296,3 +296,38 @@ async def test_a_drive_cancelled_mid_step_hands_the_saga_back_at_once(harness):
     h.start_workers(1)
     await wait_for(lambda: _is(h, created.id, "COMPLETED"), timeout=5, message="COMPLETED by a worker")
     assert h.booking.effects["confirm"] == 1
+
+
+async def test_charge_whose_result_was_lost_is_found_by_its_key(make_harness):
+    """Review finding (invariant 4): the charge reached the PSP and captured, but the orchestrator
+    never learned the payment id (a crash, or a PSP answer that timed out) and the hold then ran
+    out. The saga must find the payment by its attempt key, not release as if nothing was charged."""
+    h = make_harness()
+    created = await h.service.create(C, booking_req(h), "")
+    key = str(uuid.uuid4())
+    # What PayCheckout's first statement does, before the charge whose result is lost:
+    await h.pool.execute("UPDATE checkouts SET state = 'CHARGING', version = version + 1, payment_key = $2, "
+                         "payment_method = 'pm_card_ok' WHERE id = $1", uuid.UUID(created.id), uuid.UUID(key))
+    h.psp.unavailable["create"] = 1_000  # every answer of the PSP is lost...
+    try:
+        await h.core.create_and_charge(checkout_id=created.id, amount_minor=12345, currency="TRY",
+                                       payment_method="pm_card_ok", idempotency_key=key, customer_id=C)
+    except Exception:  # noqa: BLE001 - "unknown" is what the caller saw
+        pass
+    h.psp.unavailable["create"] = 0
+    # ...yet the PSP captured the money (as pm_card_sync_timeout does).
+    await h.psp.create_intent(key, {"amount": 12345, "currency": "TRY", "payment_method": "pm_card_ok",
+                                    "metadata": {"checkout_id": created.id}})
+    assert h.psp.charges[key] == 1
+    assert (await h.row(created.id))["payment_id"] is None
+    # The hold runs out before anyone looks again; then a worker resumes the saga.
+    h.booking.expire(created.hold_id)
+    h.booking.take(created.slot_id)
+    await h.pool.execute("UPDATE checkouts SET expire_time = clock_timestamp(), next_run_at = clock_timestamp() "
+                         "WHERE id = $1", uuid.UUID(created.id))
+    h.start_workers(1)
+    await wait_for(lambda: _is(h, created.id, "REFUNDED"), timeout=10, message="REFUNDED")
+    row = await h.row(created.id)
+    assert row["payment_id"] is not None
+    assert (await h.core.get(str(row["payment_id"]))).status == "refunded"
+    assert len(h.psp.refunds) == 1

@@ -170,7 +170,9 @@ def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_secon
     if st == HELD:
         return Step.EXPIRE if is_expired(saga, now) else Step.WAIT
     if st in (CHARGING, AWAITING_ACTION):
-        if saga.kind == BOOKING and not saga.extended:
+        # Once a payment exists the extension is moot (and failing it must not end the saga as
+        # if nothing had been charged): the payment's outcome decides from there.
+        if saga.kind == BOOKING and not saga.extended and saga.payment_id is None:
             return Step.EXTEND
         if saga.payment_id is None:
             # Even past the hold's expiry: the charge may already be at the PSP, and only the

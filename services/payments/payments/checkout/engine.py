@@ -38,6 +38,9 @@ TRANSIENT = (Retryable, errors.Unavailable, errors.Aborted, asyncpg.PostgresConn
 _NOTHING = repo.Fields()
 
 
+_KEYED_STATES = (domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING)
+
+
 class Fenced(Exception):
     """Another actor moved the saga or took its lease: stop; they carry on."""
 
@@ -82,7 +85,18 @@ class Engine:
 
     async def _drive(self, saga: Saga, owner: str, payment, finish=None):
         learned = _NOTHING  # facts a step learned that are not written yet
+        key_checked = False
         while not saga.terminal:
+            if not key_checked and saga.payment_id is None and saga.payment_key and saga.state in _KEYED_STATES:
+                # A crash (or a retried failure) after the charge reached the PSP loses the payment id
+                # learned by CHARGE; the payment row, found by its attempt key, still tells. Without
+                # this, a saga could release and end with the money captured (invariant 4).
+                key_checked = True
+                found = await self.core.find_by_key(saga.payment_key)
+                if found is not None:
+                    learned = _merge(learned, repo.Fields(payment_id=found.id))
+                    saga = dataclasses.replace(saga, payment_id=found.id)
+                    payment = found
             if payment is None or payment.id != saga.payment_id:
                 payment = await self._payment(saga, payment)
             status = payment.status if payment is not None else None
