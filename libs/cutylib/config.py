@@ -88,6 +88,28 @@ class Settings:
     db_pool_min: int = field(default_factory=lambda: env_int("CUTY_DB_POOL_MIN", 2))
     db_pool_max: int = field(default_factory=lambda: env_int("CUTY_DB_POOL_MAX", 20))
 
+    environment: str = field(default_factory=lambda: env_str("CUTY_ENV", "development"))
+
     @classmethod
     def from_env(cls) -> "Settings":
         return cls()
+
+    def development_secrets(self) -> list[str]:
+        """Names of secrets still at a value anyone can read in this repository."""
+        weak = {"", "replace-me", DEV_JWT_SECRET, DEV_WEBHOOK_SECRET}
+        return [name for name, value in (("CUTY_JWT_SECRET", self.jwt_secret),
+                                         ("CUTY_PSP_WEBHOOK_SECRET", self.psp_webhook_secret)) if value in weak]
+
+    def check_secrets(self) -> None:
+        """Refuse to run in production on development secrets: with them anyone could sign a
+        webhook ("paid") or mint an admin token. Outside production, say so once."""
+        weak = self.development_secrets()
+        if not weak:
+            return
+        if self.environment == "production":
+            raise SystemExit(f"refusing to start with CUTY_ENV=production: {', '.join(weak)} "
+                             "must be set to a real secret")
+        import logging
+
+        logging.getLogger("cutylib.config").warning(
+            "development secrets in use", extra={"secrets": ",".join(weak), "environment": self.environment})

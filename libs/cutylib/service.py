@@ -24,6 +24,7 @@ PoolFactory = Callable[[str, Settings], Awaitable[asyncpg.Pool]]
 async def serve_service(name: str, migrations: pathlib.Path, create_server: ServerFactory, *,
                         pool_factory: PoolFactory | None = None) -> None:
     settings = Settings.from_env()
+    settings.check_secrets()
     dsn = database_url_for(name)
     # Every replica runs this at start; the advisory lock in migrate() lets one apply each file.
     await migrate(dsn, migrations)

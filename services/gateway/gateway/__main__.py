@@ -7,7 +7,7 @@ import sys
 
 import uvicorn
 
-from cutylib.config import DEV_JWT_SECRET
+from cutylib.config import Settings
 from cutylib.telemetry import init_telemetry
 
 from .app import Gateway
@@ -19,9 +19,8 @@ log = logging.getLogger("gateway")
 def main() -> int:
     # No grpc client instrumentation: the gateway injects traceparent itself (tracing.py); no asyncpg.
     init_telemetry("gateway", instrument_grpc=False, instrument_asyncpg=False)
+    Settings.from_env().check_secrets()  # refuses dev secrets under CUTY_ENV=production
     settings = GatewaySettings()
-    if settings.jwt_secret == DEV_JWT_SECRET:
-        log.warning("CUTY_JWT_SECRET is not set: using the dev-only secret; set it outside development")
     app = Gateway(settings)
     # Everything built so far (descriptors, routes, OpenTelemetry, grpc) lives as long as the
     # process: freeze it out of the cyclic GC so full collections stop rescanning it; they were

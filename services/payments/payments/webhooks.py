@@ -64,6 +64,13 @@ def parse_event(payload: bytes) -> dict[str, Any]:
     data = event.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("object"), dict):
         raise InvalidArgument("payload.data.object", "webhook event must carry data.object")
+    obj = data["object"]
+    # The object must say which intent it is about: finalize refuses an object of another intent
+    # than the payment's, and an object naming none would slip past that check.
+    intent_field = "payment_intent" if obj.get("object") == "refund" else "id"
+    if not isinstance(obj.get(intent_field), str) or not obj[intent_field]:
+        raise InvalidArgument(f"payload.data.object.{intent_field}",
+                              f"webhook object must name its payment intent, got {obj.get(intent_field)!r}")
     return event
 
 

@@ -132,12 +132,15 @@ async def test_three_ds_waits_then_completes_when_the_webhook_arrives(harness):
     assert paid.state == pb.AWAITING_ACTION
     assert paid.payment.next_action.redirect_url.startswith("https://psp.example/3ds/")
     assert paid.payment.client_secret
+    from cutylib.principal import Principal
+
+    staff = await h.service.get(Principal("staff-1", "staff"), created.id)
+    assert staff.state == pb.AWAITING_ACTION and staff.payment.id == paid.payment.id
+    assert not staff.payment.HasField("next_action") and not staff.payment.client_secret  # the buyer's only
     pi = (await h.core.get(paid.payment.id)).psp_intent_id
     # The customer completes 3-D Secure; the PSP's webhook reaches finalize (whose hook wakes the saga).
     await h.core.finalize(paid.payment.id, "succeeded", "webhook", intent=h.psp.complete(pi))
     await wait_for(lambda: _is(h, created.id, "COMPLETED"), timeout=5, message="COMPLETED after webhook")
-    from cutylib.principal import Principal
-
     done = await h.service.get(Principal(C, "customer"), created.id)
     assert not done.payment.next_action.redirect_url and not done.payment.client_secret
     assert h.booking.effects["confirm"] == 1

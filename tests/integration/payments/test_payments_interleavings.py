@@ -112,6 +112,11 @@ async def one_interleaving(seed: int, creator, workers, psp: RecordingPsp, pool)
         assert e["from_status"] == prev["to_status"], ctx
         assert domain.can_transition(e["from_status"], e["to_status"]), ctx
     assert sum(e["to_status"] == "succeeded" for e in events) == (1 if "succeeded" in truth else 0), ctx
+    # Invariant 6 where it is kept: the stored row of a terminal payment holds no customer action
+    # (the views below could not show one anyway).
+    row = await pool.fetchrow("SELECT redirect_url, client_secret FROM payments WHERE id = $1", p.id)
+    if final.terminal:
+        assert (row["redirect_url"], row["client_secret"]) == (None, None), ctx
     for a in answers + [final]:
         if a.terminal:
             assert a.redirect_url is None and a.client_secret is None, ctx

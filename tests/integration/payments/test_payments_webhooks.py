@@ -84,6 +84,13 @@ async def test_valid_signatures_are_accepted(payments_server, payments_pool, cor
     (b"[1, 2]", "payload"),
     (json.dumps({"type": "payment_intent.succeeded", "data": {"object": {}}}).encode(), "payload.id"),
     (json.dumps({"id": "evt_x", "type": "payment_intent.succeeded"}).encode(), "payload.data.object"),
+    # An object naming no intent would slip past finalize's "same intent" check.
+    (json.dumps({"id": "evt_x", "type": "payment_intent.succeeded",
+                 "data": {"object": {"status": "succeeded", "metadata": {"payment_id": "x"}}}}).encode(),
+     "payload.data.object.id"),
+    (json.dumps({"id": "evt_x", "type": "charge.refunded",
+                 "data": {"object": {"object": "refund", "status": "succeeded"}}}).encode(),
+     "payload.data.object.payment_intent"),
 ])
 async def test_malformed_body_with_good_signature_is_invalid_and_not_stored(payments_server, payments_pool, body, field):
     before = await payments_pool.fetchval("SELECT count(*) FROM psp_events")

@@ -46,3 +46,19 @@ def test_json_logs_carry_trace_and_span_ids():
     assert out["trace_id"] == format(ctx.trace_id, "032x")
     assert out["span_id"] == format(ctx.span_id, "016x")
     assert "trace_id" not in json.loads(fmt.format(logging.LogRecord("x", 20, __file__, 1, "m", (), None)))
+
+
+def test_production_refuses_development_secrets(monkeypatch):
+    monkeypatch.delenv("CUTY_JWT_SECRET", raising=False)
+    monkeypatch.setenv("CUTY_PSP_WEBHOOK_SECRET", "a-real-webhook-secret")
+    monkeypatch.setenv("CUTY_ENV", "production")
+    with pytest.raises(SystemExit, match="CUTY_JWT_SECRET"):
+        Settings.from_env().check_secrets()
+    monkeypatch.setenv("CUTY_JWT_SECRET", "replace-me")
+    with pytest.raises(SystemExit, match="CUTY_JWT_SECRET"):
+        Settings.from_env().check_secrets()
+    monkeypatch.setenv("CUTY_JWT_SECRET", "a-real-jwt-secret")
+    Settings.from_env().check_secrets()  # both real: starts
+    monkeypatch.setenv("CUTY_ENV", "development")
+    monkeypatch.delenv("CUTY_JWT_SECRET")
+    Settings.from_env().check_secrets()  # development: a warning, not a refusal

@@ -152,7 +152,13 @@ class CheckoutService:
             saga = None  # another customer's checkout does not exist for this caller
         if saga is None:
             raise errors.NotFound(f"checkout {checkout_id} not found")
-        return await self.view(saga, with_codes=caller.subject == saga.customer_id)
+        owner = caller.subject == saga.customer_id
+        answer = await self.view(saga, with_codes=owner)
+        if not owner:
+            # Staff see the state; the redirect URL and client secret are the buyer's to use only.
+            answer.payment.ClearField("next_action")
+            answer.payment.client_secret = ""
+        return answer
 
     # -- CancelCheckout ---------------------------------------------------------------------------
     async def cancel(self, customer: str, checkout_id: str) -> checkout_pb2.Checkout:
