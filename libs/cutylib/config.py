@@ -31,6 +31,12 @@ def env_str(name: str, default: str) -> str:
     return default if raw is None or raw == "" else raw
 
 
+def env_field(read, name: str, default):
+    """A dataclass field read from the environment when the object is built:
+    `ttl: int = env_field(env_int, "CUTY_HOLD_TTL_SECONDS", 300)`."""
+    return field(default_factory=lambda: read(name, default))
+
+
 DEV_JWT_SECRET = "cuty-dev-only-jwt-secret-change-me"
 DEV_WEBHOOK_SECRET = "whsec_dev_only_cuty"
 
@@ -68,27 +74,26 @@ def grpc_addr_for(service: str) -> str:
 
 @dataclass(frozen=True)
 class Settings:
-    http_port: int = field(default_factory=lambda: env_int("CUTY_HTTP_PORT", 8080))
-    data_dir: str = field(default_factory=lambda: env_str("CUTY_DATA_DIR", ".cuty"))
-    jwt_secret: str = field(default_factory=lambda: env_str("CUTY_JWT_SECRET", DEV_JWT_SECRET))
-    psp_webhook_secret: str = field(default_factory=lambda: env_str("CUTY_PSP_WEBHOOK_SECRET", DEV_WEBHOOK_SECRET))
+    http_port: int = env_field(env_int, "CUTY_HTTP_PORT", 8080)
+    data_dir: str = env_field(env_str, "CUTY_DATA_DIR", ".cuty")
+    jwt_secret: str = env_field(env_str, "CUTY_JWT_SECRET", DEV_JWT_SECRET)
+    psp_webhook_secret: str = env_field(env_str, "CUTY_PSP_WEBHOOK_SECRET", DEV_WEBHOOK_SECRET)
     # Accepted during secret rotation, comma separated.
-    psp_webhook_previous_secrets: str = field(default_factory=lambda: env_str("CUTY_PSP_WEBHOOK_PREVIOUS_SECRETS", ""))
-    psp_url: str = field(default_factory=lambda: env_str("CUTY_PSP_URL", "http://127.0.0.1:8090"))
-    hold_ttl_seconds: int = field(default_factory=lambda: env_int("CUTY_HOLD_TTL_SECONDS", 300))
-    hold_max_extension_seconds: int = field(default_factory=lambda: env_int("CUTY_HOLD_MAX_EXTENSION_SECONDS", 300))
-    max_active_holds: int = field(default_factory=lambda: env_int("CUTY_MAX_ACTIVE_HOLDS", 3))
-    sweep_interval_seconds: float = field(default_factory=lambda: env_float("CUTY_SWEEP_INTERVAL_SECONDS", 60))
-    code_reservation_ttl_seconds: int = field(default_factory=lambda: env_int("CUTY_CODE_RESERVATION_TTL_SECONDS", 900))
-    lease_seconds: float = field(default_factory=lambda: env_float("CUTY_LEASE_SECONDS", 30))
-    reconcile_after_seconds: float = field(default_factory=lambda: env_float("CUTY_RECONCILE_AFTER_SECONDS", 60))
-    code_keys: str = field(default_factory=lambda: env_str("CUTY_CODE_KEYS", ""))
-    otlp_endpoint: str = field(default_factory=lambda: env_str("OTEL_EXPORTER_OTLP_ENDPOINT", ""))
-    grpc_deadline_seconds: float = field(default_factory=lambda: env_float("CUTY_GRPC_DEADLINE_SECONDS", 5))
-    db_pool_min: int = field(default_factory=lambda: env_int("CUTY_DB_POOL_MIN", 2))
-    db_pool_max: int = field(default_factory=lambda: env_int("CUTY_DB_POOL_MAX", 20))
-
-    environment: str = field(default_factory=lambda: env_str("CUTY_ENV", "development"))
+    psp_webhook_previous_secrets: str = env_field(env_str, "CUTY_PSP_WEBHOOK_PREVIOUS_SECRETS", "")
+    psp_url: str = env_field(env_str, "CUTY_PSP_URL", "http://127.0.0.1:8090")
+    hold_ttl_seconds: int = env_field(env_int, "CUTY_HOLD_TTL_SECONDS", 300)
+    hold_max_extension_seconds: int = env_field(env_int, "CUTY_HOLD_MAX_EXTENSION_SECONDS", 300)
+    max_active_holds: int = env_field(env_int, "CUTY_MAX_ACTIVE_HOLDS", 3)
+    sweep_interval_seconds: float = env_field(env_float, "CUTY_SWEEP_INTERVAL_SECONDS", 60)
+    code_reservation_ttl_seconds: int = env_field(env_int, "CUTY_CODE_RESERVATION_TTL_SECONDS", 900)
+    lease_seconds: float = env_field(env_float, "CUTY_LEASE_SECONDS", 30)
+    reconcile_after_seconds: float = env_field(env_float, "CUTY_RECONCILE_AFTER_SECONDS", 60)
+    code_keys: str = env_field(env_str, "CUTY_CODE_KEYS", "")
+    otlp_endpoint: str = env_field(env_str, "OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    grpc_deadline_seconds: float = env_field(env_float, "CUTY_GRPC_DEADLINE_SECONDS", 5)
+    db_pool_min: int = env_field(env_int, "CUTY_DB_POOL_MIN", 2)
+    db_pool_max: int = env_field(env_int, "CUTY_DB_POOL_MAX", 20)
+    environment: str = env_field(env_str, "CUTY_ENV", "development")
 
     @classmethod
     def from_env(cls) -> "Settings":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cutylib.config import SERVICES, Settings, env_float, env_int, env_str, grpc_addr_for
+from cutylib.config import SERVICES, Settings, env_field, env_float, env_int, env_str, grpc_addr_for
 
 
 def backend_addr(owner: str) -> str:
@@ -15,20 +15,20 @@ def backend_addr(owner: str) -> str:
 @dataclass(frozen=True)
 class GatewaySettings:
     port: int = field(default_factory=lambda: Settings().http_port)
-    host: str = field(default_factory=lambda: env_str("CUTY_HTTP_HOST", "0.0.0.0"))
+    host: str = env_field(env_str, "CUTY_HTTP_HOST", "0.0.0.0")
     jwt_secret: str = field(default_factory=lambda: Settings().jwt_secret)
     # Generous: a PayCheckout may wait on the PSP's synchronous answer (DESIGN.md, pm_card_sync_timeout).
-    deadline_seconds: float = field(default_factory=lambda: env_float("CUTY_GATEWAY_DEADLINE_SECONDS", 15.0))
-    max_body_bytes: int = field(default_factory=lambda: env_int("CUTY_GATEWAY_MAX_BODY_BYTES", 1024 * 1024))
+    deadline_seconds: float = env_field(env_float, "CUTY_GATEWAY_DEADLINE_SECONDS", 15.0)
+    max_body_bytes: int = env_field(env_int, "CUTY_GATEWAY_MAX_BODY_BYTES", 1024 * 1024)
     # Per caller (token subject); 0 disables. Generous: it guards against runaway clients only.
-    rate_per_second: float = field(default_factory=lambda: env_float("CUTY_GATEWAY_RATE_PER_SECOND", 50.0))
-    rate_burst: float = field(default_factory=lambda: env_float("CUTY_GATEWAY_RATE_BURST", 100.0))
-    health_timeout_seconds: float = field(default_factory=lambda: env_float("CUTY_GATEWAY_HEALTH_TIMEOUT_SECONDS", 1.0))
+    rate_per_second: float = env_field(env_float, "CUTY_GATEWAY_RATE_PER_SECOND", 50.0)
+    rate_burst: float = env_field(env_float, "CUTY_GATEWAY_RATE_BURST", 100.0)
+    health_timeout_seconds: float = env_field(env_float, "CUTY_GATEWAY_HEALTH_TIMEOUT_SECONDS", 1.0)
     # JWT clock skew tolerated between the issuer and this host.
-    jwt_leeway_seconds: float = field(default_factory=lambda: env_float("CUTY_GATEWAY_JWT_LEEWAY_SECONDS", 0.0))
+    jwt_leeway_seconds: float = env_field(env_float, "CUTY_GATEWAY_JWT_LEEWAY_SECONDS", 0.0)
     # Longer than a load balancer's idle timeout (often 60 s), so the balancer closes idle
     # connections first and never sends a request on a connection the gateway is closing.
-    keepalive_seconds: float = field(default_factory=lambda: env_float("CUTY_GATEWAY_KEEPALIVE_SECONDS", 75.0))
+    keepalive_seconds: float = env_field(env_float, "CUTY_GATEWAY_KEEPALIVE_SECONDS", 75.0)
     # owner -> address; empty means "from the environment" (CUTY_<SVC>_ADDR / _GRPC_PORT).
     backends: dict[str, str] = field(default_factory=dict)
 

@@ -88,18 +88,26 @@ class Psp:
         log.info("charge captured", extra={"intent_id": intent.id, "amount": intent.amount,
                                            "currency": intent.currency})
 
+    def _replay(self, kind: str, key: str, fp: str, objects: dict) -> dict[str, Any] | None:
+        """The first answer for an Idempotency-Key already used, or None for a new key; the same
+        key with other parameters is refused (422), as Stripe does."""
+        record = self.store.lookup_key(kind, key)
+        if record is None:
+            return None
+        if record.fingerprint != fp:
+            raise ApiError(422, "idempotency_error", "idempotency_key_reused",
+                           "this Idempotency-Key was used with different parameters")
+        return objects[record.object_id].snapshot()
+
     # -- payment intents -----------------------------------------------------------------
     async def create_intent(self, key: str | None, body: dict[str, Any]) -> dict[str, Any]:
         key = require_key(key)
         params = validate_intent(body)
         self._fault("create")
         fp = fingerprint(params)
-        record = self.store.lookup_key("create", key)
-        if record is not None:
-            if record.fingerprint != fp:
-                raise ApiError(422, "idempotency_error", "idempotency_key_reused",
-                               "this Idempotency-Key was used with different parameters")
-            return self.store.intents[record.object_id].snapshot()
+        replay = self._replay("create", key, fp, self.store.intents)
+        if replay is not None:
+            return replay
 
         scenario = SCENARIOS[params["payment_method"]]
         intent_id = new_id("pi")
@@ -206,12 +214,9 @@ class Psp:
         params = validate_refund(body)
         self._fault("refund")
         fp = fingerprint(params)
-        record = self.store.lookup_key("refund", key)
-        if record is not None:
-            if record.fingerprint != fp:
-                raise ApiError(422, "idempotency_error", "idempotency_key_reused",
-                               "this Idempotency-Key was used with different parameters")
-            return self.store.refunds[record.object_id].snapshot()
+        replay = self._replay("refund", key, fp, self.store.refunds)
+        if replay is not None:
+            return replay
 
         intent = self.store.intents.get(params["payment_intent"])
         if intent is None:

@@ -1,28 +1,27 @@
 """Settings of the checkout saga beyond cutylib's shared `Settings` (conventions.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from cutylib.config import env_float, env_int, env_str
+from cutylib.config import env_field, env_float, env_int, env_str
 
 
 @dataclass(frozen=True)
 class CheckoutOptions:
     # Safety-net poll of the saga queue; wake-ups normally arrive by LISTEN/NOTIFY.
-    poll_seconds: float = field(default_factory=lambda: env_float("CUTY_SAGA_POLL_SECONDS", 1.0))
-    batch_size: int = field(default_factory=lambda: env_int("CUTY_SAGA_BATCH_SIZE", 32))
+    poll_seconds: float = env_field(env_float, "CUTY_SAGA_POLL_SECONDS", 1.0)
+    batch_size: int = env_field(env_int, "CUTY_SAGA_BATCH_SIZE", 32)
     # Sagas one replica drives at once (each mostly waits on gRPC / the PSP).
-    concurrency: int = field(default_factory=lambda: env_int("CUTY_SAGA_CONCURRENCY", 64))
+    concurrency: int = env_field(env_int, "CUTY_SAGA_CONCURRENCY", 64)
     # Retryable failures (UNAVAILABLE, DEADLINE_EXCEEDED, PSP 5xx) back off from base up to cap.
-    retry_base_seconds: float = field(default_factory=lambda: env_float("CUTY_SAGA_RETRY_BASE_SECONDS", 0.2))
-    retry_cap_seconds: float = field(default_factory=lambda: env_float("CUTY_SAGA_RETRY_CAP_SECONDS", 30.0))
+    retry_base_seconds: float = env_field(env_float, "CUTY_SAGA_RETRY_BASE_SECONDS", 0.2)
+    retry_cap_seconds: float = env_field(env_float, "CUTY_SAGA_RETRY_CAP_SECONDS", 30.0)
     # How long past the hold's expiry a payment still in flight (3-D Secure, processing) is waited
     # for before its intent is cancelled. 0: cancel as soon as the hold runs out.
-    expiry_grace_seconds: float = field(default_factory=lambda: env_float("CUTY_CHECKOUT_EXPIRY_GRACE_SECONDS", 0.0))
-    idempotency_ttl_seconds: float = field(
-        default_factory=lambda: env_float("CUTY_IDEMPOTENCY_TTL_SECONDS", 24 * 3600.0))
+    expiry_grace_seconds: float = env_field(env_float, "CUTY_CHECKOUT_EXPIRY_GRACE_SECONDS", 0.0)
+    idempotency_ttl_seconds: float = env_field(env_float, "CUTY_IDEMPOTENCY_TTL_SECONDS", 24 * 3600.0)
     # Deadline of one call to booking / the code pool; DEADLINE_EXCEEDED means "unknown" and the
     # step is retried with the same idempotency key.
-    remote_deadline_seconds: float = field(default_factory=lambda: env_float("CUTY_SAGA_REMOTE_DEADLINE_SECONDS", 5.0))
+    remote_deadline_seconds: float = env_field(env_float, "CUTY_SAGA_REMOTE_DEADLINE_SECONDS", 5.0)
     # Crash injection for the crash-matrix test: "<step>:before" / "<step>:after" (comma separated).
-    crash_at: str = field(default_factory=lambda: env_str("CUTY_CRASH_AT", ""))
+    crash_at: str = env_field(env_str, "CUTY_CRASH_AT", "")
