@@ -30,7 +30,9 @@ from cuty.booking.v1 import booking_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cutylib.config import Settings, with_database
 from cutylib.grpc_errors import unpack_detail
-from cutylib.principal import Principal
+from cutylib.identity import PUBLIC_KEY_FILE
+from cutylib.testing.trust import dev_pki, user
+from cutylib.tls import Transport
 from cutylib.testing.procs import ServiceProcess, base_env, free_port
 
 SCALE = float(os.environ.get("BENCH_SCALE", "1"))
@@ -40,7 +42,6 @@ IN_FLIGHT = 64
 HOT = 1000
 POOL = int(os.environ.get("BENCH_SERVER_POOL", "16"))  # server pool, and the raw client's
 CHANNELS = 2
-ADMIN = Principal("bench-admin", "admin").metadata()
 
 RAW_INSERT = """
 INSERT INTO holds (id, slot_id, salon_id, resource_id, customer_id, request_id, start_time, end_time,
@@ -79,11 +80,12 @@ def days_ahead(days: int) -> datetime:
     return datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) + timedelta(days=days)
 
 
-async def seed(stub, n_resources: int, per_resource: int, start: datetime, minutes: int = 30) -> list[pb.Slot]:
-    salon = await stub.CreateSalon(pb.CreateSalonRequest(name="bench", time_zone="Europe/Istanbul"), metadata=ADMIN)
+async def seed(clients: "Clients", n_resources: int, per_resource: int, start: datetime, minutes: int = 30) -> list[pb.Slot]:
+    stub, admin = clients.catalog, clients.admin
+    salon = await stub.CreateSalon(pb.CreateSalonRequest(name="bench", time_zone="Europe/Istanbul"), metadata=admin)
     slots: list[pb.Slot] = []
     for _ in range(n_resources):
-        r = await stub.CreateResource(pb.CreateResourceRequest(salon_id=salon.id, name="chair"), metadata=ADMIN)
+        r = await stub.CreateResource(pb.CreateResourceRequest(salon_id=salon.id, name="chair"), metadata=admin)
         spans = [(start + timedelta(minutes=minutes * i), start + timedelta(minutes=minutes * (i + 1)))
                  for i in range(per_resource)]
         for k in range(0, len(spans), 1000):
@@ -91,15 +93,17 @@ async def seed(stub, n_resources: int, per_resource: int, start: datetime, minut
                 pb.SlotInput(resource_id=r.id, start_time=ts(s), end_time=ts(e),
                              price=common_pb2.Money(currency_code="TRY", amount_minor=50000))
                 for s, e in spans[k:k + 1000]])
-            slots.extend((await stub.BatchCreateSlots(req, metadata=ADMIN, timeout=60)).slots)
+            slots.extend((await stub.BatchCreateSlots(req, metadata=admin, timeout=60)).slots)
     return slots
 
 
-def grpc_holder(stubs, slots: list[pb.Slot], tag: str):
+def grpc_holder(clients: Clients, slots: list[pb.Slot], tag: str):
+    stubs, md = clients.holds, clients.md
+
     async def op(i: int) -> None:
         # a fresh customer per hold: the 3-active-holds cap is per customer
         await stubs[i % len(stubs)].HoldSlot(pb.HoldSlotRequest(
-            slot_id=slots[i].id, customer_id=f"{tag}-{i}", request_id=f"{tag}-{i}"), timeout=30)
+            slot_id=slots[i].id, customer_id=f"{tag}-{i}", request_id=f"{tag}-{i}"), timeout=30, metadata=md)
     return op
 
 
@@ -124,23 +128,49 @@ def fn_taker(pool, slots: list[pb.Slot], tag: str):
     return op
 
 
+@dataclasses.dataclass
+class Clients:
+    """Stubs to one booking process, as its real callers reach it: holds from the orchestrator's
+    identity (one stub per connection), the catalogue from the gateway's."""
+    holds: list[booking_pb2_grpc.BookingServiceStub]
+    catalog: booking_pb2_grpc.BookingServiceStub
+    md: tuple  # per call: the declared caller on a plaintext server, nothing with mutual TLS
+    admin: tuple = ()  # an admin user's signed assertion (+ the gateway's declared identity in plaintext)
+
+
 class Server:
-    def __init__(self, dsn: str, workdir: pathlib.Path, name: str, **env):
+    """A booking process; `secure=False` runs it on plaintext gRPC (CUTY_TLS=off) for comparison."""
+
+    def __init__(self, dsn: str, workdir: pathlib.Path, name: str, *, secure: bool = True, **env):
         self.port = free_port()
+        self.pki = dev_pki(workdir)
+        trust = {**self.pki.env("booking"), "CUTY_USER_ASSERTION_PUBLIC_KEYS": str(self.pki.folder / PUBLIC_KEY_FILE)}
+        self.secure = secure
         self.proc = ServiceProcess("booking", base_env(
             CUTY_BOOKING_DATABASE_URL=dsn, CUTY_BOOKING_GRPC_PORT=self.port, CUTY_DB_POOL_MIN=POOL,
-            CUTY_DB_POOL_MAX=POOL, CUTY_SWEEP_INTERVAL_SECONDS=3600, CUTY_LOG_LEVEL="WARNING", **env),
+            CUTY_DB_POOL_MAX=POOL, CUTY_SWEEP_INTERVAL_SECONDS=3600, CUTY_LOG_LEVEL="WARNING",
+            **(trust if secure else {"CUTY_TLS": "off"}), **env),
             workdir / f"{name}.log", grpc_port=self.port)
         self.channels: list[grpc.aio.Channel] = []
 
-    async def __aenter__(self) -> list[booking_pb2_grpc.BookingServiceStub]:
+    def transport(self, identity: str) -> Transport:
+        return Transport(identity, self.pki.files(identity)) if self.secure else Transport.plaintext(identity)
+
+    async def __aenter__(self) -> Clients:
         self.proc.start()
         await self.proc.wait_healthy(60)
-        # separate subchannels (TCP connections), like several client replicas
-        self.channels = [grpc.aio.insecure_channel(f"127.0.0.1:{self.port}",
-                                                   options=[("grpc.use_local_subchannel_pool", 1)])
+        addr = f"127.0.0.1:{self.port}"
+        # Long-lived channels, as in production (no handshake per call); separate subchannels
+        # (TCP connections), like several client replicas.
+        saga = self.transport("payments")
+        self.channels = [saga.channel(addr, "booking", options=[("grpc.use_local_subchannel_pool", 1)])
                          for _ in range(CHANNELS)]
-        return [booking_pb2_grpc.BookingServiceStub(c) for c in self.channels]
+        gateway = self.transport("gateway")
+        self.channels.append(gateway.channel(addr, "booking"))
+        self.catalog_md = gateway.metadata()
+        return Clients([booking_pb2_grpc.BookingServiceStub(c) for c in self.channels[:CHANNELS]],
+                       booking_pb2_grpc.BookingServiceStub(self.channels[-1]), saga.metadata(),
+                       admin=user("bench-admin", "admin", pki=self.pki) + gateway.metadata())
 
     async def __aexit__(self, *exc) -> None:
         for c in self.channels:
@@ -159,14 +189,16 @@ async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Resul
     per_resource, rounds = 250, 5
     chunk = N // rounds
     async with Server(dsn, workdir, "instrumented") as deployed, \
-            Server(dsn, workdir, "sdk-disabled", OTEL_SDK_DISABLED="true") as bare:
-        slots = await seed(deployed[0], -(-(2 * WARMUP + 4 * N) // per_resource), per_resource, days_ahead(2))
-        for k, stubs in enumerate((deployed, bare)):
+            Server(dsn, workdir, "sdk-disabled", OTEL_SDK_DISABLED="true") as bare, \
+            Server(dsn, workdir, "plaintext", secure=False) as plaintext:
+        slots = await seed(deployed, -(-(3 * WARMUP + 5 * N) // per_resource), per_resource, days_ahead(2))
+        for k, stubs in enumerate((deployed, bare, plaintext)):
             await closed_loop(grpc_holder(stubs, slots[k * WARMUP:(k + 1) * WARMUP], f"warm{k}"),
                               concurrency=IN_FLIGHT, total=WARMUP)
-        rest = slots[2 * WARMUP:]
+        rest = slots[3 * WARMUP:]
         variants = {
             "deployed": lambda part, tag: grpc_holder(deployed, part, tag),
+            "plaintext": lambda part, tag: grpc_holder(plaintext, part, tag),
             "sdk-disabled": lambda part, tag: grpc_holder(bare, part, tag),
             "function": lambda part, tag: fn_taker(pool, part, tag),
             "insert": lambda part, tag: raw_inserter(pool, part, tag),
@@ -180,6 +212,9 @@ async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Resul
     results.append(merged(runs["deployed"]).result(
         "a: HoldSlot over gRPC (as deployed)", IN_FLIGHT, limit=raw,
         notes="target >= 2000/s, p99 <= 60 ms, ratio >= 0.3"))
+    results.append(merged(runs["plaintext"]).result(
+        "a: HoldSlot over gRPC, plaintext (CUTY_TLS=off)", IN_FLIGHT, limit=raw,
+        notes="what mutual TLS costs: target deployed >= 0.85 x this"))
     results.append(merged(runs["sdk-disabled"]).result(
         "a: HoldSlot over gRPC, OTEL_SDK_DISABLED", IN_FLIGHT, limit=raw, notes="what tracing costs"))
     results.append(merged(runs["function"]).result(
@@ -188,14 +223,14 @@ async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Resul
 
 
 async def hot_slot_grpc(stubs, results: list[Result]) -> None:
-    slots = await seed(stubs[0], 4, 16, days_ahead(30), minutes=60)
+    slots = await seed(stubs, 4, 16, days_ahead(30), minutes=60)
     hot = slots[5]
     outcome = {"won": 0, "lost_with_alternatives": 0, "lost_without": 0, "other": 0}
 
     async def op(i: int) -> None:
         try:
-            await stubs[i % len(stubs)].HoldSlot(pb.HoldSlotRequest(
-                slot_id=hot.id, customer_id=f"hot-{i}", request_id=f"hot-{i}"), timeout=30)
+            await stubs.holds[i % len(stubs.holds)].HoldSlot(pb.HoldSlotRequest(
+                slot_id=hot.id, customer_id=f"hot-{i}", request_id=f"hot-{i}"), timeout=30, metadata=stubs.md)
             outcome["won"] += 1
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.ALREADY_EXISTS:
@@ -218,8 +253,8 @@ async def hot_slot_db(stubs, pool, results: list[Result]) -> None:
     """(b) and (c) side by side on the database alone: the one-statement take vs lock-check-insert,
     1,000 racers each (through the same pool), on a hot slot with free neighbours."""
     won = {"optimistic": 0, "pessimistic": 0}
-    hot = uuid.UUID((await seed(stubs[0], 4, 16, days_ahead(40), minutes=60))[5].id)
-    phot = uuid.UUID((await seed(stubs[0], 4, 16, days_ahead(40), minutes=60))[5].id)
+    hot = uuid.UUID((await seed(stubs, 4, 16, days_ahead(40), minutes=60))[5].id)
+    phot = uuid.UUID((await seed(stubs, 4, 16, days_ahead(40), minutes=60))[5].id)
 
     async def optimistic(i: int) -> None:
         r = await pool.fetchrow(TAKE_HOLD, uuid.uuid4(), hot, f"opt-{i}", f"opt-{i}")

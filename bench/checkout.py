@@ -38,7 +38,11 @@ from cuty.codepool.v1 import codepool_pb2 as cpb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
 from cutylib.config import with_database
+from booking.grpc_api import CALLERS as BOOKING_CALLERS
+from codepool.grpc_api import CALLERS as CODEPOOL_CALLERS
 from cutylib.testing.stack import Stack
+from cutylib.testing.trust import acting_channel, user
+from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))
 CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "16,64").split(",")]
@@ -106,102 +110,139 @@ class Catalogue:
         self.products: list[str] = []
 
     async def make_slots(self, n: int) -> None:
-        salon = await self.booking.CreateSalon(bpb.CreateSalonRequest(name="Bench", time_zone="Europe/Istanbul"))
+        salon = await self.booking.CreateSalon(bpb.CreateSalonRequest(name="Bench", time_zone="Europe/Istanbul"),
+                                               metadata=ADMIN)
         base = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) + timedelta(days=1)
         per_resource = 2000
         for r in range((n + per_resource - 1) // per_resource):
-            res = await self.booking.CreateResource(bpb.CreateResourceRequest(salon_id=salon.id, name=f"Chair {r}"))
+            res = await self.booking.CreateResource(bpb.CreateResourceRequest(salon_id=salon.id, name=f"Chair {r}"),
+                                                    metadata=ADMIN)
             for start in range(0, min(per_resource, n - r * per_resource), 500):
                 batch = [bpb.SlotInput(resource_id=res.id, start_time=_ts(base + timedelta(hours=h)),
                                        end_time=_ts(base + timedelta(hours=h + 1)),
                                        price=common_pb2.Money(currency_code="TRY", amount_minor=75000))
                          for h in range(start, min(start + 500, per_resource, n - r * per_resource))]
                 out = await self.booking.BatchCreateSlots(bpb.BatchCreateSlotsRequest(salon_id=salon.id, slots=batch),
-                                                          timeout=60)
+                                                          timeout=60, metadata=ADMIN)
                 self.slots += [s.id for s in out.slots]
 
     async def make_product(self, codes: int) -> str:
         p = await self.codepool.CreateProduct(cpb.CreateProductRequest(
             sku=f"bench-{uuid.uuid4().hex[:8]}", name="Bench card",
-            price=common_pb2.Money(currency_code="TRY", amount_minor=2500)))
+            price=common_pb2.Money(currency_code="TRY", amount_minor=2500)), metadata=ADMIN)
         for start in range(0, codes, 5000):
             await self.codepool.ImportCodeBatch(cpb.ImportCodeBatchRequest(
                 product_id=p.id, batch_ref=f"b{start}-{uuid.uuid4().hex[:6]}",
-                codes=[f"BENCH-{uuid.uuid4().hex}" for _ in range(min(5000, codes - start))]), timeout=120)
+                codes=[f"BENCH-{uuid.uuid4().hex}" for _ in range(min(5000, codes - start))]), timeout=120,
+                metadata=ADMIN)
         return p.id
+
+
+class Side:
+    """One whole stack and its clients: mutual TLS as deployed, or plaintext (CUTY_TLS=off)."""
+
+    def __init__(self, server, work: str, secure: bool):
+        self.secure = secure
+        self.name = "mTLS" if secure else "plaintext"
+        suffix = uuid.uuid4().hex[:6]
+        self.dbs = {s: with_database(server.dsn, f"cuty_{s}_bench_{suffix}") for s in ("booking", "codepool", "payments")}
+        env = {**ENV, **{f"CUTY_{s.upper()}_DATABASE_URL": d for s, d in self.dbs.items()}}
+        if not secure:
+            env["CUTY_TLS"] = "off"
+        self.stack = Stack(server.dsn, os.path.join(work, self.name), env=env)
+        self.channels = []
+
+    async def start(self, n_slots: int, n_products: int) -> "Side":
+        await self.stack.start()
+        st, secure = self.stack, self.secure
+        # Long-lived channels, as the gateway and the orchestrator keep them: no handshake per call.
+        ch = acting_channel(st.payments_addrs[0], "payments", CHECKOUT_CALLERS, secure=secure)
+        bch = acting_channel(st.booking_addr, "booking", BOOKING_CALLERS, secure=secure)
+        cch = acting_channel(st.codepool_addr, "codepool", CODEPOOL_CALLERS, secure=secure)
+        self.channels += [ch, bch, cch]
+        self.api = checkout_pb2_grpc.CheckoutServiceStub(ch)
+        self.booking, self.codepool = booking_pb2_grpc.BookingServiceStub(bch), codepool_pb2_grpc.CodePoolServiceStub(cch)
+        self.cat = Catalogue(self.booking, self.codepool)
+        await self.cat.make_slots(n_slots)
+        self.products = [await self.cat.make_product(SLOTS_PER_RUN) for _ in range(n_products)]
+        self.slot_iter = iter(self.cat.slots)
+        self.pay_db = await asyncpg.create_pool(self.dbs["payments"], min_size=1, max_size=2)
+        return self
+
+    async def stop(self) -> None:
+        for c in self.channels:
+            await c.close()
+        if getattr(self, "pay_db", None) is not None:
+            await self.pay_db.close()
+        await self.stack.stop()
 
 
 async def main() -> None:
     server = bench_postgres()
     work = tempfile.mkdtemp(prefix="cuty-bench-checkout-")
-    suffix = uuid.uuid4().hex[:6]
-    dbs = {s: with_database(server.dsn, f"cuty_{s}_bench_{suffix}") for s in ("booking", "codepool", "payments")}
-    env = {**ENV, **{f"CUTY_{s.upper()}_DATABASE_URL": d for s, d in dbs.items()}}
-    stack = Stack(server.dsn, work, env=env)
-    channels = []
+    sides = [Side(server, work, secure=True), Side(server, work, secure=False)]
     try:
-        await stack.start()
-        ch = grpc.aio.insecure_channel(stack.payments_addrs[0])
-        bch = grpc.aio.insecure_channel(stack.booking_addr)
-        cch = grpc.aio.insecure_channel(stack.codepool_addr)
-        channels += [ch, bch, cch]
-        api = checkout_pb2_grpc.CheckoutServiceStub(ch)
-        booking, codepool = booking_pb2_grpc.BookingServiceStub(bch), codepool_pb2_grpc.CodePoolServiceStub(cch)
-        cat = Catalogue(booking, codepool)
-        n_slots = SLOTS_PER_RUN * len(CONCURRENCY) * 2
         t0 = time.perf_counter()
-        await cat.make_slots(n_slots)
-        products = [await cat.make_product(SLOTS_PER_RUN) for _ in range(len(CONCURRENCY) * 2)]
-        print(f"catalogue: {len(cat.slots)} slots, {len(products)} products in {time.perf_counter() - t0:.1f}s",
-              file=sys.stderr)
-        pay_db = await asyncpg.create_pool(dbs["payments"], min_size=1, max_size=2)
-        psp = httpx.AsyncClient(base_url=stack.psp_url, timeout=10, limits=httpx.Limits(max_connections=200))
-        slot_iter = iter(cat.slots)
+        for side in sides:
+            await side.start(SLOTS_PER_RUN * len(CONCURRENCY) * 2, len(CONCURRENCY) * 2)
+        print(f"catalogue: {len(sides[0].cat.slots)} slots per stack in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+        psp = httpx.AsyncClient(base_url=sides[0].stack.psp_url, timeout=10, limits=httpx.Limits(max_connections=200))
         results, profiles = [], []
         for kind in ("booking", "codes"):
             for conc in CONCURRENCY:
-                product = products.pop()
-                done: list[str] = []
+                # mTLS and plaintext side by side, each run right after the other on the same machine.
+                for side in sides:
+                    product = side.products.pop()
+                    done: list[str] = []
+                    api, slot_iter = side.api, side.slot_iter
 
-                async def purchase(i: int, kind=kind, product=product, done=done) -> None:
-                    me = f"bench-{uuid.uuid4().hex[:12]}"
-                    req = (pb.CreateCheckoutRequest(slot_id=next(slot_iter)) if kind == "booking"
-                           else pb.CreateCheckoutRequest(product_id=product, quantity=1))
-                    c = await api.CreateCheckout(req, metadata=_md(me), timeout=10)
-                    paid = await api.PayCheckout(pb.PayCheckoutRequest(checkout_id=c.id, payment_method="pm_card_ok"),
-                                                 metadata=_md(me), timeout=10)
-                    while paid.state != pb.COMPLETED:  # only if the inline confirm was deferred
-                        if paid.state not in (pb.CHARGING, pb.CONFIRMING):
-                            raise RuntimeError(f"checkout {c.id} ended {pb.CheckoutState.Name(paid.state)}")
-                        await asyncio.sleep(0.01)
-                        paid = await api.GetCheckout(pb.GetCheckoutRequest(checkout_id=c.id), metadata=_md(me))
-                    done.append(c.id)
+                    async def purchase(i: int, kind=kind, product=product, done=done, api=api, slot_iter=slot_iter) -> None:
+                        me = f"bench-{uuid.uuid4().hex[:12]}"
+                        req = (pb.CreateCheckoutRequest(slot_id=next(slot_iter)) if kind == "booking"
+                               else pb.CreateCheckoutRequest(product_id=product, quantity=1))
+                        c = await api.CreateCheckout(req, metadata=_md(me), timeout=10)
+                        paid = await api.PayCheckout(pb.PayCheckoutRequest(checkout_id=c.id, payment_method="pm_card_ok"),
+                                                     metadata=_md(me), timeout=10)
+                        while paid.state != pb.COMPLETED:  # only if the inline confirm was deferred
+                            if paid.state not in (pb.CHARGING, pb.CONFIRMING):
+                                raise RuntimeError(f"checkout {c.id} ended {pb.CheckoutState.Name(paid.state)}")
+                            await asyncio.sleep(0.01)
+                            paid = await api.GetCheckout(pb.GetCheckoutRequest(checkout_id=c.id), metadata=_md(me))
+                        done.append(c.id)
 
-                cpu0 = all_cpu(stack, server)
-                spy = pyspy(stack.procs["payments-0"].proc.pid, work, f"{kind}-{conc}")
-                run = await closed_loop(purchase, concurrency=conc, duration=SECONDS)
-                if spy is not None:
-                    print(spy.summary(), file=sys.stderr)
-                cpu = {n: s - cpu0[n] for n, s in all_cpu(stack, server).items()}
-                limit = await direct(kind, conc, booking, codepool, psp, slot_iter, product)
-                profile = await step_profile(pay_db, done)
-                per_op = {n: round(1000 * s / max(1, run.ops), 2) for n, s in cpu.items() if s > 0}
-                per_op["total"] = round(sum(per_op.values()), 2)
-                results.append(run.result(f"{kind} create+pay->COMPLETED", conc, limit=limit,
-                                          notes="limit: the same remote calls without the orchestrator",
-                                          steps_p50_ms=profile, cpu_ms_per_checkout=per_op))
-                profiles.append((kind, conc, profile, per_op))
+                    stack = side.stack
+                    cpu0 = all_cpu(stack, server)
+                    spy = pyspy(stack.procs["payments-0"].proc.pid, work, f"{kind}-{conc}") if side.secure else None
+                    run = await closed_loop(purchase, concurrency=conc, duration=SECONDS)
+                    if spy is not None:
+                        print(spy.summary(), file=sys.stderr)
+                    cpu = {n: s - cpu0[n] for n, s in all_cpu(stack, server).items()}
+                    if side.secure:
+                        limit = await direct(kind, conc, side.booking, side.codepool, psp, side.slot_iter, product)
+                    else:
+                        limit = secure_run  # noqa: F821 - the mTLS run just before: the ratio is their cost
+                    profile = await step_profile(side.pay_db, done)
+                    per_op = {n: round(1000 * s / max(1, run.ops), 2) for n, s in cpu.items() if s > 0}
+                    per_op["total"] = round(sum(per_op.values()), 2)
+                    if side.secure:
+                        secure_run = run
+                        results.append(run.result(f"{kind} create+pay->COMPLETED (mTLS, as deployed)", conc, limit=limit,
+                                                  notes="limit: the same remote calls without the orchestrator",
+                                                  steps_p50_ms=profile, cpu_ms_per_checkout=per_op))
+                    else:
+                        results.append(run.result(f"{kind} create+pay->COMPLETED (plaintext gRPC)", conc, limit=limit,
+                                                  notes="limit: the mTLS run beside it; ratio > 1 is what mTLS costs "
+                                                        "(target <= 1.15)", cpu_ms_per_checkout=per_op))
+                    profiles.append((f"{kind}/{side.name}", conc, profile, per_op))
         report("checkout", results)
         print("\nwhere the time goes (p50 ms per step from the payment timeline; CPU ms per checkout per process):")
         for kind, conc, profile, per_op in profiles:
-            print(f"  {kind:8} @{conc:<3} steps {profile}")
-            print(f"  {'':8}      cpu   {per_op}")
+            print(f"  {kind:18} @{conc:<3} steps {profile}")
+            print(f"  {'':18}      cpu   {per_op}")
         await psp.aclose()
-        await pay_db.close()
     finally:
-        for c in channels:
-            await c.close()
-        await stack.stop()
+        for side in sides:
+            await side.stop()
         server.close()
 
 
@@ -248,8 +289,11 @@ class pyspy:
         return "\n".join(lines)
 
 
+ADMIN = user("bench-admin", "admin")
+
+
 def _md(customer: str):
-    return (("cuty-subject", customer), ("cuty-role", "customer"), ("idempotency-key", str(uuid.uuid4())))
+    return (*user(customer, "customer"), ("idempotency-key", str(uuid.uuid4())))
 
 
 async def direct(kind, conc, booking, codepool, psp, slot_iter, product) -> Run:

@@ -28,7 +28,8 @@ from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cutylib.config import with_database
 from cutylib.db import migrate
-from cutylib.grpc_client import create_channel
+from codepool.grpc_api import CALLERS
+from cutylib.testing.trust import acting_channel, user
 from cutylib.testing.procs import ServiceProcess, base_env, free_port
 
 MIGRATIONS = ROOT / "services" / "codepool" / "migrations"
@@ -115,10 +116,12 @@ async def main(quick: bool, n_codes: int) -> None:
         await proc.wait_healthy(60)
         pid = proc.proc.pid
         base_rss = rss_mb(pid)
-        async with create_channel(f"127.0.0.1:{port}", deadline_seconds=30) as channel:
+        # Each RPC with a certificate its caller table allows (import: the service's own CLI identity).
+        async with acting_channel(f"127.0.0.1:{port}", "codepool", CALLERS, deadline_seconds=30) as channel:
             stub = codepool_pb2_grpc.CodePoolServiceStub(channel)
             product = await stub.CreateProduct(pb.CreateProductRequest(
-                sku="bench-" + secrets.token_hex(4), name="bench", price=common_pb2.Money(currency_code="TRY", amount_minor=100)))
+                sku="bench-" + secrets.token_hex(4), name="bench", price=common_pb2.Money(currency_code="TRY", amount_minor=100)),
+                metadata=user("bench-admin", "admin"))
             product_uuid = uuid.UUID(product.id)
 
             run, peak = await import_codes(stub, product.id, n_codes, pid)

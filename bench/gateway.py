@@ -29,15 +29,16 @@ from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
 from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
 from cutylib.config import DEV_JWT_SECRET
 from cutylib.testing.stack import Stack
+from cutylib.testing.trust import user
 
 SECONDS = float(os.environ.get("CUTY_BENCH_SECONDS", "8"))
 CONCURRENCY = [int(c) for c in os.environ.get("CUTY_BENCH_CONCURRENCY", "16,64").split(",")]
 CODES = int(os.environ.get("CUTY_BENCH_CODES", "60000"))
-ADMIN = (("cuty-subject", "bench-admin"), ("cuty-role", "admin"))
+ADMIN = user("bench-admin", "admin")
 
 
 def customer(i: int) -> tuple[tuple[str, str], ...]:
-    return (("cuty-subject", f"bench-customer-{i}"), ("cuty-role", "customer"))
+    return user(f"bench-customer-{i}", "customer")
 
 
 def token(sub: str, role: str) -> str:
@@ -67,7 +68,7 @@ class Http:
 
 
 async def seed(stack: Stack) -> tuple[str, dict, str]:
-    async with grpc.aio.insecure_channel(stack.booking_addr) as ch, grpc.aio.insecure_channel(stack.codepool_addr) as cp:
+    async with stack.channel("gateway", "booking") as ch, stack.channel("gateway", "codepool") as cp:
         b = booking_pb2_grpc.BookingServiceStub(ch)
         salon = await b.CreateSalon(booking_pb2.CreateSalonRequest(name="Bench", time_zone="Europe/Istanbul"), metadata=ADMIN)
         day = dt.datetime.now(dt.timezone.utc).replace(hour=6, minute=0, second=0, microsecond=0) + dt.timedelta(days=2)
@@ -104,8 +105,9 @@ async def main() -> None:
         print(f"seeding a salon and {CODES} codes ...", flush=True)
         salon_id, window, product_id = await seed(stack)
         port = stack.http_port
-        booking = grpc.aio.insecure_channel(stack.booking_addr)
-        payments = grpc.aio.insecure_channel(stack.payments_addrs[0])
+        # The direct limit: the same RPCs as the gateway makes them (its certificate, long-lived channels).
+        booking = stack.channel("gateway", "booking")
+        payments = stack.channel("gateway", "payments")
         list_req = booking_pb2.ListSlotsRequest(salon_id=salon_id)
         list_req.start_time.FromDatetime(window["start"])
         list_req.end_time.FromDatetime(window["end"])

@@ -4,7 +4,11 @@ Tests use fresh random ids instead of truncating, so they never depend on each o
 """
 from __future__ import annotations
 
+import atexit
+import os
 import pathlib
+import shutil
+import tempfile
 
 import asyncpg
 import pytest
@@ -15,6 +19,11 @@ from cutylib.db import create_pool, migrate
 from cutylib.testing.postgres import start_test_postgres
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# In-process servers and clients of this session share one development PKI (mutual TLS) and
+# gateway signing key, created on first use under this folder; e2e stacks make their own.
+os.environ["CUTY_DATA_DIR"] = tempfile.mkdtemp(prefix="cuty-test-data-")
+atexit.register(shutil.rmtree, os.environ["CUTY_DATA_DIR"], True)
 
 
 @pytest.fixture(scope="session")

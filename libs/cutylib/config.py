@@ -37,6 +37,10 @@ def env_field(read, name: str, default):
     return field(default_factory=lambda: read(name, default))
 
 
+ENVIRONMENTS = ("development", "production")
+MIN_SECRET_BYTES = 32
+# Fault injection for the crash and lease tests: never in production.
+TEST_HOOKS = ("CUTY_CRASH_AT", "CUTY_TEST_PAUSE_AFTER_LEASE_MS")
 DEV_JWT_SECRET = "cuty-dev-only-jwt-secret-change-me"
 DEV_WEBHOOK_SECRET = "whsec_dev_only_cuty"
 
@@ -65,6 +69,11 @@ def database_url_for(service: str) -> str:
 def with_database(dsn: str, dbname: str) -> str:
     parts = urlsplit(dsn)
     return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
+
+
+def health_port_for(service: str) -> int:
+    """Default plaintext health port: the gRPC port + 1000 (51051, 51052, 51053)."""
+    return SERVICES[service][1] + 1000
 
 
 def grpc_addr_for(service: str) -> str:
@@ -99,22 +108,34 @@ class Settings:
     def from_env(cls) -> "Settings":
         return cls()
 
-    def development_secrets(self) -> list[str]:
-        """Names of secrets still at a value anyone can read in this repository."""
+    def development_secrets(self, service: str) -> list[str]:
+        """Names of the secrets `service` holds that are at a value anyone can read in this
+        repository (or too short to be one). Each service holds only its own: the gateway the token
+        key, payments the webhook secret, codepool the code keys (docs/security.md)."""
         weak = {"", "replace-me", DEV_JWT_SECRET, DEV_WEBHOOK_SECRET}
-        return [name for name, value in (("CUTY_JWT_SECRET", self.jwt_secret),
-                                         ("CUTY_PSP_WEBHOOK_SECRET", self.psp_webhook_secret)) if value in weak]
+        held = {"gateway": [("CUTY_JWT_SECRET", self.jwt_secret)] if not os.environ.get("CUTY_JWT_JWKS_URL") else [],
+                "payments": [("CUTY_PSP_WEBHOOK_SECRET", self.psp_webhook_secret)]}.get(service, [])
+        return [name for name, value in held if value in weak or len(value.encode()) < MIN_SECRET_BYTES]
 
-    def check_secrets(self) -> None:
-        """Refuse to run in production on development secrets: with them anyone could sign a
-        webhook ("paid") or mint an admin token. Outside production, say so once."""
-        weak = self.development_secrets()
-        if not weak:
-            return
+    def check_secrets(self, service: str) -> None:
+        """Refuse to run in production on development secrets or test hooks: with them anyone could
+        sign a webhook ("paid") or mint an admin token. Outside production, say so once."""
+        if self.environment not in ENVIRONMENTS:
+            raise SystemExit(f"CUTY_ENV must be one of {', '.join(ENVIRONMENTS)}, got {self.environment!r}")
+        weak = self.development_secrets(service)
         if self.environment == "production":
-            raise SystemExit(f"refusing to start with CUTY_ENV=production: {', '.join(weak)} "
-                             "must be set to a real secret")
-        import logging
+            problems = [f"{', '.join(weak)} must be set to a real secret of at least {MIN_SECRET_BYTES} bytes"] if weak else []
+            if service == "codepool" and not self.code_keys:
+                problems.append("CUTY_CODE_KEYS must be set (one keyring shared by every replica; a development "
+                                "keyring per pod could not read another pod's codes)")
+            hooks = [name for name in TEST_HOOKS if os.environ.get(name, "") not in ("", "0")]
+            if hooks:
+                problems.append(f"test hooks must be unset: {', '.join(hooks)}")
+            if problems:
+                raise SystemExit("refusing to start with CUTY_ENV=production: " + "; ".join(problems))
+            return
+        if weak:
+            import logging
 
-        logging.getLogger("cutylib.config").warning(
-            "development secrets in use", extra={"secrets": ",".join(weak), "environment": self.environment})
+            logging.getLogger("cutylib.config").warning(
+                "development secrets in use", extra={"secrets": ",".join(weak), "environment": self.environment})

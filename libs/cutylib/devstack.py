@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from .config import DEV_JWT_SECRET, SERVICES, env_int
+from .config import DEV_JWT_SECRET, SERVICES, env_int, health_port_for
+from .tls import SERVICE_IDENTITIES
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PYTHONPATH = os.pathsep.join(str(REPO / p) for p in (
@@ -51,7 +52,7 @@ def _die_with_parent() -> None:
 class Child:
     name: str
     module: str
-    grpc_port: int | None = None
+    health_port: int | None = None  # plaintext gRPC health (the service port is mutual TLS)
     http_health: str | None = None
     proc: subprocess.Popen | None = None
     restarts: int = 0
@@ -81,17 +82,21 @@ class DevStack:
         self.children = [Child("pspsim", "pspsim", http_health=f"{psp_url}/healthz")]
         for svc, (_, default_port) in SERVICES.items():
             port = int(e.get(f"CUTY_{svc.upper()}_GRPC_PORT") or default_port)
+            health = int(e.get(f"CUTY_{svc.upper()}_HEALTH_PORT") or health_port_for(svc))
             self.env[f"CUTY_{svc.upper()}_GRPC_PORT"] = str(port)
+            self.env[f"CUTY_{svc.upper()}_HEALTH_PORT"] = str(health)
             self.env.setdefault(f"CUTY_{svc.upper()}_ADDR", f"127.0.0.1:{port}")
-            self.children.append(Child(svc, svc, grpc_port=port))
+            self.children.append(Child(svc, svc, health_port=health))
         self.children.append(Child("gateway", "gateway", http_health=f"{self.gateway_url}/healthz"))
+        self.tls = e.get("CUTY_TLS", "on").lower() != "off" and not e.get("CUTY_TLS_CERT")
         self.stopping = False
 
     def busy_ports(self) -> list[str]:
         """Ports another program already holds, named by the variable that moves them."""
         wanted = {"CUTY_HTTP_PORT": self.http_port, "CUTY_PSP_URL (its port)": int(self.env["CUTY_PSP_PORT"])}
         for svc in SERVICES:
-            wanted[f"CUTY_{svc.upper()}_GRPC_PORT"] = int(self.env[f"CUTY_{svc.upper()}_GRPC_PORT"])
+            for kind in ("GRPC", "HEALTH"):
+                wanted[f"CUTY_{svc.upper()}_{kind}_PORT"] = int(self.env[f"CUTY_{svc.upper()}_{kind}_PORT"])
         busy = []
         for var, port in wanted.items():
             with socket.socket() as s:
@@ -130,6 +135,20 @@ class DevStack:
             self.cluster.stop()
 
     # Processes ------------------------------------------------------------------------------------
+    def make_pki(self) -> None:
+        """A development CA and a certificate per service (mutual TLS), and the gateway's key for
+        signing user assertions, in CUTY_DATA_DIR/tls; each process gets only its own key."""
+        if not self.tls:
+            say("CUTY_TLS=off: services talk plaintext gRPC (development only)")
+            return
+        from .tls import DevPki
+
+        pki = DevPki(self.data_dir / "tls").ensure()
+        for c in self.children:
+            if c.name in SERVICE_IDENTITIES:
+                c.env.update(pki.env(c.name))
+        say(f"mutual TLS between services: development CA in {pki.folder}")
+
     def spawn(self, c: Child) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{c.name}.log", "ab") as log:
@@ -140,11 +159,11 @@ class DevStack:
 
     def healthy(self, c: Child) -> bool:
         try:
-            if c.grpc_port:
+            if c.health_port:
                 import grpc
                 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-                with grpc.insecure_channel(f"127.0.0.1:{c.grpc_port}") as ch:
+                with grpc.insecure_channel(f"127.0.0.1:{c.health_port}") as ch:
                     r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
                     return r.status == health_pb2.HealthCheckResponse.SERVING
             import httpx
@@ -234,6 +253,7 @@ class DevStack:
         (self.data_dir / "devstack.json").unlink(missing_ok=True)
         try:
             self.start_postgres()
+            self.make_pki()
             self.write_state(ready=False)
             for c in self.children:
                 self.spawn(c)

@@ -1,33 +1,91 @@
-"""gRPC aio server bootstrap: health, reflection, the error/principal interceptor, graceful stop."""
+"""gRPC aio server bootstrap: mutual TLS, who may call what, health, reflection, the error mapping, graceful stop."""
 from __future__ import annotations
 
 import asyncio
 import inspect
 import logging
 import signal
-from typing import Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Iterable, Mapping
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from . import principal, telemetry
+from .config import env_str
+from .errors import PermissionDenied
 from .grpc_errors import status_for_exception
+from .identity import ASSERTION_KEY, AssertionVerifier
+from .tls import Transport, peer_service
 
 log = logging.getLogger(__name__)
 
 
-class ErrorAndPrincipalInterceptor(grpc.aio.ServerInterceptor):
-    """Sets the caller's principal for the handler and maps escaping domain errors to status codes.
+Callers = Mapping[str, Iterable[str]]  # RPC name -> identities of the services allowed to call it
+
+# Served to any verified peer (health), or only in development (reflection).
+_OPEN_SERVICES = (health.SERVICE_NAME, reflection.SERVICE_NAME)
+
+
+class Trust:
+    """Who may call what on one server: the per-RPC caller tables (failing closed), the user
+    assertion verifier, and which peers act as `system` without a user (payments and itself)."""
+
+    def __init__(self, name: str, verifier: AssertionVerifier | None = None):
+        self.name = name
+        self.system_peers = frozenset({"payments", name})
+        self.allowed: dict[str, frozenset[str]] = {}
+        self._verifier = verifier
+
+    @property
+    def verifier(self) -> AssertionVerifier:
+        if self._verifier is None:
+            self._verifier = AssertionVerifier.from_env()
+        return self._verifier
+
+    def add(self, service: ServiceDescriptor, callers: Callers) -> None:
+        methods = {m.name for m in service.methods}
+        missing, unknown = methods - set(callers), set(callers) - methods
+        if missing or unknown:
+            raise ValueError(f"caller table of {service.full_name} must name every RPC once: "
+                             f"missing {sorted(missing)}, unknown {sorted(unknown)}")
+        for method, who in callers.items():
+            self.allowed[f"/{service.full_name}/{method}"] = frozenset(who)
+
+    def principal(self, method: str, context, metadata) -> principal.Principal:
+        """The caller of `method`, or a PERMISSION_DENIED / UNAUTHENTICATED error."""
+        peer = peer_service(context, metadata)
+        if method.startswith(_OPEN_PREFIXES):
+            return principal.SYSTEM if peer in self.system_peers else principal.ANONYMOUS
+        allowed = self.allowed.get(method, frozenset())
+        if peer is None or peer not in allowed:
+            log.warning("caller refused", extra={"rpc": method, "peer": peer or "(unknown)",
+                                                 "address": context.peer(), "allowed": ",".join(sorted(allowed))})
+            raise PermissionDenied(f"service {peer or '(unknown)'!r} may not call {method}")
+        assertion = principal.metadata_value(metadata, ASSERTION_KEY)
+        if assertion:
+            return self.verifier.verify(assertion)
+        return principal.SYSTEM if peer in self.system_peers else principal.ANONYMOUS
+
+
+_OPEN_PREFIXES = tuple(f"/{s}/" for s in _OPEN_SERVICES)
+
+
+class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Decides who calls (Trust) and maps escaping domain errors to status codes.
 
     The single place where exceptions become gRPC statuses, so handlers just raise.
     """
+
+    def __init__(self, trust: Trust):
+        self.trust = trust
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
-        caller = principal.from_metadata(handler_call_details.invocation_metadata)
+        trust = self.trust
 
         async def _fail(exc: BaseException, context) -> None:
             status = status_for_exception(exc)
@@ -44,8 +102,9 @@ class ErrorAndPrincipalInterceptor(grpc.aio.ServerInterceptor):
 
         def wrap_unary(behavior):
             async def wrapped(request_or_iterator, context):
-                token = principal.set_current(caller)
+                token = None
                 try:
+                    token = principal.set_current(trust.principal(method, context, metadata))
                     if by_hand:
                         with telemetry.server_span(method, metadata):
                             return await behavior(request_or_iterator, context)
@@ -55,13 +114,15 @@ class ErrorAndPrincipalInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as exc:  # noqa: BLE001 - mapped to a status
                     await _fail(exc, context)
                 finally:
-                    principal._current.reset(token)
+                    if token is not None:
+                        principal._current.reset(token)
             return wrapped
 
         def wrap_stream(behavior):
             async def wrapped(request_or_iterator, context):
-                token = principal.set_current(caller)
+                token = None
                 try:
+                    token = principal.set_current(trust.principal(method, context, metadata))
                     result = behavior(request_or_iterator, context)
                     if inspect.isasyncgen(result):
                         async for item in result:
@@ -73,7 +134,8 @@ class ErrorAndPrincipalInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as exc:  # noqa: BLE001
                     await _fail(exc, context)
                 finally:
-                    principal._current.reset(token)
+                    if token is not None:
+                        principal._current.reset(token)
             return wrapped
 
         if handler.unary_unary:
@@ -95,33 +157,53 @@ BackgroundTask = Callable[[], Awaitable[None]]
 
 
 class GrpcServer:
-    """A gRPC aio server with health checking, reflection and background workers.
+    """A gRPC aio server on mutual TLS with per-RPC caller tables, health checking, reflection
+    (development only) and background workers.
 
         server = GrpcServer("booking", port)
         booking_pb2_grpc.add_BookingServiceServicer_to_server(servicer, server.server)
-        server.add_service_name(booking_pb2.DESCRIPTOR.services_by_name["BookingService"].full_name)
+        server.add_service(booking_pb2.DESCRIPTOR.services_by_name["BookingService"], CALLERS)
         server.add_background(sweeper.run)
         await server.run_until_signal()
+
+    `transport`: mutual TLS as `name` (default: Transport.from_env).
     """
 
     def __init__(self, name: str, port: int, *, host: str = "0.0.0.0", grace_seconds: float = 5.0,
-                 interceptors: Iterable[grpc.aio.ServerInterceptor] = ()):
+                 interceptors: Iterable[grpc.aio.ServerInterceptor] = (), transport: Transport | None = None,
+                 verifier: AssertionVerifier | None = None):
         self.name = name
         self.grace_seconds = grace_seconds
+        self.transport = transport or Transport.from_env(name)
+        self.trust = Trust(name, verifier)
         self.server = grpc.aio.server(
-            interceptors=[ErrorAndPrincipalInterceptor(), *interceptors],
+            interceptors=[TrustAndErrorInterceptor(self.trust), *interceptors],
             options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024)],
         )
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.port = self.transport.add_port(self.server, f"{host}:{port}")
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self._service_names: list[str] = [health.SERVICE_NAME, reflection.SERVICE_NAME]
+        self.health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
+        self.reflection = env_str("CUTY_ENV", "development") == "development"
+        self._service_names: list[str] = [health.SERVICE_NAME]
         self._background: list[BackgroundTask] = []
         self._tasks: list[asyncio.Task] = []
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
 
-    def add_service_name(self, full_name: str) -> None:
-        self._service_names.append(full_name)
+    def add_health_port(self, host: str, port: int) -> int:
+        """Also serve gRPC health alone, in plaintext, on `port` (Kubernetes' gRPC probes and the
+        test harness speak no TLS); nothing else is reachable there."""
+        self.health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+        self.health_port = self.health_server.add_insecure_port(f"{host}:{port}")
+        return self.health_port
+
+    def add_service(self, service: ServiceDescriptor, callers: Callers) -> None:
+        """Serve `service` (its servicer already added to `self.server`) to the callers its table
+        names, RPC by RPC; the table must name every RPC (fail closed)."""
+        self.trust.add(service, callers)
+        self._service_names.append(service.full_name)
 
     def add_background(self, fn: BackgroundTask) -> None:
         self._background.append(fn)
@@ -130,14 +212,18 @@ class GrpcServer:
         self._on_stop.append(fn)
 
     async def start(self) -> int:
-        reflection.enable_server_reflection(self._service_names, self.server)
+        if self.reflection:
+            reflection.enable_server_reflection([*self._service_names, reflection.SERVICE_NAME], self.server)
         await self.server.start()
+        if self.health_server is not None:
+            await self.health_server.start()
         for name in self._service_names:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         for fn in self._background:
             self._tasks.append(asyncio.create_task(_supervised(fn), name=f"{self.name}:{getattr(fn, '__qualname__', fn)}"))
-        log.info("gRPC server started", extra={"service": self.name, "port": self.port})
+        log.info("gRPC server started", extra={"service": self.name, "port": self.port, "tls": self.transport.secure,
+                                                "health_port": self.health_port, "reflection": self.reflection})
         return self.port
 
     async def stop(self) -> None:
@@ -146,6 +232,8 @@ class GrpcServer:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.server.stop(self.grace_seconds)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
         for fn in self._on_stop:
             await fn()
         log.info("gRPC server stopped", extra={"service": self.name})

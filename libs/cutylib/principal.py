@@ -1,38 +1,48 @@
-"""Who is calling. The gateway verifies the JWT and passes the principal as gRPC metadata;
-services read it from a contextvar set by the server interceptor. Internal callers with no
-principal metadata act as the `system` role."""
+"""Who is calling, for the handler: a contextvar set by the server interceptor (grpc_server.py).
+
+A principal is built from two verified facts, never from plain metadata:
+- the calling *service*, from its mutual-TLS certificate (tls.peer_service);
+- the *user*, from the gateway's signed assertion (identity.AssertionVerifier), when there is one.
+
+A call with a user acts as that user. A call without one is `system` only when the peer is the
+orchestrator (payments, the saga) or the service itself; from anyone else it is `anonymous`, which
+every role check refuses as UNAUTHENTICATED.
+"""
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import PermissionDenied, Unauthenticated
 
-SUBJECT_KEY = "cuty-subject"
-ROLE_KEY = "cuty-role"
-ROLES = ("customer", "staff", "admin", "system")
+ANONYMOUS_ROLE = "anonymous"
+SYSTEM_ROLE = "system"
+USER_ROLES = ("customer", "staff", "admin", "operator")
 
 
 @dataclass(frozen=True)
 class Principal:
     subject: str
     role: str
-
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        return ((SUBJECT_KEY, self.subject), (ROLE_KEY, self.role))
+    org: str = ""  # the merchant of a staff or admin user
+    # The signed assertion this principal came from, forwarded unchanged on onward calls.
+    assertion: str = field(default="", compare=False, repr=False)
 
     def require_role(self, *roles: str) -> None:
+        if self.role == ANONYMOUS_ROLE:
+            raise Unauthenticated("a signed-in caller is required")
         if self.role not in roles:
             raise PermissionDenied(f"role {self.role!r} may not do this; needs one of {', '.join(roles)}")
 
     def require_subject(self) -> str:
-        if not self.subject:
+        if not self.subject or self.role in (ANONYMOUS_ROLE, SYSTEM_ROLE):
             raise Unauthenticated("a signed-in caller is required")
         return self.subject
 
 
-SYSTEM = Principal(subject="", role="system")
-_current: contextvars.ContextVar[Principal] = contextvars.ContextVar("cuty_principal", default=SYSTEM)
+SYSTEM = Principal(subject="", role=SYSTEM_ROLE)
+ANONYMOUS = Principal(subject="", role=ANONYMOUS_ROLE)
+_current: contextvars.ContextVar[Principal] = contextvars.ContextVar("cuty_principal", default=ANONYMOUS)
 
 
 def current() -> Principal:
@@ -41,14 +51,6 @@ def current() -> Principal:
 
 def set_current(p: Principal) -> contextvars.Token:
     return _current.set(p)
-
-
-def from_metadata(metadata) -> Principal:
-    md = {k: v for k, v in (metadata or ())}
-    role = md.get(ROLE_KEY) or "system"
-    if role not in ROLES:
-        role = "customer"  # unknown roles get the least privilege
-    return Principal(subject=md.get(SUBJECT_KEY, ""), role=role)
 
 
 def metadata_value(metadata, key: str) -> str:

@@ -12,7 +12,7 @@ from typing import Awaitable, Callable
 
 import asyncpg
 
-from .config import SERVICES, Settings, database_url_for, env_int, env_str
+from .config import SERVICES, Settings, database_url_for, env_int, env_str, health_port_for
 from .db import create_pool, migrate
 from .grpc_server import GrpcServer
 from .telemetry import init_telemetry
@@ -24,7 +24,7 @@ PoolFactory = Callable[[str, Settings], Awaitable[asyncpg.Pool]]
 async def serve_service(name: str, migrations: pathlib.Path, create_server: ServerFactory, *,
                         pool_factory: PoolFactory | None = None) -> None:
     settings = Settings.from_env()
-    settings.check_secrets()
+    settings.check_secrets(name)
     dsn = database_url_for(name)
     # Every replica runs this at start; the advisory lock in migrate() lets one apply each file.
     await migrate(dsn, migrations)
@@ -36,6 +36,7 @@ async def serve_service(name: str, migrations: pathlib.Path, create_server: Serv
     port = env_int(f"CUTY_{name.upper()}_GRPC_PORT", SERVICES[name][1])
     host = env_str(f"CUTY_{name.upper()}_HOST", "0.0.0.0")
     server = await create_server(settings, pool, port=port, host=host)
+    server.add_health_port(host, env_int(f"CUTY_{name.upper()}_HEALTH_PORT", health_port_for(name)))
     server.on_stop(pool.close)
     await server.run_until_signal()
 

@@ -38,6 +38,13 @@ class ServiceProcess:
         self.log_path = pathlib.Path(log_path)
         self.grpc_port = grpc_port
         self.http_url = http_url
+        # The service port is mutual TLS; health is polled in plaintext on the process's health port.
+        self.health_port: int | None = None
+        if grpc_port:
+            var = f"CUTY_{module.upper()}_HEALTH_PORT"
+            if not env.get(var):
+                env[var] = str(free_port())
+            self.health_port = int(env[var])
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "ServiceProcess":
@@ -55,8 +62,8 @@ class ServiceProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"{self.module} exited with {self.proc.returncode}; log:\n{self.tail()}")
             try:
-                if self.grpc_port:
-                    async with grpc.aio.insecure_channel(f"127.0.0.1:{self.grpc_port}") as ch:
+                if self.health_port:
+                    async with grpc.aio.insecure_channel(f"127.0.0.1:{self.health_port}") as ch:
                         resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
                         if resp.status == health_pb2.HealthCheckResponse.SERVING:
                             return

@@ -19,6 +19,9 @@ import httpx
 from ..config import DEV_WEBHOOK_SECRET
 from ..pgcluster import free_port
 from .procs import ServiceProcess, base_env
+from ..identity import PUBLIC_KEY_FILE, SIGNING_KEY_FILE
+from ..tls import SERVICE_IDENTITIES, DevPki
+from .trust import channel_as, dev_pki
 from .webhook_relay import WebhookRelay
 
 
@@ -26,7 +29,7 @@ class Stack:
     def __init__(self, pg_dsn: str, workdir: str | pathlib.Path, *,
                  services: tuple[str, ...] = ("booking", "codepool", "payments"),
                  payments_replicas: int = 1, env: dict | None = None,
-                 service_env: dict[str, dict] | None = None, gateway: bool = False):
+                 service_env: dict[str, dict] | None = None, gateway: bool = False, pki: DevPki | None = None):
         self.pg_dsn = pg_dsn
         self.workdir = pathlib.Path(workdir)
         self.services = services
@@ -39,6 +42,8 @@ class Stack:
         self.gateway = gateway
         self.http_port = free_port() if gateway else None
         self.relay: WebhookRelay | None = None
+        # The session's development PKI: tests sign users and dial services with the same CA.
+        self.pki = pki or dev_pki()
         self.procs: dict[str, ServiceProcess] = {}
 
     # Addresses -----------------------------------------------------------------------------------
@@ -80,6 +85,7 @@ class Stack:
 
     def _proc(self, name: str, module: str, port: int | None, http_url: str | None = None, **extra) -> ServiceProcess:
         env = self.common_env()
+        env.update(self.trust_env(module))
         env.update({k: str(v) for k, v in extra.items()})
         env.update({k: str(v) for k, v in self.service_env.get(name.split("-")[0], {}).items()})
         env.update({k: str(v) for k, v in self.service_env.get(name, {}).items()})
@@ -87,12 +93,26 @@ class Stack:
         self.procs[name] = p
         return p
 
+    def trust_env(self, identity: str) -> dict[str, str]:
+        """Each process gets only its own certificate and key (mutual TLS), the gateway alone the
+        key that signs user assertions, the services its public half (docs/security.md)."""
+        if identity not in SERVICE_IDENTITIES:
+            return {}
+        keys = ({"CUTY_USER_ASSERTION_KEY": str(self.pki.folder / SIGNING_KEY_FILE)} if identity == "gateway"
+                else {"CUTY_USER_ASSERTION_PUBLIC_KEYS": str(self.pki.folder / PUBLIC_KEY_FILE)})
+        return {**self.pki.env(identity), **keys}
+
+    def channel(self, identity: str, target: str, addr: str | None = None, **kw):
+        """A channel to `target` (default address: its first process) with `identity`'s certificate."""
+        addr = addr or {"booking": self.booking_addr, "codepool": self.codepool_addr}.get(target) or self.payments_addrs[0]
+        return channel_as(identity, addr, target, pki=self.pki, **kw)
+
     async def start(self) -> "Stack":
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.gateway:
             webhook_url = f"{self.gateway_url}/v1/psp/webhooks"
         elif "payments" in self.services:
-            self.relay = await WebhookRelay(self.payments_addrs).start()
+            self.relay = await WebhookRelay(self.payments_addrs, pki=self.pki).start()
             webhook_url = self.relay.url
         else:
             webhook_url = "http://127.0.0.1:9/none"

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from cuty.payments.v1 import payments_pb2, payments_pb2_grpc
 
 from ..pgcluster import free_port
+from .trust import channel_as
 
 _HTTP = {
     grpc.StatusCode.UNAUTHENTICATED: 401,
@@ -27,7 +28,8 @@ _HTTP = {
 
 
 class WebhookRelay:
-    def __init__(self, payments_addrs: list[str], port: int | None = None):
+    def __init__(self, payments_addrs: list[str], port: int | None = None, pki=None):
+        self._pki = pki
         self.port = port or free_port()
         self._addrs = payments_addrs
         self._channels: list[grpc.aio.Channel] = []
@@ -52,7 +54,8 @@ class WebhookRelay:
         return JSONResponse({"result": resp.result})
 
     async def start(self) -> "WebhookRelay":
-        self._channels = [grpc.aio.insecure_channel(a) for a in self._addrs]
+        # It stands where the gateway stands, so it calls with the gateway's certificate.
+        self._channels = [channel_as("gateway", a, "payments", pki=self._pki) for a in self._addrs]
         app = Starlette(routes=[Route("/v1/psp/webhooks", self._handle, methods=["POST"])])
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                      lifespan="off"))

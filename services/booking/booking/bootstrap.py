@@ -8,11 +8,11 @@ from cutylib.config import Settings
 from cutylib.db import create_pool
 from cutylib.grpc_server import GrpcServer
 
-from .grpc_api import BookingApi
+from .grpc_api import CALLERS, BookingApi
 from .service import BookingService
 from .workers import Sweeper
 
-SERVICE_NAME = booking_pb2.DESCRIPTOR.services_by_name["BookingService"].full_name
+SERVICE = booking_pb2.DESCRIPTOR.services_by_name["BookingService"]
 
 
 async def create_booking_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
@@ -32,7 +32,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     """
     server = GrpcServer("booking", port, host=host)
     booking_pb2_grpc.add_BookingServiceServicer_to_server(BookingApi(BookingService(pool, settings)), server.server)
-    server.add_service_name(SERVICE_NAME)
+    server.add_service(SERVICE, CALLERS)
     if sweeper:
         server.add_background(Sweeper(pool, settings.sweep_interval_seconds).run)
     return server

@@ -15,10 +15,20 @@ from cuty.booking.v1 import booking_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cutylib import principal
 from cutylib.errors import InvalidArgument
+from cutylib.tls import GATEWAY, PAYMENTS
 
 from . import domain
 from .domain import Hold, Slot
 from .service import BookingService, SlotTaken
+
+# Which service may call each RPC (its certificate's identity); the server refuses the rest.
+# The catalogue is the gateway's (admins and signed-in users); holds are the orchestrator's alone.
+CALLERS = {
+    "CreateSalon": {GATEWAY}, "CreateResource": {GATEWAY}, "BatchCreateSlots": {GATEWAY},
+    "ListSlots": {GATEWAY}, "GetSlot": {GATEWAY, PAYMENTS},
+    "HoldSlot": {PAYMENTS}, "ConfirmHold": {PAYMENTS}, "ReleaseHold": {PAYMENTS}, "ExtendHold": {PAYMENTS},
+    "GetHold": {PAYMENTS},
+}
 
 _STATUS = {
     domain.HELD: pb.HOLD_STATUS_HELD,
@@ -124,10 +134,12 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
     async def ConfirmHold(self, request: pb.ConfirmHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         hold_id = domain.parse_id("hold_id", request.hold_id)
         payment_ref = domain.require_key("payment_ref", request.payment_ref)
+        principal.current().require_role("system")  # finishing a purchase: the saga, never a user
         return hold_pb(await self.service.confirm_hold(principal.current(), hold_id, payment_ref))
 
     async def ReleaseHold(self, request: pb.ReleaseHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         hold_id = domain.parse_id("hold_id", request.hold_id)
+        principal.current().require_role("system")  # releasing: the saga, never a user
         return hold_pb(await self.service.release_hold(principal.current(), hold_id))
 
     async def ExtendHold(self, request: pb.ExtendHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:

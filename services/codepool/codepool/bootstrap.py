@@ -11,7 +11,7 @@ from cutylib.config import Settings, env_int
 from cutylib.grpc_server import GrpcServer
 
 from .catalog import Catalog
-from .grpc_api import CodePoolApi, out_of_stock
+from .grpc_api import CALLERS, CodePoolApi, out_of_stock
 from .importer import Importer
 from .keys import Keyring, KeyringError
 from .service import ReservationService
@@ -19,7 +19,7 @@ from .workers import Sweeper
 
 log = logging.getLogger("codepool")
 
-SERVICE_NAME = codepool_pb2.DESCRIPTOR.services_by_name["CodePoolService"].full_name
+SERVICE = codepool_pb2.DESCRIPTOR.services_by_name["CodePoolService"]
 
 RECORD_HASH_KEY = """
 INSERT INTO hash_key_check (fingerprint) VALUES ($1) ON CONFLICT (singleton) DO NOTHING
@@ -50,7 +50,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                       Importer(pool, keyring, chunk_rows=env_int("CUTY_CODE_IMPORT_CHUNK", 5000)))
     server = GrpcServer("codepool", port, host=host)
     codepool_pb2_grpc.add_CodePoolServiceServicer_to_server(api, server.server)
-    server.add_service_name(SERVICE_NAME)
+    server.add_service(SERVICE, CALLERS)
     sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
     server.add_background(sweeper.run)
     server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters

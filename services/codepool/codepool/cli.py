@@ -17,14 +17,18 @@ from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
 from cutylib.config import Settings, database_url_for, grpc_addr_for
 from cutylib.errors import DomainError, InvalidArgument
 from cutylib.grpc_client import create_channel
+from cutylib.tls import Transport
 
 from . import csvfile, domain
 
 
 async def import_csv(addr: str, product_id: str, path: str | pathlib.Path, *, batch_ref: str = "",
-                     chunk: int = 5000, progress_file=None, deadline_seconds: float = 3600) -> pb.ImportCodesResponse:
+                     chunk: int = 5000, progress_file=None, deadline_seconds: float = 3600,
+                     transport: Transport | None = None) -> pb.ImportCodesResponse:
     """Check the whole file first (malformed lines -> InvalidArgument naming them), then stream it.
-    The server imports all of it or nothing, so an interrupted upload leaves no trace."""
+    The server imports all of it or nothing, so an interrupted upload leaves no trace.
+
+    Runs as the code pool's own identity (its certificate, in its pod): the call acts as `system`."""
     domain.parse_uuid("product_id", product_id)
     path = pathlib.Path(path)
     check = csvfile.check_file(path)
@@ -42,7 +46,8 @@ async def import_csv(addr: str, product_id: str, path: str | pathlib.Path, *, ba
             bar.update(len(codes))
 
     try:
-        async with create_channel(addr, deadline_seconds=deadline_seconds) as channel:
+        transport = transport or Transport.from_env("codepool")
+        async with create_channel(addr, "codepool", transport, deadline_seconds=deadline_seconds) as channel:
             return await codepool_pb2_grpc.CodePoolServiceStub(channel).ImportCodes(messages())
     finally:
         bar.close()

@@ -19,7 +19,7 @@ log = logging.getLogger("gateway")
 def main() -> int:
     # No grpc client instrumentation: the gateway injects traceparent itself (tracing.py); no asyncpg.
     init_telemetry("gateway", instrument_grpc=False, instrument_asyncpg=False)
-    Settings.from_env().check_secrets()  # refuses dev secrets under CUTY_ENV=production
+    Settings.from_env().check_secrets("gateway")  # refuses dev secrets and test hooks under CUTY_ENV=production
     settings = GatewaySettings()
     app = Gateway(settings)
     # Everything built so far (descriptors, routes, OpenTelemetry, grpc) lives as long as the

@@ -12,20 +12,24 @@ import logging
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cutylib.tls import Transport
+
 from .descriptors import Route
 
 log = logging.getLogger(__name__)
 
 
 class Backends:
-    def __init__(self, addrs: dict[str, str]):
+    def __init__(self, addrs: dict[str, str], transport: Transport):
         self.addrs = addrs
+        self.transport = transport
         self.channels: dict[str, grpc.aio.Channel] = {}
         self._calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
 
     async def start(self) -> None:
         for owner, addr in self.addrs.items():
-            self.channels[owner] = grpc.aio.insecure_channel(addr, options=[
+            # Mutual TLS as the gateway; the server must prove it is `owner` whatever the address.
+            self.channels[owner] = self.transport.channel(addr, owner, options=[
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                 # Spread calls over every address the name resolves to (replicas behind a headless
                 # Service, or an explicit `ipv4:host:port,host:port` list), not just the first.

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cutylib.config import SERVICES, Settings, env_field, env_float, env_int, env_str, grpc_addr_for
+from cutylib.identity import AssertionSigner
+from cutylib.tls import Transport
 
 
 def backend_addr(owner: str) -> str:
@@ -17,6 +19,10 @@ class GatewaySettings:
     port: int = field(default_factory=lambda: Settings().http_port)
     host: str = env_field(env_str, "CUTY_HTTP_HOST", "0.0.0.0")
     jwt_secret: str = field(default_factory=lambda: Settings().jwt_secret)
+    # Production: tokens of an identity provider, RS256/ES256, keys from its JWKS (HS256 then refused).
+    jwks_url: str = env_field(env_str, "CUTY_JWT_JWKS_URL", "")
+    jwt_issuer: str = env_field(env_str, "CUTY_JWT_ISSUER", "")
+    jwt_audience: str = env_field(env_str, "CUTY_JWT_AUDIENCE", "")
     # Generous: a PayCheckout may wait on the PSP's synchronous answer (DESIGN.md, pm_card_sync_timeout).
     deadline_seconds: float = env_field(env_float, "CUTY_GATEWAY_DEADLINE_SECONDS", 15.0)
     max_body_bytes: int = env_field(env_int, "CUTY_GATEWAY_MAX_BODY_BYTES", 1024 * 1024)
@@ -24,13 +30,16 @@ class GatewaySettings:
     rate_per_second: float = env_field(env_float, "CUTY_GATEWAY_RATE_PER_SECOND", 50.0)
     rate_burst: float = env_field(env_float, "CUTY_GATEWAY_RATE_BURST", 100.0)
     health_timeout_seconds: float = env_field(env_float, "CUTY_GATEWAY_HEALTH_TIMEOUT_SECONDS", 1.0)
-    # JWT clock skew tolerated between the issuer and this host.
-    jwt_leeway_seconds: float = env_field(env_float, "CUTY_GATEWAY_JWT_LEEWAY_SECONDS", 0.0)
+    # JWT clock skew tolerated between the issuer and this host (exp, iat, nbf).
+    jwt_leeway_seconds: float = env_field(env_float, "CUTY_JWT_LEEWAY_SECONDS", 30.0)
     # Longer than a load balancer's idle timeout (often 60 s), so the balancer closes idle
     # connections first and never sends a request on a connection the gateway is closing.
     keepalive_seconds: float = env_field(env_float, "CUTY_GATEWAY_KEEPALIVE_SECONDS", 75.0)
     # owner -> address; empty means "from the environment" (CUTY_<SVC>_ADDR / _GRPC_PORT).
     backends: dict[str, str] = field(default_factory=dict)
+    # Tests: the gateway's mutual-TLS identity and assertion signer (default: from the environment).
+    transport: Transport | None = None
+    signer: AssertionSigner | None = None
 
     def addr_for(self, owner: str) -> str:
         return self.backends.get(owner) or backend_addr(owner)

@@ -14,7 +14,7 @@ from cutylib.grpc_server import GrpcServer
 from . import metrics, signature
 from .checkout import wiring
 from .core import PaymentsCore
-from .grpc_api import PaymentApi
+from .grpc_api import CALLERS, PaymentApi
 from .psp import PspClient
 from .reconcile import Reconciler
 from .settings import PaymentsOptions
@@ -22,7 +22,7 @@ from .webhooks import WebhookInbox
 
 log = logging.getLogger("payments.metrics")
 
-SERVICE_NAME = payments_pb2.DESCRIPTOR.services_by_name["PaymentService"].full_name
+SERVICE = payments_pb2.DESCRIPTOR.services_by_name["PaymentService"]
 
 
 async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
@@ -50,7 +50,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                                                       settings.psp_webhook_previous_secrets))
     server = GrpcServer("payments", port, host=host)
     payments_pb2_grpc.add_PaymentServiceServicer_to_server(PaymentApi(core, inbox), server.server)
-    server.add_service_name(SERVICE_NAME)
+    server.add_service(SERVICE, CALLERS)
     if workers:
         server.add_background(inbox.run_retries)
         server.add_background(Reconciler(core).run)

@@ -9,10 +9,19 @@ from cuty.payments.v1 import payments_pb2_grpc
 from cutylib import principal
 from cutylib.errors import InvalidArgument, NotFound
 from cutylib.telemetry import set_span_attributes
+from cutylib.tls import GATEWAY, PAYMENTS
 
 from .core import PaymentsCore
 from .views import PaymentView, parse_uuid
 from .webhooks import WebhookInbox
+
+# Which service may call each RPC (its certificate's identity); the server refuses the rest.
+# Moving money by hand (create, cancel, refund) is for the payments service's own identity (its
+# operator tooling); the gateway reads timelines and relays the PSP's webhooks as raw bytes.
+CALLERS = {
+    "CreatePayment": {PAYMENTS}, "GetPayment": {GATEWAY, PAYMENTS}, "CancelPayment": {PAYMENTS},
+    "RefundPayment": {PAYMENTS}, "GetPaymentTimeline": {GATEWAY}, "HandlePspWebhook": {GATEWAY},
+}
 
 SIGNATURE_KEY = "cuty-signature"
 IDEMPOTENCY_KEY = "idempotency-key"
@@ -56,7 +65,7 @@ class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
         return (await self.core.cancel(_payment_id(request.payment_id))).to_proto()
 
     async def RefundPayment(self, request: pb.RefundPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
-        principal.current().require_role(*MONEY_ROLES)
+        principal.current().require_role("system")  # a refund finishes a purchase: never a user
         key = request.idempotency_key or principal.metadata_value(context.invocation_metadata(), IDEMPOTENCY_KEY)
         if not key:
             raise InvalidArgument("idempotency_key", "idempotency_key is required for a refund")

@@ -17,7 +17,12 @@ from cuty.codepool.v1 import codepool_pb2 as cpb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
 from cutylib.config import with_database
+from booking.grpc_api import CALLERS as BOOKING_CALLERS
+from codepool.grpc_api import CALLERS as CODEPOOL_CALLERS
 from cutylib.testing.procs import wait_for
+from cutylib.testing.trust import acting_channel, user
+from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS
+from payments.grpc_api import CALLERS as PAYMENT_CALLERS
 from cutylib.testing.stack import Stack
 
 TERMINAL = {pb.COMPLETED, pb.REJECTED, pb.FAILED, pb.EXPIRED, pb.CANCELLED, pb.REFUNDED}
@@ -27,8 +32,14 @@ def name(state: int) -> str:
     return pb.CheckoutState.Name(state)
 
 
+ADMIN = user("e2e-admin", "admin")
+STAFF = user("e2e-staff", "staff")
+# Tests act where the gateway and the orchestrator stand, each RPC with a certificate its table allows.
+PAYMENTS_CALLERS = {**CHECKOUT_CALLERS, **PAYMENT_CALLERS}
+
+
 def md(customer: str | None, key: str | None = None, role: str = "customer"):
-    out = [("cuty-subject", customer), ("cuty-role", role)] if customer else []
+    out = list(user(customer, role)) if customer else []
     if key:
         out.append(("idempotency-key", key))
     return tuple(out)
@@ -48,14 +59,15 @@ class CheckoutStack:
         self.resource_id = ""
 
     async def open(self) -> "CheckoutStack":
-        self._channels = [grpc.aio.insecure_channel(a) for a in self.stack.payments_addrs]
-        self._booking_ch = grpc.aio.insecure_channel(self.stack.booking_addr)
-        self._codepool_ch = grpc.aio.insecure_channel(self.stack.codepool_addr)
+        self._channels = [acting_channel(a, "payments", PAYMENTS_CALLERS) for a in self.stack.payments_addrs]
+        self._booking_ch = acting_channel(self.stack.booking_addr, "booking", BOOKING_CALLERS)
+        self._codepool_ch = acting_channel(self.stack.codepool_addr, "codepool", CODEPOOL_CALLERS)
         self.booking = booking_pb2_grpc.BookingServiceStub(self._booking_ch)
         self.codepool = codepool_pb2_grpc.CodePoolServiceStub(self._codepool_ch)
-        salon = await self.booking.CreateSalon(bpb.CreateSalonRequest(name="Cuty e2e", time_zone="Europe/Istanbul"))
+        salon = await self.booking.CreateSalon(bpb.CreateSalonRequest(name="Cuty e2e", time_zone="Europe/Istanbul"),
+                                               metadata=ADMIN)
         self.resource_id = (await self.booking.CreateResource(
-            bpb.CreateResourceRequest(salon_id=salon.id, name="Chair 1"))).id
+            bpb.CreateResourceRequest(salon_id=salon.id, name="Chair 1"), metadata=ADMIN)).id
         self.salon_id = salon.id
         self._base = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) + timedelta(days=2)
         return self
@@ -76,17 +88,18 @@ class CheckoutStack:
             slots.append(bpb.SlotInput(resource_id=self.resource_id, start_time=_ts(start),
                                        end_time=_ts(start + timedelta(hours=1)),
                                        price=common_pb2.Money(currency_code="TRY", amount_minor=price)))
-        out = await self.booking.BatchCreateSlots(bpb.BatchCreateSlotsRequest(salon_id=self.salon_id, slots=slots))
+        out = await self.booking.BatchCreateSlots(bpb.BatchCreateSlotsRequest(salon_id=self.salon_id, slots=slots),
+                                                  metadata=ADMIN)
         return [s.id for s in out.slots]
 
     async def new_product(self, stock: int, price: int = 2500) -> str:
         p = await self.codepool.CreateProduct(cpb.CreateProductRequest(
             sku=f"e2e-{secrets.token_hex(6)}", name="Gift card",
-            price=common_pb2.Money(currency_code="TRY", amount_minor=price)))
+            price=common_pb2.Money(currency_code="TRY", amount_minor=price)), metadata=ADMIN)
         if stock:
             await self.codepool.ImportCodeBatch(cpb.ImportCodeBatchRequest(
                 product_id=p.id, batch_ref=f"b-{secrets.token_hex(4)}",
-                codes=[f"CODE-{secrets.token_hex(8).upper()}" for _ in range(stock)]))
+                codes=[f"CODE-{secrets.token_hex(8).upper()}" for _ in range(stock)]), metadata=ADMIN)
         return p.id
 
     # -- the API ----------------------------------------------------------------------------------
@@ -107,7 +120,7 @@ class CheckoutStack:
 
     async def get(self, checkout_id: str, customer: str | None = None, replica: int = 0) -> pb.Checkout:
         return await self.api(replica).GetCheckout(pb.GetCheckoutRequest(checkout_id=checkout_id),
-                                                   metadata=md(customer), timeout=5)
+                                                   metadata=md(customer) if customer else STAFF, timeout=5)
 
     async def cancel(self, customer: str, checkout_id: str, replica: int = 0) -> pb.Checkout:
         return await self.api(replica).CancelCheckout(pb.CancelCheckoutRequest(checkout_id=checkout_id),

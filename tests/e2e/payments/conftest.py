@@ -9,6 +9,8 @@ import pytest_asyncio
 
 from cuty.payments.v1 import payments_pb2_grpc
 from cutylib.testing.stack import Stack
+from cutylib.testing.trust import acting_channel
+from payments.grpc_api import CALLERS
 
 # Small thresholds so reconciliation and the sync-timeout scenario finish within seconds.
 E2E_ENV = {
@@ -44,7 +46,7 @@ async def payments_stack(pg, payments_dsn, tmp_path_factory):
     stack = Stack(pg.dsn, tmp_path_factory.mktemp("payments-e2e"), services=("payments",), env=E2E_ENV)
     await stack.start()
     db = await asyncpg.create_pool(payments_dsn, min_size=1, max_size=4)
-    channel = grpc.aio.insecure_channel(stack.payments_addrs[0])
+    channel = acting_channel(stack.payments_addrs[0], "payments", CALLERS)
     try:
         yield PaymentsStack(stack, db, channel)
     finally:

@@ -39,7 +39,7 @@ async def test_sigstopped_lease_holder_is_taken_over_and_fenced(pg, payments_dsn
     db = await asyncpg.create_pool(payments_dsn, min_size=1, max_size=2)
     rescuer: ServiceProcess | None = None
     try:
-        async with grpc.aio.insecure_channel(stack.payments_addrs[0]) as ch:
+        async with stack.channel("payments", "payments") as ch:
             p = await payments_pb2_grpc.PaymentServiceStub(ch).CreatePayment(pb.CreatePaymentRequest(
                 checkout_id=new_id(), amount=common_pb2.Money(currency_code="TRY", amount_minor=500),
                 payment_method="pm_card_no_webhook", idempotency_key=new_id(), customer_id="c"))

@@ -7,6 +7,9 @@ from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import payments_pb2 as pb
 from cutylib.testing.ids import new_id
 from cutylib.testing.procs import wait_for
+from cutylib.testing.trust import user
+
+STAFF = user("e2e-staff", "staff")
 
 S = pb.PaymentStatus
 
@@ -21,7 +24,7 @@ async def status_of(ps, payment_id: str) -> int:
 
 
 async def events_of(ps, payment_id: str):
-    return (await ps.stub.GetPaymentTimeline(pb.GetPaymentTimelineRequest(payment_id=payment_id))).events
+    return (await ps.stub.GetPaymentTimeline(pb.GetPaymentTimelineRequest(payment_id=payment_id), metadata=STAFF)).events
 
 
 async def wait_status(ps, payment_id: str, status: int, timeout: float = 10) -> pb.Payment:

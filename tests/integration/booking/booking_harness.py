@@ -8,10 +8,10 @@ from cuty.booking.v1 import booking_pb2 as pb
 from cuty.booking.v1 import booking_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cutylib.config import Settings
-from cutylib.principal import Principal
+from cutylib.testing.trust import user
 from cutylib.testing.ids import new_id
 
-ADMIN = Principal(new_id(), "admin").metadata()
+ADMIN = user(new_id(), "admin")
 
 
 def at(dt: datetime):

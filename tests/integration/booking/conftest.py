@@ -12,14 +12,15 @@ from booking.bootstrap import create_booking_pool, create_server
 from booking_harness import Booking
 from cuty.booking.v1 import booking_pb2_grpc
 from cutylib.config import Settings
-from cutylib.grpc_client import create_channel
+from booking.grpc_api import CALLERS
+from cutylib.testing.trust import acting_channel
 
 
 async def _start(pool, **overrides) -> tuple:
     settings = dataclasses.replace(Settings(), sweep_interval_seconds=3600, **overrides)
     server = await create_server(settings, pool, port=0, host="127.0.0.1", sweeper=False)
     await server.start()
-    channel = create_channel(f"127.0.0.1:{server.port}", deadline_seconds=20)
+    channel = acting_channel(f"127.0.0.1:{server.port}", "booking", CALLERS, deadline_seconds=20)
     return server, channel, Booking(server, booking_pb2_grpc.BookingServiceStub(channel), settings)
 
 

@@ -8,7 +8,7 @@ from booking_harness import ADMIN, at, tomorrow
 from cuty.booking.v1 import booking_pb2 as pb
 from cuty.common.v1 import common_pb2
 from cutylib.grpc_errors import bad_field
-from cutylib.principal import Principal
+from cutylib.testing.trust import user
 from cutylib.testing.ids import new_id
 
 T = tomorrow(10)
@@ -116,8 +116,8 @@ async def test_batch_refusals_beyond_the_fields(booking, booking_pool):
 
 
 async def test_admin_calls_need_an_admin(booking):
-    customer = Principal(new_id(), "customer").metadata()
-    staff = Principal(new_id(), "staff").metadata()
+    customer = user(new_id(), "customer")
+    staff = user(new_id(), "staff")
     for md in (customer, staff):
         await _fails(booking.stub.CreateSalon(pb.CreateSalonRequest(name="n", time_zone="UTC"), metadata=md),
                      grpc.StatusCode.PERMISSION_DENIED)

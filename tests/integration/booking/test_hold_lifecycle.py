@@ -9,6 +9,7 @@ from booking_harness import tomorrow
 from cuty.booking.v1 import booking_pb2 as pb
 from cutylib.grpc_errors import bad_field, error_reason
 from cutylib.principal import Principal
+from cutylib.testing.trust import user_of
 from cutylib.testing.ids import new_id
 
 
@@ -115,16 +116,21 @@ async def test_a_started_slot_cannot_be_held(booking, booking_pool):
 async def test_customers_hold_for_themselves_and_see_only_their_holds(booking):
     (slot, other) = await _slots(booking)
     alice, bob = Principal(new_id(), "customer"), Principal(new_id(), "customer")
-    hold = await booking.stub.HoldSlot(pb.HoldSlotRequest(slot_id=slot.id, request_id="r1"), metadata=alice.metadata())
+    hold = await booking.stub.HoldSlot(pb.HoldSlotRequest(slot_id=slot.id, request_id="r1"), metadata=user_of(alice))
     assert hold.customer_id == alice.subject
-    assert (await booking.stub.GetHold(pb.GetHoldRequest(hold_id=hold.id), metadata=alice.metadata())).id == hold.id
-    for call in (booking.stub.GetHold(pb.GetHoldRequest(hold_id=hold.id), metadata=bob.metadata()),
-                 booking.stub.ReleaseHold(pb.ReleaseHoldRequest(hold_id=hold.id), metadata=bob.metadata())):
-        with pytest.raises(grpc.aio.AioRpcError) as e:
-            await call
-        assert _code(e) == grpc.StatusCode.NOT_FOUND  # existence is not leaked
+    assert (await booking.stub.GetHold(pb.GetHoldRequest(hold_id=hold.id), metadata=user_of(alice))).id == hold.id
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await booking.stub.GetHold(pb.GetHoldRequest(hold_id=hold.id), metadata=user_of(bob))
+    assert _code(e) == grpc.StatusCode.NOT_FOUND  # existence is not leaked
+    # Releasing and confirming finish a purchase: the orchestrator's alone, never a user's, even its own.
+    for md in (user_of(bob), user_of(alice)):
+        for call in (booking.stub.ReleaseHold(pb.ReleaseHoldRequest(hold_id=hold.id), metadata=md),
+                     booking.stub.ConfirmHold(pb.ConfirmHoldRequest(hold_id=hold.id, payment_ref="free"), metadata=md)):
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call
+            assert _code(e) == grpc.StatusCode.PERMISSION_DENIED
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await booking.stub.HoldSlot(pb.HoldSlotRequest(slot_id=other.id, customer_id=alice.subject, request_id="r2"),
-                                    metadata=bob.metadata())
+                                    metadata=user_of(bob))
     assert _code(e) == grpc.StatusCode.PERMISSION_DENIED
     assert (await booking.stub.GetHold(pb.GetHoldRequest(hold_id=hold.id))).status == pb.HOLD_STATUS_HELD

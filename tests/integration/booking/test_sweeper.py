@@ -8,7 +8,8 @@ from booking.workers import Sweeper
 from booking_harness import Booking, expired, tomorrow
 from cuty.booking.v1 import booking_pb2 as pb
 from cuty.booking.v1 import booking_pb2_grpc
-from cutylib.grpc_client import create_channel
+from booking.grpc_api import CALLERS
+from cutylib.testing.trust import acting_channel
 from cutylib.testing.procs import wait_for
 
 
@@ -46,7 +47,7 @@ async def test_background_sweeper_runs_and_counts(booking_pool):
     await server.start()
     before = metrics.REGISTRY[metrics.HOLDS_SWEPT]
     try:
-        async with create_channel(f"127.0.0.1:{server.port}") as ch:
+        async with acting_channel(f"127.0.0.1:{server.port}", "booking", CALLERS) as ch:
             b = Booking(server, booking_pb2_grpc.BookingServiceStub(ch), settings)
             salon, (r1,) = await b.salon()
             (slot,) = (await b.day(salon, [r1], tomorrow(9), count=1))[r1]

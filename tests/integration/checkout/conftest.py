@@ -17,7 +17,9 @@ from cutylib.config import Settings, with_database
 from cutylib.db import create_pool, migrate
 from cutylib.grpc_server import GrpcServer
 from payments.checkout import crash, wiring
-from payments.checkout.grpc_api import CheckoutApi
+from cutylib.testing.trust import acting_channel
+from payments.checkout.grpc_api import CALLERS, CheckoutApi
+from payments.checkout.wiring import SERVICE
 from payments.checkout.settings import CheckoutOptions
 from payments.checkout.workers import wake_saga
 from payments.core import PaymentsCore
@@ -78,10 +80,11 @@ class Harness:
         self.workers.clear()
 
     async def serve(self) -> grpc.aio.Channel:
-        self.server = GrpcServer("checkout-test", 0, host="127.0.0.1")
+        self.server = GrpcServer("payments", 0, host="127.0.0.1")
         checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(self.service), self.server.server)
+        self.server.add_service(SERVICE, CALLERS)
         await self.server.start()
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.server.port}")
+        self.channel = acting_channel(f"127.0.0.1:{self.server.port}", "payments", CALLERS)
         return self.channel
 
     async def row(self, checkout_id: str):

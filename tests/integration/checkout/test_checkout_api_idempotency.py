@@ -12,12 +12,13 @@ from cuty.codepool.v1 import codepool_pb2
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
 from cutylib.grpc_errors import bad_field, error_reason, unpack_detail
 from cutylib.testing.procs import wait_for
+from cutylib.testing.trust import user
 
 
 def md(customer: str | None = None, key: str | None = None, role: str = "customer"):
     out = []
     if customer:
-        out += [("cuty-subject", customer), ("cuty-role", role)]
+        out += list(user(customer, role))
     if key:
         out.append(("idempotency-key", key))
     return tuple(out)

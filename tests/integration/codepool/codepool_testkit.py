@@ -7,18 +7,18 @@ import secrets
 from cuty.codepool.v1 import codepool_pb2 as pb
 from cuty.common.v1 import common_pb2
 from cutylib.config import Settings
-from cutylib.principal import Principal
+from cutylib.testing.trust import user
 from cutylib.testing.ids import new_id
 
 # Every plaintext code a test makes carries MARKER, so test_codepool_zz_no_plaintext.py can search
 # the whole database and every log line of the run for it.
 MARKER = "PlAiNzQ"
-ADMIN = Principal("admin-1", "admin").metadata()
-STAFF = Principal("staff-1", "staff").metadata()
+ADMIN = user("admin-1", "admin")
+STAFF = user("staff-1", "staff")
 
 
 def customer(subject: str):
-    return Principal(subject, "customer").metadata()
+    return user(subject, "customer")
 
 
 def make_codes(n: int, tag: str = "") -> list[str]:
@@ -49,7 +49,7 @@ def reserve_request(product_id: str, quantity: int = 1, *, order_id: str | None 
 
 
 async def stock_of(stub, product_id: str) -> tuple[int, int, int]:
-    s = await stub.GetStock(pb.GetStockRequest(product_id=product_id))
+    s = await stub.GetStock(pb.GetStockRequest(product_id=product_id), metadata=STAFF)
     return s.available, s.reserved, s.delivered
 
 

@@ -10,7 +10,8 @@ import pytest_asyncio
 
 from cutylib.config import Settings
 from cutylib.db import create_pool
-from cutylib.grpc_client import create_channel
+from codepool.grpc_api import CALLERS
+from cutylib.testing.trust import acting_channel
 from cutylib.telemetry import JsonFormatter
 
 from codepool.bootstrap import create_server
@@ -76,7 +77,7 @@ async def cp_server(cp_pool, keyring):
 
 @pytest_asyncio.fixture(scope="session")
 async def channel(cp_server):
-    async with create_channel(f"127.0.0.1:{cp_server.port}", deadline_seconds=30) as ch:
+    async with acting_channel(f"127.0.0.1:{cp_server.port}", "codepool", CALLERS, deadline_seconds=30) as ch:
         yield ch
 
 

@@ -18,11 +18,12 @@ import pytest
 
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
 from cutylib.db import create_pool
-from cutylib.grpc_client import create_channel
+from codepool.grpc_api import CALLERS
+from cutylib.testing.trust import acting_channel
 from cutylib.testing.ids import new_id
 
 from codepool.bootstrap import create_server
-from codepool_testkit import settings, stocked_product
+from codepool_testkit import STAFF, settings, stocked_product
 
 CODES = 100
 CLIENTS = 64
@@ -55,11 +56,11 @@ SELECT
 """
 
 
-async def _call(fn, req, stats: Counter, tries: int = 6):
+async def _call(fn, req, stats: Counter, tries: int = 6, metadata=None):
     """Call until an answer that is not a database outage; a retry is a replay (every call is idempotent)."""
     for _ in range(tries):
         try:
-            return await fn(req)
+            return await fn(req, metadata=metadata)
         except grpc.aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise
@@ -80,7 +81,7 @@ async def run_chaos(dsn: str, cp_pool, keyring, stub, seconds: float) -> None:
     violations: list[dict] = []
     stop = asyncio.Event()
     try:
-        async with create_channel(f"127.0.0.1:{server.port}", deadline_seconds=10) as ch:
+        async with acting_channel(f"127.0.0.1:{server.port}", "codepool", CALLERS, deadline_seconds=10) as ch:
             chaos = codepool_pb2_grpc.CodePoolServiceStub(ch)
 
             async def client(i: int) -> None:
@@ -147,7 +148,7 @@ async def run_chaos(dsn: str, cp_pool, keyring, stub, seconds: float) -> None:
                     if row["total"] != CODES or row["available"] + row["reserved"] + row["delivered"] != CODES or bad:
                         violations.append(row)
                     # and the service's own GetStock (one statement, one snapshot) always adds up
-                    stock = await _call(chaos.GetStock, pb.GetStockRequest(product_id=product_id), stats)
+                    stock = await _call(chaos.GetStock, pb.GetStockRequest(product_id=product_id), stats, metadata=STAFF)
                     if stock is not None and stock.available + stock.reserved + stock.delivered != CODES:
                         violations.append({"GetStock": str(stock)})
                     await asyncio.sleep(0.02)

@@ -10,7 +10,8 @@ import grpc
 import pytest
 
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
-from cutylib.grpc_client import create_channel
+from codepool.grpc_api import CALLERS
+from cutylib.testing.trust import acting_channel
 from cutylib.grpc_errors import error_reason
 from cutylib.testing.procs import base_env
 
@@ -62,7 +63,7 @@ async def test_rotation_while_the_service_runs(cp_pool, keyring, stub):
     server = await create_server(settings(), cp_pool, keyring=rotated_ring)
     await server.start()
     try:
-        async with create_channel(f"127.0.0.1:{server.port}") as ch:
+        async with acting_channel(f"127.0.0.1:{server.port}", "codepool", CALLERS) as ch:
             new = codepool_pb2_grpc.CodePoolServiceStub(ch)
             listed = await new.ListCodes(pb.ListCodesRequest(product_id=product_id, page_size=1), metadata=ADMIN)
             assert await _reveal(new, listed.codes[0].id) in codes

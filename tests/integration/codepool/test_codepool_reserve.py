@@ -128,9 +128,15 @@ async def test_customer_reserves_only_for_itself_and_sees_only_its_orders(stub):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.GetReservation(pb.GetReservationRequest(order_id=req.order_id), metadata=customer("bob"))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await stub.ReleaseReservation(pb.ReleaseReservationRequest(order_id=req.order_id), metadata=customer("bob"))
-    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    # Delivering and releasing finish a purchase: the orchestrator's alone, never a user's, even on
+    # its own order (a customer could otherwise deliver its reserved codes with a made-up payment).
+    for who in ("bob", "alice"):
+        for call in (stub.ReleaseReservation(pb.ReleaseReservationRequest(order_id=req.order_id), metadata=customer(who)),
+                     stub.DeliverCodes(pb.DeliverCodesRequest(order_id=req.order_id, payment_transaction_id="free"),
+                                       metadata=customer(who))):
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
 async def test_known_product_without_codes_is_out_of_stock(stub):

@@ -3,7 +3,8 @@ import asyncio
 import uuid
 
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
-from cutylib.grpc_client import create_channel
+from codepool.grpc_api import CALLERS
+from cutylib.testing.trust import acting_channel
 from cutylib.testing.procs import wait_for
 
 from codepool.bootstrap import create_server
@@ -24,7 +25,7 @@ async def test_sweeper_releases_expired_reservations(cp_pool, keyring, stub):
                                  keyring=keyring)
     await server.start()
     try:
-        async with create_channel(f"127.0.0.1:{server.port}") as ch:
+        async with acting_channel(f"127.0.0.1:{server.port}", "codepool", CALLERS) as ch:
             short = codepool_pb2_grpc.CodePoolServiceStub(ch)
             product_id, _ = await stocked_product(stub, 5)
             res = await short.ReserveCodes(reserve_request(product_id, 3))

@@ -18,7 +18,14 @@ import uvicorn
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
+from google.protobuf import descriptor_pool
+
+from cutylib import principal
 from cutylib.grpc_server import GrpcServer
+from cutylib.principal import Principal
+from cutylib.testing.trust import dev_pki
+from cutylib.tls import TlsFiles, Transport
+from cutylib.tls import issue as issue_cert
 from cutylib.pgcluster import free_port
 from gateway.app import Gateway
 from gateway.auth import issue
@@ -37,6 +44,7 @@ class Call:
     rpc: str
     request: object
     metadata: dict[str, str]
+    who: Principal  # the user as the services see it: from the gateway's signed assertion
 
 
 @dataclass
@@ -60,7 +68,7 @@ class FakeBackend:
     def _behaviour(self, method: str, output_type):
         async def handle(request, context):
             md = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in context.invocation_metadata()}
-            self.calls.append(Call(method, request, md))
+            self.calls.append(Call(method, request, md, principal.current()))
             script = self.scripts.get(method)
             if script is None:
                 return output_type()
@@ -73,10 +81,15 @@ class FakeBackend:
 async def fake():
     routes = load_routes()
     backend = FakeBackend()
-    server = GrpcServer("fake", 0, host="127.0.0.1", grace_seconds=0)
+    # Stands in for every service: its certificate names all three, and the gateway may call it all.
+    pki = dev_pki()
+    key, cert = issue_cert(pki.ca_key(), pki.ca_path.read_bytes(), "fake", extra_names=("booking", "codepool", "payments"))
+    transport = Transport("fake", TlsFiles("fake", pki.ca_path.read_bytes(), cert, key))
+    server = GrpcServer("fake", 0, host="127.0.0.1", grace_seconds=0, transport=transport)
     server.server.add_generic_rpc_handlers(backend.handlers(routes))
     for svc in {r.grpc_path[1:].split("/")[0] for r in routes}:
-        server.add_service_name(svc)
+        descriptor = descriptor_pool.Default().FindServiceByName(svc)
+        server.add_service(descriptor, {m.name: {"gateway"} for m in descriptor.methods})
     await server.start()
     backend.server = server
     backend.addr = f"127.0.0.1:{server.port}"

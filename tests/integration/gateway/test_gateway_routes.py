@@ -44,8 +44,8 @@ async def test_route_reaches_its_rpc(client, fake, bearer, method, path, role, h
     for k, v in fields.items():
         got = getattr(call.request, k)
         assert (list(got) if isinstance(v, list) else got) == v, k
-    assert call.metadata["cuty-subject"] == f"{role}-7"
-    assert call.metadata["cuty-role"] == role
+    assert (call.who.subject, call.who.role) == (f"{role}-7", role)  # verified from the signed assertion
+    assert "cuty-subject" not in call.metadata and "cuty-role" not in call.metadata
     if headers is IDEM:
         assert call.metadata["idempotency-key"] == "k-1"
     else:
@@ -85,7 +85,7 @@ async def test_webhook_passes_raw_body_and_signature_without_a_token(client, fak
     call = fake.last("HandlePspWebhook")
     assert call.request.payload == raw
     assert call.metadata["cuty-signature"] == "t=1,v1=abc"
-    assert "cuty-subject" not in call.metadata and "cuty-role" not in call.metadata
+    assert "cuty-user" not in call.metadata and call.who.role == "anonymous"
 
 
 async def test_unknown_route_and_wrong_method(client, bearer):

@@ -1,25 +1,37 @@
-"""The shared gRPC bootstrap: error mapping with details, principal propagation, health, reflection, deadlines."""
+"""The shared gRPC bootstrap over real mutual TLS: who may call (certificates, caller tables, signed
+users), error mapping with details, health, reflection, deadlines."""
 import asyncio
+import dataclasses
+import datetime as dt
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from booking.grpc_api import CALLERS
 from cuty.booking.v1 import booking_pb2, booking_pb2_grpc
 from cutylib import principal
 from cutylib.errors import AlreadyExists, InvalidArgument
 from cutylib.grpc_client import create_channel
 from cutylib.grpc_errors import bad_field, error_reason, unpack_detail
 from cutylib.grpc_server import GrpcServer
+from cutylib.identity import AssertionSigner
+from cutylib.testing.trust import channel_as, dev_pki, user
+from cutylib.tls import DevPki, TlsFiles, Transport, issue, make_ca
+
+SERVICE = booking_pb2.DESCRIPTOR.services_by_name["BookingService"]
+CREATE = booking_pb2.CreateSalonRequest(name="x")
 
 
 class Probe(booking_pb2_grpc.BookingServiceServicer):
+    """Answers with who called: Salon(id=subject, name=role, time_zone=org)."""
+
     async def CreateSalon(self, request, context):
         if not request.name:
             raise InvalidArgument("name", "name must not be empty")
         p = principal.current()
-        return booking_pb2.Salon(id=p.subject, name=p.role, time_zone=request.time_zone)
+        return booking_pb2.Salon(id=p.subject, name=p.role, time_zone=p.org)
 
     async def HoldSlot(self, request, context):
         raise AlreadyExists("slot taken", reason="slot-unavailable",
@@ -33,58 +45,209 @@ class Probe(booking_pb2_grpc.BookingServiceServicer):
         raise ZeroDivisionError("bug")
 
 
+async def _serve(transport: Transport | None = None) -> GrpcServer:
+    server = GrpcServer("booking", 0, host="127.0.0.1", transport=transport)
+    booking_pb2_grpc.add_BookingServiceServicer_to_server(Probe(), server.server)
+    server.add_service(SERVICE, CALLERS)
+    server.add_health_port("127.0.0.1", 0)
+    await server.start()
+    return server
+
+
 @pytest.fixture
 async def probe_server():
-    server = GrpcServer("probe", 0, host="127.0.0.1")
-    booking_pb2_grpc.add_BookingServiceServicer_to_server(Probe(), server.server)
-    server.add_service_name("cuty.booking.v1.BookingService")
-    await server.start()
+    server = await _serve()
     yield server
     await server.stop()
 
 
+def addr(server) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+def stub(ch):
+    return booking_pb2_grpc.BookingServiceStub(ch)
+
+
+async def code_of(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await call
+    return e.value.code()
+
+
 async def test_domain_errors_become_status_with_details(probe_server):
-    async with create_channel(f"127.0.0.1:{probe_server.port}") as ch:
-        stub = booking_pb2_grpc.BookingServiceStub(ch)
+    async with channel_as("gateway", addr(probe_server), "booking") as gw, \
+            channel_as("payments", addr(probe_server), "booking") as pay:
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub.CreateSalon(booking_pb2.CreateSalonRequest(name=""))
+            await stub(gw).CreateSalon(booking_pb2.CreateSalonRequest(name=""), metadata=user("a", "admin"))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert bad_field(e.value) == "name"
 
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub.HoldSlot(booking_pb2.HoldSlotRequest(slot_id="s1"))
+            await stub(pay).HoldSlot(booking_pb2.HoldSlotRequest(slot_id="s1"))
         assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
         assert error_reason(e.value) == "slot-unavailable"
         assert unpack_detail(e.value, booking_pb2.SlotUnavailable).slot_id == "s1"
 
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub.GetHold(booking_pb2.GetHoldRequest())
+            await stub(pay).GetHold(booking_pb2.GetHoldRequest())
         assert e.value.code() == grpc.StatusCode.INTERNAL
         assert "bug" not in e.value.details()  # no internals leak
 
 
-async def test_principal_travels_in_metadata_and_deadline_applies(probe_server):
-    async with create_channel(f"127.0.0.1:{probe_server.port}", deadline_seconds=0.3) as ch:
-        stub = booking_pb2_grpc.BookingServiceStub(ch)
-        salon = await stub.CreateSalon(booking_pb2.CreateSalonRequest(name="x"),
-                                       metadata=principal.Principal("user-1", "admin").metadata())
-        assert (salon.id, salon.name) == ("user-1", "admin")
-        salon = await stub.CreateSalon(booking_pb2.CreateSalonRequest(name="x"))
-        assert (salon.id, salon.name) == ("", "system")
+async def test_the_user_is_the_signed_assertion_and_never_plain_metadata(probe_server):
+    async with channel_as("gateway", addr(probe_server), "booking", deadline_seconds=0.3) as ch:
+        salon = await stub(ch).CreateSalon(CREATE, metadata=user("user-1", "admin", "org-7"))
+        assert (salon.id, salon.name, salon.time_zone) == ("user-1", "admin", "org-7")
+        # Forged plain metadata changes nothing: without an assertion the gateway's call has no user.
+        forged = (("cuty-role", "admin"), ("cuty-subject", "root"), ("cuty-org", "org-7"))
+        salon = await stub(ch).CreateSalon(CREATE, metadata=forged)
+        assert (salon.id, salon.name) == ("", "anonymous")
+        # An assertion signed by any other key, or expired, is refused outright.
+        other = DevPki(dev_pki().folder.parent / "other-pki").ensure()
+        mallory = AssertionSigner((other.folder / "user-assertion.key").read_bytes()).metadata(
+            principal.Principal("root", "admin"))
+        assert await code_of(stub(ch).CreateSalon(CREATE, metadata=mallory)) == grpc.StatusCode.UNAUTHENTICATED
+        old = AssertionSigner((dev_pki().folder / "user-assertion.key").read_bytes(), ttl_seconds=60,
+                              clock=lambda: 1_000_000.0).metadata(principal.Principal("u", "admin"))
+        assert await code_of(stub(ch).CreateSalon(CREATE, metadata=old)) == grpc.StatusCode.UNAUTHENTICATED
+        assert await code_of(stub(ch).CreateSalon(CREATE, metadata=(("cuty-user", "x" * 5000),))) == \
+            grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub.GetSlot(booking_pb2.GetSlotRequest())
+            await stub(ch).GetSlot(booking_pb2.GetSlotRequest())
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-async def test_health_and_reflection(probe_server):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{probe_server.port}") as ch:
+async def test_system_only_for_the_orchestrator_or_the_service_itself(probe_server):
+    server = GrpcServer("booking", 0, host="127.0.0.1")
+    table = {m.name: {"gateway", "payments", "booking"} for m in SERVICE.methods}
+    booking_pb2_grpc.add_BookingServiceServicer_to_server(Probe(), server.server)
+    server.add_service(SERVICE, table)
+    await server.start()
+    try:
+        for identity, role in (("payments", "system"), ("booking", "system"), ("gateway", "anonymous")):
+            async with channel_as(identity, addr(server), "booking") as ch:
+                assert (await stub(ch).CreateSalon(CREATE)).name == role, identity
+    finally:
+        await server.stop()
+
+
+async def test_each_rpc_only_from_the_services_in_its_table(probe_server):
+    pki = dev_pki()
+    async with channel_as("gateway", addr(probe_server), "booking") as gw, \
+            channel_as("payments", addr(probe_server), "booking") as pay, \
+            channel_as("intruder", addr(probe_server), "booking") as intruder:
+        admin = user("a", "admin")
+        assert await code_of(stub(gw).HoldSlot(booking_pb2.HoldSlotRequest(), metadata=admin)) == \
+            grpc.StatusCode.PERMISSION_DENIED
+        assert await code_of(stub(pay).CreateSalon(CREATE, metadata=admin)) == grpc.StatusCode.PERMISSION_DENIED
+        # A valid certificate of the same CA, for a service no table names.
+        assert await code_of(stub(intruder).CreateSalon(CREATE, metadata=admin)) == \
+            grpc.StatusCode.PERMISSION_DENIED
+        assert await code_of(stub(intruder).HoldSlot(booking_pb2.HoldSlotRequest())) == \
+            grpc.StatusCode.PERMISSION_DENIED
+    assert pki.cert_path("intruder").exists()
+
+
+async def test_callers_without_a_valid_certificate_never_reach_the_service(probe_server, tmp_path):
+    pki = dev_pki()
+    ca_key, ca_cert = pki.ca_key(), pki.ca_path.read_bytes()
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def transport(key_cert, ca=ca_cert) -> Transport:
+        return Transport("gateway", TlsFiles("gateway", ca, key_cert[1], key_cert[0]))
+
+    other_ca_key, other_ca = make_ca("Not Cuty")
+    bad = {
+        "expired": transport(issue(ca_key, ca_cert, "gateway", not_before=now - dt.timedelta(days=10), days=1)),
+        "not yet valid": transport(issue(ca_key, ca_cert, "gateway", not_before=now + dt.timedelta(days=1))),
+        "another CA": transport(issue(other_ca_key, other_ca, "gateway"), ca=ca_cert + other_ca),
+    }
+    for what, t in bad.items():
+        async with create_channel(addr(probe_server), "booking", t, deadline_seconds=3) as ch:
+            assert await code_of(stub(ch).CreateSalon(CREATE, metadata=user("a", "admin"))) == \
+                grpc.StatusCode.UNAVAILABLE, what
+    # No client certificate at all, and plaintext: the handshake fails.
+    creds = grpc.ssl_channel_credentials(root_certificates=ca_cert)
+    async with grpc.aio.secure_channel(addr(probe_server), creds,
+                                       options=[("grpc.ssl_target_name_override", "booking")]) as ch:
+        assert await code_of(stub(ch).CreateSalon(CREATE, timeout=3)) == grpc.StatusCode.UNAVAILABLE
+    async with grpc.aio.insecure_channel(addr(probe_server)) as ch:
+        assert await code_of(stub(ch).CreateSalon(CREATE, timeout=3)) == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_ca_rotation_with_two_cas_trusted(tmp_path):
+    """During rotation every party trusts the old and the new CA; certificates of either work."""
+    old, new = DevPki(tmp_path / "old").ensure(), DevPki(tmp_path / "new").ensure()
+    both = old.ca_path.read_bytes() + new.ca_path.read_bytes()
+
+    def rotating(pki: DevPki, identity: str) -> Transport:
+        f = pki.files(identity)
+        return Transport(identity, dataclasses.replace(f, ca=both))
+
+    server = await _serve(rotating(new, "booking"))  # the server already has its new certificate
+    try:
+        for pki in (old, new):
+            async with create_channel(addr(server), "booking", rotating(pki, "gateway")) as ch:
+                assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
+        # A client that trusts only the old CA cannot verify the server's new certificate.
+        async with create_channel(addr(server), "booking", old_only := Transport("gateway", old.files("gateway")),
+                                  deadline_seconds=3) as ch:
+            assert old_only.secure
+            assert await code_of(stub(ch).CreateSalon(CREATE)) == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop()
+
+
+async def test_plaintext_only_when_asked_and_never_in_production(monkeypatch):
+    monkeypatch.setenv("CUTY_TLS", "off")
+    assert not Transport.from_env("booking").secure
+    monkeypatch.setenv("CUTY_ENV", "production")
+    with pytest.raises(SystemExit, match="CUTY_TLS=off"):
+        Transport.from_env("booking")
+    monkeypatch.delenv("CUTY_TLS")
+    with pytest.raises(SystemExit, match="CUTY_TLS_CA"):
+        Transport.from_env("booking")
+    monkeypatch.setenv("CUTY_TLS_CERT", "/nonexistent")
+    with pytest.raises(SystemExit, match="incomplete"):
+        Transport.from_env("booking")
+
+
+def test_a_caller_table_must_name_every_rpc():
+    server = GrpcServer("booking", 0, host="127.0.0.1")
+    with pytest.raises(ValueError, match="HoldSlot"):
+        server.add_service(SERVICE, {k: v for k, v in CALLERS.items() if k != "HoldSlot"})
+
+
+async def test_health_in_plaintext_on_its_own_port_and_reflection(probe_server):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{probe_server.health_port}") as ch:
         resp = await health_pb2_grpc.HealthStub(ch).Check(
             health_pb2.HealthCheckRequest(service="cuty.booking.v1.BookingService"))
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
-        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        # Nothing else answers on the health port.
+        assert await code_of(stub(ch).CreateSalon(CREATE)) == grpc.StatusCode.UNIMPLEMENTED
+    async with channel_as("gateway", addr(probe_server), "booking") as ch:
+        rs = reflection_pb2_grpc.ServerReflectionStub(ch)
 
         async def one():
             yield reflection_pb2.ServerReflectionRequest(list_services="")
-        async for r in stub.ServerReflectionInfo(one()):
+        async for r in rs.ServerReflectionInfo(one()):
             names = {s.name for s in r.list_services_response.service}
             assert "cuty.booking.v1.BookingService" in names
+
+
+async def test_no_reflection_in_production(monkeypatch):
+    monkeypatch.setenv("CUTY_ENV", "production")
+    server = await _serve(Transport("booking", dev_pki().files("booking")))
+    try:
+        async with channel_as("gateway", addr(server), "booking") as ch:
+            rs = reflection_pb2_grpc.ServerReflectionStub(ch)
+
+            async def one():
+                yield reflection_pb2.ServerReflectionRequest(list_services="")
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                async for _ in rs.ServerReflectionInfo(one()):
+                    pass
+            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await server.stop()

@@ -56,14 +56,16 @@ async def payments_server(payments_pool, fake_psp):
     import grpc
 
     from cuty.payments.v1 import payments_pb2_grpc
+    from cutylib.testing.trust import acting_channel
     from payments.bootstrap import create_server
+    from payments.grpc_api import CALLERS
 
     settings = dataclasses.replace(Settings(), psp_webhook_secret=WEBHOOK_SECRET,
                                    psp_webhook_previous_secrets=PREVIOUS_SECRET, lease_seconds=1.0)
     options = dataclasses.replace(PaymentsOptions(), poll_seconds=0.05)
     server = await create_server(settings, payments_pool, psp=fake_psp, options=options)
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+    channel = acting_channel(f"127.0.0.1:{server.port}", "payments", CALLERS)
     yield payments_pb2_grpc.PaymentServiceStub(channel)
     await channel.close()
     await server.stop()

@@ -5,12 +5,12 @@ import pytest
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import payments_pb2 as pb
 from cutylib.grpc_errors import bad_field
-from cutylib.principal import Principal
+from cutylib.testing.trust import user
 from cutylib.testing.ids import new_id
 
 S = pb.PaymentStatus
-CUSTOMER = Principal("cust-42", "customer").metadata()
-STAFF = Principal("staff-1", "staff").metadata()
+CUSTOMER = user("cust-42", "customer")
+STAFF = user("staff-1", "staff")
 
 
 def create(method="pm_card_3ds", **kw) -> pb.CreatePaymentRequest:
@@ -61,7 +61,7 @@ async def test_ids_and_roles(payments_server):
     await expect(grpc.StatusCode.INVALID_ARGUMENT, stub.GetPayment(pb.GetPaymentRequest(payment_id="x")), "payment_id")
     await expect(grpc.StatusCode.NOT_FOUND, stub.GetPayment(pb.GetPaymentRequest(payment_id=new_id())))
     p = await stub.CreatePayment(create())
-    stranger = Principal("cust-other", "customer").metadata()
+    stranger = user("cust-other", "customer")
     await expect(grpc.StatusCode.NOT_FOUND, stub.GetPayment(pb.GetPaymentRequest(payment_id=p.id), metadata=stranger))
     await expect(grpc.StatusCode.PERMISSION_DENIED,
                  stub.GetPaymentTimeline(pb.GetPaymentTimelineRequest(payment_id=p.id), metadata=CUSTOMER))

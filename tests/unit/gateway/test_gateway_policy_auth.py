@@ -55,8 +55,15 @@ def token(**claims):
     return jwt.encode({k: v for k, v in base.items() if v is not None}, SECRET, algorithm="HS256")
 
 
+def verify(header, secret=SECRET, **kw):
+    """The principal of an Authorization header, as the gateway gets it (header, then token)."""
+    import asyncio
+
+    return asyncio.run(auth.Verifier(secret, leeway=0, **kw)(auth.token_of(header)))
+
+
 def test_valid_token():
-    p = auth.verify(f"Bearer {token(role='staff')}", SECRET)
+    p = verify(f"Bearer {token(role='staff')}")
     assert (p.subject, p.role) == ("u1", "staff")
 
 
@@ -70,12 +77,12 @@ def test_valid_token():
 ])
 def test_invalid_tokens_are_401(header):
     with pytest.raises(Problem) as e:
-        auth.verify(header, SECRET)
+        verify(header)
     assert e.value.status == 401 and "www-authenticate" in e.value.headers
 
 
 def test_issue_round_trips():
-    p = auth.verify("Bearer " + auth.issue(SECRET, "admin-1", "admin"), SECRET)
+    p = verify("Bearer " + auth.issue(SECRET, "admin-1", "admin"))
     assert (p.subject, p.role) == ("admin-1", "admin")
 
 
@@ -102,17 +109,39 @@ def test_rate_limiter_disabled_and_pruned():
     assert len(rl._buckets) <= 11
 
 
-def test_verifier_caches_until_exp_only(monkeypatch):
+async def test_verifier_caches_until_exp_only():
     now = [time.time()]
-    calls = []
-    real = auth._verify
-    monkeypatch.setattr(auth, "_verify", lambda *a: calls.append(a) or real(*a))
-    v = auth.Verifier(SECRET, clock=lambda: now[0])
-    tok = f"Bearer {token(exp=int(now[0]) + 10, sub='cached')}"
-    assert v(tok).subject == "cached" and v(tok).subject == "cached"
-    assert len(calls) == 1  # the second answer came from the cache
-    now[0] += 11  # past exp: the cached entry is dropped and the token checked again
-    v(tok)
-    assert len(calls) == 2
+    v = auth.Verifier(SECRET, leeway=0, clock=lambda: now[0])
+    tok = token(exp=int(now[0]) + 10, sub="cached")
+    assert (await v(tok)).subject == "cached" and (await v(tok)).subject == "cached"
+    assert v.verified == 1  # the second answer came from the cache
+    now[0] += 11  # past exp by our clock: the cached entry is dropped and the token checked again
+    await v(tok)
+    assert v.verified == 2
     with pytest.raises(Problem):
-        v(f"Bearer {jwt.encode({'sub': 'u', 'role': 'admin', 'exp': int(time.time()) + 60}, 'x' * 40, algorithm='HS256')}")
+        await v(jwt.encode({'sub': 'u', 'role': 'admin', 'exp': int(time.time()) + 60}, 'x' * 40, algorithm='HS256'))
+
+
+async def test_token_cache_is_keyed_by_the_token_not_the_header():
+    """`Bearer` + 15 KB of spaces + a valid token used to be a new 16 KB cache entry per request."""
+    v = auth.Verifier(SECRET, leeway=0)
+    tok = token(sub="padded")
+    headers = [f"{scheme}{' ' * pad}{tok}{' ' * (pad % 7)}"
+               for pad in range(1, 2501) for scheme in ("Bearer", "bearer", "BEARER", "BeArEr")]
+    assert len(headers) == 10_000
+    for h in headers:
+        assert (await v(auth.token_of(h))).subject == "padded"
+    assert len(v._cache) == 1 and v.verified == 1
+
+
+async def test_token_cache_is_bounded_by_bytes():
+    v = auth.Verifier(SECRET, leeway=0, max_bytes=10_000)
+    for i in range(200):
+        await v(token(sub=f"user-{i}", pad="x" * 500))
+    assert v._bytes <= 10_000 and sum(len(t) for t in v._cache) == v._bytes
+
+
+def test_oversized_token_is_refused_before_any_check():
+    with pytest.raises(Problem) as e:
+        auth.token_of("Bearer " + "a" * 9000)
+    assert e.value.status == 401

@@ -50,15 +50,40 @@ def test_json_logs_carry_trace_and_span_ids():
 
 def test_production_refuses_development_secrets(monkeypatch):
     monkeypatch.delenv("CUTY_JWT_SECRET", raising=False)
-    monkeypatch.setenv("CUTY_PSP_WEBHOOK_SECRET", "a-real-webhook-secret")
+    monkeypatch.setenv("CUTY_PSP_WEBHOOK_SECRET", "a-real-webhook-secret-of-32-bytes-or-more")
     monkeypatch.setenv("CUTY_ENV", "production")
     with pytest.raises(SystemExit, match="CUTY_JWT_SECRET"):
-        Settings.from_env().check_secrets()
+        Settings.from_env().check_secrets("gateway")
+    Settings.from_env().check_secrets("payments")  # payments holds no token key: its own secret is real
     monkeypatch.setenv("CUTY_JWT_SECRET", "replace-me")
     with pytest.raises(SystemExit, match="CUTY_JWT_SECRET"):
-        Settings.from_env().check_secrets()
-    monkeypatch.setenv("CUTY_JWT_SECRET", "a-real-jwt-secret")
-    Settings.from_env().check_secrets()  # both real: starts
+        Settings.from_env().check_secrets("gateway")
+    monkeypatch.setenv("CUTY_JWT_SECRET", "short-but-not-a-dev-value")
+    with pytest.raises(SystemExit, match="at least 32 bytes"):
+        Settings.from_env().check_secrets("gateway")
+    monkeypatch.setenv("CUTY_JWT_SECRET", "a-real-jwt-secret-of-32-bytes-or-more")
+    Settings.from_env().check_secrets("gateway")  # real: starts
+    monkeypatch.setenv("CUTY_PSP_WEBHOOK_SECRET", "whsec_short")
+    with pytest.raises(SystemExit, match="CUTY_PSP_WEBHOOK_SECRET"):
+        Settings.from_env().check_secrets("payments")
+    Settings.from_env().check_secrets("booking")  # booking holds neither secret
     monkeypatch.setenv("CUTY_ENV", "development")
     monkeypatch.delenv("CUTY_JWT_SECRET")
-    Settings.from_env().check_secrets()  # development: a warning, not a refusal
+    Settings.from_env().check_secrets("gateway")  # development: a warning, not a refusal
+
+
+def test_production_refuses_unknown_environments_missing_code_keys_and_test_hooks(monkeypatch):
+    monkeypatch.setenv("CUTY_ENV", "prod")
+    with pytest.raises(SystemExit, match="CUTY_ENV must be one of"):
+        Settings.from_env().check_secrets("booking")
+    monkeypatch.setenv("CUTY_ENV", "production")
+    monkeypatch.delenv("CUTY_CODE_KEYS", raising=False)
+    with pytest.raises(SystemExit, match="CUTY_CODE_KEYS"):
+        Settings.from_env().check_secrets("codepool")
+    monkeypatch.setenv("CUTY_CODE_KEYS", "/secrets/code-keys.json")
+    Settings.from_env().check_secrets("codepool")
+    for hook in ("CUTY_CRASH_AT", "CUTY_TEST_PAUSE_AFTER_LEASE_MS"):
+        monkeypatch.setenv(hook, "1")
+        with pytest.raises(SystemExit, match=hook):
+            Settings.from_env().check_secrets("booking")
+        monkeypatch.delenv(hook)

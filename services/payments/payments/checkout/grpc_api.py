@@ -10,12 +10,16 @@ from grpc_status import rpc_status
 
 from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
 from cutylib import principal
+from cutylib.tls import GATEWAY
 
 from . import domain
 from .idempotency import Replay
 from .service import CheckoutService
 
 IDEMPOTENCY_KEY = "idempotency-key"
+# Which service may call each RPC (its certificate's identity): checkouts are the gateway's.
+CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout": {GATEWAY},
+           "CancelCheckout": {GATEWAY}}
 
 
 def _key(context: grpc.aio.ServicerContext) -> str:

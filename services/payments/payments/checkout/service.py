@@ -21,6 +21,9 @@ from .engine import Engine
 from .idempotency import IdempotencyStore, request_hash
 from .remote import Holds, Refused, Rejected
 
+# Callers who may read any checkout (staff see it without the buyer's action or codes).
+STAFF_ROLES = ("staff", "admin", "system")
+
 MAX_PAYMENT_METHOD = 64
 # Cancel re-reads and retries when a concurrent step moved the saga between its read and write.
 CANCEL_ROUNDS = 5
@@ -148,7 +151,7 @@ class CheckoutService:
     async def get(self, caller: Principal, checkout_id: str) -> checkout_pb2.Checkout:
         checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
         saga = await repo.get(self.pool, checkout_id)
-        if caller.role == "customer" and (saga is None or saga.customer_id != caller.subject):
+        if caller.role not in STAFF_ROLES and (saga is None or saga.customer_id != caller.subject):
             saga = None  # another customer's checkout does not exist for this caller
         if saga is None:
             raise errors.NotFound(f"checkout {checkout_id} not found")

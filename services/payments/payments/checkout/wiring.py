@@ -6,30 +6,36 @@ from cuty.codepool.v1 import codepool_pb2_grpc
 from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
 from cutylib.config import grpc_addr_for
 from cutylib.grpc_client import create_channel
+from cutylib.tls import BOOKING, CODEPOOL, PAYMENTS, Transport
 
 from . import crash
 from .engine import Engine
-from .grpc_api import CheckoutApi
+from .grpc_api import CALLERS, CheckoutApi
 from .idempotency import IdempotencyStore
 from .remote import Holds
 from .service import CheckoutService
 from .settings import CheckoutOptions
 from .workers import SagaWorker, wake_saga
 
-SERVICE_NAME = checkout_pb2.DESCRIPTOR.services_by_name["CheckoutService"].full_name
+SERVICE = checkout_pb2.DESCRIPTOR.services_by_name["CheckoutService"]
 
 
-def build(settings, pool, core, *, options: CheckoutOptions | None = None, booking_stub=None, codepool_stub=None):
+def build(settings, pool, core, *, options: CheckoutOptions | None = None, booking_stub=None, codepool_stub=None,
+          transport: Transport | None = None):
     """The saga's parts, with stubs given (tests: fakes) or channels to CUTY_BOOKING_ADDR /
     CUTY_CODEPOOL_ADDR. Returns (service, engine, worker, channels)."""
     options = options or CheckoutOptions()
     channels = []
     if booking_stub is None:
-        ch = create_channel(grpc_addr_for("booking"), deadline_seconds=options.remote_deadline_seconds)
+        transport = transport or Transport.from_env(PAYMENTS)
+        ch = create_channel(grpc_addr_for("booking"), BOOKING, transport,
+                            deadline_seconds=options.remote_deadline_seconds)
         channels.append(ch)
         booking_stub = booking_pb2_grpc.BookingServiceStub(ch)
     if codepool_stub is None:
-        ch = create_channel(grpc_addr_for("codepool"), deadline_seconds=options.remote_deadline_seconds)
+        transport = transport or Transport.from_env(PAYMENTS)
+        ch = create_channel(grpc_addr_for("codepool"), CODEPOOL, transport,
+                            deadline_seconds=options.remote_deadline_seconds)
         channels.append(ch)
         codepool_stub = codepool_pb2_grpc.CodePoolServiceStub(ch)
     lease = float(settings.lease_seconds)
@@ -45,9 +51,9 @@ def register(server, settings, pool, core) -> None:
     """Register CheckoutService and the saga workers on `server` (a cutylib GrpcServer)."""
     options = CheckoutOptions()
     crash.configure(options.crash_at)
-    service, _engine, worker, channels = build(settings, pool, core, options=options)
+    service, _engine, worker, channels = build(settings, pool, core, options=options, transport=server.transport)
     checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(service), server.server)
-    server.add_service_name(SERVICE_NAME)
+    server.add_service(SERVICE, CALLERS)
     server.add_background(worker.run)
     # The payment change and the saga's wake-up commit in one transaction (repository.WAKE).
     core.add_transition_hook(wake_saga)

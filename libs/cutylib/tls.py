@@ -1,0 +1,270 @@
+"""Service identity by mutual TLS (docs/security.md).
+
+Every gRPC hop is mutual TLS with grpc's own SSL credentials: one certificate per service whose
+subject alternative name is the service's name (`booking`, `codepool`, `payments`, `gateway`), one
+CA (several trusted at once while rotating). A server learns who calls from the peer certificate
+(`peer_service`); a client checks the server's name whatever address it dialled
+(`grpc.ssl_target_name_override`), so `127.0.0.1:50051` and a Kubernetes DNS name verify the same.
+
+Where the files come from, for a process whose identity is `name`:
+
+- `CUTY_TLS_CA` (one or more PEM files, comma separated; each may hold several certificates),
+  `CUTY_TLS_CERT`, `CUTY_TLS_KEY`: required with `CUTY_ENV=production`;
+- otherwise, in development, the development PKI under `$CUTY_DATA_DIR/tls/` (`DevPki`), created
+  on first use by `make run`, the test harness or the first service that starts;
+- `CUTY_TLS=off`: plaintext, only when explicitly asked for and never in production. The caller's
+  identity is then the `cuty-peer` metadata it declares: development only, and said so at start.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import logging
+import os
+import pathlib
+import secrets
+from dataclasses import dataclass
+
+import grpc
+
+from .config import env_str
+
+log = logging.getLogger(__name__)
+
+PEER_KEY = "cuty-peer"  # plaintext development mode only: the identity a caller declares
+DEV_DIR = "tls"
+# Identities: the names in the certificates' SANs and in every service's caller table.
+GATEWAY, BOOKING, CODEPOOL, PAYMENTS = "gateway", "booking", "codepool", "payments"
+SERVICE_IDENTITIES = (GATEWAY, BOOKING, CODEPOOL, PAYMENTS)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM bytes of one identity: its key and certificate, and the CAs it trusts."""
+    identity: str
+    ca: bytes
+    cert: bytes
+    key: bytes
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How one process speaks gRPC: mutual TLS as `identity`, or plaintext (development only)."""
+    identity: str
+    files: TlsFiles | None  # None: plaintext
+
+    @property
+    def secure(self) -> bool:
+        return self.files is not None
+
+    @classmethod
+    def plaintext(cls, identity: str) -> "Transport":
+        return cls(identity, None)
+
+    @classmethod
+    def from_env(cls, identity: str) -> "Transport":
+        environment = env_str("CUTY_ENV", "development")
+        mode = env_str("CUTY_TLS", "on").lower()
+        if mode not in ("on", "off"):
+            raise SystemExit(f"CUTY_TLS must be 'on' or 'off', got {mode!r}")
+        if mode == "off":
+            if environment == "production":
+                raise SystemExit("refusing to start with CUTY_ENV=production and CUTY_TLS=off: "
+                                 "every gRPC hop must be mutual TLS")
+            log.warning("plaintext gRPC (CUTY_TLS=off): callers are trusted to declare who they are; "
+                        "development only", extra={"identity": identity})
+            return cls.plaintext(identity)
+        ca, cert, key = (env_str(v, "") for v in ("CUTY_TLS_CA", "CUTY_TLS_CERT", "CUTY_TLS_KEY"))
+        if ca or cert or key:
+            missing = [n for n, v in (("CUTY_TLS_CA", ca), ("CUTY_TLS_CERT", cert), ("CUTY_TLS_KEY", key)) if not v]
+            if missing:
+                raise SystemExit(f"incomplete TLS settings: {', '.join(missing)} not set")
+            return cls(identity, TlsFiles(identity, read_bundle(ca), _read(cert), _read(key)))
+        if environment == "production":
+            raise SystemExit("refusing to start with CUTY_ENV=production without CUTY_TLS_CA, CUTY_TLS_CERT "
+                             "and CUTY_TLS_KEY (mutual TLS between services)")
+        return cls(identity, DevPki.default().files(identity))
+
+    # Server side ----------------------------------------------------------------------------------
+    def add_port(self, server: grpc.aio.Server, address: str) -> int:
+        if self.files is None:
+            return server.add_insecure_port(address)
+        creds = grpc.ssl_server_credentials([(self.files.key, self.files.cert)],
+                                            root_certificates=self.files.ca, require_client_auth=True)
+        return server.add_secure_port(address, creds)
+
+    # Client side ----------------------------------------------------------------------------------
+    def channel(self, addr: str, target: str, *, options: list[tuple] | None = None,
+                interceptors=None) -> grpc.aio.Channel:
+        """A channel to the service named `target` at `addr`, presenting this identity."""
+        options = list(options or [])
+        if self.files is None:
+            return grpc.aio.insecure_channel(addr, options=options, interceptors=interceptors)
+        creds = grpc.ssl_channel_credentials(root_certificates=self.files.ca, private_key=self.files.key,
+                                             certificate_chain=self.files.cert)
+        options.append(("grpc.ssl_target_name_override", target))
+        return grpc.aio.secure_channel(addr, creds, options=options, interceptors=interceptors)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What the client adds to every call: its declared identity, in plaintext mode only."""
+        return () if self.files is not None else ((PEER_KEY, self.identity),)
+
+
+def peer_service(context: grpc.aio.ServicerContext, metadata) -> str | None:
+    """The calling service's name from its verified certificate (the one SAN that is a bare name),
+    or, on a plaintext server, the identity it declares. None: unknown caller."""
+    auth = context.auth_context()
+    if auth.get("transport_security_type") == [b"ssl"]:
+        names = {n.decode() for n in auth.get("peer_dns", ()) or auth.get("x509_subject_alternative_name", ())}
+        bare = [n for n in names if n and "." not in n and n != "localhost"]
+        return bare[0] if len(bare) == 1 else None
+    for k, v in metadata or ():
+        if k == PEER_KEY:
+            return v.decode() if isinstance(v, bytes) else v
+    return None
+
+
+def _read(path: str) -> bytes:
+    try:
+        return pathlib.Path(path).read_bytes()
+    except OSError as e:
+        raise SystemExit(f"cannot read {path}: {e.strerror}") from None
+
+
+def read_bundle(paths: str) -> bytes:
+    """Several CA files (comma separated) as one PEM bundle: all are trusted (rotation)."""
+    return b"".join(_read(p.strip()).rstrip(b"\n") + b"\n" for p in paths.split(",") if p.strip())
+
+
+# Development PKI ----------------------------------------------------------------------------------
+
+class DevPki:
+    """A development CA and one certificate per identity, in a folder (`$CUTY_DATA_DIR/tls`).
+
+    Created once under a file lock, so processes starting together agree on one CA. Also issues
+    the odd certificates tests need (another CA, expired, not yet valid) through `issue`.
+    """
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = pathlib.Path(folder)
+
+    @classmethod
+    def default(cls) -> "DevPki":
+        return cls(pathlib.Path(env_str("CUTY_DATA_DIR", ".cuty")) / DEV_DIR).ensure()
+
+    @property
+    def ca_path(self) -> pathlib.Path:
+        return self.folder / "ca.crt"
+
+    def cert_path(self, identity: str) -> pathlib.Path:
+        return self.folder / f"{identity}.crt"
+
+    def key_path(self, identity: str) -> pathlib.Path:
+        return self.folder / f"{identity}.key"
+
+    def ensure(self, identities: tuple[str, ...] = SERVICE_IDENTITIES) -> "DevPki":
+        if all(self.cert_path(i).exists() for i in identities) and self.ca_path.exists():
+            return self
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(self.folder / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (self.folder / "ca.key").exists():
+                # A name of its own: during a rotation the old and new CA must differ by name too,
+                # since a verifier looks the issuer up by its name.
+                key, cert = make_ca(f"Cuty development CA {secrets.token_hex(4)}")
+                _write(self.folder / "ca.key", key)
+                _write(self.ca_path, cert)
+            ca_key, ca_cert = (self.folder / "ca.key").read_bytes(), self.ca_path.read_bytes()
+            for identity in identities:
+                if not self.cert_path(identity).exists():
+                    key, cert = issue(ca_key, ca_cert, identity)
+                    _write(self.key_path(identity), key)
+                    _write(self.cert_path(identity), cert)
+            from .identity import ensure_dev_signing_key
+
+            ensure_dev_signing_key(self.folder)
+        return self
+
+    def files(self, identity: str) -> TlsFiles:
+        self.ensure((identity,))
+        return TlsFiles(identity, self.ca_path.read_bytes(), self.cert_path(identity).read_bytes(),
+                        self.key_path(identity).read_bytes())
+
+    def env(self, identity: str) -> dict[str, str]:
+        """The CUTY_TLS_* settings of a process with this identity."""
+        self.ensure((identity,))
+        return {"CUTY_TLS_CA": str(self.ca_path), "CUTY_TLS_CERT": str(self.cert_path(identity)),
+                "CUTY_TLS_KEY": str(self.key_path(identity))}
+
+    def ca_key(self) -> bytes:
+        return (self.folder / "ca.key").read_bytes()
+
+
+def _write(path: pathlib.Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def make_ca(name: str, *, days: int = 3650) -> tuple[bytes, bytes]:
+    """(key PEM, self-signed CA certificate PEM)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False,
+                                         encipher_only=False, decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    return _pem_key(key), cert.public_bytes(_encoding())
+
+
+def issue(ca_key_pem: bytes, ca_cert_pem: bytes, identity: str, *, days: float = 825,
+          not_before: dt.datetime | None = None, extra_names: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+    """(key PEM, certificate PEM) for `identity`, signed by the CA; the SAN names the identity (and
+    its Kubernetes DNS names, which `peer_service` ignores), usable as server and client."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_key = serialization.load_pem_private_key(ca_key_pem, None)
+    ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
+    key = ec.generate_private_key(ec.SECP256R1())
+    start = not_before or (dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5))
+    names = [identity, *extra_names]
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity)]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(start + dt.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return _pem_key(key), cert.public_bytes(_encoding())
+
+
+def _encoding():
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization.Encoding.PEM
+
+
+def _pem_key(key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
