@@ -213,7 +213,7 @@ async def test_plaintext_only_when_asked_and_never_in_production(monkeypatch):
         Transport.from_env("booking")
 
 
-def test_a_caller_table_must_name_every_rpc():
+async def test_a_caller_table_must_name_every_rpc():
     server = GrpcServer("booking", 0, host="127.0.0.1")
     with pytest.raises(ValueError, match="HoldSlot"):
         server.add_service(SERVICE, {k: v for k, v in CALLERS.items() if k != "HoldSlot"})
