@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .config import DEV_JWT_SECRET, SERVICES, env_int, health_port_for
+from .identity import PUBLIC_KEY_FILE, SIGNING_KEY_FILE
 from .tls import SERVICE_IDENTITIES
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -31,6 +32,10 @@ PYTHONPATH = os.pathsep.join(str(REPO / p) for p in (
     "build/gen", "libs", "services/booking", "services/codepool", "services/payments",
     "services/gateway", "services/pspsim", "."))
 GRACE_SECONDS = 10.0
+# Each secret goes only to the process that holds it (docs/security.md); the PSP simulator signs
+# webhooks with the webhook secret, as the real PSP holds its copy.
+OWNED_SECRETS = {"CUTY_JWT_SECRET": {"gateway"}, "CUTY_CODE_KEYS": {"codepool"},
+                 "CUTY_PSP_WEBHOOK_SECRET": {"payments", "pspsim"}, "CUTY_PSP_WEBHOOK_PREVIOUS_SECRETS": {"payments"}}
 
 
 def say(msg: str) -> None:
@@ -147,12 +152,15 @@ class DevStack:
         for c in self.children:
             if c.name in SERVICE_IDENTITIES:
                 c.env.update(pki.env(c.name))
+                c.env.update({"CUTY_USER_ASSERTION_KEY": str(pki.folder / SIGNING_KEY_FILE)} if c.name == "gateway"
+                             else {"CUTY_USER_ASSERTION_PUBLIC_KEYS": str(pki.folder / PUBLIC_KEY_FILE)})
         say(f"mutual TLS between services: development CA in {pki.folder}")
 
     def spawn(self, c: Child) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{c.name}.log", "ab") as log:
-            c.proc = subprocess.Popen([sys.executable, "-m", c.module], env={**self.env, **c.env}, cwd=str(REPO),
+            env = {k: v for k, v in self.env.items() if c.name in OWNED_SECRETS.get(k, {c.name})}
+            c.proc = subprocess.Popen([sys.executable, "-m", c.module], env={**env, **c.env}, cwd=str(REPO),
                                       stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         c.started_at = time.monotonic()
         self.write_state()
