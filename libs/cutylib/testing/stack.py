@@ -44,6 +44,7 @@ class Stack:
         self.relay: WebhookRelay | None = None
         # The session's development PKI: tests sign users and dial services with the same CA.
         self.pki = pki or dev_pki()
+        self.secure = self.env.get("CUTY_TLS", "on").lower() != "off"  # CUTY_TLS=off: plaintext (benchmarks)
         self.procs: dict[str, ServiceProcess] = {}
 
     # Addresses -----------------------------------------------------------------------------------
@@ -105,14 +106,14 @@ class Stack:
     def channel(self, identity: str, target: str, addr: str | None = None, **kw):
         """A channel to `target` (default address: its first process) with `identity`'s certificate."""
         addr = addr or {"booking": self.booking_addr, "codepool": self.codepool_addr}.get(target) or self.payments_addrs[0]
-        return channel_as(identity, addr, target, pki=self.pki, **kw)
+        return channel_as(identity, addr, target, pki=self.pki, secure=self.secure, **kw)
 
     async def start(self) -> "Stack":
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.gateway:
             webhook_url = f"{self.gateway_url}/v1/psp/webhooks"
         elif "payments" in self.services:
-            self.relay = await WebhookRelay(self.payments_addrs, pki=self.pki).start()
+            self.relay = await WebhookRelay(self.payments_addrs, pki=self.pki, secure=self.secure).start()
             webhook_url = self.relay.url
         else:
             webhook_url = "http://127.0.0.1:9/none"

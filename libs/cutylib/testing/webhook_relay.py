@@ -28,8 +28,8 @@ _HTTP = {
 
 
 class WebhookRelay:
-    def __init__(self, payments_addrs: list[str], port: int | None = None, pki=None):
-        self._pki = pki
+    def __init__(self, payments_addrs: list[str], port: int | None = None, pki=None, secure: bool = True):
+        self._pki, self._secure = pki, secure
         self.port = port or free_port()
         self._addrs = payments_addrs
         self._channels: list[grpc.aio.Channel] = []
@@ -55,7 +55,8 @@ class WebhookRelay:
 
     async def start(self) -> "WebhookRelay":
         # It stands where the gateway stands, so it calls with the gateway's certificate.
-        self._channels = [channel_as("gateway", a, "payments", pki=self._pki) for a in self._addrs]
+        self._channels = [channel_as("gateway", a, "payments", pki=self._pki, secure=self._secure)
+                          for a in self._addrs]
         app = Starlette(routes=[Route("/v1/psp/webhooks", self._handle, methods=["POST"])])
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                      lifespan="off"))
