@@ -11,15 +11,15 @@ export CUTY_PG_BIN := $(PG_BIN)
 PROTOS := $(shell find protos -name '*.proto')
 BENCHES := bench-booking bench-codepool bench-payments bench-checkout bench-gateway
 
-.PHONY: all venv gen pg-check run test test-unit test-integration test-e2e soak bench $(BENCHES) demo clean
+.PHONY: all venv gen pg-check run test test-unit test-integration test-e2e soak bench $(BENCHES) demo image clean
 
 all: gen
 
-$(VENV)/.installed: requirements.lock pyproject.toml
+$(VENV)/.installed: requirements.lock requirements-test.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 (Debian: apt-get install python3.11 python3.11-venv)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet -r requirements.lock -r requirements-test.lock
 	touch $@
 
 venv: $(VENV)/.installed
@@ -78,6 +78,12 @@ bench: $(BENCHES)
 # Explicit rules: make ignores pattern rules for .PHONY targets.
 $(BENCHES): bench-%: gen pg-check
 	$(PY) bench/$*.py
+
+# The service image (deploy/k8s/Dockerfile), where a Docker engine runs.
+IMAGE ?= cuty/checkout:dev
+image:
+	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || { echo "error: no Docker engine answers; build the image where one runs (CI)"; exit 1; }
+	docker build -f deploy/k8s/Dockerfile -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) build

@@ -35,6 +35,7 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20, **kwar
     server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty")}
     server_settings.update(kwargs.pop("server_settings", {}))
     kwargs.setdefault("reset", _keep_session)
+    kwargs.setdefault("timeout", 5)  # connect timeout: a database that does not answer is UNAVAILABLE soon
     return await asyncpg.create_pool(
         dsn, min_size=min_size, max_size=max_size, init=_init_connection,
         server_settings=server_settings, **kwargs,
@@ -160,3 +161,17 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     finally:
         await conn.close()
     return applied_now
+
+
+async def pending_migrations(dsn: str, migrations_dir: str | pathlib.Path) -> list[str]:
+    """Versions of `migrations_dir` not applied yet (a service started with migrations left to a
+    Job waits for this to be empty before it serves)."""
+    versions = [f.stem for f in sorted(pathlib.Path(migrations_dir).glob("*.sql"))]
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NULL"):
+            return versions
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+    finally:
+        await conn.close()
+    return [v for v in versions if v not in done]

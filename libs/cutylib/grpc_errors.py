@@ -5,7 +5,7 @@ import logging
 
 import asyncpg
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -48,7 +48,11 @@ def status_for_exception(exc: BaseException) -> grpc.Status | None:
                         # raised when a backend was killed while its connection sat idle in the pool
                         asyncpg.exceptions.InternalClientError,
                         ConnectionError, OSError, TimeoutError)):
-        return rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, message=f"database unavailable: {type(exc).__name__}"))
+        # With a retry hint (google.rpc.RetryInfo; the gateway turns it into Retry-After).
+        hint = any_pb2.Any()
+        hint.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)))
+        return rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, details=[hint],
+                                                      message=f"database unavailable: {type(exc).__name__}"))
     return None
 
 

@@ -13,7 +13,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from . import principal, telemetry
-from .config import env_str
+from .config import env_int, env_str
+from .dbwatch import UNREACHABLE, DatabaseWatch
 from .errors import PermissionDenied
 from .grpc_errors import status_for_exception
 from .identity import ASSERTION_KEY, AssertionVerifier
@@ -69,6 +70,7 @@ class Trust:
         return principal.SYSTEM if peer in self.system_peers else principal.ANONYMOUS
 
 
+LIVENESS = "liveness"  # a health name that only says the process runs (Kubernetes liveness probes)
 _OPEN_PREFIXES = tuple(f"/{s}/" for s in _OPEN_SERVICES)
 
 
@@ -176,9 +178,15 @@ class GrpcServer:
         self.grace_seconds = grace_seconds
         self.transport = transport or Transport.from_env(name)
         self.trust = Trust(name, verifier)
+        age_ms = env_int("CUTY_GRPC_MAX_CONNECTION_AGE_SECONDS", 300) * 1000
         self.server = grpc.aio.server(
             interceptors=[TrustAndErrorInterceptor(self.trust), *interceptors],
-            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                     # Connections are closed (gracefully) after this age, so clients re-resolve the
+                     # name and reach pods added since; keepalive pings are allowed every 20 s.
+                     ("grpc.max_connection_age_ms", age_ms), ("grpc.max_connection_age_grace_ms", 30_000),
+                     ("grpc.http2.min_ping_interval_without_data_ms", 20_000),
+                     ("grpc.keepalive_permit_without_calls", 1)],
         )
         self.port = self.transport.add_port(self.server, f"{host}:{port}")
         self.health = health.aio.HealthServicer()
@@ -190,6 +198,27 @@ class GrpcServer:
         self._background: list[BackgroundTask] = []
         self._tasks: list[asyncio.Task] = []
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
+        self._db_ready: list[Callable[[], Awaitable[None]]] = []
+        self._watch: DatabaseWatch | None = None
+        self._watch_task: asyncio.Task | None = None
+
+    def on_database_ready(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run `fn` once the database answers (and migrations are applied), before serving."""
+        self._db_ready.append(fn)
+
+    def watch_database(self, watch: DatabaseWatch) -> None:
+        """Start NOT_SERVING and let `watch` decide: migrate and warm up with back-off, then follow
+        the database (SERVING while it answers). Without a watch (tests in process), the database
+        is taken as up at start."""
+        watch.set_serving = self.set_serving
+        watch.on_ready = self._db_ready
+        self._watch = watch
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in self._service_names:
+            await self.health.set(name, status)
+        await self.health.set("", status)
 
     def add_health_port(self, host: str, port: int) -> int:
         """Also serve gRPC health alone, in plaintext, on `port` (Kubernetes' gRPC probes and the
@@ -214,12 +243,18 @@ class GrpcServer:
     async def start(self) -> int:
         if self.reflection:
             reflection.enable_server_reflection([*self._service_names, reflection.SERVICE_NAME], self.server)
+        # Liveness is the process's own: it stays SERVING while the database is away.
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        if self._watch is None:
+            for fn in self._db_ready:
+                await fn()
+            await self.set_serving(True)
+        else:
+            await self.set_serving(False)
+            self._watch_task = asyncio.create_task(self._watch.run(), name=f"{self.name}:database-watch")
         await self.server.start()
         if self.health_server is not None:
             await self.health_server.start()
-        for name in self._service_names:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         for fn in self._background:
             self._tasks.append(asyncio.create_task(_supervised(fn), name=f"{self.name}:{getattr(fn, '__qualname__', fn)}"))
         log.info("gRPC server started", extra={"service": self.name, "port": self.port, "tls": self.transport.secure,
@@ -228,6 +263,8 @@ class GrpcServer:
 
     async def stop(self) -> None:
         await self.health.enter_graceful_shutdown()
+        if self._watch_task is not None:
+            self._watch_task.cancel()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -244,8 +281,15 @@ class GrpcServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        waiter = asyncio.ensure_future(stop.wait())
+        watched = [waiter] + ([self._watch_task] if self._watch_task is not None else [])
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        failed = self._watch_task is not None and self._watch_task.done() and not self._watch_task.cancelled() \
+            and self._watch_task.exception() is not None
+        waiter.cancel()
         await self.stop()
+        if failed:  # a start-up check refused (not an unreachable database): exit, and say why
+            raise SystemExit(f"{self.name}: {self._watch_task.exception()}")
 
 
 async def _supervised(fn: BackgroundTask) -> None:
@@ -256,6 +300,10 @@ async def _supervised(fn: BackgroundTask) -> None:
             return
         except asyncio.CancelledError:
             raise
+        except UNREACHABLE as e:  # the database is away: the worker pauses and resumes, no traceback
+            log.warning("background worker paused: database unreachable; retrying in 1 s",
+                        extra={"worker": getattr(fn, "__qualname__", str(fn)), "error": type(e).__name__})
+            await asyncio.sleep(1.0)
         except Exception:  # noqa: BLE001
             log.exception("background worker crashed; restarting in 1 s")
             await asyncio.sleep(1.0)

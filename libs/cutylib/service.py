@@ -7,12 +7,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pathlib
+import sys
 from typing import Awaitable, Callable
 
 import asyncpg
 
-from .config import SERVICES, Settings, database_url_for, env_int, env_str, health_port_for
+from .config import SERVICES, Settings, database_url_for, env_bool, env_int, env_str, health_port_for
+from .dbwatch import DatabaseWatch
 from .db import create_pool, migrate
 from .grpc_server import GrpcServer
 from .telemetry import init_telemetry
@@ -23,26 +26,42 @@ PoolFactory = Callable[[str, Settings], Awaitable[asyncpg.Pool]]
 
 async def serve_service(name: str, migrations: pathlib.Path, create_server: ServerFactory, *,
                         pool_factory: PoolFactory | None = None) -> None:
+    """Serve whether or not the database answers yet (docs/deploy.md): the pool is created without
+    connecting, health starts NOT_SERVING, and the server's DatabaseWatch migrates (unless
+    CUTY_MIGRATE_ON_START=false: a Job runs `python -m <service> migrate`), warms the pool up to
+    CUTY_DB_POOL_MIN and follows the database from then on."""
     settings = Settings.from_env()
     settings.check_secrets(name)
     dsn = database_url_for(name)
-    # Every replica runs this at start; the advisory lock in migrate() lets one apply each file.
-    await migrate(dsn, migrations)
+    lazy = dataclasses.replace(settings, db_pool_min=0)  # connect on demand: the database may be away
     if pool_factory is None:
-        pool = await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                                 application_name=f"cuty-{name}")
+        pool = await create_pool(dsn, min_size=0, max_size=settings.db_pool_max, application_name=f"cuty-{name}")
     else:
-        pool = await pool_factory(dsn, settings)
+        pool = await pool_factory(dsn, lazy)
     port = env_int(f"CUTY_{name.upper()}_GRPC_PORT", SERVICES[name][1])
     host = env_str(f"CUTY_{name.upper()}_HOST", "0.0.0.0")
     server = await create_server(settings, pool, port=port, host=host)
     server.add_health_port(host, env_int(f"CUTY_{name.upper()}_HEALTH_PORT", health_port_for(name)))
+    # Every replica may migrate at start; the advisory lock in migrate() lets one apply each file.
+    server.watch_database(DatabaseWatch(pool, dsn, migrations, migrate_on_start=env_bool("CUTY_MIGRATE_ON_START", True),
+                                        warm_connections=settings.db_pool_min))
     server.on_stop(pool.close)
     await server.run_until_signal()
 
 
+async def migrate_only(name: str, migrations: pathlib.Path) -> int:
+    """`python -m <service> migrate`: apply pending migrations and exit (a Kubernetes Job, or an
+    init container). Safe to run concurrently with itself and with starting replicas."""
+    applied = await migrate(database_url_for(name), migrations)
+    print(f"{name}: {len(applied)} migration(s) applied" + (f": {', '.join(applied)}" if applied else ""))
+    return 0
+
+
 def run_service(name: str, migrations: pathlib.Path, create_server: ServerFactory, *,
                 pool_factory: PoolFactory | None = None) -> None:
+    """`python -m <service>` serves; `python -m <service> migrate` applies the migrations and exits."""
+    if sys.argv[1:2] == ["migrate"]:
+        sys.exit(asyncio.run(migrate_only(name, migrations)))
     # Before any server, channel or pool exists: instrumentation patches grpc.aio and asyncpg.
     init_telemetry(name)
     asyncio.run(serve_service(name, migrations, create_server, pool_factory=pool_factory))

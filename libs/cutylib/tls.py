@@ -96,8 +96,13 @@ class Transport:
     # Client side ----------------------------------------------------------------------------------
     def channel(self, addr: str, target: str, *, options: list[tuple] | None = None,
                 interceptors=None) -> grpc.aio.Channel:
-        """A channel to the service named `target` at `addr`, presenting this identity."""
-        options = list(options or [])
+        """A channel to the service named `target` at `addr`, presenting this identity.
+
+        Calls spread over every address the name resolves to (round_robin: replicas behind a
+        headless Service, `dns:///booking.cuty.svc.cluster.local:50051`, or `ipv4:a:p,b:p`), and
+        keepalive pings find a dead connection before a call does (docs/deploy.md)."""
+        options = [("grpc.lb_policy_name", "round_robin"), ("grpc.keepalive_time_ms", 30_000),
+                   ("grpc.keepalive_timeout_ms", 10_000), *(options or [])]
         if self.files is None:
             return grpc.aio.insecure_channel(addr, options=options, interceptors=interceptors)
         creds = grpc.ssl_channel_credentials(root_certificates=self.files.ca, private_key=self.files.key,

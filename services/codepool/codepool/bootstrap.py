@@ -43,7 +43,6 @@ async def check_hash_key(pool: asyncpg.Pool, keyring: Keyring) -> None:
 async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0, host: str = "127.0.0.1",
                         keyring: Keyring | None = None) -> GrpcServer:
     keyring = keyring or load_keyring(settings)
-    await check_hash_key(pool, keyring)
     reservations = ReservationService(pool, ttl_seconds=settings.code_reservation_ttl_seconds,
                                       out_of_stock_detail=out_of_stock)
     api = CodePoolApi(reservations, Catalog(pool, keyring),
@@ -51,6 +50,8 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server = GrpcServer("codepool", port, host=host)
     codepool_pb2_grpc.add_CodePoolServiceServicer_to_server(api, server.server)
     server.add_service(SERVICE, CALLERS)
+    # Before serving, once the database answers (it may be away when the process starts).
+    server.on_database_ready(lambda: check_hash_key(pool, keyring))
     sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
     server.add_background(sweeper.run)
     server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters

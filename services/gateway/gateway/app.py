@@ -178,13 +178,20 @@ class Gateway:
         ok = all(s == "SERVING" for s in services.values())
         return (200 if ok else 503), dumps({"status": "SERVING" if ok else "NOT_SERVING", "services": services}), JSON
 
+    async def readyz(self) -> tuple[int, bytes, str]:
+        """Readiness is the gateway's own ability to serve: it runs and its channels exist. One
+        backend being down must not take every gateway out of rotation (the PSP's webhooks, other
+        routes); `/healthz` keeps the per-backend detail for people."""
+        ok = bool(self.backends.channels)
+        return (200 if ok else 503), dumps({"status": "SERVING" if ok else "NOT_SERVING"}), JSON
+
     async def openapi_json(self) -> tuple[int, bytes, str]:
         if self._openapi is None:
             self._openapi = dumps(openapi.document(self.routes, self.access))
         return 200, self._openapi, JSON
 
 
-_OWN = {"/healthz": Gateway.healthz, "/openapi.json": Gateway.openapi_json}
+_OWN = {"/healthz": Gateway.healthz, "/readyz": Gateway.readyz, "/openapi.json": Gateway.openapi_json}
 
 
 def _too_large(limit: int, size: int | None = None) -> Problem:

@@ -29,11 +29,9 @@ class Backends:
     async def start(self) -> None:
         for owner, addr in self.addrs.items():
             # Mutual TLS as the gateway; the server must prove it is `owner` whatever the address.
+            # Round robin over every address the name resolves to, with keepalive (Transport.channel).
             self.channels[owner] = self.transport.channel(addr, owner, options=[
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                # Spread calls over every address the name resolves to (replicas behind a headless
-                # Service, or an explicit `ipv4:host:port,host:port` list), not just the first.
-                ("grpc.lb_policy_name", "round_robin"),
             ])
             log.info("backend", extra={"backend": owner, "addr": addr})
 

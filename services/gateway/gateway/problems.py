@@ -136,11 +136,16 @@ def from_rpc_error(err: grpc.aio.AioRpcError, *, service: str, deadline: float) 
     status = HTTP_STATUS.get(code, 500)
     st = _status_details(err)
     reason, fld, extra = "", "", {}
+    retry_after = ""  # from a google.rpc.RetryInfo detail (the service says when to retry)
     for a in st.details if st is not None else ():
         if a.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
             a.Unpack(info)
             reason = info.reason
+        elif a.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            a.Unpack(retry)
+            retry_after = str(max(1, retry.retry_delay.seconds))
         elif a.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             br = error_details_pb2.BadRequest()
             a.Unpack(br)
@@ -149,7 +154,7 @@ def from_rpc_error(err: grpc.aio.AioRpcError, *, service: str, deadline: float) 
         elif not a.TypeName().startswith("google.rpc."):
             extra.update(_detail_members(a))
     detail = err.details() or ""
-    headers = {}
+    headers = {"retry-after": retry_after} if retry_after else {}
     if st is None and code == grpc.StatusCode.UNAVAILABLE:
         # A transport failure: the message names internal addresses, say what matters instead.
         detail = f"the {service} service is unavailable; retry later"

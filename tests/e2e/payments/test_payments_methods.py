@@ -115,8 +115,11 @@ async def test_duplicate_out_of_order_webhooks_make_one_transition(payments_stac
         return len(mine) == 2 and all(e["acknowledged"] == e["copies"] == 3 for e in mine)
     await wait_for(all_acknowledged, timeout=30, message="every webhook copy acknowledged")
     await wait_webhooks_done(ps, p.id, 2)
-    events = await events_of(ps, p.id)
-    assert [e.to_status for e in events] == ["created", "succeeded"]  # the stale processing changed nothing
+    events = [e.to_status for e in await events_of(ps, p.id)]
+    # The stale `processing` copies changed nothing once `succeeded` was recorded: one terminal
+    # transition, last. (A `processing` copy may land before the synchronous answer on a loaded
+    # machine: created -> processing -> succeeded is then the true order, not a regression.)
+    assert events in (["created", "succeeded"], ["created", "processing", "succeeded"]), events
     assert (await status_of(ps, p.id)) == S.PAYMENT_STATUS_SUCCEEDED
 
 

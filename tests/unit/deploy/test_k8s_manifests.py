@@ -1,0 +1,207 @@
+"""Offline checks of deploy/k8s (issues 9 and 13): every overlay renders with `kubectl kustomize`;
+core objects validate strictly (kubernetes-validate); custom resources (CloudNativePG,
+cert-manager) validate against their vendored CRD schemas with unknown fields refused; and the
+policies the design asks for hold: probes, resources, restricted security, pinned images, headless
+gRPC Services, each pod only its own secrets, a network that denies by default."""
+from __future__ import annotations
+
+import functools
+import pathlib
+import shutil
+import subprocess
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+K8S = REPO / "deploy" / "k8s"
+OVERLAYS = ("dev", "prod")
+KUBERNETES_VERSION = "1.32.0"
+SERVICES = ("gateway", "booking", "codepool", "payments")
+GRPC_BACKENDS = ("booking", "codepool", "payments")
+OWN_SECRETS = {"gateway": {"cuty-gateway-secrets", "cuty-gateway-assertion-key", "gateway-tls"},
+               "booking": {"booking-tls", "cuty-booking-db-app"},
+               "codepool": {"cuty-codepool-secrets", "codepool-tls", "cuty-codepool-db-app"},
+               "payments": {"cuty-payments-secrets", "payments-tls", "cuty-payments-db-app"}}
+
+
+@functools.cache
+def render(overlay: str) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with kustomize) is not installed: install kubectl to render deploy/k8s")
+    out = subprocess.run([kubectl, "kustomize", str(K8S / "overlays" / overlay)], check=True,
+                         capture_output=True, text=True).stdout
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
+@pytest.fixture(params=OVERLAYS)
+def objects(request) -> list[dict]:
+    return render(request.param)
+
+
+def by_kind(objects, kind) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+# --- schemas -------------------------------------------------------------------------------------
+
+def _strict(schema: dict) -> dict:
+    """A CRD schema with unknown fields refused where the API server would prune them."""
+    if isinstance(schema, dict):
+        schema = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema \
+                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [_strict(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def crd_schemas() -> dict[tuple[str, str], dict]:
+    out = {}
+    for path in (K8S / "schemas").rglob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for v in crd["spec"]["versions"]:
+            schema = _strict(v["schema"]["openAPIV3Schema"])
+            schema["properties"]["metadata"] = {"type": "object"}
+            out[(f"{group}/{v['name']}", kind)] = schema
+    return out
+
+
+def test_every_object_validates(objects):
+    custom = 0
+    for o in objects:
+        key = (o["apiVersion"], o["kind"])
+        if key in crd_schemas():
+            jsonschema.validate(o, crd_schemas()[key])
+            custom += 1
+        else:
+            kubernetes_validate.validate(o, KUBERNETES_VERSION, strict=True)
+    assert custom >= 8  # clusters, certificates, issuer (and in prod poolers, scheduled backups)
+
+
+def test_the_schema_check_bites():
+    cluster = {"apiVersion": "postgresql.cnpg.io/v1", "kind": "Cluster", "metadata": {"name": "x"},
+               "spec": {"instances": 3, "storage": {"size": "1Gi"}, "instancess": 3}}
+    with pytest.raises(jsonschema.ValidationError, match="instancess"):
+        jsonschema.validate(cluster, crd_schemas()[("postgresql.cnpg.io/v1", "Cluster")])
+    with pytest.raises(Exception):
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
+                                      "spec": {"clusterIp": "None"}}, KUBERNETES_VERSION, strict=True)
+
+
+# --- policies ------------------------------------------------------------------------------------
+
+def containers(o: dict) -> list[dict]:
+    return o["spec"]["template"]["spec"]["containers"]
+
+
+def test_deployments_are_probed_sized_locked_down_and_pinned(objects):
+    deployments = by_kind(objects, "Deployment")
+    assert set(deployments) == set(SERVICES)
+    for name, d in deployments.items():
+        pod = d["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        assert pod["topologySpreadConstraints"], name
+        for c in containers(d):
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                assert probe in c, (name, probe)
+            assert c["resources"]["requests"] and c["resources"]["limits"], name
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True \
+                and sc["capabilities"]["drop"] == ["ALL"], name
+            image = c["image"]
+            assert ":" in image.rsplit("/", 1)[-1] or "@sha256:" in image, (name, image)
+            assert not image.endswith(":latest"), (name, image)
+        if name in GRPC_BACKENDS:
+            c = containers(d)[0]
+            # Liveness is the process's own (health name "liveness"); readiness follows the database.
+            assert c["livenessProbe"]["grpc"]["service"] == "liveness"
+            assert "service" not in c["readinessProbe"]["grpc"]
+    for job in by_kind(objects, "Job").values():
+        assert containers(job)[0]["args"][-1] == "migrate"
+
+
+def test_grpc_backends_are_headless_and_dialled_by_dns(objects):
+    services = by_kind(objects, "Service")
+    for name in GRPC_BACKENDS:
+        assert services[name]["spec"]["clusterIP"] == "None", name
+    env = {e["name"]: e.get("value") for e in containers(by_kind(objects, "Deployment")["gateway"])[0]["env"]}
+    for name in GRPC_BACKENDS:
+        assert env[f"CUTY_{name.upper()}_ADDR"].startswith("dns:///"), name
+    config = by_kind(objects, "ConfigMap")["cuty-config"]["data"]
+    assert config["CUTY_MIGRATE_ON_START"] == "false" and config["CUTY_ENV"] == "production"
+
+
+def test_no_secret_values_in_any_overlay(objects):
+    assert by_kind(objects, "Secret") == {}  # `kubectl apply -k` never overwrites real secrets
+
+
+def secrets_used(deployment: dict) -> set[str]:
+    spec = deployment["spec"]["template"]["spec"]
+    names = {v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+    for c in spec["containers"]:
+        names |= {e["secretRef"]["name"] for e in c.get("envFrom", []) if "secretRef" in e}
+        names |= {e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", [])
+                  if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}
+    return names
+
+
+def test_each_service_mounts_only_its_own_secrets_and_certificate(objects):
+    certs = by_kind(objects, "Certificate")
+    for name, d in by_kind(objects, "Deployment").items():
+        assert secrets_used(d) == OWN_SECRETS[name], name
+        env = {e["name"]: e.get("value") for e in containers(d)[0]["env"]}
+        assert env["CUTY_TLS_CERT"] and env["CUTY_TLS_KEY"] and env["CUTY_TLS_CA"], name
+        assert certs[f"{name}-tls"]["spec"]["dnsNames"][0] == name  # the identity in the SAN
+        assert ("CUTY_USER_ASSERTION_KEY" in env) == (name == "gateway")  # only the gateway signs users
+
+
+def test_network_denies_by_default_and_allows_the_designed_edges(objects):
+    policies = by_kind(objects, "NetworkPolicy")
+    deny = policies["default-deny"]["spec"]
+    assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"} \
+        and "ingress" not in deny and "egress" not in deny
+
+    def peers(policy: str, direction: str, port: int) -> set[str]:
+        out = set()
+        for rule in policies[policy]["spec"].get(direction, []):
+            if any(p["port"] == port for p in rule.get("ports", [])):
+                for peer in rule.get("from" if direction == "ingress" else "to", []):
+                    labels = peer.get("podSelector", {}).get("matchLabels", {})
+                    namespace = peer.get("namespaceSelector", {}).get("matchLabels", {})
+                    out.add(labels.get("app") or labels.get("cnpg.io/cluster")
+                            or namespace.get("kubernetes.io/metadata.name") or "?")
+        return out
+
+    assert peers("booking", "ingress", 50051) == {"gateway", "payments"}
+    assert peers("codepool", "ingress", 50052) == {"gateway", "payments"}
+    assert peers("payments", "ingress", 50053) == {"gateway"}
+    assert peers("gateway", "egress", 50051) == {"booking"} and peers("gateway", "egress", 50053) == {"payments"}
+    assert peers("payments", "egress", 50051) == {"booking"} and peers("payments", "egress", 50052) == {"codepool"}
+    for svc in GRPC_BACKENDS:
+        assert peers(svc, "egress", 5432) == {f"cuty-{svc}-db"}  # its own database, no other
+        assert peers(f"{svc}-migrate", "egress", 5432) == {f"cuty-{svc}-db"}
+        assert peers(f"{svc}-db", "ingress", 5432) == {svc, f"{svc}-migrate", "cnpg-system"}
+
+
+def test_prod_scales_survives_disruption_and_backs_up():
+    objects = render("prod")
+    assert set(by_kind(objects, "HorizontalPodAutoscaler")) == set(SERVICES)
+    assert set(by_kind(objects, "PodDisruptionBudget")) == set(SERVICES)
+    clusters = by_kind(objects, "Cluster")
+    assert all(c["spec"]["instances"] == 3 and c["spec"]["backup"]["barmanObjectStore"] for c in clusters.values())
+    backed_up = {b["spec"]["cluster"]["name"] for b in by_kind(objects, "ScheduledBackup").values()}
+    assert backed_up == set(clusters)
+    assert {p["spec"]["cluster"]["name"] for p in by_kind(objects, "Pooler").values()} == \
+        {"cuty-booking-db", "cuty-codepool-db"}
+    # Connection arithmetic (docs/deploy.md): at the HPA's maximum, payments' direct pools fit.
+    hpa = by_kind(objects, "HorizontalPodAutoscaler")["payments"]["spec"]["maxReplicas"]
+    max_conn = int(clusters["cuty-payments-db"]["spec"]["postgresql"]["parameters"]["max_connections"])
+    assert hpa * 20 + 10 <= max_conn  # CUTY_DB_POOL_MAX=20 per replica, plus operator and migrations
+    assert all(d["spec"]["replicas"] == 1 for d in by_kind(render("dev"), "Deployment").values())
