@@ -135,9 +135,10 @@ class Slots:
 
 # --- holds ---------------------------------------------------------------------------------------
 
-# migrations/0001_init.sql: booking_take_hold and booking_confirm_hold decide in one round trip.
+# migrations/0001_init.sql (booking_take_hold) and 0002_confirm_started.sql (booking_confirm_hold)
+# decide in one round trip.
 TAKE_HOLD = "SELECT outcome, hold, alternatives, time_zone, db_now FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)"
-CONFIRM_HOLD = "SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2)"
+CONFIRM_HOLD = "SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2, $3)"
 # Only a live hold is released: an expired one stays 'expired' (swept or not), so the answer to
 # a release does not depend on whether the sweeper came by first.
 RELEASE_HOLD = """
@@ -191,8 +192,8 @@ class Holds:
         alternatives = [slot_from(s, r["time_zone"], True) for s in r["alternatives"] or ()]
         return r["outcome"], hold, alternatives
 
-    async def confirm(self, hold_id: uuid.UUID, payment_ref: str) -> tuple[str, Hold | None]:
-        r = await self.db.fetchrow(CONFIRM_HOLD, hold_id, payment_ref)
+    async def confirm(self, hold_id: uuid.UUID, payment_ref: str, cutoff_seconds: float) -> tuple[str, Hold | None]:
+        r = await self.db.fetchrow(CONFIRM_HOLD, hold_id, payment_ref, float(cutoff_seconds))
         return r["outcome"], (hold_from(r["hold"], r["db_now"]) if r["outcome"] != "not_found" else None)
 
     async def release(self, hold_id: uuid.UUID) -> Hold | None:

@@ -122,7 +122,7 @@ class BookingService:
 
     async def confirm_hold(self, caller: Principal, hold_id: uuid.UUID, payment_ref: str) -> Hold:
         await self._check_owner(caller, hold_id)
-        outcome, hold = await self.holds.confirm(hold_id, payment_ref)
+        outcome, hold = await self.holds.confirm(hold_id, payment_ref, self.settings.confirm_cutoff_seconds)
         set_span_attributes(hold_id=str(hold_id))
         if outcome == "confirmed":
             return hold
@@ -138,6 +138,11 @@ class BookingService:
                                      reason="hold-lost")
         if outcome == "released":
             raise FailedPrecondition(f"hold {hold_id} was released", reason="hold-released")
+        if outcome == "started":  # a late payment: the appointment has started (issue 10)
+            metrics.REGISTRY.inc(metrics.CONFIRMS_TOO_LATE)
+            raise FailedPrecondition(f"hold {hold_id}: the slot has started (or starts within "
+                                     f"{self.settings.confirm_cutoff_seconds:g}s); it is not confirmed",
+                                     reason="slot-started")
         if outcome == "payment_ref_mismatch":
             raise FailedPrecondition(f"hold {hold_id} is confirmed already, by another payment",
                                      reason="hold-confirmed-by-other-payment")
