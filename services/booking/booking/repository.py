@@ -85,9 +85,12 @@ SELECT sa.time_zone, sl.*
           SELECT {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
             FROM slots s
            WHERE s.salon_id = sa.id AND s.start_time >= $2 AND s.start_time < $3
+             -- keyset paging: after the previous page's last slot ($5 NULL: the first page)
+             AND ($5::timestamptz IS NULL OR (s.start_time, s.resource_id, s.id) > ($5, $6::uuid, $7::uuid))
       ) x
        WHERE NOT $4 OR x.available
        ORDER BY x.start_time, x.resource_id, x.id
+       LIMIT $8
   ) sl ON true
  WHERE sa.id = $1
 """
@@ -121,9 +124,13 @@ class Slots:
         by_id = {r["id"]: slot_from(r, salon.time_zone, r["available"]) for r in rows}
         return {d.index: by_id[i] for d, i in zip(drafts, ids) if i in by_id}
 
-    async def list(self, salon_id: uuid.UUID, start: datetime, end: datetime,
-                   available_only: bool) -> list[Slot] | None:
-        rows = await self.db.fetch(LIST_SLOTS, salon_id, start, end, available_only)
+    async def list(self, salon_id: uuid.UUID, start: datetime, end: datetime, available_only: bool,
+                   after=None, limit: int = 500) -> list[Slot] | None:
+        """Slots in list order after the cursor `after` (a domain.SlotCursor), at most `limit`;
+        None when the salon does not exist."""
+        rows = await self.db.fetch(LIST_SLOTS, salon_id, start, end, available_only,
+                                   after.start_time if after else None, after.resource_id if after else None,
+                                   after.id if after else None, limit)
         if not rows:
             return None
         return [slot_from(r, r["time_zone"], r["available"]) for r in rows if r["id"] is not None]

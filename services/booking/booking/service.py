@@ -77,12 +77,19 @@ class BookingService:
             await uow.commit()
         return [created[d.index] for d in drafts]
 
-    async def list_slots(self, salon_id: uuid.UUID, start: datetime, end: datetime, available_only: bool) -> list[Slot]:
+    async def list_slots(self, salon_id: uuid.UUID, start: datetime, end: datetime, available_only: bool,
+                         page_size: int = 0, page_token: str = "") -> tuple[list[Slot], str]:
+        """One page of the salon's slots and the next page's token ("" on the last page)."""
         domain.check_window(start, end)
-        slots = await self.slots.list(salon_id, start, end, available_only)
+        size = domain.page_size(page_size)
+        after = domain.decode_page_token(page_token)
+        slots = await self.slots.list(salon_id, start, end, available_only, after, size + 1)
         if slots is None:
             raise NotFound(f"salon {salon_id} not found")
-        return slots
+        if len(slots) <= size:
+            return slots, ""
+        last = slots[size - 1]
+        return slots[:size], domain.encode_page_token(domain.SlotCursor(last.start_time, last.resource_id, last.id))
 
     async def get_slot(self, slot_id: uuid.UUID) -> Slot:
         slot = await self.slots.get(slot_id)
