@@ -6,6 +6,7 @@ HoldSlot hot path those would triple the round trips.
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import datetime
 from typing import Any, Union
@@ -15,6 +16,8 @@ import asyncpg
 from cutylib.errors import AlreadyExists
 
 from .domain import Hold, Resource, Salon, Slot, SlotDraft, effective_status
+
+log = logging.getLogger("booking.repository")
 
 Db = Union[asyncpg.Connection, asyncpg.Pool]
 
@@ -119,7 +122,9 @@ class Slots:
                 INSERT_SLOTS, salon.id, ids, [d.resource_id for d in drafts], [d.start_time for d in drafts],
                 [d.end_time for d in drafts], [d.price_minor for d in drafts], [d.currency for d in drafts])
         except asyncpg.UniqueViolationError as e:
-            raise AlreadyExists(f"a slot with the same resource, start and end exists already: {e.detail}",
+            # The constraint's own text (key columns and values) is for the log, not the caller.
+            log.info("slot exists", extra={"salon_id": str(salon.id), "error": e.detail})
+            raise AlreadyExists("a slot with the same resource, start and end exists already",
                                 reason="slot-exists") from None
         by_id = {r["id"]: slot_from(r, salon.time_zone, r["available"]) for r in rows}
         return {d.index: by_id[i] for d, i in zip(drafts, ids) if i in by_id}

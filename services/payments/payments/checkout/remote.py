@@ -246,7 +246,8 @@ class CodeReservations:
                 r = await self.stub.GetDeliveredCodes(req)
         except grpc.aio.AioRpcError as e:
             if e.code() in _RETRYABLE:
-                raise errors.Unavailable(f"code pool: {e.details()}") from None
+                log.warning("code pool unavailable", extra={"checkout_id": saga.id, "detail": e.details()})
+                raise errors.Unavailable("the code pool is unavailable; retry") from None
             raise
         return [(c.id, c.value) for c in r.codes]
 
