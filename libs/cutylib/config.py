@@ -114,6 +114,11 @@ class Settings:
     db_pool_min: int = env_field(env_int, "CUTY_DB_POOL_MIN", 2)
     db_pool_max: int = env_field(env_int, "CUTY_DB_POOL_MAX", 20)
     environment: str = env_field(env_str, "CUTY_ENV", "development")
+    # Issue 10: one customer may not hoard a product's stock (code pool ReserveCodes).
+    max_active_reservations: int = env_field(env_int, "CUTY_MAX_ACTIVE_RESERVATIONS", 3)
+    max_quantity_per_product: int = env_field(env_int, "CUTY_MAX_QUANTITY_PER_PRODUCT", 10)
+    # Issue 10: a hold is never confirmed once its slot starts within this many seconds (0: has started).
+    confirm_cutoff_seconds: float = env_field(env_float, "CUTY_CONFIRM_CUTOFF_SECONDS", 0)
 
     @classmethod
     def from_env(cls) -> "Settings":

@@ -14,6 +14,8 @@ from .errors import DomainError
 log = logging.getLogger(__name__)
 
 ERROR_DOMAIN = "cuty.app"
+TRANSACTION_CONFLICT = "transaction conflict; retry"
+DATABASE_UNAVAILABLE = "database unavailable; retry"
 
 
 def to_status(err: DomainError) -> grpc.Status:
@@ -40,19 +42,23 @@ def status_for_exception(exc: BaseException) -> grpc.Status | None:
     """Status for an exception escaping a handler, or None to let grpc handle it."""
     if isinstance(exc, DomainError):
         return to_status(exc)
+    # Answers carry stable messages; what the database said goes to the log, with the trace id the
+    # client is shown (issue 10, item 6: database text must not reach clients).
     if isinstance(exc, (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError)):
-        return rpc_status.to_status(status_pb2.Status(code=code_pb2.ABORTED, message=f"transaction conflict, retry: {exc}"))
+        log.warning("transaction conflict", extra={"error_type": type(exc).__name__, "error": str(exc)})
+        return rpc_status.to_status(status_pb2.Status(code=code_pb2.ABORTED, message=TRANSACTION_CONFLICT))
     if isinstance(exc, (asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.CannotConnectNowError,
                         asyncpg.exceptions.AdminShutdownError, asyncpg.exceptions.TooManyConnectionsError,
                         asyncpg.exceptions.InterfaceError, asyncpg.exceptions.ConnectionFailureError,
                         # raised when a backend was killed while its connection sat idle in the pool
                         asyncpg.exceptions.InternalClientError,
                         ConnectionError, OSError, TimeoutError)):
+        log.warning("database unavailable", extra={"error_type": type(exc).__name__, "error": str(exc)})
         # With a retry hint (google.rpc.RetryInfo; the gateway turns it into Retry-After).
         hint = any_pb2.Any()
         hint.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1)))
         return rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, details=[hint],
-                                                      message=f"database unavailable: {type(exc).__name__}"))
+                                                      message=DATABASE_UNAVAILABLE))
     return None
 
 

@@ -71,21 +71,26 @@ class LocalCluster:
             return
         self.datadir.mkdir(parents=True, exist_ok=True)
         self._chown(self.datadir)
+        self._reachable()
+        r = self._run(str(self.bin / "initdb"), "-D", str(self.datadir), "-U", "postgres", "-A", "trust",
+                      "-E", "UTF8", "--locale=C.UTF-8", "--no-sync", check=False)
+        if r.returncode != 0:
+            raise PostgresUnavailable(f"initdb failed: {r.stderr.strip()}")
+
+    def _reachable(self) -> None:
+        """postgres must be able to reach its data directory through every parent (checked at every
+        start: another process, e.g. a second pytest session, may have tightened a shared temp dir)."""
         if self._as_postgres:
-            # postgres must be able to reach its data directory through every parent.
             for parent in self.datadir.parents:
                 if parent == pathlib.Path("/"):
                     break
                 mode = parent.stat().st_mode
                 if not mode & 0o001:
                     os.chmod(parent, mode | 0o001)
-        r = self._run(str(self.bin / "initdb"), "-D", str(self.datadir), "-U", "postgres", "-A", "trust",
-                      "-E", "UTF8", "--locale=C.UTF-8", "--no-sync", check=False)
-        if r.returncode != 0:
-            raise PostgresUnavailable(f"initdb failed: {r.stderr.strip()}")
 
     def start(self, timeout: float = 30.0) -> None:
         self.init()
+        self._reachable()
         self.sockdir.mkdir(parents=True, exist_ok=True)
         self._chown(self.sockdir)
         opts = [f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-k {self.sockdir}",

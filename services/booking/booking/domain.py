@@ -6,8 +6,11 @@ database's job (migrations/0001_init.sql); these rules only reject input before 
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import re
+import struct
 import uuid
 import zoneinfo
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ MAX_NAME = 200
 MAX_KEY = 200  # customer ids, request ids, payment refs: opaque strings chosen by callers
 MAX_BATCH = 1000
 MAX_LIST_WINDOW = timedelta(days=93)
+DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 500
+_PAGE_TOKEN_TAG = b"bk1"
 ADMIN_ROLES = ("admin", "system")
 # Postgres and zoneinfo both list these, but none is a place: a salon's zone must be one.
 _NOT_PLACES = frozenset({"localtime", "posixrules", "Factory"})
@@ -253,3 +258,46 @@ def wall_clock_starts(tz: str, day: date, opens: time, closes: time, step: timed
                 out.add(instant)
         wall += step  # naive arithmetic: wall-clock steps
     return sorted(out)
+
+
+# --- pages (issue 10: ListSlots has a row limit) ----------------------------------------------------
+
+@dataclass(frozen=True)
+class SlotCursor:
+    """The last slot of a page, in the list's order (start_time, resource_id, id)."""
+    start_time: datetime
+    resource_id: uuid.UUID
+    id: uuid.UUID
+
+
+def page_size(requested: int) -> int:
+    if requested < 0:
+        raise InvalidArgument("page_size", f"page_size must be between 0 and {MAX_PAGE_SIZE}, got {requested}")
+    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def encode_page_token(c: SlotCursor) -> str:
+    micros = (c.start_time - _EPOCH) // timedelta(microseconds=1)
+    raw = _PAGE_TOKEN_TAG + struct.pack(">q", micros) + c.resource_id.bytes + c.id.bytes
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_page_token(token: str) -> SlotCursor | None:
+    """The cursor after which the page starts; None for the first page."""
+    if not token:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != 43 or not raw.startswith(_PAGE_TOKEN_TAG):
+        raise InvalidArgument("page_token", "page_token is not one this service issued")
+    (micros,) = struct.unpack(">q", raw[3:11])
+    try:
+        start = _EPOCH + timedelta(microseconds=micros)
+    except OverflowError:
+        raise InvalidArgument("page_token", "page_token is not one this service issued") from None
+    return SlotCursor(start, uuid.UUID(bytes=raw[11:27]), uuid.UUID(bytes=raw[27:43]))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

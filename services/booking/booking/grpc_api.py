@@ -112,8 +112,9 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         salon_id = domain.parse_id("salon_id", request.salon_id)
         start = domain.require_instant("start_time", _instant(request, "start_time"))
         end = domain.require_instant("end_time", _instant(request, "end_time"))
-        slots = await self.service.list_slots(salon_id, start, end, request.available_only)
-        return pb.ListSlotsResponse(slots=[slot_pb(s) for s in slots])
+        slots, next_token = await self.service.list_slots(salon_id, start, end, request.available_only,
+                                                          request.page_size, request.page_token)
+        return pb.ListSlotsResponse(slots=[slot_pb(s) for s in slots], next_page_token=next_token)
 
     async def GetSlot(self, request: pb.GetSlotRequest, context: grpc.aio.ServicerContext) -> pb.Slot:
         return slot_pb(await self.service.get_slot(domain.parse_id("slot_id", request.slot_id)))

@@ -6,6 +6,7 @@ HoldSlot hot path those would triple the round trips.
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import datetime
 from typing import Any, Union
@@ -15,6 +16,8 @@ import asyncpg
 from cutylib.errors import AlreadyExists
 
 from .domain import Hold, Resource, Salon, Slot, SlotDraft, effective_status
+
+log = logging.getLogger("booking.repository")
 
 Db = Union[asyncpg.Connection, asyncpg.Pool]
 
@@ -85,9 +88,12 @@ SELECT sa.time_zone, sl.*
           SELECT {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
             FROM slots s
            WHERE s.salon_id = sa.id AND s.start_time >= $2 AND s.start_time < $3
+             -- keyset paging: after the previous page's last slot ($5 NULL: the first page)
+             AND ($5::timestamptz IS NULL OR (s.start_time, s.resource_id, s.id) > ($5, $6::uuid, $7::uuid))
       ) x
        WHERE NOT $4 OR x.available
        ORDER BY x.start_time, x.resource_id, x.id
+       LIMIT $8
   ) sl ON true
  WHERE sa.id = $1
 """
@@ -116,14 +122,20 @@ class Slots:
                 INSERT_SLOTS, salon.id, ids, [d.resource_id for d in drafts], [d.start_time for d in drafts],
                 [d.end_time for d in drafts], [d.price_minor for d in drafts], [d.currency for d in drafts])
         except asyncpg.UniqueViolationError as e:
-            raise AlreadyExists(f"a slot with the same resource, start and end exists already: {e.detail}",
+            # The constraint's own text (key columns and values) is for the log, not the caller.
+            log.info("slot exists", extra={"salon_id": str(salon.id), "error": e.detail})
+            raise AlreadyExists("a slot with the same resource, start and end exists already",
                                 reason="slot-exists") from None
         by_id = {r["id"]: slot_from(r, salon.time_zone, r["available"]) for r in rows}
         return {d.index: by_id[i] for d, i in zip(drafts, ids) if i in by_id}
 
-    async def list(self, salon_id: uuid.UUID, start: datetime, end: datetime,
-                   available_only: bool) -> list[Slot] | None:
-        rows = await self.db.fetch(LIST_SLOTS, salon_id, start, end, available_only)
+    async def list(self, salon_id: uuid.UUID, start: datetime, end: datetime, available_only: bool,
+                   after=None, limit: int = 500) -> list[Slot] | None:
+        """Slots in list order after the cursor `after` (a domain.SlotCursor), at most `limit`;
+        None when the salon does not exist."""
+        rows = await self.db.fetch(LIST_SLOTS, salon_id, start, end, available_only,
+                                   after.start_time if after else None, after.resource_id if after else None,
+                                   after.id if after else None, limit)
         if not rows:
             return None
         return [slot_from(r, r["time_zone"], r["available"]) for r in rows if r["id"] is not None]
@@ -135,9 +147,10 @@ class Slots:
 
 # --- holds ---------------------------------------------------------------------------------------
 
-# migrations/0001_init.sql: booking_take_hold and booking_confirm_hold decide in one round trip.
+# migrations/0001_init.sql (booking_take_hold) and 0002_confirm_started.sql (booking_confirm_hold)
+# decide in one round trip.
 TAKE_HOLD = "SELECT outcome, hold, alternatives, time_zone, db_now FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)"
-CONFIRM_HOLD = "SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2)"
+CONFIRM_HOLD = "SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2, $3)"
 # Only a live hold is released: an expired one stays 'expired' (swept or not), so the answer to
 # a release does not depend on whether the sweeper came by first.
 RELEASE_HOLD = """
@@ -191,8 +204,8 @@ class Holds:
         alternatives = [slot_from(s, r["time_zone"], True) for s in r["alternatives"] or ()]
         return r["outcome"], hold, alternatives
 
-    async def confirm(self, hold_id: uuid.UUID, payment_ref: str) -> tuple[str, Hold | None]:
-        r = await self.db.fetchrow(CONFIRM_HOLD, hold_id, payment_ref)
+    async def confirm(self, hold_id: uuid.UUID, payment_ref: str, cutoff_seconds: float) -> tuple[str, Hold | None]:
+        r = await self.db.fetchrow(CONFIRM_HOLD, hold_id, payment_ref, float(cutoff_seconds))
         return r["outcome"], (hold_from(r["hold"], r["db_now"]) if r["outcome"] != "not_found" else None)
 
     async def release(self, hold_id: uuid.UUID) -> Hold | None:

@@ -77,12 +77,19 @@ class BookingService:
             await uow.commit()
         return [created[d.index] for d in drafts]
 
-    async def list_slots(self, salon_id: uuid.UUID, start: datetime, end: datetime, available_only: bool) -> list[Slot]:
+    async def list_slots(self, salon_id: uuid.UUID, start: datetime, end: datetime, available_only: bool,
+                         page_size: int = 0, page_token: str = "") -> tuple[list[Slot], str]:
+        """One page of the salon's slots and the next page's token ("" on the last page)."""
         domain.check_window(start, end)
-        slots = await self.slots.list(salon_id, start, end, available_only)
+        size = domain.page_size(page_size)
+        after = domain.decode_page_token(page_token)
+        slots = await self.slots.list(salon_id, start, end, available_only, after, size + 1)
         if slots is None:
             raise NotFound(f"salon {salon_id} not found")
-        return slots
+        if len(slots) <= size:
+            return slots, ""
+        last = slots[size - 1]
+        return slots[:size], domain.encode_page_token(domain.SlotCursor(last.start_time, last.resource_id, last.id))
 
     async def get_slot(self, slot_id: uuid.UUID) -> Slot:
         slot = await self.slots.get(slot_id)
@@ -122,7 +129,7 @@ class BookingService:
 
     async def confirm_hold(self, caller: Principal, hold_id: uuid.UUID, payment_ref: str) -> Hold:
         await self._check_owner(caller, hold_id)
-        outcome, hold = await self.holds.confirm(hold_id, payment_ref)
+        outcome, hold = await self.holds.confirm(hold_id, payment_ref, self.settings.confirm_cutoff_seconds)
         set_span_attributes(hold_id=str(hold_id))
         if outcome == "confirmed":
             return hold
@@ -138,6 +145,11 @@ class BookingService:
                                      reason="hold-lost")
         if outcome == "released":
             raise FailedPrecondition(f"hold {hold_id} was released", reason="hold-released")
+        if outcome == "started":  # a late payment: the appointment has started (issue 10)
+            metrics.REGISTRY.inc(metrics.CONFIRMS_TOO_LATE)
+            raise FailedPrecondition(f"hold {hold_id}: the slot has started (or starts within "
+                                     f"{self.settings.confirm_cutoff_seconds:g}s); it is not confirmed",
+                                     reason="slot-started")
         if outcome == "payment_ref_mismatch":
             raise FailedPrecondition(f"hold {hold_id} is confirmed already, by another payment",
                                      reason="hold-confirmed-by-other-payment")

@@ -10,6 +10,9 @@ from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
 from cutylib.config import Settings, env_int
 from cutylib.grpc_server import GrpcServer
 
+from cutylib.metrics import log_periodically
+
+from . import metrics
 from .catalog import Catalog
 from .grpc_api import CALLERS, CodePoolApi, out_of_stock
 from .importer import Importer
@@ -44,7 +47,9 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                         keyring: Keyring | None = None) -> GrpcServer:
     keyring = keyring or load_keyring(settings)
     reservations = ReservationService(pool, ttl_seconds=settings.code_reservation_ttl_seconds,
-                                      out_of_stock_detail=out_of_stock)
+                                      out_of_stock_detail=out_of_stock,
+                                      max_active=settings.max_active_reservations,
+                                      max_quantity=settings.max_quantity_per_product)
     api = CodePoolApi(reservations, Catalog(pool, keyring),
                       Importer(pool, keyring, chunk_rows=env_int("CUTY_CODE_IMPORT_CHUNK", 5000)))
     server = GrpcServer("codepool", port, host=host)
@@ -54,6 +59,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server.on_database_ready(lambda: check_hash_key(pool, keyring))
     sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
     server.add_background(sweeper.run)
+    server.add_background(lambda: log_periodically(metrics.REGISTRY, "codepool"))
     server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters
     log.info("code pool wired", extra={"keys": sorted(keyring.keys), "active_key": keyring.active,
                                        "reservation_ttl_seconds": settings.code_reservation_ttl_seconds})

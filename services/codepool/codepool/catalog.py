@@ -2,6 +2,7 @@
 and the buyer's own delivered codes (issue 3, "Reading codes")."""
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 
@@ -14,6 +15,8 @@ from cutylib.telemetry import set_span_attributes
 
 from . import domain
 from .keys import CodeIntegrityError, Keyring
+
+log = logging.getLogger("codepool.catalog")
 
 CREATE_PRODUCT = """
 INSERT INTO products (id, sku, name, price_minor, currency) VALUES ($1, $2, $3, $4, $5)
@@ -88,7 +91,10 @@ class Catalog:
             return self.keyring.decrypt(row["id"].bytes, row["product_id"].bytes, row["key_id"], row["nonce"],
                                         row["ciphertext"])
         except CodeIntegrityError as e:
-            raise CodeDamaged(str(e), reason="code-integrity") from None
+            # Which key and why is for the log (with the trace id); the caller learns only that it failed.
+            log.error("code failed its integrity check", extra={"code_id": str(row["id"]), "error": str(e)})
+            raise CodeDamaged(f"code {row['id']} failed its integrity check and is not served",
+                              reason="code-integrity") from None
 
     async def create_product(self, sku: str, name: str, currency: str, amount_minor: int) -> Product:
         try:

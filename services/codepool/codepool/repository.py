@@ -19,12 +19,15 @@ import asyncpg
 # exists (a replay) or the product is unknown. When fewer codes than ordered could be taken it
 # raises SQLSTATE CP001 (codepool_short_stock), which undoes the whole statement: all or nothing.
 RESERVE = """
-WITH r AS (
+WITH cap AS MATERIALIZED (
+    -- the per-customer caps (migrations/0002_customer_caps.sql): raises CP002 / CP003 when over
+    SELECT codepool_customer_cap($4, $3, $1, $2, $5, $8, $9) AS ok
+), r AS (
     INSERT INTO reservations (order_id, order_item_id, product_id, customer_id, quantity,
                               unit_price_minor, currency, status, reserved_at, expires_at)
     SELECT $1, $2, p.id, $4, $5, p.price_minor, p.currency, 'reserved', clock_timestamp(),
            clock_timestamp() + make_interval(secs => $6)
-    FROM products p WHERE p.id = $3
+    FROM cap, products p WHERE cap.ok AND p.id = $3
     ON CONFLICT DO NOTHING
     RETURNING *
 ), picked AS (
@@ -52,6 +55,8 @@ WHERE CASE WHEN got.n = r.quantity THEN true ELSE codepool_short_stock(r.quantit
 """
 
 SHORT_STOCK = "CP001"
+TOO_MANY_RESERVATIONS = "CP002"   # the customer's live reservations are at CUTY_MAX_ACTIVE_RESERVATIONS
+QUANTITY_CAP = "CP003"            # ... or this one would pass CUTY_MAX_QUANTITY_PER_PRODUCT codes of the product
 
 # A reservation with the codes it holds now (none once released: they are back in stock).
 GET_RESERVATION = """
@@ -174,11 +179,12 @@ class Reservations:
     def __init__(self, conn: asyncpg.Connection):
         self.conn = conn
 
-    async def reserve(self, cmd, ttl_seconds: float, actor: str):
+    async def reserve(self, cmd, ttl_seconds: float, actor: str, *, max_active: int, max_quantity: int):
         """The RESERVE row, or None for a replay / unknown product; asyncpg.PostgresError with
-        sqlstate SHORT_STOCK when the stock is short (nothing was written)."""
+        sqlstate SHORT_STOCK when the stock is short, TOO_MANY_RESERVATIONS / QUANTITY_CAP when the
+        customer is at a cap (nothing was written)."""
         return await self.conn.fetchrow(RESERVE, cmd.order_id, cmd.order_item_id, cmd.product_id, cmd.customer_id,
-                                        cmd.quantity, float(ttl_seconds), actor)
+                                        cmd.quantity, float(ttl_seconds), actor, max_active, max_quantity)
 
     async def get(self, order_id: str):
         return await self.conn.fetchrow(GET_RESERVATION, order_id)

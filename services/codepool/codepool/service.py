@@ -9,13 +9,15 @@ import logging
 
 import asyncpg
 
+from cutylib.config import Settings
 from cutylib.db import UnitOfWork
 from cutylib.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from cutylib.telemetry import set_span_attributes
 
 from . import domain
 from .domain import DELIVERED, RELEASED, ReservationView, ReserveCommand
-from .repository import SHORT_STOCK, Reservations
+from . import metrics
+from .repository import QUANTITY_CAP, SHORT_STOCK, TOO_MANY_RESERVATIONS, Reservations
 
 log = logging.getLogger("codepool.reservations")
 
@@ -25,9 +27,13 @@ class InvariantBroken(RuntimeError):
 
 
 class ReservationService:
-    def __init__(self, pool: asyncpg.Pool, *, ttl_seconds: float, out_of_stock_detail=None):
+    def __init__(self, pool: asyncpg.Pool, *, ttl_seconds: float, out_of_stock_detail=None,
+                 max_active: int | None = None, max_quantity: int | None = None):
         self.pool = pool
         self.ttl_seconds = ttl_seconds
+        defaults = Settings()
+        self.max_active = defaults.max_active_reservations if max_active is None else max_active
+        self.max_quantity = defaults.max_quantity_per_product if max_quantity is None else max_quantity
         # Builds the OutOfStock proto for RESOURCE_EXHAUSTED (kept out of this module's imports).
         self._out_of_stock_detail = out_of_stock_detail or (lambda product_id, requested, available: None)
 
@@ -36,9 +42,13 @@ class ReservationService:
         # One statement is its own unit of work (autocommit): it commits whole or not at all.
         repo = Reservations(self.pool)  # type: ignore[arg-type] - a pool runs single statements
         try:
-            row = await repo.reserve(cmd, self.ttl_seconds, actor)
+            row = await repo.reserve(cmd, self.ttl_seconds, actor, max_active=self.max_active,
+                                     max_quantity=self.max_quantity)
         except asyncpg.PostgresError as e:
-            if getattr(e, "sqlstate", None) != SHORT_STOCK:
+            sqlstate = getattr(e, "sqlstate", None)
+            if sqlstate in (TOO_MANY_RESERVATIONS, QUANTITY_CAP):
+                raise self._capped(cmd, sqlstate) from None
+            if sqlstate != SHORT_STOCK:
                 raise
             available = await repo.count_available(cmd.product_id)
             raise ResourceExhausted(
@@ -50,6 +60,18 @@ class ReservationService:
         log.info("codes reserved", extra={"order_id": cmd.order_id, "product_id": str(cmd.product_id),
                                           "quantity": cmd.quantity})
         return ReservationView.from_row(row, row["code_ids"])
+
+    def _capped(self, cmd: ReserveCommand, sqlstate: str) -> ResourceExhausted:
+        metrics.REGISTRY.inc(metrics.RESERVATIONS_CAPPED)
+        log.info("reservation capped", extra={"customer_id": cmd.customer_id, "product_id": str(cmd.product_id),
+                                              "quantity": cmd.quantity, "cap": sqlstate})
+        if sqlstate == TOO_MANY_RESERVATIONS:
+            return ResourceExhausted(
+                f"customer has {self.max_active} live code reservations already (the most allowed); "
+                "pay for or cancel one first", reason="too-many-active-reservations")
+        return ResourceExhausted(
+            f"at most {self.max_quantity} codes of one product may be reserved by a customer at once, "
+            f"{cmd.quantity} more requested", reason="quantity-limit")
 
     async def _replay(self, repo: Reservations, cmd: ReserveCommand) -> ReservationView:
         """RESERVE inserted nothing: this order item was reserved before (return it as it is now),

@@ -159,7 +159,7 @@ class Gateway:
             metadata.append(("idempotency-key", _idempotency_key(headers.get("idempotency-key"))))
         for header, key in access.forward_headers:
             if header in headers:
-                metadata.append((key, headers[header]))
+                metadata.append((key, _forwarded(header, headers[header])))
         try:
             request = build_request(route, bound, query, body)
         except TranscodeError as e:
@@ -214,6 +214,14 @@ async def _read_body(receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not msg.get("more_body"):
             return b"".join(chunks)
+
+
+def _forwarded(name: str, value: str) -> str:
+    """A header passed on as gRPC metadata, which carries printable ASCII only: anything else
+    (obs-text bytes, control characters) is the client's mistake, a 400, never a failed call."""
+    if not (value.isascii() and value.isprintable()):
+        raise bad_request(name, f"the {name} header must be printable ASCII")
+    return value
 
 
 def _idempotency_key(raw: str | None) -> str:

@@ -17,6 +17,9 @@ from typing import Sequence
 from cutylib.errors import Unauthenticated
 
 TOLERANCE_SECONDS = 300
+# A unix time has 10 digits until 2286. Longer is malformed, and int() of thousands of digits
+# raises ValueError (Python's integer string limit): that became a 500 (issue 10, item 5).
+MAX_TIMESTAMP_DIGITS = 12
 _HEX = frozenset(string.hexdigits)
 
 
@@ -38,7 +41,7 @@ def _parse(header: str) -> tuple[int, list[str]]:
         if not sep:
             raise Unauthenticated("malformed Cuty-Signature: expected t=<unix>,v1=<hex>", reason="signature-malformed")
         if key == "t":
-            if t is not None or not (value.isascii() and value.isdigit()):
+            if t is not None or not (value.isascii() and value.isdigit()) or len(value) > MAX_TIMESTAMP_DIGITS:
                 raise Unauthenticated("malformed Cuty-Signature timestamp", reason="signature-malformed")
             t = int(value)
         elif key == "v1":

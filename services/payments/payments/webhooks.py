@@ -53,8 +53,16 @@ def parse_event(payload: bytes) -> dict[str, Any]:
     """The event of a well-signed body, or InvalidArgument (nothing is stored for it)."""
     try:
         event = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidArgument("payload", f"webhook body must be JSON: {exc}") from None
+        # Stored as jsonb, and its strings as text: no NUL, no lone surrogate, no NaN / Infinity
+        # (1e999 parses as inf), none of which Postgres takes.
+        text = json.dumps(event, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except RecursionError:  # nested deeper than the parser goes
+        raise InvalidArgument("payload", "webhook body is nested too deeply") from None
+    except ValueError:  # not JSON, not UTF-8, an integer of thousands of digits, NaN / Infinity
+        raise InvalidArgument("payload", "webhook body must be a JSON object in UTF-8") from None
+    if "\\u0000" in text:  # json.dumps escapes NUL (a literal "\\u0000" in a string is refused too)
+        raise InvalidArgument("payload", "webhook body must not contain NUL characters")
     if not isinstance(event, dict):
         raise InvalidArgument("payload", f"webhook body must be a JSON object, got {type(event).__name__}")
     if not isinstance(event.get("id"), str) or not event["id"] or len(event["id"]) > 255:

@@ -23,12 +23,20 @@ def alive(pid: int) -> bool:
 
 async def demo_counts(url: str, demo: dict, headers: dict) -> tuple[int, str]:
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    listed, token = 0, ""
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as c:
-        slots = await c.get(f"/v1/salons/{demo['salon_id']}/slots", params={
-            "startTime": now.isoformat(), "endTime": (now + dt.timedelta(days=9)).isoformat()})
+        while True:  # ListSlots is paged (issue 10)
+            slots = await c.get(f"/v1/salons/{demo['salon_id']}/slots", params={
+                "startTime": now.isoformat(), "endTime": (now + dt.timedelta(days=9)).isoformat(),
+                "pageToken": token})
+            assert slots.status_code == 200, slots.text
+            listed += len(slots.json()["slots"])
+            token = slots.json().get("nextPageToken")
+            if not token:
+                break
         stock = await c.get(f"/v1/products/{demo['product_id']}/stock")
-    assert slots.status_code == 200 and stock.status_code == 200, (slots.text, stock.text)
-    return len(slots.json()["slots"]), stock.json()["available"]
+    assert stock.status_code == 200, stock.text
+    return listed, stock.json()["available"]
 
 
 async def test_devstack_lifecycle(devstack_at, tmp_path, auth):

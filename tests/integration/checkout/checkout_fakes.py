@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 import grpc
 from google.protobuf import any_pb2
 from google.protobuf.timestamp_pb2 import Timestamp
-from google.rpc import status_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 from cuty.booking.v1 import booking_pb2
 from cuty.codepool.v1 import codepool_pb2
@@ -79,6 +79,7 @@ class FakeBooking(Faults):
         self.holds: dict[str, dict] = {}
         self.by_request: dict[tuple[str, str], str] = {}
         self.effects: Counter[str] = Counter()
+        self.started: set[str] = set()  # slots whose appointment has started: never confirmed (issue 10)
 
     def add_slot(self, price: int = 15000) -> str:
         sid = str(uuid.uuid4())
@@ -156,6 +157,9 @@ class FakeBooking(Faults):
             return self._msg(h)
         if h["status"] != "held":
             raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "hold released")
+        if h["slot_id"] in self.started:
+            raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, "the slot has started",
+                            error_details_pb2.ErrorInfo(reason="slot-started"))
         if h["expire"] <= now():
             other = self._active(h["slot_id"])
             if other is not None and other is not h:

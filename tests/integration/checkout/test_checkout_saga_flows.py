@@ -199,6 +199,20 @@ async def test_late_capture(make_harness, slot_taken, final):
     assert ("AWAITING_ACTION", "RELEASING") in steps and ("RELEASING", "CONFIRMING") in steps
 
 
+async def test_a_payment_landing_after_the_slot_started_is_refunded(harness):
+    """Issue 10, item 2: booking refuses to confirm a started appointment (slot-started); the saga
+    takes its hold-lost path and refunds the captured payment."""
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    h.booking.started.add(created.slot_id)
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    if paid.state != pb.REFUNDED:
+        await wait_for(lambda: _is(h, created.id, "REFUNDED"), timeout=5, message="REFUNDED")
+    assert (await h.core.get(paid.payment.id)).status == "refunded" and len(h.psp.refunds) == 1
+    assert h.booking.holds[created.hold_id]["status"] != "confirmed"
+    assert ("CONFIRMING", "REFUNDING") in await timeline(h, created.id)
+
+
 async def test_cancel_releases_and_is_idempotent(harness):
     h = harness
     created = await h.service.create(C, booking_req(h), "")

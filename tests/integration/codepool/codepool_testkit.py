@@ -42,8 +42,11 @@ async def stocked_product(stub, n: int) -> tuple[str, list[str]]:
 
 
 def reserve_request(product_id: str, quantity: int = 1, *, order_id: str | None = None,
-                    customer_id: str = "cust-1") -> pb.ReserveCodesRequest:
+                    customer_id: str | None = None) -> pb.ReserveCodesRequest:
+    """A reservation by a fresh customer unless one is named (a customer has at most
+    CUTY_MAX_ACTIVE_RESERVATIONS live reservations)."""
     order_id = order_id or "ord-" + new_id()
+    customer_id = "cust-" + new_id() if customer_id is None else customer_id
     return pb.ReserveCodesRequest(order_id=order_id, order_item_id=order_id + "/1", product_id=product_id,
                                   quantity=quantity, customer_id=customer_id)
 

@@ -85,7 +85,7 @@ async def test_release_is_idempotent_and_refused_after_delivery(stub, cp_pool):
     assert await cp_pool.fetchval("SELECT count(*) FROM audit_log WHERE order_id = $1 AND action = 'release'",
                                   res.order_id) == 1
     # replaying the reservation after a release does not take stock again
-    replay = await stub.ReserveCodes(reserve_request(product_id, 2, order_id=res.order_id))
+    replay = await stub.ReserveCodes(reserve_request(product_id, 2, order_id=res.order_id, customer_id=res.customer_id))
     assert replay.status == pb.RESERVATION_STATUS_RELEASED
     assert await stock_of(stub, product_id) == (4, 0, 0)
 

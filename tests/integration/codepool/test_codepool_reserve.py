@@ -26,7 +26,7 @@ async def test_reserve_takes_codes_and_replay_returns_the_same(stub, cp_pool):
     assert list(got.code_ids) == list(first.code_ids)
     rows = await cp_pool.fetch("SELECT code_id, status, customer_id FROM deliveries WHERE order_id = $1", req.order_id)
     assert sorted(str(r["code_id"]) for r in rows) == sorted(first.code_ids)
-    assert {(r["status"], r["customer_id"]) for r in rows} == {("reserved", "cust-1")}
+    assert {(r["status"], r["customer_id"]) for r in rows} == {("reserved", req.customer_id)}
     assert await cp_pool.fetchval("SELECT count(*) FROM audit_log WHERE order_id = $1 AND action = 'reserve'",
                                   req.order_id) == 1
 
@@ -64,7 +64,7 @@ async def test_short_stock_is_resource_exhausted_and_reserves_nothing(stub, cp_p
     assert await cp_pool.fetchval("SELECT count(*) FROM reservations WHERE order_id = $1", req.order_id) == 0
     assert await cp_pool.fetchval("SELECT count(*) FROM deliveries WHERE order_id = $1", req.order_id) == 0
     # nothing of the refused attempt stays behind: the same order can reserve what there is
-    await stub.ReserveCodes(reserve_request(product_id, 2, order_id=req.order_id))
+    await stub.ReserveCodes(reserve_request(product_id, 2, order_id=req.order_id, customer_id=req.customer_id))
     assert await stock_of(stub, product_id) == (0, 4, 0)
 
 
@@ -119,18 +119,19 @@ async def test_bad_reserve_input_names_the_field(stub, change, field):
 
 async def test_customer_reserves_only_for_itself_and_sees_only_its_orders(stub):
     product_id, _ = await stocked_product(stub, 3)
+    alice, bob = "alice-" + new_id(), "bob-" + new_id()
     req = reserve_request(product_id, 1, customer_id="")
-    r = await stub.ReserveCodes(req, metadata=customer("alice"))
-    assert r.customer_id == "alice"
+    r = await stub.ReserveCodes(req, metadata=customer(alice))
+    assert r.customer_id == alice
     with pytest.raises(grpc.aio.AioRpcError) as e:
-        await stub.ReserveCodes(reserve_request(product_id, 1, customer_id="bob"), metadata=customer("alice"))
+        await stub.ReserveCodes(reserve_request(product_id, 1, customer_id=bob), metadata=customer(alice))
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
     with pytest.raises(grpc.aio.AioRpcError) as e:
-        await stub.GetReservation(pb.GetReservationRequest(order_id=req.order_id), metadata=customer("bob"))
+        await stub.GetReservation(pb.GetReservationRequest(order_id=req.order_id), metadata=customer(bob))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     # Delivering and releasing finish a purchase: the orchestrator's alone, never a user's, even on
     # its own order (a customer could otherwise deliver its reserved codes with a made-up payment).
-    for who in ("bob", "alice"):
+    for who in (bob, alice):
         for call in (stub.ReleaseReservation(pb.ReleaseReservationRequest(order_id=req.order_id), metadata=customer(who)),
                      stub.DeliverCodes(pb.DeliverCodesRequest(order_id=req.order_id, payment_transaction_id="free"),
                                        metadata=customer(who))):

@@ -128,6 +128,15 @@ async def test_out_of_stock_rejects_with_the_available_count():
     assert out.move.state == d.REJECTED and out.raise_after.error.detail.available == 1
 
 
+@pytest.mark.parametrize("reason", ["too-many-active-reservations", "quantity-limit"])
+async def test_a_customer_cap_is_refused_under_its_own_reason_not_out_of_stock(reason):
+    codepool = Stub(ReserveCodes=rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "capped",
+                                           error_details_pb2.ErrorInfo(reason=reason)))
+    with pytest.raises(Refused) as e:
+        await steps(codepool=codepool).perform(Step.HOLD, saga(d.PENDING, kind=d.CODES), None, None)
+    assert isinstance(e.value.error, errors.ResourceExhausted) and e.value.error.reason == reason
+
+
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                                   grpc.StatusCode.ABORTED, grpc.StatusCode.INTERNAL])
 async def test_no_definitive_answer_is_retried_never_assumed_failed(code):

@@ -16,7 +16,8 @@ def test_every_route_is_documented(routes):
     create = doc["paths"]["/v1/checkouts"]["post"]
     assert any(p["name"] == "Idempotency-Key" and p["required"] for p in create["parameters"])
     slots = doc["paths"]["/v1/salons/{salon_id}/slots"]["get"]
-    assert {p["name"] for p in slots["parameters"]} == {"salon_id", "startTime", "endTime", "availableOnly"}
+    assert {p["name"] for p in slots["parameters"]} == {"salon_id", "startTime", "endTime", "availableOnly",
+                                                         "pageSize", "pageToken"}
     money = doc["components"]["schemas"]["cuty.common.v1.Money"]["properties"]
     assert money["amountMinor"] == {"type": "string", "format": "int64"}
     # the path variable is not repeated in the request body schema

@@ -50,6 +50,8 @@ def test_rotation_any_v1_against_any_secret():
     (f"t={NOW},t={NOW},v1=" + "a" * 64, "signature-malformed"),
     (f"t=-{NOW},v1=" + "a" * 64, "signature-malformed"),
     (f"t={NOW},v1=xyz", "signature-malformed"),
+    ("t=" + "9" * 4300 + ",v1=" + "a" * 64, "signature-malformed"),  # int() refuses it: was a 500 (issue 10)
+    ("t=" + "0" * 13 + ",v1=" + "a" * 64, "signature-malformed"),
     (f"t={NOW},v1=" + "a" * 64, "signature-mismatch"),
 ])
 def test_bad_headers(value, reason):
@@ -66,3 +68,20 @@ def test_any_byte_change_breaks_it():
 def test_secrets_from_env_values():
     assert signature.secrets_from("a", " b, ,c ") == ["a", "b", "c"]
     assert signature.secrets_from("a", "") == ["a"]
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 100_000 + b"]" * 100_000,                     # deeper than the parser recurses
+    b'{"id": ' + b"7" * 5000 + b"}",                    # an integer int() refuses
+    b'{"id": "e", "type": "t", "data": {"object": {"id": "pi", "n": 1e999}}}',   # inf: jsonb refuses it
+    b'{"id": "e\\u0000", "type": "t", "data": {"object": {"id": "pi"}}}',       # NUL: text refuses it
+    b'{"id": "e\\ud800", "type": "t", "data": {"object": {"id": "pi"}}}',       # a lone surrogate
+    b'\xff\xfe',
+])
+def test_a_signed_body_postgres_cannot_store_is_bad_input(body):
+    from cutylib.errors import InvalidArgument
+    from payments.webhooks import parse_event
+
+    with pytest.raises(InvalidArgument) as e:
+        parse_event(body)
+    assert e.value.field == "payload"

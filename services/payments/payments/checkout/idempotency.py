@@ -140,7 +140,8 @@ class IdempotencyStore:
     ttl_seconds: float
 
     async def run(self, customer: str, operation: str, key: str, req_hash: bytes,
-                  fn: Callable[..., Awaitable[Message]], *, first: tuple[str, tuple] | None = None) -> Message:
+                  fn: Callable[..., Awaitable[Message]], *, first: tuple[str, tuple] | None = None,
+                  stored_form: Callable[[Message], Message] | None = None) -> Message:
         """`fn(resource_id, resumed)` once per key; replays raise Replay with the first answer.
         `resumed`: this request takes over an earlier one with the same key whose process died.
         `first`: (SQL, args) of the request's first write, run in the key's own statement (see
@@ -151,7 +152,8 @@ class IdempotencyStore:
 
         A DomainError marked `recorded` (the request did change something: a REJECTED checkout)
         is stored and replayed as the answer; other domain errors changed nothing and free the key;
-        anything else (a dependency down, a crash) leaves the key to be resumed by a retry."""
+        anything else (a dependency down, a crash) leaves the key to be resumed by a retry.
+        `stored_form(answer)`: what is kept for replays (without secrets), when not the answer itself."""
         if not key:
             return await (fn(str(uuid.uuid4()), False, None, None) if first else fn(str(uuid.uuid4()), False))
         check_key(key)
@@ -174,7 +176,7 @@ class IdempotencyStore:
             except Exception:  # noqa: BLE001 - the row's own lock expiry frees it anyway
                 log.warning("could not unlock idempotency key", exc_info=True)
             raise
-        data = answer.SerializeToString()
+        data = (stored_form(answer) if stored_form else answer).SerializeToString()
         if finish.stored is None:
             await self.pool.execute(FINISH, customer, operation, key, data, False)
         elif finish.stored != data:

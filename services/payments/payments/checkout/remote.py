@@ -134,7 +134,8 @@ def _refused(err: grpc.aio.AioRpcError) -> Refused:
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return Refused(errors.InvalidArgument(bad_field(err), msg))
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return Refused(errors.ResourceExhausted(msg, reason="too-many-holds"))
+        # A per-customer cap (booking's holds, the code pool's reservations): passed on under its own reason.
+        return Refused(errors.ResourceExhausted(msg, reason=error_reason(err) or "too-many-holds"))
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return Refused(errors.PermissionDenied(msg))
     return Refused(errors.FailedPrecondition(msg))
@@ -197,6 +198,10 @@ class BookingHolds:
         await _release(lambda: self.stub.ReleaseHold(req), "booking.ReleaseHold", saga)
 
 
+# The code pool's per-customer caps (issue 10): the buyer's own doing, not the product's stock.
+_CUSTOMER_CAPS = frozenset({"too-many-active-reservations", "quantity-limit"})
+
+
 class CodeReservations:
     def __init__(self, stub):
         self.stub = stub
@@ -211,6 +216,8 @@ class CodeReservations:
         except grpc.aio.AioRpcError as e:
             if e.code() in _RETRYABLE:
                 raise _retryable(e, "codepool.ReserveCodes") from None
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(e) in _CUSTOMER_CAPS:
+                raise _refused(e) from None
             if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 detail = unpack_detail(e, codepool_pb2.OutOfStock) or codepool_pb2.OutOfStock(
                     product_id=saga.product_id, requested=saga.quantity)
@@ -239,7 +246,8 @@ class CodeReservations:
                 r = await self.stub.GetDeliveredCodes(req)
         except grpc.aio.AioRpcError as e:
             if e.code() in _RETRYABLE:
-                raise errors.Unavailable(f"code pool: {e.details()}") from None
+                log.warning("code pool unavailable", extra={"checkout_id": saga.id, "detail": e.details()})
+                raise errors.Unavailable("the code pool is unavailable; retry") from None
             raise
         return [(c.id, c.value) for c in r.codes]
 

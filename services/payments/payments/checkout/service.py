@@ -18,7 +18,7 @@ from cutylib.telemetry import set_span_attributes
 from . import domain, repository as repo, views
 from .domain import Saga
 from .engine import Engine
-from .idempotency import IdempotencyStore, request_hash
+from .idempotency import IdempotencyStore, Replay, request_hash
 from .remote import Holds, Refused, Rejected
 
 # Callers who may read any checkout (staff see it without the buyer's action or codes).
@@ -54,7 +54,7 @@ class CheckoutService:
         return await self.keys.run(
             customer, "create", key, h,
             lambda checkout_id, _resumed, row, key: self._create(customer, req, checkout_id, owner, row, key),
-            first=first)
+            first=first, stored_form=views.without_secrets)
 
     async def _create(self, customer: str, req: domain.CreateRequest, checkout_id: str, owner: str,
                       row=None, key=None) -> checkout_pb2.Checkout:
@@ -114,10 +114,27 @@ class CheckoutService:
                                              payment_key=domain.payment_attempt_id(checkout_id),
                                              payment_method=payment_method, owner=owner,
                                              lease_seconds=self.lease_seconds)
-        return await self.keys.run(
-            customer, "pay", key, h,
-            lambda _id, resumed, row, key: self._pay(customer, checkout_id, payment_method, resumed, owner, row, key),
-            first=first)
+        try:
+            return await self.keys.run(
+                customer, "pay", key, h,
+                lambda _id, resumed, row, key: self._pay(customer, checkout_id, payment_method, resumed, owner,
+                                                         row, key),
+                first=first, stored_form=views.without_secrets)
+        except Replay as replay:
+            raise await self._current_action(replay) from None
+
+    async def _current_action(self, replay: Replay) -> Replay:
+        """A replayed PayCheckout answer is stored without the customer action (issue 10,
+        invariant 6); it is shown again only while the payment, read now, still requires it."""
+        if replay.is_error:
+            return replay
+        stored = checkout_pb2.Checkout.FromString(replay.response)
+        saga = payment = None
+        if stored.payment.id:
+            saga = await repo.get(self.pool, stored.id)
+            if saga is not None and saga.payment_id == stored.payment.id:
+                payment = await self.core.get(saga.payment_id)
+        return Replay(views.with_current_action(stored, saga, payment).SerializeToString(), False)
 
     async def _pay(self, customer: str, checkout_id: str, payment_method: str,
                    resumed: bool = False, owner: str | None = None, row=None, key=None) -> checkout_pb2.Checkout:
@@ -198,7 +215,7 @@ class CheckoutService:
                 return None
             if saga.payment_id and (payment is None or payment.id != saga.payment_id):
                 return None
-            return key, views.to_proto(saga, payment if saga.payment_id else None)
+            return key, views.without_secrets(views.to_proto(saga, payment if saga.payment_id else None))
         return answer
 
     # -- helpers (reads) --------------------------------------------------------------------------

@@ -54,3 +54,30 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
     for code_id, value in codes:
         c.codes.add(id=code_id, value=value)
     return c
+
+
+def without_secrets(c: checkout_pb2.Checkout) -> checkout_pb2.Checkout:
+    """The answer as stored for Idempotency-Key replays (issue 10): no client secret, no redirect
+    URL, no code values. Kept for 24 h, it must not hand out the action after the payment ended
+    (invariant 6); `with_current_action` puts the action back while it is still needed."""
+    out = checkout_pb2.Checkout()
+    out.CopyFrom(c)
+    if out.HasField("payment"):  # (assigning into an absent payment would add an empty one)
+        out.payment.ClearField("next_action")
+        out.payment.client_secret = ""
+    out.ClearField("codes")
+    return out
+
+
+def with_current_action(stored: checkout_pb2.Checkout, saga: Saga | None, payment) -> checkout_pb2.Checkout:
+    """A replayed answer with the customer action of the payment as it is now: present only while
+    the checkout still waits for the customer and the payment still requires the action."""
+    out = without_secrets(stored)
+    if saga is None or payment is None or payment.id != stored.payment.id:
+        return out
+    now = to_proto(saga, payment)
+    if now.payment.HasField("next_action"):
+        out.payment.next_action.CopyFrom(now.payment.next_action)
+    if now.payment.client_secret:
+        out.payment.client_secret = now.payment.client_secret
+    return out
