@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .config import DEV_JWT_SECRET, SERVICES, env_int
+from .metrics import METRICS_PORTS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PYTHONPATH = os.pathsep.join(str(REPO / p) for p in (
@@ -85,6 +86,10 @@ class DevStack:
             self.env.setdefault(f"CUTY_{svc.upper()}_ADDR", f"127.0.0.1:{port}")
             self.children.append(Child(svc, svc, grpc_port=port))
         self.children.append(Child("gateway", "gateway", http_health=f"{self.gateway_url}/healthz"))
+        # Each process serves /metrics on a port of its own (cutylib.metrics).
+        self.metrics_ports = {svc: int(e.get(f"CUTY_{svc.upper()}_METRICS_PORT") or default)
+                              for svc, default in METRICS_PORTS.items()}
+        self.env.update({f"CUTY_{svc.upper()}_METRICS_PORT": str(p) for svc, p in self.metrics_ports.items()})
         self.stopping = False
 
     def busy_ports(self) -> list[str]:
@@ -92,6 +97,9 @@ class DevStack:
         wanted = {"CUTY_HTTP_PORT": self.http_port, "CUTY_PSP_URL (its port)": int(self.env["CUTY_PSP_PORT"])}
         for svc in SERVICES:
             wanted[f"CUTY_{svc.upper()}_GRPC_PORT"] = int(self.env[f"CUTY_{svc.upper()}_GRPC_PORT"])
+        for svc, port in self.metrics_ports.items():
+            if port:
+                wanted[f"CUTY_{svc.upper()}_METRICS_PORT"] = port
         busy = []
         for var, port in wanted.items():
             with socket.socket() as s:
@@ -277,6 +285,8 @@ class DevStack:
                  f"  gateway    {self.gateway_url}   (GET /healthz, GET /openapi.json)",
                  f"  PSP sim    {self.env['CUTY_PSP_URL']}",
                  f"  database   {self.env.get('CUTY_DATABASE_URL')}" + ("" if self.external_db else f"  (data in {self.data_dir / 'pg'})"),
+                 f"  metrics    " + "  ".join(f"{svc} :{port}" for svc, port in self.metrics_ports.items())
+                 + "   (GET /metrics)",
                  f"  logs       {self.logs}/<service>.log"]
         if demo:
             lines += [f"  demo salon {demo['salon_id']} (Europe/Istanbul, 2 stylists, {demo['slots']} slots)",

@@ -13,6 +13,7 @@ from grpc_reflection.v1alpha import reflection
 
 from . import principal, telemetry
 from .grpc_errors import status_for_exception
+from .grpc_metrics import GrpcMetricsInterceptor
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class GrpcServer:
         self.name = name
         self.grace_seconds = grace_seconds
         self.server = grpc.aio.server(
-            interceptors=[ErrorAndPrincipalInterceptor(), *interceptors],
+            interceptors=[GrpcMetricsInterceptor(), ErrorAndPrincipalInterceptor(), *interceptors],
             options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024)],
         )
         self.port = self.server.add_insecure_port(f"{host}:{port}")

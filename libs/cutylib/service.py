@@ -15,6 +15,7 @@ import asyncpg
 from .config import SERVICES, Settings, database_url_for, env_int, env_str
 from .db import create_pool, migrate
 from .grpc_server import GrpcServer
+from .metrics import register_pool, start_metrics_server
 from .telemetry import init_telemetry
 
 ServerFactory = Callable[..., Awaitable[GrpcServer]]
@@ -37,6 +38,9 @@ async def serve_service(name: str, migrations: pathlib.Path, create_server: Serv
     host = env_str(f"CUTY_{name.upper()}_HOST", "0.0.0.0")
     server = await create_server(settings, pool, port=port, host=host)
     server.on_stop(pool.close)
+    register_pool(name, pool)
+    # Prometheus scrapes a port of its own (CUTY_<SERVICE>_METRICS_PORT), never the gRPC one.
+    start_metrics_server(name)
     await server.run_until_signal()
 
 

@@ -36,11 +36,10 @@ class Sweeper:
             swept.extend(ids)
             if len(ids) < self.batch:
                 break
-        metrics.REGISTRY.inc(metrics.SWEEPS)
+        metrics.REGISTRY.sweeps.inc()
         if swept:
-            metrics.REGISTRY.inc(metrics.HOLDS_SWEPT, len(swept))
-            log.info("expired holds swept", extra={"swept": len(swept),
-                                                   "swept_total": metrics.REGISTRY[metrics.HOLDS_SWEPT]})
+            metrics.REGISTRY.holds_swept.inc(len(swept))
+            log.info("expired holds swept", extra={"swept": len(swept)})
         return swept
 
     async def run(self) -> None:

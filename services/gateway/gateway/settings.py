@@ -31,6 +31,8 @@ class GatewaySettings:
     keepalive_seconds: float = env_field(env_float, "CUTY_GATEWAY_KEEPALIVE_SECONDS", 75.0)
     # owner -> address; empty means "from the environment" (CUTY_<SVC>_ADDR / _GRPC_PORT).
     backends: dict[str, str] = field(default_factory=dict)
+    # One JSON line per request on the gateway.access logger (access.py); the metric stays either way.
+    access_log: bool = field(default_factory=lambda: env_str("CUTY_GATEWAY_ACCESS_LOG", "1") not in ("0", "false", "no"))
 
     def addr_for(self, owner: str) -> str:
         return self.backends.get(owner) or backend_addr(owner)

@@ -12,7 +12,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from . import domain, metrics as m, repository as sql
+from . import domain, repository as sql
 from .core import PaymentsCore
 from .domain import Outcome
 from .psp import PspError, PspUnavailable
@@ -69,5 +69,5 @@ class Reconciler:
                                                           note=f"reconciled with the PSP by {self.core.worker_id}",
                                                           leased=True)
         if outcome is Outcome.APPLY:
-            self.core.metrics.inc(m.RECONCILED_PAYMENTS)
+            self.core.metrics.reconciled.inc()
             log.info("payment reconciled", extra={"payment_id": view.id, "from": view.status, "to": after.status})

@@ -7,13 +7,15 @@ import asyncio
 import json
 import logging
 import random
+import time
 import uuid
 from typing import Any
 
 from cutylib.errors import InvalidArgument, Unauthenticated
+from cutylib.metrics import observe
 from cutylib.telemetry import set_span_attributes
 
-from . import domain, metrics as m, repository as sql, signature
+from . import domain, repository as sql, signature
 from .core import PaymentsCore
 
 log = logging.getLogger(__name__)
@@ -94,17 +96,21 @@ class WebhookInbox:
         try:
             signature.verify(signature_header, payload, self.secrets, tolerance=self.options.webhook_tolerance_seconds)
         except Unauthenticated as exc:
-            self.metrics.inc(m.WEBHOOKS_REFUSED)
+            # A timestamp outside the tolerance is a replay (or a clock off); anything else a forgery.
+            self.metrics.webhooks.labels("", "stale" if exc.reason in ("signature-stale", "signature-future")
+                                         else "bad_signature").inc()
             log.warning("webhook refused", extra={"reason": exc.reason})
             raise
         event = parse_event(payload)
         obj = event["data"]["object"]
         observed = domain.EVENT_STATUS.get(event["type"])
         stored = await self._resolve_and_store(event, obj, observed)
+        kind = event["type"] if isinstance(event.get("type"), str) else ""
         if stored is None:
-            self.metrics.inc(m.DUPLICATE_WEBHOOKS)
+            self.metrics.webhooks.labels(kind, "duplicate").inc()
             return "duplicate"
         status, payment_id = stored["status"], stored["payment_id"]
+        self.metrics.webhooks.labels(kind, "ignored" if status == "ignored" else "accepted").inc()
         if status == "ignored":
             log.info("webhook ignored", extra={"event_id": event["id"], "event_type": event["type"],
                                                "known_payment": payment_id is not None})
@@ -114,7 +120,8 @@ class WebhookInbox:
             return "processed"
         # Stored: from here on the delivery is acknowledged whatever happens; a failure below leaves
         # the event 'received' for the retry worker.
-        return await self.process(event["id"], event["type"], payment_id, obj, attempts=0)
+        return await self.process(event["id"], event["type"], payment_id, obj, attempts=0,
+                                  created=event.get("created"))
 
     async def _resolve_and_store(self, event: dict[str, Any], obj: dict[str, Any], observed: str | None):
         """The stored row's (status, payment_id), or None for a duplicate delivery."""
@@ -129,7 +136,7 @@ class WebhookInbox:
                                         float(self.options.event_retry_seconds))
 
     async def process(self, event_id: str, event_type: str, payment_id: uuid.UUID, obj: dict[str, Any],
-                      attempts: int) -> str:
+                      attempts: int, created: Any = None) -> str:
         set_span_attributes(payment_id=str(payment_id))
         observed = domain.EVENT_STATUS[event_type]
         try:
@@ -154,6 +161,8 @@ class WebhookInbox:
             await self._mark(event_id, "deferred", self._backoff(attempts), "lease held by another worker")
             return "deferred"
         await self._mark(event_id, "processed", 0.0, "")
+        if isinstance(created, (int, float)):  # the PSP's event time, whole seconds
+            observe(self.metrics.webhook_lag, max(0.0, time.time() - created))
         return "processed"
 
     def _backoff(self, attempts: int) -> float:
@@ -172,6 +181,6 @@ class WebhookInbox:
             for r in rows:
                 payload = r["payload"]
                 await self.process(r["event_id"], r["type"], r["payment_id"], payload["data"]["object"],
-                                   attempts=r["attempts"])
+                                   attempts=r["attempts"], created=payload.get("created"))
             if not rows:
                 await asyncio.sleep(self.options.poll_seconds)

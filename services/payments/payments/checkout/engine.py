@@ -156,6 +156,8 @@ class Engine:
         if new is None:
             raise Fenced()
         if new.state != saga.state:
+            if new.terminal:
+                self.core.metrics.sagas_finished.labels(new.state).inc()
             log.info("checkout %s -> %s", saga.state, new.state,
                      extra={"checkout_id": saga.id, "from": saga.state, "to": new.state, "note": note})
         return new, waits and new.lease_owner is not None
@@ -179,12 +181,15 @@ class Engine:
         synchronous CreateCheckout deletes the row instead: nothing changes for bad input)."""
         new = await repo.transition(self.pool, saga, owner, domain.REJECTED,
                                     repo.Fields(failure_reason=reason), "hold refused")
+        if new is not None:
+            self.core.metrics.sagas_finished.labels(domain.REJECTED).inc()
         return new or await repo.get(self.pool, saga.id) or saga
 
     async def _retry_later(self, saga: Saga, owner: str, exc: BaseException) -> None:
         current = await repo.get(self.pool, saga.id)
         attempts = current.attempts if current is not None else saga.attempts
         delay = domain.backoff_seconds(attempts, self.options.retry_base_seconds, self.options.retry_cap_seconds)
+        self.core.metrics.retries.labels(saga.state).inc()
         level = logging.INFO if isinstance(exc, TRANSIENT) and attempts < 5 else logging.WARNING
         log.log(level, "saga step failed; retrying in %.2fs", delay, exc_info=not isinstance(exc, TRANSIENT),
                 extra={"checkout_id": saga.id, "state": saga.state, "attempts": attempts, "error": repr(exc)})

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from cutylib import errors
+from cutylib.metrics import observe
 
 from . import crash, domain, repository as repo
 from .domain import Move, Saga, Step
@@ -30,6 +31,10 @@ class Outcome:
     raise_after: Exception | None = None       # raised once the move is recorded (a refused hold)
 
 
+# Steps that undo part of a checkout, counted by kind when they succeed.
+_COMPENSATIONS = {Step.RELEASE: "release", Step.CANCEL_PAYMENT: "cancel_intent", Step.REFUND: "refund"}
+
+
 class Steps:
     def __init__(self, holds: Holds, core, options: CheckoutOptions):
         self.holds = holds
@@ -46,7 +51,12 @@ class Steps:
             out = await getattr(self, "_" + step.value)(saga, payment, status)
             if out.payment is not None:
                 span.set_attribute("payment.id", out.payment.id)
-        return dataclasses.replace(out, note=f"{step.value} {1000 * (time.perf_counter() - t0):.1f}ms")
+            elapsed = time.perf_counter() - t0
+            observe(self.core.metrics.step_duration.labels(step.value), elapsed)
+            kind = _COMPENSATIONS.get(step)
+            if kind is not None:
+                self.core.metrics.compensations.labels(kind).inc()
+        return dataclasses.replace(out, note=f"{step.value} {1000 * elapsed:.1f}ms")
 
     async def _remote(self, step: Step, call):
         """A remote call between the crash-injection points of its step."""
@@ -107,6 +117,7 @@ class Steps:
         return Outcome(payment=payment)  # the next round releases, or follows late capture
 
     async def _late_capture(self, saga: Saga, payment, status) -> Outcome:
+        self.core.metrics.late_captures.inc()
         log.warning("late capture", extra={"checkout_id": saga.id, "outcome": saga.outcome})
         return Outcome(domain.late_capture(saga))
 
