@@ -92,7 +92,8 @@ class Gateway:
         route, bound, allowed = self.match(method, raw_path)
         route_name = route.template.source if route else (raw_path if raw_path in _OWN else "(unmatched)")
         name = f"{method} {route_name}"
-        with tracing.start_server_span(name, headers) as span:
+        # Health probes start no trace: every few seconds per replica, they would bury the real ones.
+        with (tracing.passive_span(headers) if raw_path == "/healthz" else tracing.start_server_span(name, headers)) as span:
             tp, trace_id = tracing.traceparent(span)
             extra: dict[str, str] = {}
             try:

@@ -127,7 +127,7 @@ class PaymentsCore:
                                          reason="idempotency-key-reused")
             if row["status"] != domain.CREATED:
                 return PaymentView.from_row(row)
-        trace.get_current_span().set_attribute("payment.id", str(row["id"]))
+        trace.get_current_span().set_attribute("cuty.payment.id", str(row["id"]))
         # Still `created`: charge (again). The PSP dedupes on the key, so a replay never charges twice.
         try:
             intent = await self._create_intent(row)
@@ -179,7 +179,7 @@ class PaymentsCore:
             raise ValueError(f"source must be one of {', '.join(domain.SOURCES)}, got {source!r}")
         obs = domain.observation_of(intent)
         with tracer.start_as_current_span("payments.finalize", attributes={
-                "payment.id": str(pid), "payment.source": source, "payment.observed": observed}):
+                "cuty.payment.id": str(pid), "cuty.payment.source": source, "cuty.payment.observed": observed}):
             # One connection for read, write and re-read.
             async with self.pool.acquire() as conn:
                 for _ in range(MAX_FINALIZE_ROUNDS):

@@ -65,6 +65,8 @@ class PspClient:
         self.retries = retries
         self.backoff = backoff
         self._client = client or httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        url = httpx.URL(self.base_url)
+        self._host, self._port = url.host, url.port or (443 if url.scheme == "https" else 80)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -88,7 +90,10 @@ class PspClient:
             headers["Idempotency-Key"] = key
         last = ""
         template = _url_template(path)
-        with tracer.start_as_current_span(f"psp {method} {path.split('/pi_')[0]}") as span:
+        # An HTTP client span (OpenTelemetry's HTTP conventions) in the caller's trace: the checkout's.
+        with tracer.start_as_current_span(f"{method} {template}", kind=trace.SpanKind.CLIENT, attributes={
+                "http.request.method": method, "url.template": template, "url.full": self.base_url + path,
+                "server.address": self._host, "server.port": self._port}) as span:
             propagate.inject(headers)  # W3C traceparent, so the PSP call joins the trace
             for attempt in range(self.retries + 1):
                 if attempt:
@@ -103,7 +108,9 @@ class PspClient:
                     log.warning("PSP call failed, outcome unknown", extra={"path": path, "attempt": attempt, "error": last})
                     continue
                 observe(PSP_DURATION.labels("psp", method, template, str(resp.status_code)), time.perf_counter() - t0)
-                span.set_attribute("http.status_code", resp.status_code)
+                span.set_attribute("http.response.status_code", resp.status_code)
+                if resp.status_code >= 500:
+                    span.set_status(trace.StatusCode.ERROR)
                 if resp.status_code < 300:
                     return resp.json()
                 if resp.status_code >= 500 or resp.status_code == 429:

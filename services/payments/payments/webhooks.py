@@ -11,14 +11,17 @@ import time
 import uuid
 from typing import Any
 
+from opentelemetry import trace
+
 from cutylib.errors import InvalidArgument, Unauthenticated
 from cutylib.metrics import observe
-from cutylib.telemetry import set_span_attributes
+from cutylib.telemetry import link_to, quiet, set_span_attributes
 
 from . import domain, repository as sql, signature
 from .core import PaymentsCore
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("cuty.payments.webhooks")
 
 # Find the payment and store the event (deduplicated on its id) in one statement. An event that
 # only repeats what the payment already says (same status, same intent, so `finalize` would decide
@@ -27,7 +30,7 @@ log = logging.getLogger(__name__)
 # $7: the status the event reports (NULL: a type we do not act on -> ignored).
 RESOLVE_AND_STORE = """
 WITH p AS (
-    SELECT id, status, psp_intent_id FROM payments
+    SELECT id, status, psp_intent_id, checkout_id FROM payments
     WHERE id = $1 OR psp_intent_id = $2 OR idempotency_key = $3
     ORDER BY (id = $1) DESC NULLS LAST LIMIT 1
 ), ins AS (
@@ -44,7 +47,9 @@ WITH p AS (
     ON CONFLICT (event_id) DO NOTHING
     RETURNING status, payment_id
 )
-SELECT status, payment_id FROM ins
+-- The checkout's traceparent: the handling links to the trace of the purchase it belongs to.
+SELECT status, payment_id, (SELECT c.traceparent FROM checkouts c, p WHERE c.id = p.checkout_id) AS traceparent
+FROM ins
 """
 # An event that keeps failing (not one waiting for a lease) is given up after this many attempts:
 # reconciliation still asks the PSP about its payment, so no money is stranded by giving up.
@@ -120,8 +125,11 @@ class WebhookInbox:
             return "processed"
         # Stored: from here on the delivery is acknowledged whatever happens; a failure below leaves
         # the event 'received' for the retry worker.
-        return await self.process(event["id"], event["type"], payment_id, obj, attempts=0,
-                                  created=event.get("created"))
+        # A real PSP sends no traceparent, so the handling is linked to the checkout's trace.
+        with tracer.start_as_current_span("payments.webhook", links=link_to(stored["traceparent"]), attributes={
+                "cuty.payment.id": str(payment_id), "cuty.psp.event.type": event["type"]}):
+            return await self.process(event["id"], event["type"], payment_id, obj, attempts=0,
+                                      created=event.get("created"))
 
     async def _resolve_and_store(self, event: dict[str, Any], obj: dict[str, Any], observed: str | None):
         """The stored row's (status, payment_id), or None for a duplicate delivery."""
@@ -176,8 +184,9 @@ class WebhookInbox:
     async def run_retries(self) -> None:
         """Worker: finish deferred events and events whose inline handling died."""
         while True:
-            rows = await self.pool.fetch(sql.CLAIM_PSP_EVENTS, self.options.batch_size,
-                                         float(self.options.event_retry_seconds))
+            with quiet():  # polling starts no trace
+                rows = await self.pool.fetch(sql.CLAIM_PSP_EVENTS, self.options.batch_size,
+                                             float(self.options.event_retry_seconds))
             for r in rows:
                 payload = r["payload"]
                 await self.process(r["event_id"], r["type"], r["payment_id"], payload["data"]["object"],

@@ -44,13 +44,14 @@ class Steps:
     async def perform(self, step: Step, saga: Saga, payment, status: str | None) -> Outcome:
         t0 = time.perf_counter()
         with tracer.start_as_current_span(f"checkout.{step.value}") as span:
-            span.set_attribute("checkout.id", saga.id)
-            for k, v in (("payment.id", saga.payment_id), ("hold.id", saga.hold_id), ("order.id", saga.order_id)):
+            span.set_attribute("cuty.checkout.id", saga.id)
+            for k, v in (("cuty.payment.id", saga.payment_id), ("cuty.hold.id", saga.hold_id),
+                         ("cuty.order.id", saga.order_id)):
                 if v:
                     span.set_attribute(k, v)
             out = await getattr(self, "_" + step.value)(saga, payment, status)
             if out.payment is not None:
-                span.set_attribute("payment.id", out.payment.id)
+                span.set_attribute("cuty.payment.id", out.payment.id)
             elapsed = time.perf_counter() - t0
             observe(self.core.metrics.step_duration.labels(step.value), elapsed)
             kind = _COMPENSATIONS.get(step)
