@@ -93,7 +93,7 @@ async def main() -> None:
     await migrate(dsn, MIGRATIONS)
     pool = await create_pool(dsn, min_size=WRITERS + 4, max_size=WRITERS + 8)
     settings = dataclasses.replace(Settings(), lease_seconds=30.0)
-    core = PaymentsCore(settings, pool, NoPsp(), options=PaymentsOptions(), metrics=m.Metrics(), worker_id="bench")
+    core = PaymentsCore(settings, pool, NoPsp(), options=PaymentsOptions(), metrics=m.PaymentsMetrics(), worker_id="bench")
     results: list[Result] = []
     try:
         estimate = int(SECONDS * 4000) + 1000  # more payments than a fast run can use
@@ -102,7 +102,7 @@ async def main() -> None:
         raw_ids = await seed(pool, estimate)
         raw, raw_conflicts, _ = await raw_version_token(pool, raw_ids, lambda ids, i: ids[(i // 2) % len(ids)])
         ids = await seed(pool, estimate)
-        core.metrics.clear()
+        core.metrics = m.PaymentsMetrics()
 
         async def sync_and_webhook(i: int) -> None:
             pid = ids[(i // 2) % len(ids)]  # two consecutive ops (different writers) race on one payment
@@ -114,12 +114,12 @@ async def main() -> None:
         used = ids[:min(len(ids), run.ops // 2 + WRITERS)]
         results.append(run.result("finalize, many payments (sync+webhook)", WRITERS, limit=raw,
                                   notes=await check_no_lost_update(pool, used),
-                                  version_conflicts=core.metrics[m.VERSION_CONFLICTS],
+                                  version_conflicts=core.metrics.value(m.VERSION_CONFLICTS),
                                   raw_version_conflicts=raw_conflicts))
 
         # (b) webhook path with the lease ---------------------------------------------------------------
         ids = await seed(pool, estimate)
-        core.metrics.clear()
+        core.metrics = m.PaymentsMetrics()
 
         async def webhook_leased(i: int) -> None:
             pid = ids[i % len(ids)]
@@ -128,7 +128,7 @@ async def main() -> None:
         run = await closed_loop(webhook_leased, concurrency=WRITERS, duration=SECONDS)
         results.append(run.result("webhook path (lease+finalize+release)", WRITERS, limit=raw,
                                   notes=await check_no_lost_update(pool, ids[:run.ops + WRITERS]),
-                                  deferred=core.metrics[m.DEFERRED_FINALIZES]))
+                                  deferred=core.metrics.value(m.DEFERRED_FINALIZES)))
 
         # (c) one hot payment ---------------------------------------------------------------------------
         hot_raw = await seed(pool, 1)
@@ -137,7 +137,7 @@ async def main() -> None:
         raw_note = "no lost update" if final_version == 1 + applied else f"LOST {1 + applied - final_version}"
 
         hot = await seed(pool, int(SECONDS * 2000) + 100)
-        core.metrics.clear()
+        core.metrics = m.PaymentsMetrics()
         rng = random.Random(4)
         observed = ["requires_action", "processing", "succeeded"]
 
@@ -149,7 +149,7 @@ async def main() -> None:
         used = hot[:run.ops // WRITERS + 2]
         results.append(run.result("finalize, one hot payment", WRITERS, limit=raw_hot,
                                   notes=f"{await check_no_lost_update(pool, used)}; raw: {raw_note}",
-                                  version_conflicts=core.metrics[m.VERSION_CONFLICTS],
+                                  version_conflicts=core.metrics.value(m.VERSION_CONFLICTS),
                                   raw_version_conflicts=raw_hot_conflicts, hot_payments=len(used)))
     finally:
         await pool.close()

@@ -18,6 +18,7 @@ import time
 
 import asyncpg
 
+from . import telemetry
 from .db import migrate, pending_migrations
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,12 @@ class DatabaseWatch:
         self.ready = asyncio.Event()  # migrations done once; set for good
 
     async def run(self) -> None:
-        await self._prepare()
-        while True:
-            await self._probe()
-            await asyncio.sleep(self.interval)
+        # Probes and warm-up are background polling: they start no trace (issue 15).
+        with telemetry.quiet():
+            await self._prepare()
+            while True:
+                await self._probe()
+                await asyncio.sleep(self.interval)
 
     async def _prepare(self) -> None:
         """Migrate (or wait for the Job to), then warm the pool, retrying with back-off."""

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from .config import DEV_JWT_SECRET, SERVICES, env_int, health_port_for
 from .identity import PUBLIC_KEY_FILE, SIGNING_KEY_FILE
+from .metrics import METRICS_PORTS
 from .tls import SERVICE_IDENTITIES
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -94,6 +95,10 @@ class DevStack:
             self.children.append(Child(svc, svc, health_port=health))
         self.children.append(Child("gateway", "gateway", http_health=f"{self.gateway_url}/healthz"))
         self.tls = e.get("CUTY_TLS", "on").lower() != "off" and not e.get("CUTY_TLS_CERT")
+        # Each process serves /metrics on a port of its own (cutylib.metrics).
+        self.metrics_ports = {svc: int(e.get(f"CUTY_{svc.upper()}_METRICS_PORT") or default)
+                              for svc, default in METRICS_PORTS.items()}
+        self.env.update({f"CUTY_{svc.upper()}_METRICS_PORT": str(p) for svc, p in self.metrics_ports.items()})
         self.stopping = False
 
     def busy_ports(self) -> list[str]:
@@ -102,6 +107,9 @@ class DevStack:
         for svc in SERVICES:
             for kind in ("GRPC", "HEALTH"):
                 wanted[f"CUTY_{svc.upper()}_{kind}_PORT"] = int(self.env[f"CUTY_{svc.upper()}_{kind}_PORT"])
+        for svc, port in self.metrics_ports.items():
+            if port:
+                wanted[f"CUTY_{svc.upper()}_METRICS_PORT"] = port
         busy = []
         for var, port in wanted.items():
             with socket.socket() as s:
@@ -305,6 +313,8 @@ class DevStack:
                  f"  gateway    {self.gateway_url}   (GET /healthz, GET /openapi.json)",
                  f"  PSP sim    {self.env['CUTY_PSP_URL']}",
                  f"  database   {self.env.get('CUTY_DATABASE_URL')}" + ("" if self.external_db else f"  (data in {self.data_dir / 'pg'})"),
+                 f"  metrics    " + "  ".join(f"{svc} :{port}" for svc, port in self.metrics_ports.items())
+                 + "   (GET /metrics)",
                  f"  logs       {self.logs}/<service>.log"]
         if demo:
             lines += [f"  demo salon {demo['salon_id']} (Europe/Istanbul, 2 stylists, {demo['slots']} slots)",

@@ -1,30 +1,151 @@
-"""In-process counters (DESIGN.md, "Observability"). Each service names its own counters and keeps
-one registry per process; counters are logged when they change."""
+"""Metrics in Prometheus format, one mechanism for every process (DESIGN.md, "Observability").
+
+prometheus_client, not the OpenTelemetry SDK's Prometheus exporter (docs/observability.md says
+why): counters and histograms are plain Python objects whose `inc()` / `observe()` take a lock
+and add a number, exemplars are native, and the exposition server is a thread of its own, so a
+scrape never waits on the event loop.
+
+Each process serves prometheus_client's default registry on a port of its own, never the public
+one (`CUTY_<SERVICE>_METRICS_PORT`: gateway 9464, booking 9465, codepool 9466, payments 9467; 0
+picks a free port). A service's metrics are a `Metrics` subclass: the process's instance lives
+in the default registry; `SomeMetrics()` without a registry gets a private one, so a test that
+runs several payments cores in one process counts each on its own.
+
+Names follow Prometheus' rules: base units (`_seconds`), counters end in `_total`, and every
+service's own metric starts with `cuty_<context>_`. RPC and route metrics follow OpenTelemetry's
+semantic conventions as translated to Prometheus (`rpc_server_call_duration_seconds`,
+`http_server_request_duration_seconds`; cutylib.grpc_metrics, gateway.access).
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+import time
+from typing import Awaitable, Callable, Iterable
+
+from opentelemetry import trace
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from .config import env_float, env_int
 
 log = logging.getLogger(__name__)
 
+# Default metrics port of each process (DESIGN.md); CUTY_<SERVICE>_METRICS_PORT overrides.
+METRICS_PORTS = {"gateway": 9464, "booking": 9465, "codepool": 9466, "payments": 9467}
 
-class Metrics(Counter):
-    """A Counter of named events; `inc()` reads better at call sites than `m[name] += 1`."""
-
-    def inc(self, name: str, n: int = 1) -> None:
-        self[name] += n
-
-    def snapshot(self) -> dict[str, int]:
-        return dict(self)
+# Request durations, in seconds: 1 ms to 10 s (a PayCheckout waits on the PSP's answer).
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Lags and saga steps that may wait on a PSP or a retry: 10 ms to 5 min.
+LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
-async def log_periodically(metrics: Metrics, what: str, interval: float = 60.0) -> None:
-    """Log `metrics` every `interval` seconds when they changed (a background task)."""
-    last: dict[str, int] = {}
+def metrics_port_for(service: str) -> int:
+    return env_int(f"CUTY_{service.upper()}_METRICS_PORT", METRICS_PORTS[service])
+
+
+def refresh_seconds() -> float:
+    """How often gauges read from the database (stock, stuck sagas, backlogs) are refreshed."""
+    return env_float("CUTY_METRICS_REFRESH_SECONDS", 15.0)
+
+
+def start_metrics_server(service: str, port: int | None = None, *, host: str = "0.0.0.0",
+                         registry: CollectorRegistry = REGISTRY) -> int:
+    """Serve `/metrics` on a thread of its own; returns the port (the bound one when 0 was asked)."""
+    port = metrics_port_for(service) if port is None else port
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    bound = server.server_port
+    log.info("metrics listening", extra={"service": service, "metrics_port": bound})
+    return bound
+
+
+def trace_exemplar() -> dict[str, str] | None:
+    """{"trace_id": ...} of the current span, for a histogram observation (None without one)."""
+    ctx = trace.get_current_span().get_span_context()
+    return {"trace_id": format(ctx.trace_id, "032x")} if ctx.is_valid else None
+
+
+class Metrics:
+    """Base of a service's metrics: its collectors, all in one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+
+    def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> Counter:
+        return Counter(name, doc, tuple(labels), registry=self.registry)
+
+    def gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
+        return Gauge(name, doc, tuple(labels), registry=self.registry)
+
+    def histogram(self, name: str, doc: str, labels: Iterable[str] = (), buckets=DURATION_BUCKETS) -> Histogram:
+        return Histogram(name, doc, tuple(labels), registry=self.registry, buckets=buckets)
+
+    def value(self, sample: str, **labels: str) -> float:
+        """The sum of the samples named `sample` (e.g. `cuty_payments_version_conflicts_total`)
+        whose labels include `labels`: what tests and benchmarks read."""
+        total = 0.0
+        for family in self.registry.collect():
+            for s in family.samples:
+                if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                    total += s.value
+        return total
+
+
+def observe(histogram, seconds: float) -> None:
+    """Observe a duration with the current trace id as its exemplar (shown by Prometheus and
+    Grafana next to the bucket: a slow request leads to its trace)."""
+    histogram.observe(seconds, trace_exemplar())
+
+
+class _PoolCollector:
+    """asyncpg pool gauges, read at scrape time: size, in use, waiting for a connection."""
+
+    def __init__(self) -> None:
+        self.pools: dict[str, object] = {}
+
+    def collect(self):
+        size = GaugeMetricFamily("cuty_db_pool_connections", "Open connections in the pool", labels=["pool"])
+        limit = GaugeMetricFamily("cuty_db_pool_max_connections", "The pool's maximum size", labels=["pool"])
+        used = GaugeMetricFamily("cuty_db_pool_connections_in_use", "Connections handed out", labels=["pool"])
+        waiting = GaugeMetricFamily("cuty_db_pool_waiting_requests", "Acquires waiting for a free connection",
+                                    labels=["pool"])
+        for name, pool in list(self.pools.items()):
+            queue = getattr(pool, "_queue", None)
+            if queue is None:  # closed
+                continue
+            # asyncpg keeps every holder not handed out in `_queue`; tasks blocked in acquire() wait
+            # on the queue's getters (private to asyncio.Queue; no public count exists).
+            max_size = pool.get_max_size()
+            size.add_metric([name], pool.get_size())
+            limit.add_metric([name], max_size)
+            used.add_metric([name], max_size - queue.qsize())
+            waiting.add_metric([name], sum(1 for f in getattr(queue, "_getters", ()) if not f.done()))
+        return [size, limit, used, waiting]
+
+
+_POOLS = _PoolCollector()
+REGISTRY.register(_POOLS)
+
+
+def register_pool(name: str, pool) -> None:
+    """Export `pool`'s gauges as `cuty_db_pool_*{pool=name}`."""
+    _POOLS.pools[name] = pool
+
+
+async def refresh_periodically(refresh: Callable[[], Awaitable[None]], interval: float | None = None) -> None:
+    """Run `refresh()` (which sets gauges from the database) now and every `interval` seconds.
+
+    A background task: its queries start no trace (instrumentation is suppressed), so an idle
+    stack exports no spans of its own bookkeeping. A failure is logged and retried next round."""
+    interval = refresh_seconds() if interval is None else interval
     while True:
-        await asyncio.sleep(interval)
-        now = metrics.snapshot()
-        if now != last:
-            log.info("%s metrics", what, extra={"metrics": now})
-            last = now
+        t0 = time.monotonic()
+        try:
+            with suppress_instrumentation():
+                await refresh()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - gauges go stale for a round, nothing else
+            log.warning("metrics refresh failed; retrying next round", extra={"error": repr(e)})
+        await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))

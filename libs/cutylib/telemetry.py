@@ -73,18 +73,20 @@ def init_telemetry(service: str, *, instrument_grpc: bool = True, instrument_asy
     # traceparent headers keep working.
     # With an exporter the SDK's own choice stands (OTEL_TRACES_SAMPLER, default parent-based always-on).
     kwargs = {} if endpoint else {"sampler": ALWAYS_OFF}
-    provider = TracerProvider(resource=Resource.create({"service.name": f"cuty-{service}"}), **kwargs)
+    name = os.environ.get("OTEL_SERVICE_NAME") or f"cuty-{service}"
+    provider = TracerProvider(resource=Resource.create({"service.name": name}), **kwargs)
     if endpoint:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
+        provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
     trace.set_tracer_provider(provider)
     global _by_hand
     if instrument_grpc and endpoint:
         from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
+        from opentelemetry.instrumentation.grpc import filters
 
-        GrpcAioInstrumentorServer().instrument(skip_dep_check=True)
-        GrpcAioInstrumentorClient().instrument(skip_dep_check=True)
+        # Health checks and reflection start no trace: probes every few seconds would bury the real ones.
+        quiet = filters.negate(filters.any_of(filters.health_check(), filters.service_prefix("grpc.reflection")))
+        GrpcAioInstrumentorServer(filter_=quiet).instrument(skip_dep_check=True)
+        GrpcAioInstrumentorClient(filter_=quiet).instrument(skip_dep_check=True)
     elif instrument_grpc:
         # Nothing exports spans: OpenTelemetry's gRPC interceptors would cost up to 40% of a cheap
         # RPC's CPU (measured with bench/booking.py) for spans nobody sees. cutylib's server
@@ -101,17 +103,72 @@ def init_telemetry(service: str, *, instrument_grpc: bool = True, instrument_asy
     return provider
 
 
+def _exporter(endpoint: str):
+    """The OTLP span exporter OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL names: grpc (default) or
+    http/protobuf; each reads the rest of the standard OTEL_EXPORTER_OTLP_* variables itself."""
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "grpc").strip().lower()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter()  # OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces
+    if protocol != "grpc":
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL must be grpc or http/protobuf, got {protocol!r}")
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"))
+
+
 def current_trace_id() -> str:
     ctx = trace.get_current_span().get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else ""
 
 
 def set_span_attributes(**attrs: str) -> None:
-    """Tag the current span (checkout.id, payment.id, hold.id, order.id...)."""
+    """Tag the current span: `checkout_id=...` -> `cuty.checkout.id` (also payment, hold, order)."""
     span = trace.get_current_span()
+    if not span.is_recording():
+        return
     for k, v in attrs.items():
         if v:
-            span.set_attribute(k.replace("_", "."), v)
+            span.set_attribute("cuty." + k.replace("_", "."), v)
+
+
+def current_traceparent() -> str | None:
+    """The W3C traceparent of the current span (None without a valid one): stored with a saga so
+    its later steps continue the trace that created it."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def context_of(traceparent: str | None):
+    """An OpenTelemetry context whose parent is `traceparent` (None when there is none)."""
+    return propagate.extract({"traceparent": traceparent}) if traceparent else None
+
+
+def link_to(traceparent: str | None) -> list[trace.Link]:
+    """A span link to `traceparent`'s span, for work caused by it but not part of its request."""
+    sc = trace.get_current_span(context_of(traceparent)).get_span_context() if traceparent else None
+    return [trace.Link(sc)] if sc is not None and sc.is_valid else []
+
+
+def record_background(name: str, start_ns: int, **attributes) -> None:
+    """A span for background work that turned out to change something (it ran under quiet()),
+    from `start_ns` (time.time_ns()) to now: the change is traced, idle rounds are not."""
+    span = _background_tracer.start_span(name, start_time=start_ns, attributes=attributes)
+    span.end()
+
+
+_background_tracer = trace.get_tracer("cuty.background")
+
+
+def quiet():
+    """A context in which instrumentation starts no span: a background loop's polling query
+    (claim due work, sweep) must not make a trace of its own when it finds nothing to do."""
+    from opentelemetry.instrumentation.utils import suppress_instrumentation
+
+    return suppress_instrumentation()
 
 
 _tracer = trace.get_tracer("cuty.grpc")

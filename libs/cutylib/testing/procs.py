@@ -12,6 +12,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ..metrics import METRICS_PORTS
 from ..pgcluster import free_port
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -24,6 +25,8 @@ def base_env(**overrides: str | int | float) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = PYTHONPATH
     env.setdefault("CUTY_LOG_LEVEL", "INFO")
+    # Never the fixed metrics ports (9464-9467): parallel test runs would collide; 0 = any free port.
+    env.update({f"CUTY_{s.upper()}_METRICS_PORT": "0" for s in METRICS_PORTS})
     env.update({k: str(v) for k, v in overrides.items()})
     return env
 

@@ -17,6 +17,7 @@ import pathlib
 import httpx
 
 from ..config import DEV_WEBHOOK_SECRET
+from ..metrics import METRICS_PORTS
 from ..pgcluster import free_port
 from .procs import ServiceProcess, base_env
 from ..identity import PUBLIC_KEY_FILE, SIGNING_KEY_FILE
@@ -46,6 +47,7 @@ class Stack:
         self.pki = pki or dev_pki()
         self.secure = self.env.get("CUTY_TLS", "on").lower() != "off"  # CUTY_TLS=off: plaintext (benchmarks)
         self.procs: dict[str, ServiceProcess] = {}
+        self.metrics_ports: dict[str, int] = {}  # process name -> its /metrics port
 
     # Addresses -----------------------------------------------------------------------------------
     @property
@@ -88,6 +90,9 @@ class Stack:
         env = self.common_env()
         env.update(self.trust_env(module))
         env.update({k: str(v) for k, v in extra.items()})
+        if name.split("-")[0] in METRICS_PORTS:
+            self.metrics_ports[name] = self.metrics_ports.get(name) or free_port()
+            env[f"CUTY_{name.split('-')[0].upper()}_METRICS_PORT"] = str(self.metrics_ports[name])
         env.update({k: str(v) for k, v in self.service_env.get(name.split("-")[0], {}).items()})
         env.update({k: str(v) for k, v in self.service_env.get(name, {}).items()})
         p = ServiceProcess(module, env, self.workdir / "logs" / f"{name}.log", grpc_port=port, http_url=http_url)

@@ -1,17 +1,28 @@
-"""In-process counters of booking events (DESIGN.md, "Observability": hold conflicts, expirations
-swept). Per process; the sweeper logs them when they change."""
+"""Booking's metrics (DESIGN.md, "Observability": hold conflicts, expirations swept; issue 15).
+`REGISTRY` is the process's instance, exported on CUTY_BOOKING_METRICS_PORT (cutylib.metrics)."""
 from __future__ import annotations
+
+import prometheus_client
 
 from cutylib.metrics import Metrics
 
-HOLDS_CREATED = "holds_created"
-HOLD_CONFLICTS = "hold_conflicts"          # HoldSlot lost the race (ALREADY_EXISTS)
-HOLDS_CAPPED = "holds_capped"              # RESOURCE_EXHAUSTED: too many active holds
-HOLDS_REACQUIRED = "holds_reacquired"      # ConfirmHold of an expired hold whose time was free
-HOLDS_LOST = "holds_lost"                  # ConfirmHold of an expired hold whose time was taken
-CONFIRMS_TOO_LATE = "confirms_too_late"    # ConfirmHold after (or within the cutoff of) the slot's start
-HOLDS_SWEPT = "holds_swept"
-SWEEPS = "sweeps"
+
+class BookingMetrics(Metrics):
+    def __init__(self, registry=None):
+        super().__init__(registry)
+        self.holds_taken = self.counter("cuty_booking_holds_taken_total", "Holds taken (HoldSlot won the slot)")
+        self.hold_conflicts = self.counter(
+            "cuty_booking_hold_conflicts_total", "HoldSlot lost the race (ALREADY_EXISTS), by whether "
+            "alternatives were offered", ["alternatives"])
+        self.alternatives_offered = self.counter(
+            "cuty_booking_alternatives_offered_total", "Alternative slots offered to the losers of a race")
+        self.holds_capped = self.counter(
+            "cuty_booking_holds_capped_total", "HoldSlot refused: the customer has too many active holds")
+        self.holds_swept = self.counter("cuty_booking_holds_swept_total", "Expired holds marked expired by the sweeper")
+        self.sweeps = self.counter("cuty_booking_sweeps_total", "Sweeper rounds")
+        # outcome: confirmed | reacquired (expired, time still free) | hold_lost (expired and taken)
+        # | too_late (the slot has started, or starts within CUTY_CONFIRM_CUTOFF_SECONDS)
+        self.confirmations = self.counter("cuty_booking_confirmations_total", "ConfirmHold results", ["outcome"])
 
 
-REGISTRY = Metrics()
+REGISTRY = BookingMetrics(prometheus_client.REGISTRY)

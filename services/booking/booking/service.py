@@ -106,15 +106,16 @@ class BookingService:
         if hold is not None:
             set_span_attributes(hold_id=str(hold.id))
         if outcome == "held":
-            metrics.REGISTRY.inc(metrics.HOLDS_CREATED)
+            metrics.REGISTRY.holds_taken.inc()
             return hold
         if outcome == "existing":  # an idempotent retry: the hold as it is now (maybe confirmed)
             return hold
         if outcome == "taken":
-            metrics.REGISTRY.inc(metrics.HOLD_CONFLICTS)
+            metrics.REGISTRY.hold_conflicts.labels("yes" if alternatives else "no").inc()
+            metrics.REGISTRY.alternatives_offered.inc(len(alternatives or ()))
             raise SlotTaken(slot_id, alternatives)
         if outcome == "cap":
-            metrics.REGISTRY.inc(metrics.HOLDS_CAPPED)
+            metrics.REGISTRY.holds_capped.inc()
             raise ResourceExhausted(
                 f"customer has {self.settings.max_active_holds} active holds already (the most allowed); "
                 "confirm or release one first", reason="too-many-active-holds")
@@ -132,21 +133,22 @@ class BookingService:
         outcome, hold = await self.holds.confirm(hold_id, payment_ref, self.settings.confirm_cutoff_seconds)
         set_span_attributes(hold_id=str(hold_id))
         if outcome == "confirmed":
+            metrics.REGISTRY.confirmations.labels("confirmed").inc()
             return hold
         if outcome == "reacquired":
-            metrics.REGISTRY.inc(metrics.HOLDS_REACQUIRED)
+            metrics.REGISTRY.confirmations.labels("reacquired").inc()
             log.info("expired hold re-acquired on confirm", extra={"hold_id": str(hold_id)})
             return hold
         if outcome == "not_found":
             raise NotFound(f"hold {hold_id} not found")
         if outcome == "lost":
-            metrics.REGISTRY.inc(metrics.HOLDS_LOST)
+            metrics.REGISTRY.confirmations.labels("hold_lost").inc()
             raise FailedPrecondition(f"hold {hold_id} expired and its time is held or booked by someone else",
                                      reason="hold-lost")
         if outcome == "released":
             raise FailedPrecondition(f"hold {hold_id} was released", reason="hold-released")
         if outcome == "started":  # a late payment: the appointment has started (issue 10)
-            metrics.REGISTRY.inc(metrics.CONFIRMS_TOO_LATE)
+            metrics.REGISTRY.confirmations.labels("too_late").inc()
             raise FailedPrecondition(f"hold {hold_id}: the slot has started (or starts within "
                                      f"{self.settings.confirm_cutoff_seconds:g}s); it is not confirmed",
                                      reason="slot-started")

@@ -9,8 +9,7 @@ import asyncpg
 from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
 from cutylib.config import Settings, env_int
 from cutylib.grpc_server import GrpcServer
-
-from cutylib.metrics import log_periodically
+from cutylib.metrics import refresh_periodically
 
 from . import metrics
 from .catalog import Catalog
@@ -59,7 +58,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server.on_database_ready(lambda: check_hash_key(pool, keyring))
     sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
     server.add_background(sweeper.run)
-    server.add_background(lambda: log_periodically(metrics.REGISTRY, "codepool"))
+    server.add_background(lambda: refresh_periodically(lambda: metrics.REGISTRY.refresh_stock(pool)))
     server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters
     log.info("code pool wired", extra={"keys": sorted(keyring.keys), "active_key": keyring.active,
                                        "reservation_ttl_seconds": settings.code_reservation_ttl_seconds})

@@ -13,7 +13,7 @@ from cutylib.db import UnitOfWork
 from cutylib.errors import AlreadyExists, DomainError, FailedPrecondition, NotFound
 from cutylib.telemetry import set_span_attributes
 
-from . import domain
+from . import domain, metrics
 from .keys import CodeIntegrityError, Keyring
 
 log = logging.getLogger("codepool.catalog")
@@ -132,6 +132,7 @@ class Catalog:
             views = await uow.conn.fetchval(COUNT_VIEW, code_id)
             await uow.conn.execute(AUDIT_REVEAL, actor, row["product_id"], code_id)
             await uow.commit()
+        metrics.REGISTRY.reveals.inc()
         return value, views
 
     async def delivered_codes(self, order_id: str, customer_id: str) -> list[tuple[str, str]]:

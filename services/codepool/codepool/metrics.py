@@ -1,9 +1,46 @@
-"""In-process counters of code pool events (DESIGN.md, "Observability"). Per process; logged when
-they change (bootstrap wires cutylib.metrics.log_periodically)."""
+"""The code pool's metrics (issue 15): stock per product and state (a gauge refreshed from the
+database every CUTY_METRICS_REFRESH_SECONDS, never counted per request), reservations, deliveries,
+expiries and reveals. `REGISTRY` is the process's instance (cutylib.metrics)."""
 from __future__ import annotations
+
+import prometheus_client
 
 from cutylib.metrics import Metrics
 
-RESERVATIONS_CAPPED = "reservations_capped"   # RESOURCE_EXHAUSTED: a per-customer cap (issue 10)
+# One row per product and state that has codes; products with none report 0 available.
+STOCK_BY_PRODUCT = """
+SELECT p.id::text AS product_id, s.state, count(c.id) AS n
+FROM products p
+CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered')) AS s(state)
+LEFT JOIN codes c ON c.product_id = p.id AND c.status = s.state
+GROUP BY p.id, s.state
+"""
 
-REGISTRY = Metrics()
+
+class CodePoolMetrics(Metrics):
+    def __init__(self, registry=None):
+        super().__init__(registry)
+        self.codes = self.gauge("cuty_codepool_codes", "Codes per product and state (refreshed periodically)",
+                                ["product_id", "state"])
+        # outcome: reserved | out_of_stock | capped (a per-customer cap)
+        self.reservations = self.counter("cuty_codepool_reservations_total", "ReserveCodes results", ["outcome"])
+        self.codes_reserved = self.counter("cuty_codepool_codes_reserved_total", "Codes reserved")
+        self.deliveries = self.counter("cuty_codepool_deliveries_total", "DeliverCodes results", ["outcome"])
+        self.codes_delivered = self.counter("cuty_codepool_codes_delivered_total", "Codes delivered")
+        self.reservations_expired = self.counter(
+            "cuty_codepool_reservations_expired_total", "Reservations released by the sweeper after their TTL")
+        self.reveals = self.counter("cuty_codepool_reveals_total", "Codes revealed to an admin (audited)")
+        self._stock_labels: set[tuple[str, str]] = set()
+
+    async def refresh_stock(self, pool) -> None:
+        rows = await pool.fetch(STOCK_BY_PRODUCT)
+        seen = set()
+        for r in rows:
+            self.codes.labels(r["product_id"], r["state"]).set(r["n"])
+            seen.add((r["product_id"], r["state"]))
+        for labels in self._stock_labels - seen:
+            self.codes.remove(*labels)  # a product deleted since the last round
+        self._stock_labels = seen
+
+
+REGISTRY = CodePoolMetrics(prometheus_client.REGISTRY)

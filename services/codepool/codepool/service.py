@@ -14,7 +14,7 @@ from cutylib.db import UnitOfWork
 from cutylib.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from cutylib.telemetry import set_span_attributes
 
-from . import domain
+from . import domain, metrics
 from .domain import DELIVERED, RELEASED, ReservationView, ReserveCommand
 from . import metrics
 from .repository import QUANTITY_CAP, SHORT_STOCK, TOO_MANY_RESERVATIONS, Reservations
@@ -51,18 +51,21 @@ class ReservationService:
             if sqlstate != SHORT_STOCK:
                 raise
             available = await repo.count_available(cmd.product_id)
+            metrics.REGISTRY.reservations.labels("out_of_stock").inc()
             raise ResourceExhausted(
                 f"product {cmd.product_id} has {available} codes available, {cmd.quantity} requested",
                 reason="out-of-stock",
                 detail=self._out_of_stock_detail(str(cmd.product_id), cmd.quantity, available)) from None
         if row is None:
             return await self._replay(repo, cmd)
+        metrics.REGISTRY.reservations.labels("reserved").inc()
+        metrics.REGISTRY.codes_reserved.inc(cmd.quantity)
         log.info("codes reserved", extra={"order_id": cmd.order_id, "product_id": str(cmd.product_id),
                                           "quantity": cmd.quantity})
         return ReservationView.from_row(row, row["code_ids"])
 
     def _capped(self, cmd: ReserveCommand, sqlstate: str) -> ResourceExhausted:
-        metrics.REGISTRY.inc(metrics.RESERVATIONS_CAPPED)
+        metrics.REGISTRY.reservations.labels("capped").inc()
         log.info("reservation capped", extra={"customer_id": cmd.customer_id, "product_id": str(cmd.product_id),
                                               "quantity": cmd.quantity, "cap": sqlstate})
         if sqlstate == TOO_MANY_RESERVATIONS:
@@ -118,8 +121,11 @@ class ReservationService:
             row = await repo.get(order_id)
             await uow.commit()
         if rejection is not None:
+            metrics.REGISTRY.deliveries.labels("refused").inc()
             log.warning("delivery refused", extra={"order_id": order_id, "reason": rejection.reason})
             raise rejection
+        metrics.REGISTRY.deliveries.labels("delivered").inc()
+        metrics.REGISTRY.codes_delivered.inc(res["quantity"])
         log.info("codes delivered", extra={"order_id": order_id, "quantity": res["quantity"]})
         return ReservationView.from_row(row, row["code_ids"])
 
@@ -191,6 +197,7 @@ class ReservationService:
             if counts["deliveries"] != counts["codes"]:
                 raise InvariantBroken(f"expiry released {dict(counts)}")
             await uow.commit()
+        metrics.REGISTRY.reservations_expired.inc(counts["reservations"])
         log.info("reservations expired", extra={"count": counts["reservations"], "codes": counts["codes"]})
         return counts["reservations"]
 

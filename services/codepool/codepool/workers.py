@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import asyncpg
+
+from cutylib.telemetry import quiet, record_background
 
 from .service import ReservationService
 
@@ -26,11 +29,15 @@ class Sweeper:
 
     async def sweep_once(self) -> int:
         total = 0
-        while True:
-            n = await self.reservations.expire_due(self.batch)
-            total += n
-            if n < self.batch:
-                break
+        t0 = time.time_ns()
+        with quiet():  # an idle round starts no trace
+            while True:
+                n = await self.reservations.expire_due(self.batch)
+                total += n
+                if n < self.batch:
+                    break
+        if total:
+            record_background("codepool.sweep", t0, **{"cuty.reservations.expired": total})
         self.expired_total += total
         return total
 

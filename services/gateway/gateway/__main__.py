@@ -8,6 +8,7 @@ import sys
 import uvicorn
 
 from cutylib.config import Settings
+from cutylib.metrics import start_metrics_server
 from cutylib.telemetry import init_telemetry
 
 from .app import Gateway
@@ -29,6 +30,8 @@ def main() -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
+    # Prometheus scrapes a port of its own (CUTY_GATEWAY_METRICS_PORT, 9464), never the public one.
+    start_metrics_server("gateway")
     log.info("gateway listening", extra={"port": settings.port, "routes": len(app.routes),
                                          "backends": app.backends.addrs})
     config = uvicorn.Config(app, host=settings.host, port=settings.port, lifespan="on", access_log=False,

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 
 import grpc
 
 from cutylib.identity import AssertionSigner
 from cutylib.tls import GATEWAY, Transport
 
-from . import auth, openapi, problems, tracing
+from . import access as access_log, auth, openapi, problems, tracing
 from .backends import Backends
 from .descriptors import Route, load_routes
 from .policy import Access, access_for
@@ -91,13 +92,17 @@ class Gateway:
         return None, {}, allowed
 
     async def _http(self, scope, receive, send) -> None:
+        t0 = time.perf_counter()
+        access_log.subject.set("")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         method = scope["method"]
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1").split("?", 1)[0]
         query = scope.get("query_string", b"").decode("latin-1")
         route, bound, allowed = self.match(method, raw_path)
-        name = f"{method} {route.template.source}" if route else f"{method} {raw_path if raw_path in _OWN else '(unmatched)'}"
-        with tracing.start_server_span(name, headers) as span:
+        route_name = route.template.source if route else (raw_path if raw_path in _OWN else "(unmatched)")
+        name = f"{method} {route_name}"
+        # Health probes start no trace: every few seconds per replica, they would bury the real ones.
+        with (tracing.passive_span(headers) if raw_path == "/healthz" else tracing.start_server_span(name, headers)) as span:
             tp, trace_id = tracing.traceparent(span)
             extra: dict[str, str] = {}
             try:
@@ -128,6 +133,8 @@ class Gateway:
         out += [(k.encode(), v.encode()) for k, v in extra.items()]
         await send({"type": "http.response.start", "status": status, "headers": out})
         await send({"type": "http.response.body", "body": body})
+        access_log.record(method, route_name, status, time.perf_counter() - t0, trace_id,
+                          log_line=self.settings.access_log)
 
     # The one generic route handler ---------------------------------------------------------------
     async def _rpc(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive) -> bytes:
@@ -151,6 +158,7 @@ class Gateway:
             if who.role not in access.roles:
                 raise Problem(403, "permission-denied", f"role {who.role!r} may not call {route.http_method} "
                               f"{route.template.source}; allowed: {', '.join(sorted(access.roles)) or 'nobody'}")
+            access_log.subject.set(who.subject)
             metadata += self.signer.metadata(who)
         body = await _read_body(receive, limit)
         if route.body == "" and body.strip():

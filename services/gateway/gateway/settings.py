@@ -40,6 +40,8 @@ class GatewaySettings:
     # Tests: the gateway's mutual-TLS identity and assertion signer (default: from the environment).
     transport: Transport | None = None
     signer: AssertionSigner | None = None
+    # One JSON line per request on the gateway.access logger (access.py); the metric stays either way.
+    access_log: bool = field(default_factory=lambda: env_str("CUTY_GATEWAY_ACCESS_LOG", "1") not in ("0", "false", "no"))
 
     def addr_for(self, owner: str) -> str:
         return self.backends.get(owner) or backend_addr(owner)

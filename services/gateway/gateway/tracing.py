@@ -8,7 +8,10 @@ answer's `traceparent` names this span, so a support engineer can find the trace
 """
 from __future__ import annotations
 
+import contextlib
+
 from opentelemetry import propagate, trace
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanKind
 
 _tracer = trace.get_tracer("cuty.gateway")
@@ -31,6 +34,20 @@ def start_server_span(name: str, headers: dict[str, str]):
     """A context manager for the request's span; `headers` are lower-cased str -> str."""
     ctx = propagate.extract(headers, getter=_Headers)
     return _tracer.start_as_current_span(name, context=ctx, kind=SpanKind.SERVER)
+
+
+def passive_span(headers: dict[str, str]):
+    """A context manager yielding a span that records nothing (a health probe starts no trace):
+    the caller's when it sent a traceparent, else fresh ids, unsampled, so every answer still
+    names a trace id."""
+    span = trace.get_current_span(propagate.extract(headers, getter=_Headers))
+    if not span.get_span_context().is_valid:
+        span = trace.NonRecordingSpan(trace.SpanContext(
+            _ids.generate_trace_id(), _ids.generate_span_id(), is_remote=False, trace_flags=trace.TraceFlags(0)))
+    return contextlib.nullcontext(span)
+
+
+_ids = RandomIdGenerator()
 
 
 def inject() -> list[tuple[str, str]]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import inspect
-import logging
 
 import asyncpg
 
@@ -10,8 +9,9 @@ from cuty.payments.v1 import payments_pb2, payments_pb2_grpc
 from cutylib.config import Settings
 from cutylib.db import create_pool
 from cutylib.grpc_server import GrpcServer
+from cutylib.metrics import refresh_periodically
 
-from . import metrics, signature
+from . import signature
 from .checkout import wiring
 from .core import PaymentsCore
 from .grpc_api import CALLERS, PaymentApi
@@ -19,8 +19,6 @@ from .psp import PspClient
 from .reconcile import Reconciler
 from .settings import PaymentsOptions
 from .webhooks import WebhookInbox
-
-log = logging.getLogger("payments.metrics")
 
 SERVICE = payments_pb2.DESCRIPTOR.services_by_name["PaymentService"]
 
@@ -54,18 +52,11 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     if workers:
         server.add_background(inbox.run_retries)
         server.add_background(Reconciler(core).run)
-        server.add_background(lambda: metrics.log_periodically(core.metrics, "payments", core.options.metrics_log_seconds))
+        server.add_background(lambda: refresh_periodically(
+            lambda: core.metrics.refresh(pool, settings.reconcile_after_seconds)))
     if psp is None:
         server.on_stop(core.psp.aclose)
-    server.on_stop(_log_metrics(core))
     registered = wiring.register(server, settings, pool, core)
     if inspect.isawaitable(registered):
         await registered
     return server
-
-
-def _log_metrics(core: PaymentsCore):
-    async def log_final() -> None:
-        log.info("payments metrics at shutdown", extra={"metrics": core.metrics.snapshot(),
-                                                        "worker": core.worker_id})
-    return log_final

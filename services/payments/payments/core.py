@@ -42,7 +42,7 @@ MAX_FINALIZE_ROUNDS = 16
 
 class PaymentsCore:
     def __init__(self, settings: Settings, pool: asyncpg.Pool, psp: PspClient, *,
-                 options: PaymentsOptions | None = None, metrics: m.Metrics | None = None,
+                 options: PaymentsOptions | None = None, metrics: m.PaymentsMetrics | None = None,
                  worker_id: str | None = None):
         self.settings = settings
         self.pool = pool
@@ -127,7 +127,7 @@ class PaymentsCore:
                                          reason="idempotency-key-reused")
             if row["status"] != domain.CREATED:
                 return PaymentView.from_row(row)
-        trace.get_current_span().set_attribute("payment.id", str(row["id"]))
+        trace.get_current_span().set_attribute("cuty.payment.id", str(row["id"]))
         # Still `created`: charge (again). The PSP dedupes on the key, so a replay never charges twice.
         try:
             intent = await self._create_intent(row)
@@ -179,7 +179,7 @@ class PaymentsCore:
             raise ValueError(f"source must be one of {', '.join(domain.SOURCES)}, got {source!r}")
         obs = domain.observation_of(intent)
         with tracer.start_as_current_span("payments.finalize", attributes={
-                "payment.id": str(pid), "payment.source": source, "payment.observed": observed}):
+                "cuty.payment.id": str(pid), "cuty.payment.source": source, "cuty.payment.observed": observed}):
             # One connection for read, write and re-read.
             async with self.pool.acquire() as conn:
                 for _ in range(MAX_FINALIZE_ROUNDS):
@@ -210,8 +210,9 @@ class PaymentsCore:
                         # another path completed meanwhile is answered without its secret.
                         if domain.shows_customer_action(written["status"]):
                             written = await conn.fetchrow(sql.GET_PAYMENT, pid)
+                        self.metrics.finalize.labels(source, "applied").inc()
                         return PaymentView.from_row(written), Outcome.APPLY
-                    self.metrics.inc(m.VERSION_CONFLICTS)
+                    self.metrics.version_conflicts.inc()
                     log.info("version conflict, re-reading", extra={
                         "payment_id": str(pid), "version": row["version"], "source": source,
                         "worker": self.worker_id})
@@ -244,11 +245,10 @@ class PaymentsCore:
 
     def _no_change(self, row: Any, observed: str, source: str, outcome: Outcome) -> None:
         fields = {"payment_id": str(row["id"]), "status": row["status"], "observed": observed, "source": source}
+        self.metrics.finalize.labels(source, outcome.value).inc()
         if outcome is Outcome.STALE:
-            self.metrics.inc(m.STALE_OBSERVATIONS)
             log.info("stale observation ignored", extra=fields)
         elif outcome is Outcome.CONTRADICTS:
-            self.metrics.inc(m.CONTRADICTIONS)
             log.warning("observation contradicts the payment", extra=fields)
 
     # -- leases (webhook and reconciliation paths) ----------------------------------------------------
@@ -262,7 +262,7 @@ class PaymentsCore:
 
     def _note_takeover(self, payment_id: Any, previous_owner: str | None) -> None:
         if previous_owner is not None and previous_owner != self.worker_id:
-            self.metrics.inc(m.LEASE_TAKEOVERS)
+            self.metrics.lease_takeovers.inc()
             log.warning("took over an expired payment lease", extra={
                 "payment_id": str(payment_id), "previous_owner": previous_owner, "worker": self.worker_id})
 
@@ -274,7 +274,7 @@ class PaymentsCore:
         """Finalize under the payment's lease; None (and counted) when another worker holds it, so
         the caller defers. An observation that contradicts the row is settled by asking the PSP."""
         if not await self.take_lease(payment_id):
-            self.metrics.inc(m.DEFERRED_FINALIZES)
+            self.metrics.deferred_finalizes.inc()
             return None
         try:
             view, outcome = await self.finalize_outcome(payment_id, observed_status, source, intent=intent, note=note,

@@ -1,17 +1,79 @@
-"""In-process counters for the payment paths (DESIGN.md, "Observability": version conflicts, deferred
-finalizes, lease contention...). Per process; logged periodically and on shutdown."""
+"""The payments service's metrics (DESIGN.md, "Observability"; issue 15): finalize outcomes,
+version conflicts, deferred finalizes, lease takeovers, webhooks, reconciliation, and the checkout
+saga's (payments.checkout runs in this process). `REGISTRY` is the process's instance, exported on
+CUTY_PAYMENTS_METRICS_PORT; a test's PaymentsCore gets `PaymentsMetrics()`, a private registry."""
 from __future__ import annotations
 
-from cutylib.metrics import Metrics, log_periodically  # noqa: F401 - re-exported for the service
+import prometheus_client
 
-VERSION_CONFLICTS = "version_conflicts"
-DEFERRED_FINALIZES = "deferred_finalizes"
-LEASE_TAKEOVERS = "lease_takeovers"
-DUPLICATE_WEBHOOKS = "duplicate_webhooks"
-RECONCILED_PAYMENTS = "reconciled_payments"
-STALE_OBSERVATIONS = "stale_observations"
-CONTRADICTIONS = "contradictions"
-WEBHOOKS_REFUSED = "webhooks_refused"
+from cutylib.metrics import LAG_BUCKETS, Metrics
+
+# Sample names tests and benchmarks read with `metrics.value(...)`.
+VERSION_CONFLICTS = "cuty_payments_version_conflicts_total"
+DEFERRED_FINALIZES = "cuty_payments_deferred_finalizes_total"
+LEASE_TAKEOVERS = "cuty_payments_lease_takeovers_total"
+RECONCILED_PAYMENTS = "cuty_payments_reconciled_total"
+WEBHOOKS = "cuty_payments_webhooks_total"
+FINALIZE = "cuty_payments_finalize_total"
+
+# The saga states a checkout waits in (domain.TERMINAL's complement); the "stuck" gauges report each.
+NON_TERMINAL = ("PENDING", "HELD", "CHARGING", "AWAITING_ACTION", "CONFIRMING", "RELEASING", "REFUNDING")
+
+NON_TERMINAL_PAYMENTS = """
+SELECT count(*) FILTER (WHERE updated_at < clock_timestamp() - make_interval(secs => $1)) AS backlog,
+       coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0) AS oldest_age
+FROM payments WHERE status IN ('created', 'requires_action', 'processing')  -- payments_reconcile_due's predicate
+"""
+
+SAGAS_BY_STATE = """
+SELECT state, count(*) AS n, extract(epoch FROM clock_timestamp() - min(updated_at)) AS oldest_age
+FROM checkouts WHERE state = ANY($1::text[]) GROUP BY state
+"""
 
 
-REGISTRY = Metrics()
+class PaymentsMetrics(Metrics):
+    def __init__(self, registry=None):
+        super().__init__(registry)
+        c, g, h = self.counter, self.gauge, self.histogram
+        # outcome: applied | same | stale | contradicts; source: sync | webhook | reconcile | ...
+        self.finalize = c(FINALIZE, "finalize() results by source and outcome", ["source", "outcome"])
+        self.version_conflicts = c(VERSION_CONFLICTS, "Finalize writes that lost the version race and re-read")
+        self.deferred_finalizes = c(DEFERRED_FINALIZES, "Finalizes deferred: another worker held the payment's lease")
+        self.lease_takeovers = c(LEASE_TAKEOVERS, "Expired payment leases taken over from another worker")
+        # outcome: accepted | bad_signature | stale | duplicate | ignored
+        self.webhooks = c(WEBHOOKS, "PSP webhook deliveries by event type and outcome", ["type", "outcome"])
+        self.webhook_lag = h("cuty_payments_webhook_lag_seconds",
+                             "From the PSP event's creation to its change applied to the payment", buckets=LAG_BUCKETS)
+        self.reconciled = c(RECONCILED_PAYMENTS, "Payments moved by the reconciliation poller")
+        self.reconcile_backlog = g("cuty_payments_reconcile_backlog",
+                                   "Non-terminal payments unchanged for longer than CUTY_RECONCILE_AFTER_SECONDS")
+        self.oldest_nonterminal = g("cuty_payments_oldest_nonterminal_payment_age_seconds",
+                                    "Age of the oldest payment in a non-terminal status (0 when none)")
+        # -- the checkout saga (payments.checkout) --
+        self.sagas_finished = c("cuty_checkout_sagas_finished_total", "Checkouts that reached an end state",
+                                ["state"])
+        self.step_duration = h("cuty_checkout_step_duration_seconds", "Saga step duration by step", ["step"],
+                               buckets=LAG_BUCKETS)
+        # kind: release | cancel_intent | refund
+        self.compensations = c("cuty_checkout_compensations_total", "Compensation steps performed", ["kind"])
+        self.retries = c("cuty_checkout_retries_total", "Saga steps that failed and were scheduled again, by "
+                         "the state they failed in", ["state"])
+        self.late_captures = c("cuty_checkout_late_captures_total",
+                               "Payments captured after the saga had started releasing")
+        self.sagas = g("cuty_checkout_sagas", "Checkouts per non-terminal state (refreshed periodically)", ["state"])
+        self.oldest_saga = g("cuty_checkout_oldest_saga_age_seconds", "Per non-terminal state, how long the "
+                             "oldest checkout has been in it (0 when none; refreshed periodically)", ["state"])
+
+    async def refresh(self, pool, reconcile_after_seconds: float) -> None:
+        """The gauges read from the database (cutylib.metrics.refresh_periodically)."""
+        row = await pool.fetchrow(NON_TERMINAL_PAYMENTS, float(reconcile_after_seconds))
+        self.reconcile_backlog.set(row["backlog"])
+        self.oldest_nonterminal.set(float(row["oldest_age"]))
+        by_state = {r["state"]: r for r in await pool.fetch(SAGAS_BY_STATE, list(NON_TERMINAL))}
+        for state in NON_TERMINAL:
+            r = by_state.get(state)
+            self.sagas.labels(state).set(r["n"] if r else 0)
+            self.oldest_saga.labels(state).set(float(r["oldest_age"]) if r else 0.0)
+
+
+REGISTRY = PaymentsMetrics(prometheus_client.REGISTRY)

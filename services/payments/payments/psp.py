@@ -12,10 +12,14 @@ import importlib.util
 import logging
 import random
 import sys
+import time
 from typing import Any
 
 import httpx
 from opentelemetry import propagate, trace
+from prometheus_client import REGISTRY, Histogram
+
+from cutylib.metrics import DURATION_BUCKETS, observe
 
 # httpcore runs `import sniffio` on every request (its locks and cancellation shields ask which async
 # library runs them). sniffio is not installed here, and a failed import is not cached: each one walks
@@ -26,6 +30,12 @@ if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("cuty.payments.psp")
+
+# One observation per HTTP attempt (OpenTelemetry's http.client.request.duration); status "error"
+# when no answer came (timeout, refused, reset).
+PSP_DURATION = Histogram("http_client_request_duration_seconds", "Calls to the PSP, per attempt",
+                         ("server_address", "http_request_method", "url_template", "http_response_status_code"),
+                         buckets=DURATION_BUCKETS, registry=REGISTRY)
 
 
 class PspError(Exception):
@@ -55,6 +65,8 @@ class PspClient:
         self.retries = retries
         self.backoff = backoff
         self._client = client or httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        url = httpx.URL(self.base_url)
+        self._host, self._port = url.host, url.port or (443 if url.scheme == "https" else 80)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -77,19 +89,28 @@ class PspClient:
         if key is not None:
             headers["Idempotency-Key"] = key
         last = ""
-        with tracer.start_as_current_span(f"psp {method} {path.split('/pi_')[0]}") as span:
+        template = _url_template(path)
+        # An HTTP client span (OpenTelemetry's HTTP conventions) in the caller's trace: the checkout's.
+        with tracer.start_as_current_span(f"{method} {template}", kind=trace.SpanKind.CLIENT, attributes={
+                "http.request.method": method, "url.template": template, "url.full": self.base_url + path,
+                "server.address": self._host, "server.port": self._port}) as span:
             propagate.inject(headers)  # W3C traceparent, so the PSP call joins the trace
             for attempt in range(self.retries + 1):
                 if attempt:
                     # Full jitter: replicas retrying the same outage do not stampede together.
                     await asyncio.sleep(random.uniform(0, self.backoff * 2 ** attempt))
+                t0 = time.perf_counter()
                 try:
                     resp = await self._client.request(method, path, json=body, headers=headers)
                 except httpx.HTTPError as exc:  # timeouts, refused connections, resets
+                    observe(PSP_DURATION.labels("psp", method, template, "error"), time.perf_counter() - t0)
                     last = f"{type(exc).__name__}: {exc}"
                     log.warning("PSP call failed, outcome unknown", extra={"path": path, "attempt": attempt, "error": last})
                     continue
-                span.set_attribute("http.status_code", resp.status_code)
+                observe(PSP_DURATION.labels("psp", method, template, str(resp.status_code)), time.perf_counter() - t0)
+                span.set_attribute("http.response.status_code", resp.status_code)
+                if resp.status_code >= 500:
+                    span.set_status(trace.StatusCode.ERROR)
                 if resp.status_code < 300:
                     return resp.json()
                 if resp.status_code >= 500 or resp.status_code == 429:
@@ -102,3 +123,8 @@ class PspClient:
                     error = {"message": resp.text[:200]}
                 raise PspError(resp.status_code, error)
             raise PspUnavailable(f"PSP {method} {path}: no answer after {self.retries + 1} attempts ({last})")
+
+
+def _url_template(path: str) -> str:
+    """`/v1/payment_intents/pi_123/cancel` -> `/v1/payment_intents/{id}/cancel` (bounded labels)."""
+    return "/".join("{id}" if part.startswith(("pi_", "re_")) else part for part in path.split("/"))

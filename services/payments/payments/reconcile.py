@@ -12,7 +12,9 @@ from typing import Any
 
 from opentelemetry import trace
 
-from . import domain, metrics as m, repository as sql
+from . import domain, repository as sql
+from cutylib.telemetry import quiet
+
 from .core import PaymentsCore
 from .domain import Outcome
 from .psp import PspError, PspUnavailable
@@ -34,8 +36,9 @@ class Reconciler:
 
     async def run_once(self) -> int:
         core = self.core
-        rows = await core.pool.fetch(sql.CLAIM_RECONCILE, core.options.batch_size, core.worker_id,
-                                     float(core.settings.lease_seconds), float(core.settings.reconcile_after_seconds))
+        with quiet():  # polling starts no trace; each payment reconciled gets its own span
+            rows = await core.pool.fetch(sql.CLAIM_RECONCILE, core.options.batch_size, core.worker_id,
+                                         float(core.settings.lease_seconds), float(core.settings.reconcile_after_seconds))
         if rows:
             await asyncio.gather(*(self._one(r) for r in rows))
         return len(rows)
@@ -44,7 +47,7 @@ class Reconciler:
         core = self.core
         view = PaymentView.from_row(row)
         core._note_takeover(view.id, row["previous_owner"])
-        with tracer.start_as_current_span("payments.reconcile", attributes={"payment.id": view.id}):
+        with tracer.start_as_current_span("payments.reconcile", attributes={"cuty.payment.id": view.id}):
             try:
                 try:
                     intent = await core.ask_psp(view)
@@ -69,5 +72,5 @@ class Reconciler:
                                                           note=f"reconciled with the PSP by {self.core.worker_id}",
                                                           leased=True)
         if outcome is Outcome.APPLY:
-            self.core.metrics.inc(m.RECONCILED_PAYMENTS)
+            self.core.metrics.reconciled.inc()
             log.info("payment reconciled", extra={"payment_id": view.id, "from": view.status, "to": after.status})

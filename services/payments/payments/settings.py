@@ -30,4 +30,3 @@ class PaymentsOptions:
     # reading the version and writing, so a test can SIGSTOP it there. Never set in production.
     test_pause_after_lease_ms: int = env_field(env_int, "CUTY_TEST_PAUSE_AFTER_LEASE_MS", 0)
     webhook_tolerance_seconds: int = 300
-    metrics_log_seconds: float = env_field(env_float, "CUTY_METRICS_LOG_SECONDS", 60.0)

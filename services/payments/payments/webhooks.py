@@ -7,16 +7,21 @@ import asyncio
 import json
 import logging
 import random
+import time
 import uuid
 from typing import Any
 
-from cutylib.errors import InvalidArgument, Unauthenticated
-from cutylib.telemetry import set_span_attributes
+from opentelemetry import trace
 
-from . import domain, metrics as m, repository as sql, signature
+from cutylib.errors import InvalidArgument, Unauthenticated
+from cutylib.metrics import observe
+from cutylib.telemetry import link_to, quiet, set_span_attributes
+
+from . import domain, repository as sql, signature
 from .core import PaymentsCore
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("cuty.payments.webhooks")
 
 # Find the payment and store the event (deduplicated on its id) in one statement. An event that
 # only repeats what the payment already says (same status, same intent, so `finalize` would decide
@@ -25,7 +30,7 @@ log = logging.getLogger(__name__)
 # $7: the status the event reports (NULL: a type we do not act on -> ignored).
 RESOLVE_AND_STORE = """
 WITH p AS (
-    SELECT id, status, psp_intent_id FROM payments
+    SELECT id, status, psp_intent_id, checkout_id FROM payments
     WHERE id = $1 OR psp_intent_id = $2 OR idempotency_key = $3
     ORDER BY (id = $1) DESC NULLS LAST LIMIT 1
 ), ins AS (
@@ -42,7 +47,9 @@ WITH p AS (
     ON CONFLICT (event_id) DO NOTHING
     RETURNING status, payment_id
 )
-SELECT status, payment_id FROM ins
+-- The checkout's traceparent: the handling links to the trace of the purchase it belongs to.
+SELECT status, payment_id, (SELECT c.traceparent FROM checkouts c, p WHERE c.id = p.checkout_id) AS traceparent
+FROM ins
 """
 # An event that keeps failing (not one waiting for a lease) is given up after this many attempts:
 # reconciliation still asks the PSP about its payment, so no money is stranded by giving up.
@@ -102,17 +109,21 @@ class WebhookInbox:
         try:
             signature.verify(signature_header, payload, self.secrets, tolerance=self.options.webhook_tolerance_seconds)
         except Unauthenticated as exc:
-            self.metrics.inc(m.WEBHOOKS_REFUSED)
+            # A timestamp outside the tolerance is a replay (or a clock off); anything else a forgery.
+            self.metrics.webhooks.labels("", "stale" if exc.reason in ("signature-stale", "signature-future")
+                                         else "bad_signature").inc()
             log.warning("webhook refused", extra={"reason": exc.reason})
             raise
         event = parse_event(payload)
         obj = event["data"]["object"]
         observed = domain.EVENT_STATUS.get(event["type"])
         stored = await self._resolve_and_store(event, obj, observed)
+        kind = event["type"] if isinstance(event.get("type"), str) else ""
         if stored is None:
-            self.metrics.inc(m.DUPLICATE_WEBHOOKS)
+            self.metrics.webhooks.labels(kind, "duplicate").inc()
             return "duplicate"
         status, payment_id = stored["status"], stored["payment_id"]
+        self.metrics.webhooks.labels(kind, "ignored" if status == "ignored" else "accepted").inc()
         if status == "ignored":
             log.info("webhook ignored", extra={"event_id": event["id"], "event_type": event["type"],
                                                "known_payment": payment_id is not None})
@@ -122,7 +133,11 @@ class WebhookInbox:
             return "processed"
         # Stored: from here on the delivery is acknowledged whatever happens; a failure below leaves
         # the event 'received' for the retry worker.
-        return await self.process(event["id"], event["type"], payment_id, obj, attempts=0)
+        # A real PSP sends no traceparent, so the handling is linked to the checkout's trace.
+        with tracer.start_as_current_span("payments.webhook", links=link_to(stored["traceparent"]), attributes={
+                "cuty.payment.id": str(payment_id), "cuty.psp.event.type": event["type"]}):
+            return await self.process(event["id"], event["type"], payment_id, obj, attempts=0,
+                                      created=event.get("created"))
 
     async def _resolve_and_store(self, event: dict[str, Any], obj: dict[str, Any], observed: str | None):
         """The stored row's (status, payment_id), or None for a duplicate delivery."""
@@ -137,7 +152,7 @@ class WebhookInbox:
                                         float(self.options.event_retry_seconds))
 
     async def process(self, event_id: str, event_type: str, payment_id: uuid.UUID, obj: dict[str, Any],
-                      attempts: int) -> str:
+                      attempts: int, created: Any = None) -> str:
         set_span_attributes(payment_id=str(payment_id))
         observed = domain.EVENT_STATUS[event_type]
         try:
@@ -162,6 +177,8 @@ class WebhookInbox:
             await self._mark(event_id, "deferred", self._backoff(attempts), "lease held by another worker")
             return "deferred"
         await self._mark(event_id, "processed", 0.0, "")
+        if isinstance(created, (int, float)):  # the PSP's event time, whole seconds
+            observe(self.metrics.webhook_lag, max(0.0, time.time() - created))
         return "processed"
 
     def _backoff(self, attempts: int) -> float:
@@ -175,11 +192,12 @@ class WebhookInbox:
     async def run_retries(self) -> None:
         """Worker: finish deferred events and events whose inline handling died."""
         while True:
-            rows = await self.pool.fetch(sql.CLAIM_PSP_EVENTS, self.options.batch_size,
-                                         float(self.options.event_retry_seconds))
+            with quiet():  # polling starts no trace
+                rows = await self.pool.fetch(sql.CLAIM_PSP_EVENTS, self.options.batch_size,
+                                             float(self.options.event_retry_seconds))
             for r in rows:
                 payload = r["payload"]
                 await self.process(r["event_id"], r["type"], r["payment_id"], payload["data"]["object"],
-                                   attempts=r["attempts"])
+                                   attempts=r["attempts"], created=payload.get("created"))
             if not rows:
                 await asyncio.sleep(self.options.poll_seconds)

@@ -45,7 +45,8 @@ async def healthz(request: Request) -> JSONResponse:
 
 async def create_intent(request: Request) -> JSONResponse:
     body = await _json_body(request)
-    intent = await _psp(request).create_intent(request.headers.get("Idempotency-Key"), body)
+    intent = await _psp(request).create_intent(request.headers.get("Idempotency-Key"), body,
+                                               traceparent=request.headers.get("traceparent"))
     return JSONResponse(intent)
 
 

@@ -72,7 +72,8 @@ class Psp:
         if self._copies(SCENARIOS[intent.payment_method]) <= 0:
             return None
         obj = intent.snapshot() if obj is None else obj
-        return self.webhooks.event(type_, obj, idempotency_key=intent.idempotency_key, created=created)
+        return self.webhooks.event(type_, obj, idempotency_key=intent.idempotency_key, created=created,
+                                   traceparent=intent.traceparent)
 
     def _emit_intent(self, intent: Intent, type_: str) -> None:
         event = self._event(intent, type_)
@@ -100,7 +101,7 @@ class Psp:
         return objects[record.object_id].snapshot()
 
     # -- payment intents -----------------------------------------------------------------
-    async def create_intent(self, key: str | None, body: dict[str, Any]) -> dict[str, Any]:
+    async def create_intent(self, key: str | None, body: dict[str, Any], traceparent: str | None = None) -> dict[str, Any]:
         key = require_key(key)
         params = validate_intent(body)
         self._fault("create")
@@ -115,7 +116,7 @@ class Psp:
             id=intent_id, amount=params["amount"], currency=params["currency"],
             payment_method=params["payment_method"], metadata=params["metadata"],
             idempotency_key=key, status=PROCESSING,
-            client_secret=f"{intent_id}_secret_{secrets.token_urlsafe(16)}",
+            client_secret=f"{intent_id}_secret_{secrets.token_urlsafe(16)}", traceparent=traceparent,
         )
         self.store.intents[intent_id] = intent
         self.store.remember_key("create", key, fp, intent_id)

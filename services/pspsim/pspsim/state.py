@@ -48,6 +48,8 @@ class Intent:
     amount_refunded: int = 0
     canceled_at: int | None = None
     cancellation_reason: str | None = None
+    # The W3C traceparent the create request came with: its webhooks carry it back (issue 15).
+    traceparent: str | None = None
 
     def snapshot(self, **override: Any) -> dict[str, Any]:
         out = {

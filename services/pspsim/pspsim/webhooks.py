@@ -55,6 +55,7 @@ class Event:
     id: str
     type: str
     body: bytes
+    traceparent: str | None = None  # sent as the `traceparent` header: the delivery joins the payment's trace
 
 
 class WebhookDispatcher:
@@ -93,7 +94,7 @@ class WebhookDispatcher:
 
     # -- events --------------------------------------------------------------------------
     def event(self, type_: str, obj: dict[str, Any], *, idempotency_key: str | None = None,
-              created: int | None = None) -> Event:
+              created: int | None = None, traceparent: str | None = None) -> Event:
         evt_id = new_id("evt")
         created = int(time.time()) if created is None else created
         payload = {
@@ -108,7 +109,7 @@ class WebhookDispatcher:
         intent_id = obj.get("payment_intent") if obj.get("object") == "refund" else obj.get("id")
         self.stats[evt_id] = DeliveryStats(id=evt_id, type=type_, object_id=obj.get("id", ""),
                                            intent_id=intent_id or "", created=created)
-        return Event(evt_id, type_, body)
+        return Event(evt_id, type_, body, traceparent)
 
     # -- scheduling ----------------------------------------------------------------------
     def schedule(self, events: list[Event], *, copies: int = 1, scrambled: bool = False) -> None:
@@ -177,6 +178,8 @@ class WebhookDispatcher:
             signing.HEADER: signing.sign(self.settings.webhook_secrets, event.body, int(time.time())),
             "User-Agent": "cuty-pspsim",
         }
+        if event.traceparent:
+            headers["traceparent"] = event.traceparent
         status: int | None = None
         error: str | None = None
         try:

@@ -45,7 +45,7 @@ async def test_background_sweeper_runs_and_counts(booking_pool):
     settings = dataclasses.replace(short_settings(), sweep_interval_seconds=0.2)
     server = await create_server(settings, booking_pool, port=0, host="127.0.0.1")  # with its sweeper
     await server.start()
-    before = metrics.REGISTRY[metrics.HOLDS_SWEPT]
+    before = metrics.REGISTRY.value("cuty_booking_holds_swept_total")
     try:
         async with acting_channel(f"127.0.0.1:{server.port}", "booking", CALLERS) as ch:
             b = Booking(server, booking_pb2_grpc.BookingServiceStub(ch), settings)
@@ -59,7 +59,7 @@ async def test_background_sweeper_runs_and_counts(booking_pool):
             await wait_for(swept, timeout=10, message="the background sweeper to expire the hold")
     finally:
         await server.stop()
-    assert metrics.REGISTRY[metrics.HOLDS_SWEPT] > before
+    assert metrics.REGISTRY.value("cuty_booking_holds_swept_total") > before
 
 
 def short_settings():

@@ -23,7 +23,7 @@ from payments.checkout.wiring import SERVICE
 from payments.checkout.settings import CheckoutOptions
 from payments.checkout.workers import wake_saga
 from payments.core import PaymentsCore
-from payments.metrics import Metrics
+from payments.metrics import PaymentsMetrics
 from payments.settings import PaymentsOptions
 
 from checkout_fake_psp import FakePsp
@@ -58,7 +58,7 @@ class Harness:
         self.server: GrpcServer | None = None
 
     def new_core(self, worker_id: str) -> PaymentsCore:
-        core = PaymentsCore(self.settings, self.pool, self.psp, options=PaymentsOptions(), metrics=Metrics(),
+        core = PaymentsCore(self.settings, self.pool, self.psp, options=PaymentsOptions(), metrics=PaymentsMetrics(),
                             worker_id=worker_id)
         core.add_transition_hook(wake_saga)
         return core

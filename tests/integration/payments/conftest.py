@@ -9,7 +9,7 @@ import pytest_asyncio
 from cutylib.config import Settings
 from cutylib.db import create_pool
 from payments.core import PaymentsCore
-from payments.metrics import Metrics
+from payments.metrics import PaymentsMetrics
 from payments.settings import PaymentsOptions
 
 from payments_events import PREVIOUS_SECRET, WEBHOOK_SECRET
@@ -39,7 +39,7 @@ def make_core(payments_pool, fake_psp):
         settings = dataclasses.replace(Settings(), lease_seconds=lease_seconds,
                                        reconcile_after_seconds=reconcile_after_seconds)
         opts = dataclasses.replace(PaymentsOptions(), poll_seconds=0.05, **options)
-        return PaymentsCore(settings, payments_pool, psp or fake_psp, options=opts, metrics=Metrics(),
+        return PaymentsCore(settings, payments_pool, psp or fake_psp, options=opts, metrics=PaymentsMetrics(),
                             worker_id=f"test-worker-{made}")
 
     return make

@@ -9,7 +9,7 @@ import random
 
 
 from cutylib.testing.ids import new_id
-from payments import domain
+from payments import domain, metrics as m
 from payments.views import PaymentView
 
 from payments_fakes import FakePsp
@@ -142,5 +142,5 @@ async def test_500_seeded_interleavings(make_core, payments_pool):
     for start in range(0, SEEDS, PARALLEL):
         await asyncio.gather(*(one_interleaving(seed, Creator, workers, psp, payments_pool)
                                for seed in range(start, start + PARALLEL)))
-    conflicts = sum(w.metrics["version_conflicts"] for w in workers) + creator.metrics["version_conflicts"]
+    conflicts = sum(w.metrics.value(m.VERSION_CONFLICTS) for w in workers) + creator.metrics.value(m.VERSION_CONFLICTS)
     assert conflicts > 0, "the interleavings never raced on a version: the test would prove nothing"

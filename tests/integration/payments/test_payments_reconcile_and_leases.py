@@ -36,7 +36,7 @@ async def test_processing_payment_without_webhook_is_reconciled(make_core, fake_
     await reconcile_until(reconciler, core, p.id, "succeeded")
     evs = await events(payments_pool, p.id)
     assert [(e["source"], e["to_status"]) for e in evs][-1] == ("reconcile", "succeeded")
-    assert core.metrics[m.RECONCILED_PAYMENTS] == 1
+    assert core.metrics.value(m.RECONCILED_PAYMENTS) == 1
     row = await payments_pool.fetchrow("SELECT lease_owner, reconcile_at FROM payments WHERE id = $1", p.id)
     assert (row["lease_owner"], row["reconcile_at"]) == (None, None)  # released, and off the queue
 
@@ -67,8 +67,8 @@ async def test_replicas_reconcile_each_payment_exactly_once(make_core, fake_psp,
     await wait_for(all_done, timeout=15, message="all reconciled")
     for p in payments:
         assert [e["to_status"] for e in await events(payments_pool, p.id)] == ["created", "processing", "succeeded"]
-    assert sum(r.metrics[m.RECONCILED_PAYMENTS] for r in replicas) == 20
-    assert sum(r.metrics[m.VERSION_CONFLICTS] for r in replicas) == 0  # SKIP LOCKED + lease: no overlap
+    assert sum(r.metrics.value(m.RECONCILED_PAYMENTS) for r in replicas) == 20
+    assert sum(r.metrics.value(m.VERSION_CONFLICTS) for r in replicas) == 0  # SKIP LOCKED + lease: no overlap
 
 
 async def test_paused_lease_holder_is_taken_over_and_its_late_write_fenced(make_core, fake_psp, payments_pool):
@@ -83,11 +83,11 @@ async def test_paused_lease_holder_is_taken_over_and_its_late_write_fenced(make_
         return await other.finalize_leased(p.id, "succeeded", "webhook", intent=intent, note="takeover")
     done = await wait_for(other_finishes, timeout=5, interval=0.05, message="takeover after lease expiry")
     assert (done.status, done.version) == ("succeeded", 3)
-    assert other.metrics[m.LEASE_TAKEOVERS] == 1 and other.metrics[m.DEFERRED_FINALIZES] >= 1
+    assert other.metrics.value(m.LEASE_TAKEOVERS) == 1 and other.metrics.value(m.DEFERRED_FINALIZES) >= 1
 
     late = await slow  # wakes up, writes with its old version: zero rows, re-reads, sees it is done
     assert (late.status, late.version) == ("succeeded", 3)
-    assert paused.metrics[m.VERSION_CONFLICTS] == 1
+    assert paused.metrics.value(m.VERSION_CONFLICTS) == 1
     evs = await events(payments_pool, p.id)
     assert [(e["to_status"], e["note"]) for e in evs][2:] == [("succeeded", "takeover")]
 

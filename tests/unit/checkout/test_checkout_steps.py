@@ -15,6 +15,7 @@ from google.rpc import error_details_pb2, status_pb2
 from cuty.booking.v1 import booking_pb2
 from cuty.codepool.v1 import codepool_pb2
 from cutylib import errors
+from payments.metrics import PaymentsMetrics
 from payments.checkout import crash, domain as d
 from payments.checkout.domain import Saga, Step
 from payments.checkout.remote import BookingHolds, CodeReservations, Holds, Refused, Rejected, Retryable
@@ -66,6 +67,7 @@ class Core:
     def __init__(self, **views):
         self.views = views
         self.calls: list[str] = []
+        self.metrics = PaymentsMetrics()
 
     def _view(self, name):
         v = self.views[name]

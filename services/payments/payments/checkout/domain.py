@@ -120,6 +120,8 @@ class Saga:
     updated_at: datetime
     # The database clock when the row was read: TTL decisions use it, never the local clock.
     read_at: datetime
+    # The W3C traceparent of the request that created the checkout (its steps continue that trace).
+    traceparent: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -137,6 +139,7 @@ class Saga:
             payment_id=s(row["payment_id"]), payment_method=row["payment_method"],
             failure_reason=row["failure_reason"], attempts=row["attempts"], lease_owner=row["lease_owner"],
             created_at=row["created_at"], updated_at=row["updated_at"], read_at=row["db_now"],
+            traceparent=row.get("traceparent"),
         )
 
 

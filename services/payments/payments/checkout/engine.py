@@ -21,6 +21,7 @@ import asyncpg
 from opentelemetry import trace
 
 from cutylib import errors
+from cutylib.telemetry import context_of
 
 from . import domain, repository as repo
 from .domain import Move, Saga, Step
@@ -39,6 +40,17 @@ _NOTHING = repo.Fields()
 
 
 _KEYED_STATES = (domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING)
+
+
+def _checkout_trace(saga: Saga):
+    """(parent context, links) of a drive: one trace per checkout. Steps continue the trace of
+    the request that created the checkout (its traceparent is stored with the row), whoever drives
+    them: a worker, or a later request (PayCheckout, CancelCheckout), whose own span is linked."""
+    current = trace.get_current_span().get_span_context()
+    created = trace.get_current_span(context_of(saga.traceparent)).get_span_context() if saga.traceparent else None
+    if created is None or not created.is_valid or (current.is_valid and current.trace_id == created.trace_id):
+        return None, ()
+    return context_of(saga.traceparent), ([trace.Link(current)] if current.is_valid else ())
 
 
 class Fenced(Exception):
@@ -67,7 +79,9 @@ class Engine:
 
         Raises Rejected (the hold was refused; the saga is REJECTED) and Refused (bad input; the
         PENDING row stays for the caller to delete); any other failure is retried later."""
-        with tracer.start_as_current_span("checkout.drive", attributes={"checkout.id": saga.id}), \
+        parent, links = _checkout_trace(saga)
+        with tracer.start_as_current_span("checkout.drive", context=parent, links=links,
+                                          attributes={"cuty.checkout.id": saga.id}), \
                 self._heartbeat(saga.id, owner):
             try:
                 return await self._drive(saga, owner, payment, finish)
@@ -156,6 +170,8 @@ class Engine:
         if new is None:
             raise Fenced()
         if new.state != saga.state:
+            if new.terminal:
+                self.core.metrics.sagas_finished.labels(new.state).inc()
             log.info("checkout %s -> %s", saga.state, new.state,
                      extra={"checkout_id": saga.id, "from": saga.state, "to": new.state, "note": note})
         return new, waits and new.lease_owner is not None
@@ -179,12 +195,15 @@ class Engine:
         synchronous CreateCheckout deletes the row instead: nothing changes for bad input)."""
         new = await repo.transition(self.pool, saga, owner, domain.REJECTED,
                                     repo.Fields(failure_reason=reason), "hold refused")
+        if new is not None:
+            self.core.metrics.sagas_finished.labels(domain.REJECTED).inc()
         return new or await repo.get(self.pool, saga.id) or saga
 
     async def _retry_later(self, saga: Saga, owner: str, exc: BaseException) -> None:
         current = await repo.get(self.pool, saga.id)
         attempts = current.attempts if current is not None else saga.attempts
         delay = domain.backoff_seconds(attempts, self.options.retry_base_seconds, self.options.retry_cap_seconds)
+        self.core.metrics.retries.labels(saga.state).inc()
         level = logging.INFO if isinstance(exc, TRANSIENT) and attempts < 5 else logging.WARNING
         log.log(level, "saga step failed; retrying in %.2fs", delay, exc_info=not isinstance(exc, TRANSIENT),
                 extra={"checkout_id": saga.id, "state": saga.state, "attempts": attempts, "error": repr(exc)})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from cutylib.telemetry import current_trace_id
+from cutylib.telemetry import current_trace_id, current_traceparent
 
 from .domain import Saga
 
@@ -24,10 +24,10 @@ _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
 
 INSERT_PENDING = f"""
 INSERT INTO checkouts (id, customer_id, kind, slot_id, product_id, quantity, order_id,
-                       lease_owner, lease_until, next_run_at)
+                       lease_owner, lease_until, next_run_at, traceparent)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
         clock_timestamp() + make_interval(secs => $9::float8),
-        clock_timestamp() + make_interval(secs => $9::float8))
+        clock_timestamp() + make_interval(secs => $9::float8), $10)
 ON CONFLICT (id) DO NOTHING
 {_RETURNING}
 """
@@ -37,11 +37,11 @@ ON CONFLICT (id) DO NOTHING
 INSERT_PENDING_WITH_KEY = f"""
 first AS (
     INSERT INTO checkouts (id, customer_id, kind, slot_id, product_id, quantity, order_id,
-                           lease_owner, lease_until, next_run_at)
+                           lease_owner, lease_until, next_run_at, traceparent)
     SELECT began.resource_id, $1, $8::text, $9::uuid, $10::uuid, $11::int,
            CASE WHEN $8::text = 'codes' THEN began.resource_id END, $12::text,
            clock_timestamp() + make_interval(secs => $13::float8),
-           clock_timestamp() + make_interval(secs => $13::float8)
+           clock_timestamp() + make_interval(secs => $13::float8), $14::text
     FROM began
     ON CONFLICT (id) DO NOTHING
     {_RETURNING}
@@ -284,12 +284,12 @@ async def insert_pending(conn, *, checkout_id: str, customer_id: str, kind: str,
                          product_id: str | None, quantity: int, owner: str, lease_seconds: float) -> Saga | None:
     order_id = checkout_id if kind == "codes" else None
     return saga_of(await conn.fetchrow(INSERT_PENDING, checkout_id, customer_id, kind, slot_id, product_id,
-                                       quantity, order_id, owner, lease_seconds))
+                                       quantity, order_id, owner, lease_seconds, current_traceparent()))
 
 
 def insert_pending_with_key(*, kind: str, slot_id: str | None, product_id: str | None, quantity: int, owner: str,
                             lease_seconds: float) -> tuple[str, tuple]:
-    return INSERT_PENDING_WITH_KEY, (kind, slot_id, product_id, quantity, owner, lease_seconds)
+    return INSERT_PENDING_WITH_KEY, (kind, slot_id, product_id, quantity, owner, lease_seconds, current_traceparent())
 
 
 def start_charging_with_key(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,

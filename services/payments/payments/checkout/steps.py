@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 
 from cutylib import errors
+from cutylib.metrics import observe
 
 from . import crash, domain, repository as repo
 from .domain import Move, Saga, Step
@@ -30,6 +31,10 @@ class Outcome:
     raise_after: Exception | None = None       # raised once the move is recorded (a refused hold)
 
 
+# Steps that undo part of a checkout, counted by kind when they succeed.
+_COMPENSATIONS = {Step.RELEASE: "release", Step.CANCEL_PAYMENT: "cancel_intent", Step.REFUND: "refund"}
+
+
 class Steps:
     def __init__(self, holds: Holds, core, options: CheckoutOptions):
         self.holds = holds
@@ -39,14 +44,20 @@ class Steps:
     async def perform(self, step: Step, saga: Saga, payment, status: str | None) -> Outcome:
         t0 = time.perf_counter()
         with tracer.start_as_current_span(f"checkout.{step.value}") as span:
-            span.set_attribute("checkout.id", saga.id)
-            for k, v in (("payment.id", saga.payment_id), ("hold.id", saga.hold_id), ("order.id", saga.order_id)):
+            span.set_attribute("cuty.checkout.id", saga.id)
+            for k, v in (("cuty.payment.id", saga.payment_id), ("cuty.hold.id", saga.hold_id),
+                         ("cuty.order.id", saga.order_id)):
                 if v:
                     span.set_attribute(k, v)
             out = await getattr(self, "_" + step.value)(saga, payment, status)
             if out.payment is not None:
-                span.set_attribute("payment.id", out.payment.id)
-        return dataclasses.replace(out, note=f"{step.value} {1000 * (time.perf_counter() - t0):.1f}ms")
+                span.set_attribute("cuty.payment.id", out.payment.id)
+            elapsed = time.perf_counter() - t0
+            observe(self.core.metrics.step_duration.labels(step.value), elapsed)
+            kind = _COMPENSATIONS.get(step)
+            if kind is not None:
+                self.core.metrics.compensations.labels(kind).inc()
+        return dataclasses.replace(out, note=f"{step.value} {1000 * elapsed:.1f}ms")
 
     async def _remote(self, step: Step, call):
         """A remote call between the crash-injection points of its step."""
@@ -107,6 +118,7 @@ class Steps:
         return Outcome(payment=payment)  # the next round releases, or follows late capture
 
     async def _late_capture(self, saga: Saga, payment, status) -> Outcome:
+        self.core.metrics.late_captures.inc()
         log.warning("late capture", extra={"checkout_id": saga.id, "outcome": saga.outcome})
         return Outcome(domain.late_capture(saga))
 

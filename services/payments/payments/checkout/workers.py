@@ -14,6 +14,8 @@ import time
 
 import asyncpg
 
+from cutylib.telemetry import quiet
+
 from . import repository as repo
 from .engine import TRANSIENT, Engine
 from .idempotency import IdempotencyStore
@@ -49,7 +51,7 @@ class SagaWorker:
                 claimed = await self.claim_and_start()
                 if time.monotonic() >= next_purge:
                     next_purge = time.monotonic() + PURGE_EVERY_SECONDS
-                    with contextlib.suppress(*TRANSIENT):
+                    with contextlib.suppress(*TRANSIENT), quiet():
                         await self.keys.purge_expired()
                 if claimed < self.options.batch_size:
                     with contextlib.suppress(asyncio.TimeoutError):
@@ -64,7 +66,8 @@ class SagaWorker:
             await self._slot_freed.wait()
             return self.options.batch_size
         try:
-            sagas = await repo.claim_due(self.pool, self.worker_id, free, self.lease_seconds)
+            with quiet():  # polling starts no trace; each saga's drive continues its own
+                sagas = await repo.claim_due(self.pool, self.worker_id, free, self.lease_seconds)
         except TRANSIENT:
             log.warning("saga claim failed; retrying", exc_info=True)
             await asyncio.sleep(self.options.poll_seconds)
@@ -104,7 +107,8 @@ class SagaWorker:
             self._wake.set()
 
         try:
-            await conn.add_listener(repo.WAKE_CHANNEL, on_notify)
+            with quiet():
+                await conn.add_listener(repo.WAKE_CHANNEL, on_notify)
             try:
                 yield
             finally:

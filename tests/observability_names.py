@@ -1,0 +1,42 @@
+"""Metric names used by deploy/observability's dashboards and alert rules (shared by the tests)."""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+DEPLOY = pathlib.Path(__file__).resolve().parents[1] / "deploy" / "observability"
+RULES = DEPLOY / "prometheus" / "rules" / "cuty.rules.yml"
+RULE_TESTS = DEPLOY / "prometheus" / "tests" / "cuty.rules.test.yml"
+# Our metrics start with these; the label names that share the prefixes are not metrics.
+_NAME = re.compile(r"\b((?:cuty|rpc|http)_[a-zA-Z0-9_]+)\b")
+_LABELS = {"rpc_service", "rpc_method", "rpc_system", "rpc_response_status_code", "http_request_method",
+           "http_route", "http_response_status_code"}
+_SUFFIXES = ("_bucket", "_count", "_sum", "_total")
+
+
+def expressions() -> dict[str, list[str]]:
+    """File name -> the PromQL it holds (dashboard targets; the rule file's text, which is all expressions
+    apart from names and annotations that mention no metric)."""
+    out = {f.name: [t["expr"] for p in json.loads(f.read_text())["panels"] for t in p.get("targets", [])]
+           for f in sorted((DEPLOY / "dashboards").glob("*.json"))}
+    out[RULES.name] = [line for line in RULES.read_text().splitlines() if not line.lstrip().startswith("#")]
+    return out
+
+
+def family(name: str) -> str:
+    for s in _SUFFIXES:
+        if name.endswith(s):
+            return name[: -len(s)]
+    return name
+
+
+def metric_families() -> dict[str, set[str]]:
+    """Metric family -> the files that use it."""
+    used: dict[str, set[str]] = {}
+    for fname, exprs in expressions().items():
+        for e in exprs:
+            for name in _NAME.findall(e):
+                if name not in _LABELS:
+                    used.setdefault(family(name), set()).add(fname)
+    return used
