@@ -12,6 +12,8 @@ RECONCILED_PAYMENTS = "reconciled_payments"
 STALE_OBSERVATIONS = "stale_observations"
 CONTRADICTIONS = "contradictions"
 WEBHOOKS_REFUSED = "webhooks_refused"
+SAGAS_NEED_ATTENTION = "sagas_need_attention"    # a finishing step gave up: an operator must look
+SAGAS_RETRIED_BY_OPERATOR = "sagas_retried_by_operator"
 
 
 REGISTRY = Metrics()

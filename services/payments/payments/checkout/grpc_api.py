@@ -16,6 +16,8 @@ from .idempotency import Replay
 from .service import CheckoutService
 
 IDEMPOTENCY_KEY = "idempotency-key"
+# Who may put a NEEDS_ATTENTION checkout back to work (issue 10, item 8).
+OPERATOR_ROLES = ("operator", "admin", "system")
 
 
 def _key(context: grpc.aio.ServicerContext) -> str:
@@ -61,3 +63,9 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                              context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         customer = principal.current().require_subject()
         return await self.service.cancel(customer, request.checkout_id)
+
+    async def RetryCheckout(self, request: checkout_pb2.RetryCheckoutRequest,
+                            context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        caller = principal.current()
+        caller.require_role(*OPERATOR_ROLES)
+        return await self.service.retry(f"{caller.role}:{caller.subject}", request.checkout_id)
