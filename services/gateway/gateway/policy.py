@@ -45,6 +45,8 @@ POLICY: dict[str, Access] = {
     # DESIGN.md says "its customer, staff"; an admin can do what staff can.
     "cuty.payments.v1.CheckoutService.GetCheckout": Access(_roles(CUSTOMER, STAFF, ADMIN)),
     "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER)),
+    # Issue 10: an operator (here: an admin) retries a NEEDS_ATTENTION checkout.
+    "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN)),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(_roles(STAFF, ADMIN)),
     # The PSP has no token; the orchestrator verifies the HMAC over the raw body instead.
     "cuty.payments.v1.PaymentService.HandlePspWebhook": Access(

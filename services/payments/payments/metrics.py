@@ -15,9 +15,12 @@ LEASE_TAKEOVERS = "cuty_payments_lease_takeovers_total"
 RECONCILED_PAYMENTS = "cuty_payments_reconciled_total"
 WEBHOOKS = "cuty_payments_webhooks_total"
 FINALIZE = "cuty_payments_finalize_total"
+SAGAS_NEED_ATTENTION = "cuty_checkout_sagas_need_attention_total"
+SAGAS_RETRIED_BY_OPERATOR = "cuty_checkout_sagas_retried_by_operator_total"
 
 # The saga states a checkout waits in (domain.TERMINAL's complement); the "stuck" gauges report each.
-NON_TERMINAL = ("PENDING", "HELD", "CHARGING", "AWAITING_ACTION", "CONFIRMING", "RELEASING", "REFUNDING")
+NON_TERMINAL = ("PENDING", "HELD", "CHARGING", "AWAITING_ACTION", "CONFIRMING", "RELEASING", "REFUNDING",
+                "NEEDS_ATTENTION")
 
 NON_TERMINAL_PAYMENTS = """
 SELECT count(*) FILTER (WHERE updated_at < clock_timestamp() - make_interval(secs => $1)) AS backlog,
@@ -58,6 +61,9 @@ class PaymentsMetrics(Metrics):
         self.compensations = c("cuty_checkout_compensations_total", "Compensation steps performed", ["kind"])
         self.retries = c("cuty_checkout_retries_total", "Saga steps that failed and were scheduled again, by "
                          "the state they failed in", ["state"])
+        self.need_attention = c(SAGAS_NEED_ATTENTION, "Checkouts whose finishing step gave up (NEEDS_ATTENTION): "
+                                "an operator must look")
+        self.operator_retries = c(SAGAS_RETRIED_BY_OPERATOR, "NEEDS_ATTENTION checkouts put back to work by an operator")
         self.late_captures = c("cuty_checkout_late_captures_total",
                                "Payments captured after the saga had started releasing")
         self.sagas = g("cuty_checkout_sagas", "Checkouts per non-terminal state (refreshed periodically)", ["state"])

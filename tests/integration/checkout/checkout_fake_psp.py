@@ -21,6 +21,7 @@ class FakePsp:
         self.charges: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
         self.unavailable: dict[str, int] = Counter()
+        self.refusing: dict[str, int] = Counter()  # op -> how many more calls the PSP refuses (4xx)
 
     def _enter(self, op: str) -> None:
         self.calls[op] += 1
@@ -70,6 +71,9 @@ class FakePsp:
 
     async def create_refund(self, key: str, pi: str, metadata: dict) -> dict:
         self._enter("refund")
+        if self.refusing["refund"] > 0:
+            self.refusing["refund"] -= 1
+            raise PspError(400, {"code": "refund_refused_by_bank"})
         if key in self.refunds:
             return dict(self.refunds[key])
         intent = self.intents[pi]

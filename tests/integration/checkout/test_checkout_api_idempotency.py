@@ -261,3 +261,18 @@ async def test_answer_is_stored_with_the_transition_that_ends_the_request(harnes
             ("create", "done", first), ("pay", "done", p1)}
     # The answer stored with the transition was the answer given (no correction was needed).
     assert not [r for r in caplog.records if "stored answer differs" in r.getMessage()]
+
+
+async def test_only_an_operator_or_admin_may_retry_a_checkout(harness, api):
+    """Issue 10, item 8: RetryCheckout is an operator's tool; for others it does not exist."""
+    cust = f"c-{uuid.uuid4()}"
+    created = await api.CreateCheckout(pb.CreateCheckoutRequest(slot_id=harness.booking.add_slot()), metadata=md(cust))
+    req = pb.RetryCheckoutRequest(checkout_id=created.id)
+    for role in ("customer", "staff"):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await api.RetryCheckout(req, metadata=md(cust, role=role))
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as e:  # a HELD checkout needs no operator
+        await api.RetryCheckout(req, metadata=md("ops-1", role="admin"))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_reason(e.value) == "checkout-not-needing-attention"

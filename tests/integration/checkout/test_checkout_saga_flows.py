@@ -8,7 +8,10 @@ import pytest
 from cuty.payments.v1 import checkout_pb2 as pb
 from cuty.payments.v1.payments_pb2 import PAYMENT_STATUS_SUCCEEDED
 from cutylib import errors
+from cutylib.principal import Principal
 from cutylib.testing.procs import wait_for
+from payments import metrics as m
+from payments.checkout import repository as repo
 from payments.checkout.domain import validate_create
 
 C = "customer-" + uuid.uuid4().hex[:8]
@@ -348,3 +351,56 @@ async def test_charge_whose_result_was_lost_is_found_by_its_key(make_harness):
     assert row["payment_id"] is not None
     assert (await h.core.get(str(row["payment_id"]))).status == "refunded"
     assert len(h.psp.refunds) == 1
+
+
+# -- issue 10, item 8: bounded retries of the finishing steps ------------------------------------------
+
+async def _needs_attention(h, checkout_id) -> bool:
+    return await _is(h, checkout_id, "NEEDS_ATTENTION")
+
+
+async def test_a_refund_the_psp_keeps_refusing_needs_attention_and_an_operator_retries_it(make_harness):
+    h = make_harness(max_attempts=4)
+    h.start_workers(1)
+    h.psp.refusing["refund"] = 10_000
+    created = await h.service.create(C, booking_req(h), "")
+    h.booking.started.add(created.slot_id)  # confirm refused: the saga must refund
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    await wait_for(lambda: _needs_attention(h, created.id), timeout=10, message="NEEDS_ATTENTION")
+    row = await h.row(created.id)
+    assert row["attention_from"] == "REFUNDING" and row["attempts"] == 4
+    assert row["next_run_at"] is None and row["lease_owner"] is None  # off the queue, never dropped
+    assert h.core.metrics.value(m.SAGAS_NEED_ATTENTION) == 1
+    calls = h.psp.calls["refund"]
+    assert calls == 4
+    assert ("REFUNDING", "NEEDS_ATTENTION") in await timeline(h, created.id)
+    staff = await h.service.get(Principal("staff-1", "staff"), created.id)
+    assert staff.state == pb.NEEDS_ATTENTION
+    # It stays put: a payment change (the transition hook's wake-up) does not put it back in the queue.
+    await repo.wake(h.pool, created.id, paid.payment.id)
+    assert (await h.row(created.id))["next_run_at"] is None and h.psp.calls["refund"] == calls
+
+    h.psp.refusing["refund"] = 0  # the bank relents
+    retried = await h.service.retry("operator:ops-1", created.id)
+    assert retried.state == pb.REFUNDING
+    await wait_for(lambda: _is(h, created.id, "REFUNDED"), timeout=10, message="REFUNDED after the retry")
+    assert (await h.core.get(paid.payment.id)).status == "refunded" and len(h.psp.refunds) == 1
+    assert ("NEEDS_ATTENTION", "REFUNDING") in await timeline(h, created.id)
+    with pytest.raises(errors.FailedPrecondition):
+        await h.service.retry("operator:ops-1", created.id)  # only a NEEDS_ATTENTION checkout
+
+
+async def test_an_unexpected_answer_to_a_release_needs_attention_after_the_time_bound(make_harness):
+    h = make_harness(max_attempts=1_000, attention_after_seconds=0.5)
+    h.start_workers(1)
+    created = await h.service.create(C, booking_req(h), "")
+    h.booking.fail_next["ReleaseHold"] = ["PERMISSION_DENIED"] * 10_000  # never a definitive answer
+    out = await h.service.cancel(C, created.id)
+    assert out.state in (pb.RELEASING, pb.NEEDS_ATTENTION)
+    await wait_for(lambda: _needs_attention(h, created.id), timeout=10, message="NEEDS_ATTENTION")
+    row = await h.row(created.id)
+    assert row["attention_from"] == "RELEASING" and row["outcome"] == "CANCELLED" and row["attempts"] < 1_000
+    h.booking.fail_next["ReleaseHold"] = []
+    await h.service.retry("admin:a-1", created.id)
+    await wait_for(lambda: _is(h, created.id, "CANCELLED"), timeout=10, message="CANCELLED after the retry")
+    assert h.booking.holds[created.hold_id]["status"] == "released"

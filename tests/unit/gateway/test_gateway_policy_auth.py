@@ -26,6 +26,7 @@ DESIGN_TABLE = {
     ("POST", "/v1/checkouts/{checkout_id}:pay"): {"customer"},
     ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff", "admin"},  # "staff"; admin can do what staff can
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer"},
+    ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin"},  # issue 10: an operator's retry of NEEDS_ATTENTION
     ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin"},
     ("POST", "/v1/psp/webhooks"): None,
 }

@@ -29,6 +29,8 @@ EXPIRED = "EXPIRED"
 CANCELLED = "CANCELLED"
 REFUNDING = "REFUNDING"
 REFUNDED = "REFUNDED"
+# A finishing step (confirm, release, refund) that kept failing: waits for an operator (issue 10).
+NEEDS_ATTENTION = "NEEDS_ATTENTION"
 
 TERMINAL = frozenset({COMPLETED, REJECTED, FAILED, EXPIRED, CANCELLED, REFUNDED})
 RELEASE_OUTCOMES = frozenset({FAILED, EXPIRED, CANCELLED})
@@ -38,12 +40,18 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     HELD: frozenset({CHARGING, RELEASING}),
     CHARGING: frozenset({AWAITING_ACTION, CONFIRMING, RELEASING}),
     AWAITING_ACTION: frozenset({CHARGING, CONFIRMING, RELEASING}),
-    CONFIRMING: frozenset({COMPLETED, REFUNDING}),
+    CONFIRMING: frozenset({COMPLETED, REFUNDING, NEEDS_ATTENTION}),
     # Late capture: the PSP says the payment we tried to cancel already succeeded.
-    RELEASING: frozenset({FAILED, EXPIRED, CANCELLED, CONFIRMING, REFUNDING}),
-    REFUNDING: frozenset({REFUNDED}),
+    RELEASING: frozenset({FAILED, EXPIRED, CANCELLED, CONFIRMING, REFUNDING, NEEDS_ATTENTION}),
+    REFUNDING: frozenset({REFUNDED, NEEDS_ATTENTION}),
+    # An operator's retry goes back to the state it left (checkouts.attention_from).
+    NEEDS_ATTENTION: frozenset({CONFIRMING, RELEASING, REFUNDING}),
     **{s: frozenset() for s in TERMINAL},
 }
+
+# States whose step, failing too long, hands the saga to an operator (NEEDS_ATTENTION) instead of
+# retrying forever: the money is taken or the hold is going back, and only a person can decide.
+ATTENTION_STATES = frozenset({CONFIRMING, RELEASING, REFUNDING})
 
 # The customer may cancel while nothing irrevocable is under way. CHARGING only once the payment
 # is known: before that the charge request may be on its way to the PSP and there is no intent to

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from cutylib import errors
 from cutylib.telemetry import context_of
 
+from .. import metrics as m
 from . import domain, repository as repo
 from .domain import Move, Saga, Step
 from .remote import Holds, Refused, Rejected, Retryable
@@ -208,7 +209,13 @@ class Engine:
         log.log(level, "saga step failed; retrying in %.2fs", delay, exc_info=not isinstance(exc, TRANSIENT),
                 extra={"checkout_id": saga.id, "state": saga.state, "attempts": attempts, "error": repr(exc)})
         with contextlib.suppress(*TRANSIENT):
-            await repo.retry_later(self.pool, saga, owner, delay, repr(exc))
+            state = await repo.retry_later(self.pool, saga, owner, delay, repr(exc),
+                                           max_attempts=self.options.max_attempts,
+                                           attention_after_seconds=self.options.attention_after_seconds)
+            if state == domain.NEEDS_ATTENTION:
+                self.core.metrics.need_attention.inc()
+                log.error("saga step keeps failing; it needs an operator", extra={
+                    "checkout_id": saga.id, "state": saga.state, "attempts": attempts + 1, "error": repr(exc)})
 
     @contextlib.contextmanager
     def _heartbeat(self, checkout_id: str, owner: str):

@@ -10,16 +10,19 @@ from grpc_status import rpc_status
 
 from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
 from cutylib import principal
-from cutylib.tls import GATEWAY
+from cutylib.tls import GATEWAY, PAYMENTS
 
 from . import domain
 from .idempotency import Replay
 from .service import CheckoutService
 
 IDEMPOTENCY_KEY = "idempotency-key"
-# Which service may call each RPC (its certificate's identity): checkouts are the gateway's.
+# Which service may call each RPC (its certificate's identity): checkouts are the gateway's; an
+# operator's retry also comes from the payments service's own tooling.
 CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout": {GATEWAY},
-           "CancelCheckout": {GATEWAY}}
+           "CancelCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}}
+# Who may put a NEEDS_ATTENTION checkout back to work (issue 10, item 8).
+OPERATOR_ROLES = ("operator", "admin", "system")
 
 
 def _key(context: grpc.aio.ServicerContext) -> str:
@@ -65,3 +68,9 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                              context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         customer = principal.current().require_subject()
         return await self.service.cancel(customer, request.checkout_id)
+
+    async def RetryCheckout(self, request: checkout_pb2.RetryCheckoutRequest,
+                            context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        caller = principal.current()
+        caller.require_role(*OPERATOR_ROLES)
+        return await self.service.retry(f"{caller.role}:{caller.subject}", request.checkout_id)

@@ -20,6 +20,8 @@ from .domain import Saga
 WAKE_CHANNEL = "cuty_checkout_wake"
 
 _TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED')"
+# Nothing for a worker to do: terminal, or waiting for an operator (issue 10, item 8).
+_IDLE = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'NEEDS_ATTENTION')"
 _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
 
 INSERT_PENDING = f"""
@@ -70,7 +72,7 @@ WITH upd AS (
         extended = extended OR $10,
         payment_id = COALESCE(payment_id, $11::uuid),
         failure_reason = CASE WHEN $12 = '' THEN failure_reason ELSE $12 END,
-        attempts = 0, last_error = '', updated_at = clock_timestamp(),
+        attempts = 0, last_error = '', failing_since = NULL, updated_at = clock_timestamp(),
         -- Terminal: nothing left to do. $16: the saga waits now, so give the lease back and sleep
         -- until $17, unless a wake-up came during the step (SET sees the old `wakeup`): then keep
         -- the lease, clear the flag, and the caller looks again.
@@ -191,7 +193,7 @@ UPDATE checkouts SET
     lease_until = clock_timestamp() + make_interval(secs => $3::float8),
     next_run_at = clock_timestamp() + make_interval(secs => $3::float8),
     wakeup = false
-WHERE id = $1 AND state NOT IN {_TERMINAL}
+WHERE id = $1 AND state NOT IN {_IDLE}
   AND (lease_until IS NULL OR lease_until <= clock_timestamp())
 {_RETURNING}
 """
@@ -216,15 +218,58 @@ CLEAR_WAKEUP = f"UPDATE checkouts SET wakeup = false WHERE id = $1 AND lease_own
 # idempotent, so hand the saga to any replica now instead of leaving it until the lease expires.
 HAND_BACK = f"""
 UPDATE checkouts SET lease_owner = NULL, lease_until = NULL, wakeup = false, next_run_at = clock_timestamp()
-WHERE id = $1 AND lease_owner = $2 AND state NOT IN {_TERMINAL}
+WHERE id = $1 AND lease_owner = $2 AND state NOT IN {_IDLE}
 """
 
-# A retryable failure: back off ($3 seconds) and let any replica take the next attempt.
+# A failed step: back off ($3 seconds) and let any replica take the next attempt. A finishing step
+# (CONFIRMING, RELEASING, REFUNDING) that has now failed $5 times, or for $6 seconds, gives up
+# instead: NEEDS_ATTENTION, off the queue, remembering the state to return to, with its event
+# (issue 10, item 8). Returns the row's state afterwards.
 RETRY_LATER = """
-UPDATE checkouts SET lease_owner = NULL, lease_until = NULL, wakeup = false,
-    attempts = attempts + 1, last_error = left($4, 500),
-    next_run_at = clock_timestamp() + make_interval(secs => $3::float8)
-WHERE id = $1 AND lease_owner = $2
+WITH g AS (
+    SELECT id, state AS from_state,
+           state IN ('CONFIRMING', 'RELEASING', 'REFUNDING')
+           AND (attempts + 1 >= $5
+                OR COALESCE(failing_since, clock_timestamp()) <= clock_timestamp() - make_interval(secs => $6::float8))
+           AS give_up
+    FROM checkouts WHERE id = $1 AND lease_owner = $2
+), upd AS (
+    UPDATE checkouts c SET lease_owner = NULL, lease_until = NULL, wakeup = false,
+        attempts = c.attempts + 1, last_error = left($4, 500),
+        failing_since = COALESCE(c.failing_since, clock_timestamp()),
+        state = CASE WHEN g.give_up THEN 'NEEDS_ATTENTION' ELSE c.state END,
+        attention_from = CASE WHEN g.give_up THEN c.state END,
+        version = c.version + CASE WHEN g.give_up THEN 1 ELSE 0 END,
+        updated_at = CASE WHEN g.give_up THEN clock_timestamp() ELSE c.updated_at END,
+        next_run_at = CASE WHEN g.give_up THEN NULL
+                           ELSE clock_timestamp() + make_interval(secs => $3::float8) END
+    FROM g WHERE c.id = g.id AND c.lease_owner = $2
+    RETURNING c.id, c.payment_id, c.state, c.version, c.attempts, g.from_state
+), ev AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
+    SELECT payment_id, id, 'saga', from_state, state, version, $7,
+           'retries exhausted after ' || attempts || ' attempts; an operator may retry'
+    FROM upd WHERE state = 'NEEDS_ATTENTION'
+)
+SELECT state FROM upd
+"""
+
+# An operator's retry of a NEEDS_ATTENTION saga: back to the state it left, due now, with a fresh
+# attempt count; every replica's worker hears the NOTIFY at commit.
+RETRY_BY_OPERATOR = f"""
+WITH upd AS (
+    UPDATE checkouts SET state = attention_from, attention_from = NULL, version = version + 1,
+        attempts = 0, failing_since = NULL, last_error = '', updated_at = clock_timestamp(),
+        next_run_at = clock_timestamp()
+    WHERE id = $1 AND state = 'NEEDS_ATTENTION'
+    {_RETURNING}
+), ev AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
+    SELECT payment_id, id, 'saga', 'NEEDS_ATTENTION', state, version, $2, 'retried by ' || $3 FROM upd
+), n AS (
+    SELECT pg_notify('{WAKE_CHANNEL}', id::text) FROM upd
+)
+SELECT upd.* FROM upd LEFT JOIN (SELECT count(*) FROM n) notified ON true
 """
 
 # Inside payments' finalize transaction (the transition hook): remember which payment is ours and
@@ -237,7 +282,7 @@ WITH upd AS (
         wakeup = (lease_until IS NOT NULL AND lease_until > clock_timestamp()),
         next_run_at = CASE WHEN lease_until IS NOT NULL AND lease_until > clock_timestamp()
                            THEN next_run_at ELSE clock_timestamp() END
-    WHERE id = $1 AND state NOT IN {_TERMINAL} AND payment_key IS NOT NULL
+    WHERE id = $1 AND state NOT IN {_IDLE} AND payment_key IS NOT NULL
       AND (payment_id IS NULL OR payment_id = $2::uuid)
     RETURNING id, wakeup
 )
@@ -255,7 +300,7 @@ WAKE_IN_FINALIZE = (
         next_run_at = CASE WHEN c.lease_until IS NOT NULL AND c.lease_until > clock_timestamp()
                            THEN c.next_run_at ELSE clock_timestamp() END
     FROM upd
-    WHERE c.id = upd.checkout_id AND c.state NOT IN {_TERMINAL} AND c.payment_key IS NOT NULL
+    WHERE c.id = upd.checkout_id AND c.state NOT IN {_IDLE} AND c.payment_key IS NOT NULL
       AND (c.payment_id IS NULL OR c.payment_id = upd.id)
     RETURNING c.id, c.wakeup
     """),
@@ -375,8 +420,17 @@ async def release(conn, saga: Saga, owner: str, next_run_at) -> Saga | None | bo
     return saga_of(await conn.fetchrow(CLEAR_WAKEUP, saga.id, owner))
 
 
-async def retry_later(conn, saga: Saga, owner: str, delay_seconds: float, error: str) -> None:
-    await conn.execute(RETRY_LATER, saga.id, owner, delay_seconds, error)
+async def retry_later(conn, saga: Saga, owner: str, delay_seconds: float, error: str, *, max_attempts: int,
+                      attention_after_seconds: float) -> str | None:
+    """Back off, or hand a finishing step that failed too long to an operator. The saga's state
+    afterwards (NEEDS_ATTENTION when it gave up), None when the lease was no longer ours."""
+    return await conn.fetchval(RETRY_LATER, saga.id, owner, delay_seconds, error, max_attempts,
+                               attention_after_seconds, current_trace_id())
+
+
+async def retry_by_operator(conn, checkout_id: str, operator: str) -> Saga | None:
+    """NEEDS_ATTENTION -> the state it left, due now; None when the saga was not waiting for one."""
+    return saga_of(await conn.fetchrow(RETRY_BY_OPERATOR, checkout_id, current_trace_id(), operator))
 
 
 async def hand_back(conn, checkout_id: str, owner: str) -> None:

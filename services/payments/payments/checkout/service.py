@@ -15,6 +15,7 @@ from cutylib import errors
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
+from .. import metrics as m
 from . import domain, repository as repo, views
 from .domain import Saga
 from .engine import Engine
@@ -199,6 +200,20 @@ class CheckoutService:
                 saga, payment = await self.engine.drive(saga, owner)
                 return await self.view(saga, payment=payment)
         raise errors.Aborted(f"checkout {checkout_id} kept changing; retry", reason="version-conflict")
+
+    # -- RetryCheckout (operators) -----------------------------------------------------------------
+    async def retry(self, operator: str, checkout_id: str) -> checkout_pb2.Checkout:
+        """NEEDS_ATTENTION -> the step that kept failing, due now (issue 10, item 8)."""
+        checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
+        saga = await repo.retry_by_operator(self.pool, checkout_id, operator)
+        if saga is None:
+            current = await repo.get(self.pool, checkout_id)
+            if current is None:
+                raise errors.NotFound(f"checkout {checkout_id} not found")
+            raise errors.FailedPrecondition(f"only a NEEDS_ATTENTION checkout can be retried; checkout {checkout_id} "
+                                            f"is {current.state}", reason="checkout-not-needing-attention")
+        self.core.metrics.operator_retries.inc()
+        return await self.view(saga)
 
     # -- helpers ----------------------------------------------------------------------------------
     @staticmethod

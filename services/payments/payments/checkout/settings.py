@@ -23,5 +23,9 @@ class CheckoutOptions:
     # Deadline of one call to booking / the code pool; DEADLINE_EXCEEDED means "unknown" and the
     # step is retried with the same idempotency key.
     remote_deadline_seconds: float = env_field(env_float, "CUTY_SAGA_REMOTE_DEADLINE_SECONDS", 5.0)
+    # A finishing step (confirm, release, refund) failing this many times in a row, or for this long,
+    # stops retrying: the saga waits in NEEDS_ATTENTION for an operator (issue 10, item 8).
+    max_attempts: int = env_field(env_int, "CUTY_SAGA_MAX_ATTEMPTS", 30)
+    attention_after_seconds: float = env_field(env_float, "CUTY_SAGA_ATTENTION_AFTER_SECONDS", 3600.0)
     # Crash injection for the crash-matrix test: "<step>:before" / "<step>:after" (comma separated).
     crash_at: str = env_field(env_str, "CUTY_CRASH_AT", "")
