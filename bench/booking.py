@@ -189,7 +189,7 @@ async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Resul
     per_resource, rounds = 250, 5
     chunk = N // rounds
     async with Server(dsn, workdir, "instrumented") as deployed, \
-            Server(dsn, workdir, "sdk-disabled", OTEL_SDK_DISABLED="true") as bare, \
+            Server(dsn, workdir, "bare", OTEL_SDK_DISABLED="true", CUTY_METRICS="off") as bare, \
             Server(dsn, workdir, "plaintext", secure=False) as plaintext:
         slots = await seed(deployed, -(-(3 * WARMUP + 5 * N) // per_resource), per_resource, days_ahead(2))
         for k, stubs in enumerate((deployed, bare, plaintext)):
@@ -199,7 +199,7 @@ async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Resul
         variants = {
             "deployed": lambda part, tag: grpc_holder(deployed, part, tag),
             "plaintext": lambda part, tag: grpc_holder(plaintext, part, tag),
-            "sdk-disabled": lambda part, tag: grpc_holder(bare, part, tag),
+            "bare": lambda part, tag: grpc_holder(bare, part, tag),
             "function": lambda part, tag: fn_taker(pool, part, tag),
             "insert": lambda part, tag: raw_inserter(pool, part, tag),
         }
@@ -215,8 +215,9 @@ async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Resul
     results.append(merged(runs["plaintext"]).result(
         "a: HoldSlot over gRPC, plaintext (CUTY_TLS=off)", IN_FLIGHT, limit=raw,
         notes="what mutual TLS costs: target deployed >= 0.85 x this"))
-    results.append(merged(runs["sdk-disabled"]).result(
-        "a: HoldSlot over gRPC, OTEL_SDK_DISABLED", IN_FLIGHT, limit=raw, notes="what tracing costs"))
+    results.append(merged(runs["bare"]).result(
+        "a: HoldSlot over gRPC, OTEL_SDK_DISABLED + CUTY_METRICS=off", IN_FLIGHT, limit=raw,
+        notes="what metrics and tracing cost: target deployed >= 0.85 x this"))
     results.append(merged(runs["function"]).result(
         "a: booking_take_hold() via raw asyncpg", IN_FLIGHT, limit=raw, notes="HoldSlot's statement without gRPC"))
     results.append(raw.result("a: the same INSERT via raw asyncpg", IN_FLIGHT, notes=f"pool of {POOL} connections"))

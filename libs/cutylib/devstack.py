@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import pathlib
 import signal
 import socket
@@ -65,6 +66,7 @@ class Child:
     started_at: float = 0.0
     next_start: float = 0.0
     env: dict = field(default_factory=dict)
+    command: list[str] | None = None  # a program of its own instead of `python -m <module>`
 
 
 class DevStack:
@@ -99,6 +101,12 @@ class DevStack:
         self.metrics_ports = {svc: int(e.get(f"CUTY_{svc.upper()}_METRICS_PORT") or default)
                               for svc, default in METRICS_PORTS.items()}
         self.env.update({f"CUTY_{svc.upper()}_METRICS_PORT": str(p) for svc, p in self.metrics_ports.items()})
+        # A local Prometheus scraping the four processes with the alert rules, when installed.
+        self.prometheus_bin = shutil.which("prometheus") if e.get("CUTY_PROMETHEUS", "on") != "off" else None
+        self.prometheus_port = int(e.get("CUTY_PROMETHEUS_PORT") or 9090)
+        if self.prometheus_bin:
+            self.children.append(Child("prometheus", "", command=self.prometheus_command(),
+                                       http_health=f"http://127.0.0.1:{self.prometheus_port}/-/ready"))
         self.stopping = False
 
     def busy_ports(self) -> list[str]:
@@ -110,6 +118,8 @@ class DevStack:
         for svc, port in self.metrics_ports.items():
             if port:
                 wanted[f"CUTY_{svc.upper()}_METRICS_PORT"] = port
+        if self.prometheus_bin:
+            wanted["CUTY_PROMETHEUS_PORT"] = self.prometheus_port
         busy = []
         for var, port in wanted.items():
             with socket.socket() as s:
@@ -148,6 +158,22 @@ class DevStack:
             self.cluster.stop()
 
     # Processes ------------------------------------------------------------------------------------
+    def prometheus_command(self) -> list[str]:
+        """Prometheus on this stack's metrics ports (a config written under CUTY_DATA_DIR), with
+        deploy/observability's alert rules and exemplar storage (the trace ids)."""
+        folder = self.data_dir / "prometheus"
+        folder.mkdir(parents=True, exist_ok=True)
+        rules = REPO / "deploy" / "observability" / "prometheus" / "rules" / "cuty.rules.yml"
+        jobs = "".join(f"  - job_name: cuty-{svc}\n    static_configs: [{{targets: [\"127.0.0.1:{port}\"]}}]\n"
+                       for svc, port in self.metrics_ports.items() if port)
+        (folder / "prometheus.yml").write_text(
+            "# Written by `make run` (cutylib.devstack) for this stack's ports.\n"
+            f"global: {{scrape_interval: 5s, evaluation_interval: 5s}}\nrule_files: [\"{rules}\"]\n"
+            f"scrape_configs:\n{jobs}")
+        return [self.prometheus_bin, f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+                "--enable-feature=exemplar-storage", "--log.level=warn"]
+
     def make_pki(self) -> None:
         """A development CA and a certificate per service (mutual TLS), and the gateway's key for
         signing user assertions, in CUTY_DATA_DIR/tls; each process gets only its own key."""
@@ -168,7 +194,8 @@ class DevStack:
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{c.name}.log", "ab") as log:
             env = {k: v for k, v in self.env.items() if c.name in OWNED_SECRETS.get(k, {c.name})}
-            c.proc = subprocess.Popen([sys.executable, "-m", c.module], env={**env, **c.env}, cwd=str(REPO),
+            argv = c.command or [sys.executable, "-m", c.module]
+            c.proc = subprocess.Popen(argv, env={**env, **c.env}, cwd=str(REPO),
                                       stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         c.started_at = time.monotonic()
         self.write_state()
@@ -315,6 +342,9 @@ class DevStack:
                  f"  database   {self.env.get('CUTY_DATABASE_URL')}" + ("" if self.external_db else f"  (data in {self.data_dir / 'pg'})"),
                  f"  metrics    " + "  ".join(f"{svc} :{port}" for svc, port in self.metrics_ports.items())
                  + "   (GET /metrics)",
+                 (f"  prometheus http://127.0.0.1:{self.prometheus_port}   (alert rules loaded; dashboards: "
+                  "deploy/observability/dashboards)" if self.prometheus_bin else
+                  "  prometheus not installed: apt-get install prometheus (Debian), then `make run` starts one"),
                  f"  logs       {self.logs}/<service>.log"]
         if demo:
             lines += [f"  demo salon {demo['salon_id']} (Europe/Istanbul, 2 stylists, {demo['slots']} slots)",

@@ -18,6 +18,7 @@ from .dbwatch import UNREACHABLE, DatabaseWatch
 from .errors import PermissionDenied
 from .grpc_errors import status_for_exception
 from .grpc_metrics import GrpcMetricsInterceptor
+from .metrics import metrics_enabled
 from .identity import ASSERTION_KEY, AssertionVerifier
 from .tls import Transport, peer_service
 
@@ -181,7 +182,8 @@ class GrpcServer:
         self.trust = Trust(name, verifier)
         age_ms = env_int("CUTY_GRPC_MAX_CONNECTION_AGE_SECONDS", 300) * 1000
         self.server = grpc.aio.server(
-            interceptors=[GrpcMetricsInterceptor(), TrustAndErrorInterceptor(self.trust), *interceptors],
+            interceptors=[*([GrpcMetricsInterceptor()] if metrics_enabled() else []),
+                          TrustAndErrorInterceptor(self.trust), *interceptors],
             options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                      # Connections are closed (gracefully) after this age, so clients re-resolve the
                      # name and reach pods added since; keepalive pings are allowed every 20 s.

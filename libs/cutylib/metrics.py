@@ -28,7 +28,7 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from .config import env_float, env_int
+from .config import env_bool, env_float, env_int
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,11 @@ LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.
 
 def metrics_port_for(service: str) -> int:
     return env_int(f"CUTY_{service.upper()}_METRICS_PORT", METRICS_PORTS[service])
+
+
+def metrics_enabled() -> bool:
+    """CUTY_METRICS=off: no RPC histograms and no /metrics server (the benchmark's bare baseline)."""
+    return env_bool("CUTY_METRICS", True)
 
 
 def refresh_seconds() -> float:

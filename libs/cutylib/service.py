@@ -18,7 +18,7 @@ from .config import SERVICES, Settings, database_url_for, env_bool, env_int, env
 from .dbwatch import DatabaseWatch
 from .db import create_pool, migrate
 from .grpc_server import GrpcServer
-from .metrics import register_pool, start_metrics_server
+from .metrics import metrics_enabled, register_pool, start_metrics_server
 from .telemetry import init_telemetry
 
 ServerFactory = Callable[..., Awaitable[GrpcServer]]
@@ -49,7 +49,8 @@ async def serve_service(name: str, migrations: pathlib.Path, create_server: Serv
     server.on_stop(pool.close)
     register_pool(name, pool)
     # Prometheus scrapes a port of its own (CUTY_<SERVICE>_METRICS_PORT), never the gRPC one.
-    start_metrics_server(name)
+    if metrics_enabled():
+        start_metrics_server(name)
     await server.run_until_signal()
 
 

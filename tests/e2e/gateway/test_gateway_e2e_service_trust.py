@@ -133,3 +133,4 @@ def test_each_process_gets_only_its_own_keys(stack):
         assert ("CUTY_JWT_SECRET" in env) == (name == "gateway"), name
         assert ("CUTY_PSP_WEBHOOK_SECRET" in env) == (name == "payments"), name
     assert (folder / "ca.key").stat().st_mode & 0o077 == 0
+
