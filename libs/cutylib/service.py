@@ -30,7 +30,8 @@ async def serve_service(name: str, migrations: pathlib.Path, create_server: Serv
     await migrate(dsn, migrations)
     if pool_factory is None:
         pool = await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                                 application_name=f"cuty-{name}")
+                                 application_name=f"cuty-{name}",
+                                 acquire_timeout=settings.db_acquire_timeout_seconds)
     else:
         pool = await pool_factory(dsn, settings)
     port = env_int(f"CUTY_{name.upper()}_GRPC_PORT", SERVICES[name][1])

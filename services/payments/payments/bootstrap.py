@@ -29,7 +29,8 @@ async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     # max_inactive_connection_lifetime=0: no idle timer re-armed on every release (several per
     # checkout); a service pool of a few dozen connections has nothing to gain from closing idle ones.
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                             application_name="cuty-payments", max_inactive_connection_lifetime=0)
+                             application_name="cuty-payments", max_inactive_connection_lifetime=0,
+                             acquire_timeout=settings.db_acquire_timeout_seconds)
 
 
 def build_core(settings: Settings, pool: asyncpg.Pool, *, psp=None,
