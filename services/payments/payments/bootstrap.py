@@ -54,6 +54,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server.add_service_name(SERVICE_NAME)
     if workers:
         server.add_background(inbox.run_retries)
+        server.add_background(inbox.run_purge)
         server.add_background(Reconciler(core).run)
         server.add_background(lambda: metrics.log_periodically(core.metrics, "payments", core.options.metrics_log_seconds))
     if psp is None:

@@ -12,6 +12,7 @@ RECONCILED_PAYMENTS = "reconciled_payments"
 STALE_OBSERVATIONS = "stale_observations"
 CONTRADICTIONS = "contradictions"
 WEBHOOKS_REFUSED = "webhooks_refused"
+PSP_EVENTS_PURGED = "psp_events_purged"          # handled webhook events past CUTY_PSP_EVENT_RETENTION_DAYS
 SAGAS_NEED_ATTENTION = "sagas_need_attention"    # a finishing step gave up: an operator must look
 SAGAS_RETRIED_BY_OPERATOR = "sagas_retried_by_operator"
 
