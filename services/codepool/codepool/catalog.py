@@ -13,7 +13,7 @@ from cutylib.db import UnitOfWork
 from cutylib.errors import AlreadyExists, DomainError, FailedPrecondition, NotFound
 from cutylib.telemetry import set_span_attributes
 
-from . import domain
+from . import domain, metrics
 from .keys import CodeIntegrityError, Keyring
 
 log = logging.getLogger("codepool.catalog")
@@ -47,6 +47,18 @@ COUNT_VIEW = """
 INSERT INTO code_views (code_id, views, last_viewed_at) VALUES ($1, 1, clock_timestamp())
 ON CONFLICT (code_id) DO UPDATE SET views = code_views.views + 1, last_viewed_at = clock_timestamp()
 RETURNING views
+"""
+
+# Every plaintext read of delivered codes by their buyer is counted per code (issue 10, item 12).
+COUNT_VIEWS = """
+INSERT INTO code_views (code_id, views, last_viewed_at)
+SELECT id, 1, clock_timestamp() FROM unnest($1::uuid[]) AS id
+ON CONFLICT (code_id) DO UPDATE SET views = code_views.views + 1, last_viewed_at = clock_timestamp()
+"""
+
+AUDIT_BUYER_READ = """
+INSERT INTO audit_log (actor, action, product_id, order_id, code_ids, details)
+VALUES ($1, 'read_delivered', $2, $3, $4::uuid[], jsonb_build_object('customer_id', $5::text))
 """
 
 AUDIT_REVEAL = """
@@ -132,16 +144,27 @@ class Catalog:
             views = await uow.conn.fetchval(COUNT_VIEW, code_id)
             await uow.conn.execute(AUDIT_REVEAL, actor, row["product_id"], code_id)
             await uow.commit()
+        metrics.REGISTRY.inc(metrics.CODES_REVEALED)
         return value, views
 
-    async def delivered_codes(self, order_id: str, customer_id: str) -> list[tuple[str, str]]:
+    async def delivered_codes(self, order_id: str, customer_id: str, actor: str) -> list[tuple[str, str]]:
         """The plaintext of an order's codes, for its own customer and only once delivered.
-        Another customer's order answers NOT_FOUND: existence is not leaked."""
+        Another customer's order answers NOT_FOUND: existence is not leaked. Every read is audited
+        (`read_delivered`, with the codes and who asked) and counted per code, in the transaction
+        that reads them: no plaintext leaves without its record (issue 10, item 12)."""
         set_span_attributes(order_id=order_id)
         owner = await self.pool.fetchrow(ORDER_OWNER, order_id)
         if owner is None or owner["customer_id"] != customer_id:
             raise NotFound(f"no order {order_id} for this customer")
         if owner["status"] != domain.DELIVERED:
             raise FailedPrecondition(f"order {order_id} is {owner['status']}, not delivered", reason="not-delivered")
-        rows = await self.pool.fetch(DELIVERED_CODES, order_id)
-        return [(str(r["id"]), self._plain(r)) for r in rows]
+        async with UnitOfWork(self.pool) as uow:
+            rows = await uow.conn.fetch(DELIVERED_CODES, order_id)
+            codes = [(str(r["id"]), self._plain(r)) for r in rows]
+            if rows:
+                ids = [r["id"] for r in rows]
+                await uow.conn.execute(COUNT_VIEWS, ids)
+                await uow.conn.execute(AUDIT_BUYER_READ, actor, rows[0]["product_id"], order_id, ids, customer_id)
+            await uow.commit()
+        metrics.REGISTRY.inc(metrics.CODES_READ_BY_BUYER, len(codes))
+        return codes
