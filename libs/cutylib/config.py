@@ -119,6 +119,8 @@ class Settings:
     max_quantity_per_product: int = env_field(env_int, "CUTY_MAX_QUANTITY_PER_PRODUCT", 10)
     # Issue 10: a hold is never confirmed once its slot starts within this many seconds (0: has started).
     confirm_cutoff_seconds: float = env_field(env_float, "CUTY_CONFIRM_CUTOFF_SECONDS", 0)
+    # Issue 10: a request waits at most this long for a pooled database connection (then UNAVAILABLE).
+    db_acquire_timeout_seconds: float = env_field(env_float, "CUTY_DB_ACQUIRE_TIMEOUT_SECONDS", 5)
 
     @classmethod
     def from_env(cls) -> "Settings":

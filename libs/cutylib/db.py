@@ -30,16 +30,38 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
-async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20, **kwargs: Any) -> asyncpg.Pool:
-    """A pool whose sessions run in UTC with JSON codecs and no per-release reset round trip."""
+# How long a request waits for a pooled connection (CUTY_DB_ACQUIRE_TIMEOUT_SECONDS).
+DEFAULT_ACQUIRE_TIMEOUT_SECONDS = 5.0
+
+
+async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
+                      acquire_timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECONDS, **kwargs: Any) -> asyncpg.Pool:
+    """A pool whose sessions run in UTC with JSON codecs and no per-release reset round trip, and
+    whose acquire gives up after `acquire_timeout` seconds (None: waits for ever)."""
     server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty")}
     server_settings.update(kwargs.pop("server_settings", {}))
     kwargs.setdefault("reset", _keep_session)
     kwargs.setdefault("timeout", 5)  # connect timeout: a database that does not answer is UNAVAILABLE soon
-    return await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection,
-        server_settings=server_settings, **kwargs,
-    )
+    # asyncpg.create_pool's own defaults, for the subclass below (it builds a Pool the same way).
+    options: dict[str, Any] = dict(max_queries=50000, max_inactive_connection_lifetime=300.0, loop=None,
+                                   connection_class=asyncpg.Connection, record_class=asyncpg.Record)
+    options.update(kwargs)
+    pool = BoundedPool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
+                       server_settings=server_settings, **options)
+    pool.acquire_timeout = acquire_timeout
+    return await pool
+
+
+class BoundedPool(asyncpg.Pool):
+    """A pool whose acquire, unless given its own timeout, waits at most `acquire_timeout` seconds
+    (issue 10, item 9): with every connection busy (slow queries, stalled streams) a request fails
+    fast with TimeoutError, which the gRPC error mapping answers UNAVAILABLE (retryable), instead of
+    queueing without end. The pool's fetch/execute helpers and UnitOfWork all acquire through it."""
+
+    __slots__ = ("acquire_timeout",)
+
+    def acquire(self, *, timeout: float | None = None):
+        return super().acquire(timeout=self.acquire_timeout if timeout is None else timeout)
 
 
 class UnitOfWork:

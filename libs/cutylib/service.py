@@ -36,7 +36,8 @@ async def serve_service(name: str, migrations: pathlib.Path, create_server: Serv
     dsn = database_url_for(name)
     lazy = dataclasses.replace(settings, db_pool_min=0)  # connect on demand: the database may be away
     if pool_factory is None:
-        pool = await create_pool(dsn, min_size=0, max_size=settings.db_pool_max, application_name=f"cuty-{name}")
+        pool = await create_pool(dsn, min_size=0, max_size=settings.db_pool_max, application_name=f"cuty-{name}",
+                                 acquire_timeout=settings.db_acquire_timeout_seconds)
     else:
         pool = await pool_factory(dsn, lazy)
     port = env_int(f"CUTY_{name.upper()}_GRPC_PORT", SERVICES[name][1])

@@ -76,17 +76,22 @@ class ActingChannel:
                                                        deadline_seconds=self._deadline, secure=self._secure)
         return ch
 
+    def _lazy(self, kind: str, method: str, args, kwargs) -> "_Lazy":
+        return _Lazy(lambda: getattr(self.channel_for(method), kind)(method, *args, **kwargs))
+
+    # Stubs build their callables when constructed (perhaps outside the event loop the calls run
+    # in): the channel is chosen, and made, at the first call.
     def unary_unary(self, method, *args, **kwargs):
-        return self.channel_for(method).unary_unary(method, *args, **kwargs)
+        return self._lazy("unary_unary", method, args, kwargs)
 
     def unary_stream(self, method, *args, **kwargs):
-        return self.channel_for(method).unary_stream(method, *args, **kwargs)
+        return self._lazy("unary_stream", method, args, kwargs)
 
     def stream_unary(self, method, *args, **kwargs):
-        return self.channel_for(method).stream_unary(method, *args, **kwargs)
+        return self._lazy("stream_unary", method, args, kwargs)
 
     def stream_stream(self, method, *args, **kwargs):
-        return self.channel_for(method).stream_stream(method, *args, **kwargs)
+        return self._lazy("stream_stream", method, args, kwargs)
 
     async def close(self) -> None:
         for ch in self._channels.values():
@@ -98,6 +103,17 @@ class ActingChannel:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
+
+
+class _Lazy:
+    def __init__(self, make):
+        self._make = make
+        self._callable = None
+
+    def __call__(self, *args, **kwargs):
+        if self._callable is None:
+            self._callable = self._make()
+        return self._callable(*args, **kwargs)
 
 
 def acting_channel(addr: str, target: str, callers: dict[str, set[str]], **kw) -> ActingChannel:

@@ -20,7 +20,8 @@ async def create_booking_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     # of a few connections has nothing to gain from closing idle ones.
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
                              application_name="cuty-booking",
-                             max_inactive_connection_lifetime=0)
+                             max_inactive_connection_lifetime=0,
+                             acquire_timeout=settings.db_acquire_timeout_seconds)
 
 
 async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0, host: str = "127.0.0.1",

@@ -7,7 +7,7 @@ import logging
 import asyncpg
 
 from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
-from cutylib.config import Settings, env_int
+from cutylib.config import Settings, env_float, env_int
 from cutylib.grpc_server import GrpcServer
 from cutylib.metrics import refresh_periodically
 
@@ -50,7 +50,10 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                                       max_active=settings.max_active_reservations,
                                       max_quantity=settings.max_quantity_per_product)
     api = CodePoolApi(reservations, Catalog(pool, keyring),
-                      Importer(pool, keyring, chunk_rows=env_int("CUTY_CODE_IMPORT_CHUNK", 5000)))
+                      Importer(pool, keyring, chunk_rows=env_int("CUTY_CODE_IMPORT_CHUNK", 5000),
+                               concurrency=env_int("CUTY_CODE_IMPORT_CONCURRENCY", 4),
+                               idle_seconds=env_float("CUTY_CODE_IMPORT_IDLE_SECONDS", 30),
+                               slot_wait_seconds=settings.db_acquire_timeout_seconds))
     server = GrpcServer("codepool", port, host=host)
     codepool_pb2_grpc.add_CodePoolServiceServicer_to_server(api, server.server)
     server.add_service(SERVICE, CALLERS)

@@ -49,6 +49,18 @@ ON CONFLICT (code_id) DO UPDATE SET views = code_views.views + 1, last_viewed_at
 RETURNING views
 """
 
+# Every plaintext read of delivered codes by their buyer is counted per code (issue 10, item 12).
+COUNT_VIEWS = """
+INSERT INTO code_views (code_id, views, last_viewed_at)
+SELECT id, 1, clock_timestamp() FROM unnest($1::uuid[]) AS id
+ON CONFLICT (code_id) DO UPDATE SET views = code_views.views + 1, last_viewed_at = clock_timestamp()
+"""
+
+AUDIT_BUYER_READ = """
+INSERT INTO audit_log (actor, action, product_id, order_id, code_ids, details)
+VALUES ($1, 'read_delivered', $2, $3, $4::uuid[], jsonb_build_object('customer_id', $5::text))
+"""
+
 AUDIT_REVEAL = """
 INSERT INTO audit_log (actor, action, product_id, code_ids) VALUES ($1, 'reveal', $2, ARRAY[$3::uuid])
 """
@@ -135,14 +147,24 @@ class Catalog:
         metrics.REGISTRY.reveals.inc()
         return value, views
 
-    async def delivered_codes(self, order_id: str, customer_id: str) -> list[tuple[str, str]]:
+    async def delivered_codes(self, order_id: str, customer_id: str, actor: str) -> list[tuple[str, str]]:
         """The plaintext of an order's codes, for its own customer and only once delivered.
-        Another customer's order answers NOT_FOUND: existence is not leaked."""
+        Another customer's order answers NOT_FOUND: existence is not leaked. Every read is audited
+        (`read_delivered`, with the codes and who asked) and counted per code, in the transaction
+        that reads them: no plaintext leaves without its record (issue 10, item 12)."""
         set_span_attributes(order_id=order_id)
         owner = await self.pool.fetchrow(ORDER_OWNER, order_id)
         if owner is None or owner["customer_id"] != customer_id:
             raise NotFound(f"no order {order_id} for this customer")
         if owner["status"] != domain.DELIVERED:
             raise FailedPrecondition(f"order {order_id} is {owner['status']}, not delivered", reason="not-delivered")
-        rows = await self.pool.fetch(DELIVERED_CODES, order_id)
-        return [(str(r["id"]), self._plain(r)) for r in rows]
+        async with UnitOfWork(self.pool) as uow:
+            rows = await uow.conn.fetch(DELIVERED_CODES, order_id)
+            codes = [(str(r["id"]), self._plain(r)) for r in rows]
+            if rows:
+                ids = [r["id"] for r in rows]
+                await uow.conn.execute(COUNT_VIEWS, ids)
+                await uow.conn.execute(AUDIT_BUYER_READ, actor, rows[0]["product_id"], order_id, ids, customer_id)
+            await uow.commit()
+        metrics.REGISTRY.buyer_reads.inc(len(codes))
+        return codes

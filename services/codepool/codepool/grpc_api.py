@@ -175,5 +175,5 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
             customer_id = domain.require_id("customer_id", request.customer_id)
         else:
             raise PermissionDenied(f"role {p.role!r} sees codes masked (ListCodes) or through RevealCode")
-        codes = await self.catalog.delivered_codes(order_id, customer_id)
+        codes = await self.catalog.delivered_codes(order_id, customer_id, actor())
         return pb.DeliveredCodes(order_id=order_id, codes=[pb.PlainCode(id=i, value=v) for i, v in codes])

@@ -17,7 +17,7 @@ from typing import AsyncIterable, AsyncIterator
 import asyncpg
 
 from cutylib.db import UnitOfWork
-from cutylib.errors import AlreadyExists, InvalidArgument
+from cutylib.errors import Aborted, AlreadyExists, InvalidArgument, Unavailable
 
 from . import domain
 from .keys import Keyring
@@ -73,10 +73,20 @@ class Chunk:
 
 
 class Importer:
-    def __init__(self, pool: asyncpg.Pool, keyring: Keyring, *, chunk_rows: int = 5000):
+    """An import holds one connection and its transaction for as long as its stream lasts, so
+    imports are limited (issue 10, item 9): at most `concurrency` at once, each waiting at most
+    `slot_wait_seconds` for its turn (then UNAVAILABLE), and a stream silent for `idle_seconds` is
+    given up (ABORTED, rolled back, connection returned). Stalled uploads can therefore never take
+    the connections buyers need."""
+
+    def __init__(self, pool: asyncpg.Pool, keyring: Keyring, *, chunk_rows: int = 5000, concurrency: int = 4,
+                 idle_seconds: float = 30.0, slot_wait_seconds: float = 5.0):
         self.pool = pool
         self.keyring = keyring
         self.chunk_rows = chunk_rows
+        self.idle_seconds = idle_seconds
+        self.slot_wait_seconds = slot_wait_seconds
+        self._slots = asyncio.Semaphore(concurrency)
 
     def _seal(self, product: uuid.UUID, codes: list[str], offset: int) -> tuple[list[tuple], bytes]:
         """Encrypt and hash one chunk (run in a thread: the event loop keeps serving buyers)."""
@@ -90,12 +100,23 @@ class Importer:
         return records, b"".join(hashes)
 
     async def import_batch(self, chunks: AsyncIterable[Chunk], actor: str) -> ImportResult:
-        stream = aiter(chunks)
+        stream = _idle_bounded(chunks, self.idle_seconds)
         first = await anext(stream, None)
         if first is None:
             raise InvalidArgument("codes", "the import stream carried no message")
         product = domain.parse_uuid("product_id", first.product_id)
         batch_ref = domain.require_id("batch_ref", first.batch_ref)
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self.slot_wait_seconds)
+        except TimeoutError:
+            raise Unavailable("too many imports are in progress; retry later") from None
+        try:
+            return await self._import(first, stream, product, batch_ref, actor)
+        finally:
+            self._slots.release()
+
+    async def _import(self, first: Chunk, stream: AsyncIterator[Chunk], product: uuid.UUID, batch_ref: str,
+                      actor: str) -> ImportResult:
         async with UnitOfWork(self.pool) as uow:
             conn = uow.conn
             if not await conn.fetchval(PRODUCT_EXISTS, product):
@@ -146,6 +167,24 @@ class Importer:
             await uow.commit()
         log.info("codes imported", extra={"product_id": str(product), "batch_id": str(batch_id), "imported": received})
         return ImportResult(str(batch_id), received, received, 0, True)
+
+
+async def _idle_bounded(chunks: AsyncIterable[Chunk], seconds: float) -> AsyncIterator[Chunk]:
+    """The stream's messages, or ABORTED when none arrives for `seconds`."""
+    it = aiter(chunks)
+    while True:
+        try:
+            # asyncio.timeout, not wait_for: the read stays in the handler's own task (gRPC's
+            # request stream must be read from there).
+            async with asyncio.timeout(seconds):
+                chunk = await anext(it)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            log.warning("import stream idle; given up", extra={"idle_seconds": seconds})
+            raise Aborted(f"the import stream sent nothing for {seconds:g} s; it was given up, nothing was "
+                          "imported", reason="import-stream-idle") from None
+        yield chunk
 
 
 async def _rechunk(first: Chunk, rest: AsyncIterator[Chunk], size: int) -> AsyncIterator[list[str]]:

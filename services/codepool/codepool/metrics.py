@@ -30,6 +30,9 @@ class CodePoolMetrics(Metrics):
         self.reservations_expired = self.counter(
             "cuty_codepool_reservations_expired_total", "Reservations released by the sweeper after their TTL")
         self.reveals = self.counter("cuty_codepool_reveals_total", "Codes revealed to an admin (audited)")
+        # Plaintext reads by the buyer (GetDeliveredCodes), codes per read; each also audited (issue 10).
+        self.buyer_reads = self.counter("cuty_codepool_codes_read_by_buyer_total",
+                                        "Delivered codes read in plaintext by their buyer (audited)")
         self._stock_labels: set[tuple[str, str]] = set()
 
     async def refresh_stock(self, pool) -> None:

@@ -27,7 +27,8 @@ async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     # max_inactive_connection_lifetime=0: no idle timer re-armed on every release (several per
     # checkout); a service pool of a few dozen connections has nothing to gain from closing idle ones.
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                             application_name="cuty-payments", max_inactive_connection_lifetime=0)
+                             application_name="cuty-payments", max_inactive_connection_lifetime=0,
+                             acquire_timeout=settings.db_acquire_timeout_seconds)
 
 
 def build_core(settings: Settings, pool: asyncpg.Pool, *, psp=None,
@@ -51,6 +52,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server.add_service(SERVICE, CALLERS)
     if workers:
         server.add_background(inbox.run_retries)
+        server.add_background(inbox.run_purge)
         server.add_background(Reconciler(core).run)
         server.add_background(lambda: refresh_periodically(
             lambda: core.metrics.refresh(pool, settings.reconcile_after_seconds)))

@@ -15,6 +15,7 @@ LEASE_TAKEOVERS = "cuty_payments_lease_takeovers_total"
 RECONCILED_PAYMENTS = "cuty_payments_reconciled_total"
 WEBHOOKS = "cuty_payments_webhooks_total"
 FINALIZE = "cuty_payments_finalize_total"
+PSP_EVENTS_PURGED = "cuty_payments_psp_events_purged_total"
 SAGAS_NEED_ATTENTION = "cuty_checkout_sagas_need_attention_total"
 SAGAS_RETRIED_BY_OPERATOR = "cuty_checkout_sagas_retried_by_operator_total"
 
@@ -47,6 +48,7 @@ class PaymentsMetrics(Metrics):
         self.webhooks = c(WEBHOOKS, "PSP webhook deliveries by event type and outcome", ["type", "outcome"])
         self.webhook_lag = h("cuty_payments_webhook_lag_seconds",
                              "From the PSP event's creation to its change applied to the payment", buckets=LAG_BUCKETS)
+        self.psp_events_purged = c(PSP_EVENTS_PURGED, "Handled PSP events purged after CUTY_PSP_EVENT_RETENTION_DAYS")
         self.reconciled = c(RECONCILED_PAYMENTS, "Payments moved by the reconciliation poller")
         self.reconcile_backlog = g("cuty_payments_reconcile_backlog",
                                    "Non-terminal payments unchanged for longer than CUTY_RECONCILE_AFTER_SECONDS")

@@ -137,6 +137,16 @@ WHERE event_id = $1 AND status IN ('received', 'deferred')
 """
 
 # Claiming pushes next_attempt_at forward: the row is invisible to other replicas until then.
+# Handled events past the retention period (issue 10, item 10), oldest first, a batch at a time.
+PURGE_PSP_EVENTS = """
+DELETE FROM psp_events WHERE event_id IN (
+    SELECT event_id FROM psp_events
+    WHERE status IN ('processed', 'ignored')
+      AND processed_at < clock_timestamp() - make_interval(secs => $1::float8 * 86400)
+    ORDER BY processed_at
+    LIMIT $2)
+"""
+
 CLAIM_PSP_EVENTS = """
 WITH due AS (
     SELECT event_id FROM psp_events

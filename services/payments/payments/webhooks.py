@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+import asyncpg
 from opentelemetry import trace
 
 from cutylib.errors import InvalidArgument, Unauthenticated
@@ -56,6 +57,13 @@ FROM ins
 MAX_FAILED_ATTEMPTS = 20
 
 
+def _shown(value: Any, limit: int = 40) -> str:
+    """A bad value as an error message shows it: its repr, cut short. A value of thousands of
+    characters in a message overflowed gRPC's metadata limit (found by the webhook property test)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def parse_event(payload: bytes) -> dict[str, Any]:
     """The event of a well-signed body, or InvalidArgument (nothing is stored for it)."""
     try:
@@ -73,9 +81,9 @@ def parse_event(payload: bytes) -> dict[str, Any]:
     if not isinstance(event, dict):
         raise InvalidArgument("payload", f"webhook body must be a JSON object, got {type(event).__name__}")
     if not isinstance(event.get("id"), str) or not event["id"] or len(event["id"]) > 255:
-        raise InvalidArgument("payload.id", f"webhook event id must be a non-empty string, got {event.get('id')!r}")
+        raise InvalidArgument("payload.id", f"webhook event id must be a non-empty string, got {_shown(event.get('id'))}")
     if not isinstance(event.get("type"), str):
-        raise InvalidArgument("payload.type", f"webhook event type must be a string, got {event.get('type')!r}")
+        raise InvalidArgument("payload.type", f"webhook event type must be a string, got {_shown(event.get('type'))}")
     data = event.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("object"), dict):
         raise InvalidArgument("payload.data.object", "webhook event must carry data.object")
@@ -85,8 +93,20 @@ def parse_event(payload: bytes) -> dict[str, Any]:
     intent_field = "payment_intent" if obj.get("object") == "refund" else "id"
     if not isinstance(obj.get(intent_field), str) or not obj[intent_field]:
         raise InvalidArgument(f"payload.data.object.{intent_field}",
-                              f"webhook object must name its payment intent, got {obj.get(intent_field)!r}")
+                              f"webhook object must name its payment intent, got {_shown(obj.get(intent_field))}")
     return event
+
+
+# What a payment intent carries that lets someone act for the customer (complete 3-D Secure, confirm
+# the intent client-side). Kept out of psp_events (issue 10, item 10): the payments row keeps what
+# the customer still needs, and only while it needs it (invariant 6).
+SECRET_FIELDS = ("client_secret", "next_action")
+
+
+def without_secrets(event: dict[str, Any]) -> dict[str, Any]:
+    """The event as stored: its object without SECRET_FIELDS (the caller's dict is not changed)."""
+    obj = {k: v for k, v in event["data"]["object"].items() if k not in SECRET_FIELDS}
+    return {**event, "data": {**event["data"], "object": obj}}
 
 
 def _as_uuid(value: Any) -> uuid.UUID | None:
@@ -148,7 +168,7 @@ class WebhookInbox:
         return await self.pool.fetchrow(RESOLVE_AND_STORE, _as_uuid(metadata.get("payment_id")),
                                         intent_id if isinstance(intent_id, str) else None,
                                         key if isinstance(key, str) else None,
-                                        event["id"], event["type"], event, observed,
+                                        event["id"], event["type"], without_secrets(event), observed,
                                         float(self.options.event_retry_seconds))
 
     async def process(self, event_id: str, event_type: str, payment_id: uuid.UUID, obj: dict[str, Any],
@@ -188,6 +208,33 @@ class WebhookInbox:
 
     async def _mark(self, event_id: str, status: str, delay: float, error: str) -> None:
         await self.pool.execute(sql.MARK_PSP_EVENT, event_id, status, delay, error)
+
+    async def purge_processed(self) -> int:
+        """Delete events handled more than CUTY_PSP_EVENT_RETENTION_DAYS ago, in batches; how many.
+        Safe for deduplication: a delivery older than the signature tolerance (5 minutes) is refused
+        before it is looked up, and finalize ignores a status the payment already has."""
+        total = 0
+        while True:
+            done = await self.pool.execute(sql.PURGE_PSP_EVENTS, float(self.options.psp_event_retention_days),
+                                           self.options.batch_size * 10)
+            n = int(done.split()[-1])
+            total += n
+            if n < self.options.batch_size * 10:
+                break
+        if total:
+            self.metrics.psp_events_purged.inc(total)
+            log.info("processed webhook events purged", extra={"purged": total,
+                                                                "retention_days": self.options.psp_event_retention_days})
+        return total
+
+    async def run_purge(self) -> None:
+        """Worker: purge processed events every CUTY_PSP_EVENT_PURGE_INTERVAL_SECONDS."""
+        while True:
+            try:
+                await self.purge_processed()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+                log.warning("webhook event purge failed; trying again next round", exc_info=True)
+            await asyncio.sleep(self.options.psp_event_purge_interval_seconds)
 
     async def run_retries(self) -> None:
         """Worker: finish deferred events and events whose inline handling died."""

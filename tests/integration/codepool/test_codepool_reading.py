@@ -110,3 +110,32 @@ async def test_stock_requires_staff_and_a_known_product(stub):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.GetStock(pb.GetStockRequest(product_id=str(uuid.uuid4())), metadata=STAFF)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_every_plaintext_read_is_audited_and_counted(stub, cp_pool):
+    """Issue 10, item 12: the buyer's reads of its codes are audited and counted like an admin's reveal."""
+    from codepool import metrics
+
+    product_id, _ = await stocked_product(stub, 2)
+    buyer = "buyer-" + new_id()
+    res = await stub.ReserveCodes(reserve_request(product_id, 2, customer_id=buyer))
+    await stub.DeliverCodes(pb.DeliverCodesRequest(order_id=res.order_id, payment_transaction_id="p-" + res.order_id))
+    before = metrics.REGISTRY.value("cuty_codepool_codes_read_by_buyer_total")
+    await stub.GetDeliveredCodes(pb.GetDeliveredCodesRequest(order_id=res.order_id), metadata=customer(buyer))
+    await stub.GetDeliveredCodes(pb.GetDeliveredCodesRequest(order_id=res.order_id, customer_id=buyer))  # the orchestrator
+    reads = await cp_pool.fetch("SELECT actor, code_ids, details FROM audit_log WHERE order_id = $1 "
+                                "AND action = 'read_delivered' ORDER BY id", res.order_id)
+    assert [r["actor"] for r in reads] == [f"customer:{buyer}", "system"]
+    assert all(sorted(map(str, r["code_ids"])) == sorted(res.code_ids) and r["details"] == {"customer_id": buyer}
+               for r in reads)
+    views = await cp_pool.fetch("SELECT views FROM code_views WHERE code_id = ANY($1::uuid[])", list(res.code_ids))
+    assert [v["views"] for v in views] == [2, 2]
+    assert metrics.REGISTRY.value("cuty_codepool_codes_read_by_buyer_total") - before == 4
+    revealed = metrics.REGISTRY.value("cuty_codepool_reveals_total")
+    await stub.RevealCode(pb.RevealCodeRequest(code_id=res.code_ids[0]), metadata=ADMIN)
+    assert metrics.REGISTRY.value("cuty_codepool_reveals_total") == revealed + 1
+    # A refused read leaves no record.
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stub.GetDeliveredCodes(pb.GetDeliveredCodesRequest(order_id=res.order_id), metadata=customer("x" + buyer))
+    assert await cp_pool.fetchval("SELECT count(*) FROM audit_log WHERE order_id = $1 AND action = 'read_delivered'",
+                                  res.order_id) == 2
