@@ -113,6 +113,12 @@ def report(area: str, results: list[Result]) -> None:
     print(f"wrote {RESULTS / (area + '.json')}")
 
 
+def merged(runs: list[Run]) -> Run:
+    """Runs of one variant taken in rounds (alternated with other variants), as one."""
+    return Run(ops=sum(r.ops for r in runs), seconds=sum(r.seconds for r in runs),
+               latencies_ms=[x for r in runs for x in r.latencies_ms], errors=sum(r.errors for r in runs))
+
+
 def bench_postgres():
     """A Postgres for the benchmark: CUTY_TEST_DSN, or a throwaway local cluster.
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import Result, Run, bench_postgres, closed_loop, report  # puts services and generated code on sys.path
+from _common import Result, Run, bench_postgres, closed_loop, merged, report  # puts services and generated code on sys.path
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -176,11 +176,6 @@ class Server:
         for c in self.channels:
             await c.close()
         self.proc.stop()
-
-
-def merged(runs: list[Run]) -> Run:
-    return Run(ops=sum(r.ops for r in runs), seconds=sum(r.seconds for r in runs),
-               latencies_ms=[x for r in runs for x in r.latencies_ms], errors=sum(r.errors for r in runs))
 
 
 async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Result]) -> None:
