@@ -70,11 +70,13 @@ default_pool_size = {CONNECTIONS}
 max_client_conn = 1000
 logfile = {work / 'pgbouncer.log'}
 """)
-    os.chmod(work, 0o755)
-    for f in work.iterdir():
-        os.chmod(f, 0o644)
     cmd = [shutil.which("pgbouncer"), str(work / "pgbouncer.ini")]
-    if os.geteuid() == 0:  # pgbouncer refuses to run as root
+    if os.geteuid() == 0:  # pgbouncer refuses to run as root: run it as postgres, which owns its folder
+        import pwd
+
+        pw = pwd.getpwnam("postgres")
+        for f in (work, *work.iterdir()):
+            os.chown(f, pw.pw_uid, pw.pw_gid)
         cmd = ["runuser", "-u", "postgres", "--"] + cmd
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
@@ -121,7 +123,7 @@ async def main() -> None:
             await asyncio.gather(*(cached.fetchval("SELECT $1::int + 1", i) for i in range(200)))
             prepared = "work"
         except Exception as e:  # noqa: BLE001 - the finding
-            prepared = f"fail: {type(e).__name__}: {str(e)[:120]}"
+            prepared = f"fail ({type(e).__name__}: {' '.join(str(e).split())[:90]})"
         await cached.close()
         version = subprocess.run([shutil.which("pgbouncer"), "--version"], capture_output=True, text=True).stdout.split("\n")[0]
         print(f"{version}: asyncpg's cached prepared statements through it {prepared}")
