@@ -18,6 +18,9 @@ class BookingMetrics(Metrics):
             "cuty_booking_alternatives_offered_total", "Alternative slots offered to the losers of a race")
         self.holds_capped = self.counter(
             "cuty_booking_holds_capped_total", "HoldSlot refused: the customer has too many active holds")
+        self.holds_taken_over = self.counter(
+            "cuty_booking_expired_holds_taken_over_total",
+            "Expired holds that a new HoldSlot retired before the sweeper did (expired holds never block)")
         self.holds_swept = self.counter("cuty_booking_holds_swept_total", "Expired holds marked expired by the sweeper")
         self.sweeps = self.counter("cuty_booking_sweeps_total", "Sweeper rounds")
         # outcome: confirmed | reacquired (expired, time still free) | hold_lost (expired and taken)

@@ -149,7 +149,8 @@ class Slots:
 
 # migrations/0001_init.sql (booking_take_hold) and 0002_confirm_started.sql (booking_confirm_hold)
 # decide in one round trip.
-TAKE_HOLD = "SELECT outcome, hold, alternatives, time_zone, db_now FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)"
+TAKE_HOLD = ("SELECT outcome, hold, alternatives, time_zone, db_now, taken_over "
+             "FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)")
 CONFIRM_HOLD = "SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2, $3)"
 # Only a live hold is released: an expired one stays 'expired' (swept or not), so the answer to
 # a release does not depend on whether the sweeper came by first.
@@ -196,13 +197,13 @@ class Holds:
         self.db = db
 
     async def take(self, slot_id: uuid.UUID, customer_id: str, request_id: str, *, ttl_seconds: int,
-                   max_active: int, max_alternatives: int) -> tuple[str, Hold | None, list[Slot]]:
-        """(outcome, hold, alternatives): see booking_take_hold for the outcomes."""
+                   max_active: int, max_alternatives: int) -> tuple[str, Hold | None, list[Slot], int]:
+        """(outcome, hold, alternatives, expired holds taken over): see booking_take_hold."""
         r = await self.db.fetchrow(TAKE_HOLD, uuid.uuid4(), slot_id, customer_id, request_id, ttl_seconds,
                                    max_active, max_alternatives)
         hold = hold_from(r["hold"], r["db_now"]) if r["outcome"] in ("held", "existing", "request_reused") else None
         alternatives = [slot_from(s, r["time_zone"], True) for s in r["alternatives"] or ()]
-        return r["outcome"], hold, alternatives
+        return r["outcome"], hold, alternatives, r["taken_over"] or 0
 
     async def confirm(self, hold_id: uuid.UUID, payment_ref: str, cutoff_seconds: float) -> tuple[str, Hold | None]:
         r = await self.db.fetchrow(CONFIRM_HOLD, hold_id, payment_ref, float(cutoff_seconds))

@@ -100,13 +100,15 @@ class BookingService:
     # --- holds -----------------------------------------------------------------------------------
 
     async def hold_slot(self, slot_id: uuid.UUID, customer_id: str, request_id: str) -> Hold:
-        outcome, hold, alternatives = await self.holds.take(
+        outcome, hold, alternatives, taken_over = await self.holds.take(
             slot_id, customer_id, request_id, ttl_seconds=self.settings.hold_ttl_seconds,
             max_active=self.settings.max_active_holds, max_alternatives=MAX_ALTERNATIVES)
         if hold is not None:
             set_span_attributes(hold_id=str(hold.id))
         if outcome == "held":
             metrics.REGISTRY.holds_taken.inc()
+            if taken_over:
+                metrics.REGISTRY.holds_taken_over.inc(taken_over)
             return hold
         if outcome == "existing":  # an idempotent retry: the hold as it is now (maybe confirmed)
             return hold

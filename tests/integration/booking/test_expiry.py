@@ -9,6 +9,7 @@ import asyncio
 import grpc
 import pytest
 
+from booking import metrics
 from booking.workers import Sweeper
 from booking_harness import expired, tomorrow
 from cuty.booking.v1 import booking_pb2 as pb
@@ -42,6 +43,7 @@ async def test_expired_hold_is_taken_over_by_one_of_many_without_the_sweeper(sho
     await wait_for(lambda: expired(booking_pool, first.id), timeout=10, message="the first hold to expire")
     assert await _status(booking_pool, first.id) == "held"  # not swept: no sweeper runs here
 
+    taken_over = metrics.REGISTRY.value("cuty_booking_expired_holds_taken_over_total")
     results = await asyncio.gather(*(booking.hold(slot.id) for _ in range(50)), return_exceptions=True)
     winners = [r for r in results if isinstance(r, pb.Hold)]
     assert len(winners) == 1
@@ -50,6 +52,8 @@ async def test_expired_hold_is_taken_over_by_one_of_many_without_the_sweeper(sho
     assert await _active(booking_pool, r1) == [winners[0].id]
     got = await booking.stub.GetHold(pb.GetHoldRequest(hold_id=first.id))
     assert got.status == pb.HOLD_STATUS_EXPIRED
+    # The winner took the expired hold over (the operator's "expired holds taken over" metric).
+    assert metrics.REGISTRY.value("cuty_booking_expired_holds_taken_over_total") - taken_over == 1
 
 
 async def test_hold_reads_expired_as_soon_as_its_time_is_up(short_booking, booking_pool):
