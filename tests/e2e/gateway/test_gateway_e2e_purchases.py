@@ -106,3 +106,24 @@ async def test_full_code_purchase(http, auth, fresh_key, new_product, until_stat
     short = await http.post("/v1/checkouts", json={"productId": product["id"], "quantity": 5}, headers={**me, **fresh_key()})
     assert short.status_code == 409, short.text
     assert short.json()["type"] == "out-of-stock" and short.json()["available"] == 1
+
+
+async def test_a_free_slot_is_booked_without_a_payment(http, auth, fresh_key, salon, until_state):
+    """Issue 10, item 11: a zero price completes, with no PSP call, and the timeline says so."""
+    import datetime as dt
+    import uuid
+
+    admin, me = auth("admin"), auth("customer", f"c-{uuid.uuid4().hex[:8]}")
+    chair = (await http.post(f"/v1/salons/{salon}/resources", json={"name": "free chair"}, headers=admin)).json()
+    start = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(days=3)
+    made = await http.post(f"/v1/salons/{salon}/slots:batchCreate", headers=admin, json={"slots": [{
+        "resourceId": chair["id"], "startTime": start.isoformat(), "endTime": (start + dt.timedelta(hours=1)).isoformat(),
+        "price": {"currencyCode": "TRY", "amountMinor": "0"}}]})
+    assert made.status_code == 200, made.text
+    co = (await http.post("/v1/checkouts", json={"slotId": made.json()["slots"][0]["id"]},
+                          headers={**me, **fresh_key()})).json()
+    paid = await http.post(f"/v1/checkouts/{co['id']}:pay", json={"paymentMethod": "pm_card_ok"},
+                           headers={**me, **fresh_key()})
+    assert paid.status_code == 200, paid.text
+    done = await until_state(co["id"], me)
+    assert state_of(done) == "COMPLETED" and not done.get("payment")

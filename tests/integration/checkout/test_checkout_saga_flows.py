@@ -404,3 +404,42 @@ async def test_an_unexpected_answer_to_a_release_needs_attention_after_the_time_
     await h.service.retry("admin:a-1", created.id)
     await wait_for(lambda: _is(h, created.id, "CANCELLED"), timeout=10, message="CANCELLED after the retry")
     assert h.booking.holds[created.hold_id]["status"] == "released"
+
+
+# -- issue 10, item 11: free items ----------------------------------------------------------------------
+
+async def _notes(h, checkout_id):
+    return [r["note"] for r in await h.pool.fetch(
+        "SELECT note FROM payment_events WHERE checkout_id = $1 AND source = 'saga' ORDER BY seq", checkout_id)]
+
+
+async def test_a_free_booking_completes_without_a_psp_call_and_says_so(harness):
+    h = harness
+    created = await h.service.create(C, validate_create(h.booking.add_slot(price=0), "", 0), "")
+    assert created.amount.amount_minor == 0
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.COMPLETED and not paid.HasField("payment")
+    assert sum(h.psp.calls.values()) == 0 and not h.psp.intents  # the PSP was never asked
+    hold = h.booking.holds[created.hold_id]
+    assert hold["status"] == "confirmed" and hold["payment_ref"]
+    assert await timeline(h, created.id) == [
+        ("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "CONFIRMING"), ("CONFIRMING", "COMPLETED")]
+    assert any(n.startswith("free: no payment taken") for n in await _notes(h, created.id))
+    assert (await h.row(created.id))["payment_id"] is None
+
+
+async def test_free_codes_are_delivered_and_a_lost_free_hold_refunds_nothing(harness):
+    h = harness
+    pid = h.codepool.add_product(price=0, stock=2)
+    created = await h.service.create(C, validate_create("", pid, 2), "")
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.COMPLETED and h.codepool.orders[created.id]["status"] == "delivered"
+    assert sum(h.psp.calls.values()) == 0
+
+    lost = await h.service.create(C, validate_create(h.booking.add_slot(price=0), "", 0), "")
+    h.booking.started.add(lost.slot_id)  # confirm refused: the hold-lost path
+    out = await h.service.pay(C, lost.id, "pm_card_ok", "")
+    if out.state != pb.REFUNDED:
+        await wait_for(lambda: _is(h, lost.id, "REFUNDED"), timeout=5, message="REFUNDED")
+    assert sum(h.psp.calls.values()) == 0
+    assert any("nothing to refund" in n for n in await _notes(h, lost.id))
