@@ -45,6 +45,23 @@ PROBLEM = {
 }
 
 
+def _zero(f: FieldDescriptor):
+    """The JSON a field without presence shows when unset."""
+    if f.is_repeated:
+        return {} if f.type == _T.TYPE_MESSAGE and f.message_type.GetOptions().map_entry else []
+    if f.type == _T.TYPE_ENUM:
+        return f.enum_type.values_by_number[0].name
+    if f.type == _T.TYPE_BOOL:
+        return False
+    if f.type in (_T.TYPE_STRING,):
+        return ""
+    if f.type == _T.TYPE_BYTES:
+        return ""
+    if f.type in (_T.TYPE_INT64, _T.TYPE_UINT64, _T.TYPE_SINT64, _T.TYPE_FIXED64, _T.TYPE_SFIXED64):
+        return "0"
+    return 0
+
+
 class _Schemas:
     def __init__(self, comments: dict[str, str]):
         self.comments = comments
@@ -75,6 +92,16 @@ class _Schemas:
     def object(self, d: Descriptor, skip: set[str] = frozenset()) -> dict:
         out = {"type": "object", "additionalProperties": False,
                "properties": {f.json_name: self.field(f) for f in d.fields if f.name not in skip}}
+        # Answers carry every field without presence, unset ones at their zero value (issue 10,
+        # item 13); requests may leave them out. The same schema serves both, so this is said as an
+        # extension (and each such field's default) rather than `required`.
+        emitted = [f for f in d.fields if f.name not in skip and not f.has_presence]
+        for f in emitted:
+            prop = out["properties"][f.json_name]
+            if "$ref" not in prop:
+                prop["default"] = _zero(f)
+        if emitted:
+            out["x-cuty-always-in-answers"] = [f.json_name for f in emitted]
         if d.full_name in self.comments:
             out["description"] = self.comments[d.full_name]
         return out
@@ -150,7 +177,10 @@ def document(routes: list[Route], access: dict[str, Access]) -> dict:
     return {
         "openapi": "3.0.3",
         "info": {"title": "Cuty checkout platform", "version": "v1",
-                 "description": "Generated from the protos' google.api.http annotations; JSON is the proto3 JSON mapping."},
+                 "description": "Generated from the protos' google.api.http annotations; JSON is the proto3 JSON "
+                                "mapping. Answers carry every field without presence (scalars, enums, lists; "
+                                "listed per schema as x-cuty-always-in-answers), zeros, empty strings and false "
+                                "included, as grpc-gateway's EmitUnpopulated; an unset message field is left out."},
         "paths": paths,
         "components": {"schemas": dict(sorted(s.defs.items())),
                        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},
