@@ -149,12 +149,38 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
     else:
         op["security"] = [{"bearerAuth": []}]
         op["x-cuty-roles"] = sorted(access.roles or ())
-    problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
     op["responses"] = {
         "200": {"description": "the resource", "content": {"application/json": {"schema": s.ref(r.output_type.DESCRIPTOR)}}},
-        "default": {"description": "an RFC 9457 problem", "content": problem},
+        **{str(status): _problem(why) for status, why in problem_responses(r, access)},
+        "default": _problem("any other failure (5xx: quote the traceId)"),
     }
     return op
+
+
+def _problem(description: str) -> dict:
+    return {"description": description,
+            "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+
+
+def problem_responses(r: Route, access: Access) -> list[tuple[int, str]]:
+    """The problems a route can answer (issue 10, item 15), from what the gateway and the
+    conventions know about it: its input, its policy, its path and its method."""
+    out: list[tuple[int, str]] = [(400, "bad input: `field` names the request field at fault")]
+    if not access.public:
+        out += [(401, "no valid bearer token"), (403, "the token's role may not call this route"),
+                (429, "rate limited: retry after the Retry-After header")]
+    elif access.forward_headers:
+        out.append((401, "the request's signature is missing, malformed, stale or does not match"))
+    if r.template.variables:
+        out.append((404, "no such resource, or not the caller's (existence is not leaked)"))
+    if r.http_method != "GET":
+        out.append((409, "conflicts with the current state (slot-unavailable with alternatives, out-of-stock "
+                         "with available, a wrong state, a version conflict, idempotency-key-in-flight)"))
+    if access.idempotency_key:
+        out.append((422, "idempotency-key-reused: the same Idempotency-Key with another body"))
+    out += [(413, "the request body is too large"), (503, "a service is unavailable: retry"),
+            (504, "a service did not answer in time: the outcome is unknown, retry with the same Idempotency-Key")]
+    return sorted(out)
 
 
 def document(routes: list[Route], access: dict[str, Access]) -> dict:
