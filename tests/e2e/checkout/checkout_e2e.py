@@ -20,11 +20,11 @@ from cutylib.config import with_database
 from cutylib.testing.procs import wait_for
 from cutylib.testing.stack import Stack
 
-TERMINAL = {pb.COMPLETED, pb.REJECTED, pb.FAILED, pb.EXPIRED, pb.CANCELLED, pb.REFUNDED}
+TERMINAL = {pb.CHECKOUT_STATE_COMPLETED, pb.CHECKOUT_STATE_REJECTED, pb.CHECKOUT_STATE_FAILED, pb.CHECKOUT_STATE_EXPIRED, pb.CHECKOUT_STATE_CANCELLED, pb.CHECKOUT_STATE_REFUNDED}
 
 
 def name(state: int) -> str:
-    return pb.CheckoutState.Name(state)
+    return pb.CheckoutState.Name(state).removeprefix("CHECKOUT_STATE_")  # as the row spells it
 
 
 def md(customer: str | None, key: str | None = None, role: str = "customer"):

@@ -70,14 +70,14 @@ async def test_response_is_proto3_json(client, fake, bearer):
 
 
 async def test_enum_names_in_responses(client, fake, bearer):
-    fake.scripts["GetCheckout"] = lambda req, md: checkout_pb2.Checkout(id=req.checkout_id, kind=checkout_pb2.BOOKING,
-                                                                       state=checkout_pb2.AWAITING_ACTION)
+    fake.scripts["GetCheckout"] = lambda req, md: checkout_pb2.Checkout(id=req.checkout_id, kind=checkout_pb2.CHECKOUT_KIND_BOOKING,
+                                                                       state=checkout_pb2.CHECKOUT_STATE_AWAITING_ACTION)
     try:
         r = await client.get("/v1/checkouts/ck2", headers=bearer("customer"))
     finally:
         del fake.scripts["GetCheckout"]
     assert {k: v for k, v in r.json().items() if v not in ("", 0, [])} == {
-        "id": "ck2", "kind": "BOOKING", "state": "AWAITING_ACTION"}
+        "id": "ck2", "kind": "CHECKOUT_KIND_BOOKING", "state": "CHECKOUT_STATE_AWAITING_ACTION"}
     assert r.json()["quantity"] == 0 and r.json()["codes"] == []  # unpopulated fields are written (issue 10)
 
 
