@@ -203,8 +203,8 @@ async def main() -> None:
                         c = await api.CreateCheckout(req, metadata=_md(me), timeout=10)
                         paid = await api.PayCheckout(pb.PayCheckoutRequest(checkout_id=c.id, payment_method="pm_card_ok"),
                                                      metadata=_md(me), timeout=10)
-                        while paid.state != pb.COMPLETED:  # only if the inline confirm was deferred
-                            if paid.state not in (pb.CHARGING, pb.CONFIRMING):
+                        while paid.state != pb.CHECKOUT_STATE_COMPLETED:  # only if the inline confirm was deferred
+                            if paid.state not in (pb.CHECKOUT_STATE_CHARGING, pb.CHECKOUT_STATE_CONFIRMING):
                                 raise RuntimeError(f"checkout {c.id} ended {pb.CheckoutState.Name(paid.state)}")
                             await asyncio.sleep(0.01)
                             paid = await api.GetCheckout(pb.GetCheckoutRequest(checkout_id=c.id), metadata=_md(me))

@@ -139,7 +139,10 @@ async def main(quick: bool, n_codes: int) -> None:
             async def grpc_reserve(i: int) -> None:
                 order = f"bench-{i}-{secrets.token_hex(6)}"
                 await stub.ReserveCodes(pb.ReserveCodesRequest(order_id=order, order_item_id=order + "/1",
-                                                               product_id=product.id, quantity=1, customer_id="bench"))
+                                                               product_id=product.id, quantity=1,
+                                                               # one customer per order: a customer may hold
+                                                               # only CUTY_MAX_ACTIVE_RESERVATIONS (issue 10)
+                                                               customer_id=order))
 
             for c in (1, 8, 32):
                 pool = await asyncpg.create_pool(dsn, min_size=c, max_size=c)

@@ -109,7 +109,8 @@ async def _until_terminal(c: httpx.AsyncClient, checkout_id: str, headers: dict,
     deadline = time.monotonic() + timeout
     while True:
         co = _ok(await c.get(f"/v1/checkouts/{checkout_id}", headers=headers))
-        if co["state"] in ("COMPLETED", "FAILED", "REFUNDED", "EXPIRED", "CANCELLED", "REJECTED"):
+        if co["state"].removeprefix("CHECKOUT_STATE_") in ("COMPLETED", "FAILED", "REFUNDED", "EXPIRED", "CANCELLED",
+                                                           "REJECTED"):
             return co
         if time.monotonic() > deadline:
             raise TimeoutError(f"checkout {checkout_id} still {co['state']} after {timeout:g} s")

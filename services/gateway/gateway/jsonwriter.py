@@ -1,6 +1,7 @@
 """Response message -> proto3 JSON dict, compiled once per message type from its descriptor.
 
-Same output as `json_format.MessageToDict(msg)` (tests compare the two on every response type),
+Same output as `json_format.MessageToDict(msg, always_print_fields_with_no_presence=True)` (tests
+compare the two on every response type),
 about four times faster: json_format re-inspects every field's descriptor on every call, which was
 the largest share of the gateway's CPU per request (bench/gateway.py). Well-known types other than
 Timestamp fall back to json_format, so exotic fields stay correct rather than fast.
@@ -85,16 +86,28 @@ def _value(f: FieldDescriptor) -> Callable[[Any], Any] | None:
 
 
 def _compile(desc: Descriptor) -> Callable[[Message], dict]:
+    if desc.full_name.startswith("google.protobuf."):
+        return lambda m: json_format.MessageToDict(m)  # well-known types have their own JSON forms
     if any(f.type == _T.TYPE_FLOAT or (f.type == _T.TYPE_MESSAGE and f.message_type.GetOptions().map_entry)
-           for f in desc.fields) or desc.full_name.startswith("google.protobuf."):
-        return lambda m: json_format.MessageToDict(m)  # float32 and maps: rare here, keep exact
-    plan: dict[int, tuple[str, Callable | None, bool]] = {
-        f.number: (f.json_name, _value(f), f.is_repeated) for f in desc.fields}
+           for f in desc.fields):
+        # float32 and maps: rare here, keep exact
+        return lambda m: json_format.MessageToDict(m, always_print_fields_with_no_presence=True)
+    # Fields without presence (scalars, enums, lists) are written even when unset, zeros and false
+    # included, as grpc-gateway's EmitUnpopulated does (issue 10, item 13): a client reads
+    # `"available": "0"`, not a missing key. Message fields keep their presence: absent when unset.
+    plan = [(f.number, f.json_name, _value(f), f.is_repeated, f.name, f.has_presence)
+            for f in sorted(desc.fields, key=lambda f: f.number)]  # field-number order, as json_format
 
     def write(msg: Message) -> dict:
+        present = {f.number: v for f, v in msg.ListFields()}
         out = {}
-        for f, v in msg.ListFields():  # set fields only, in field-number order (as json_format)
-            name, conv, repeated = plan[f.number]
+        for number, name, conv, repeated, attr, has_presence in plan:
+            if number in present:
+                v = present[number]
+            elif has_presence:
+                continue
+            else:
+                v = getattr(msg, attr)
             if conv is None:
                 out[name] = list(v) if repeated else v
             else:

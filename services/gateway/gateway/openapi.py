@@ -45,6 +45,23 @@ PROBLEM = {
 }
 
 
+def _zero(f: FieldDescriptor):
+    """The JSON a field without presence shows when unset."""
+    if f.is_repeated:
+        return {} if f.type == _T.TYPE_MESSAGE and f.message_type.GetOptions().map_entry else []
+    if f.type == _T.TYPE_ENUM:
+        return f.enum_type.values_by_number[0].name
+    if f.type == _T.TYPE_BOOL:
+        return False
+    if f.type in (_T.TYPE_STRING,):
+        return ""
+    if f.type == _T.TYPE_BYTES:
+        return ""
+    if f.type in (_T.TYPE_INT64, _T.TYPE_UINT64, _T.TYPE_SINT64, _T.TYPE_FIXED64, _T.TYPE_SFIXED64):
+        return "0"
+    return 0
+
+
 class _Schemas:
     def __init__(self, comments: dict[str, str]):
         self.comments = comments
@@ -75,6 +92,16 @@ class _Schemas:
     def object(self, d: Descriptor, skip: set[str] = frozenset()) -> dict:
         out = {"type": "object", "additionalProperties": False,
                "properties": {f.json_name: self.field(f) for f in d.fields if f.name not in skip}}
+        # Answers carry every field without presence, unset ones at their zero value (issue 10,
+        # item 13); requests may leave them out. The same schema serves both, so this is said as an
+        # extension (and each such field's default) rather than `required`.
+        emitted = [f for f in d.fields if f.name not in skip and not f.has_presence]
+        for f in emitted:
+            prop = out["properties"][f.json_name]
+            if "$ref" not in prop:
+                prop["default"] = _zero(f)
+        if emitted:
+            out["x-cuty-always-in-answers"] = [f.json_name for f in emitted]
         if d.full_name in self.comments:
             out["description"] = self.comments[d.full_name]
         return out
@@ -122,12 +149,38 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
     else:
         op["security"] = [{"bearerAuth": []}]
         op["x-cuty-roles"] = sorted(access.roles or ())
-    problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
     op["responses"] = {
         "200": {"description": "the resource", "content": {"application/json": {"schema": s.ref(r.output_type.DESCRIPTOR)}}},
-        "default": {"description": "an RFC 9457 problem", "content": problem},
+        **{str(status): _problem(why) for status, why in problem_responses(r, access)},
+        "default": _problem("any other failure (5xx: quote the traceId)"),
     }
     return op
+
+
+def _problem(description: str) -> dict:
+    return {"description": description,
+            "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+
+
+def problem_responses(r: Route, access: Access) -> list[tuple[int, str]]:
+    """The problems a route can answer (issue 10, item 15), from what the gateway and the
+    conventions know about it: its input, its policy, its path and its method."""
+    out: list[tuple[int, str]] = [(400, "bad input: `field` names the request field at fault")]
+    if not access.public:
+        out += [(401, "no valid bearer token"), (403, "the token's role may not call this route"),
+                (429, "rate limited: retry after the Retry-After header")]
+    elif access.forward_headers:
+        out.append((401, "the request's signature is missing, malformed, stale or does not match"))
+    if r.template.variables:
+        out.append((404, "no such resource, or not the caller's (existence is not leaked)"))
+    if r.http_method != "GET":
+        out.append((409, "conflicts with the current state (slot-unavailable with alternatives, out-of-stock "
+                         "with available, a wrong state, a version conflict, idempotency-key-in-flight)"))
+    if access.idempotency_key:
+        out.append((422, "idempotency-key-reused: the same Idempotency-Key with another body"))
+    out += [(413, "the request body is too large"), (503, "a service is unavailable: retry"),
+            (504, "a service did not answer in time: the outcome is unknown, retry with the same Idempotency-Key")]
+    return sorted(out)
 
 
 def document(routes: list[Route], access: dict[str, Access]) -> dict:
@@ -150,7 +203,10 @@ def document(routes: list[Route], access: dict[str, Access]) -> dict:
     return {
         "openapi": "3.0.3",
         "info": {"title": "Cuty checkout platform", "version": "v1",
-                 "description": "Generated from the protos' google.api.http annotations; JSON is the proto3 JSON mapping."},
+                 "description": "Generated from the protos' google.api.http annotations; JSON is the proto3 JSON "
+                                "mapping. Answers carry every field without presence (scalars, enums, lists; "
+                                "listed per schema as x-cuty-always-in-answers), zeros, empty strings and false "
+                                "included, as grpc-gateway's EmitUnpopulated; an unset message field is left out."},
         "paths": paths,
         "components": {"schemas": dict(sorted(s.defs.items())),
                        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},

@@ -124,7 +124,7 @@ def _detail_members(any_msg) -> dict:
         return {}
     msg = message_factory.GetMessageClass(desc)()
     any_msg.Unpack(msg)
-    out = json_format.MessageToDict(msg)
+    out = json_format.MessageToDict(msg, always_print_fields_with_no_presence=True)  # `available: 0` too
     for f in desc.fields:
         if f.type in _INT64 and not f.is_repeated and f.json_name in out:
             out[f.json_name] = int(out[f.json_name])

@@ -25,11 +25,11 @@ from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS
 from payments.grpc_api import CALLERS as PAYMENT_CALLERS
 from cutylib.testing.stack import Stack
 
-TERMINAL = {pb.COMPLETED, pb.REJECTED, pb.FAILED, pb.EXPIRED, pb.CANCELLED, pb.REFUNDED}
+TERMINAL = {pb.CHECKOUT_STATE_COMPLETED, pb.CHECKOUT_STATE_REJECTED, pb.CHECKOUT_STATE_FAILED, pb.CHECKOUT_STATE_EXPIRED, pb.CHECKOUT_STATE_CANCELLED, pb.CHECKOUT_STATE_REFUNDED}
 
 
 def name(state: int) -> str:
-    return pb.CheckoutState.Name(state)
+    return pb.CheckoutState.Name(state).removeprefix("CHECKOUT_STATE_")  # as the row spells it
 
 
 ADMIN = user("e2e-admin", "admin")

@@ -16,13 +16,13 @@ from checkout_e2e import name
 
 # method -> (state PayCheckout may answer with, final state)
 METHODS = {
-    "pm_card_ok": ({pb.COMPLETED}, pb.COMPLETED),
-    "pm_card_declined": ({pb.FAILED}, pb.FAILED),
-    "pm_card_3ds": ({pb.AWAITING_ACTION}, pb.COMPLETED),
-    "pm_card_webhook_first": ({pb.COMPLETED}, pb.COMPLETED),
-    "pm_card_duplicate_webhooks": ({pb.COMPLETED}, pb.COMPLETED),
-    "pm_card_no_webhook": ({pb.CHARGING, pb.COMPLETED}, pb.COMPLETED),
-    "pm_card_sync_timeout": ({pb.CHARGING, pb.CONFIRMING, pb.COMPLETED}, pb.COMPLETED),
+    "pm_card_ok": ({pb.CHECKOUT_STATE_COMPLETED}, pb.CHECKOUT_STATE_COMPLETED),
+    "pm_card_declined": ({pb.CHECKOUT_STATE_FAILED}, pb.CHECKOUT_STATE_FAILED),
+    "pm_card_3ds": ({pb.CHECKOUT_STATE_AWAITING_ACTION}, pb.CHECKOUT_STATE_COMPLETED),
+    "pm_card_webhook_first": ({pb.CHECKOUT_STATE_COMPLETED}, pb.CHECKOUT_STATE_COMPLETED),
+    "pm_card_duplicate_webhooks": ({pb.CHECKOUT_STATE_COMPLETED}, pb.CHECKOUT_STATE_COMPLETED),
+    "pm_card_no_webhook": ({pb.CHECKOUT_STATE_CHARGING, pb.CHECKOUT_STATE_COMPLETED}, pb.CHECKOUT_STATE_COMPLETED),
+    "pm_card_sync_timeout": ({pb.CHECKOUT_STATE_CHARGING, pb.CHECKOUT_STATE_CONFIRMING, pb.CHECKOUT_STATE_COMPLETED}, pb.CHECKOUT_STATE_COMPLETED),
 }
 
 
@@ -38,12 +38,12 @@ async def test_payment_method_end_to_end(shop, kind, method):
         product = await shop.new_product(stock=3, price=2500)
         created = await shop.create(customer, product=product, quantity=2)
         assert created.amount.amount_minor == 5000 and created.order_id == created.id
-    assert created.state == pb.HELD and created.expire_time.seconds > 0
+    assert created.state == pb.CHECKOUT_STATE_HELD and created.expire_time.seconds > 0
 
     answered, final = METHODS[method]
     paid = await shop.pay(customer, created.id, method)
     assert paid.state in answered, name(paid.state)
-    if paid.state == pb.AWAITING_ACTION:
+    if paid.state == pb.CHECKOUT_STATE_AWAITING_ACTION:
         url = paid.payment.next_action.redirect_url
         assert url and paid.payment.client_secret
         assert (await shop.psp("GET", url)).status_code == 200  # the customer passes 3-D Secure
@@ -55,13 +55,13 @@ async def test_payment_method_end_to_end(shop, kind, method):
     assert states[created.id] == name(final)
     ledger = await shop.ledger()
     charges = [c for c in ledger["charges"] if c["idempotency_key"] == _key(created.id)]
-    assert len(charges) == (0 if final == pb.FAILED else 1)
+    assert len(charges) == (0 if final == pb.CHECKOUT_STATE_FAILED else 1)
     if kind == "booking":
-        assert await shop.hold_status(created.hold_id) == ("confirmed" if final == pb.COMPLETED else "released")
+        assert await shop.hold_status(created.hold_id) == ("confirmed" if final == pb.CHECKOUT_STATE_COMPLETED else "released")
     else:
-        assert await shop.order_status(created.id) == ("delivered" if final == pb.COMPLETED else "released")
+        assert await shop.order_status(created.id) == ("delivered" if final == pb.CHECKOUT_STATE_COMPLETED else "released")
         mine = await shop.get(created.id, customer)
-        if final == pb.COMPLETED:
+        if final == pb.CHECKOUT_STATE_COMPLETED:
             assert len(mine.codes) == 2 and all(c.value.startswith("CODE-") for c in mine.codes)
         else:
             assert not mine.codes
@@ -76,7 +76,7 @@ def _key(checkout_id: str) -> str:
 async def test_taken_slot_is_rejected_with_alternatives_and_recorded(shop):
     slots = await shop.new_slots(3)
     first = await shop.create("alice-" + uuid.uuid4().hex[:6], slot=slots[0])
-    assert first.state == pb.HELD
+    assert first.state == pb.CHECKOUT_STATE_HELD
     loser = "bob-" + uuid.uuid4().hex[:6]
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await shop.create(loser, slot=slots[0])

@@ -52,9 +52,9 @@ async def test_unpaid_checkouts_expire_and_give_everything_back(twins):
     coded = await shop.create(me, product=product, quantity=2)
     three_ds = await shop.create(me, slot=(await shop.new_slots(1))[0])
     waiting = await shop.pay(me, three_ds.id, "pm_card_3ds")
-    assert waiting.state == pb.AWAITING_ACTION
+    assert waiting.state == pb.CHECKOUT_STATE_AWAITING_ACTION
     for c in (booked, coded, three_ds):
-        assert (await shop.until(c.id, timeout=15)).state == pb.EXPIRED
+        assert (await shop.until(c.id, timeout=15)).state == pb.CHECKOUT_STATE_EXPIRED
     assert await shop.hold_status(booked.hold_id) in ("released", "expired")
     assert await shop.order_status(coded.id) == "released"
     assert await shop.db["codepool"].fetchval(
@@ -67,7 +67,7 @@ async def test_unpaid_checkouts_expire_and_give_everything_back(twins):
     await shop.check_invariants([booked.id, coded.id, three_ds.id])
 
 
-@pytest.mark.parametrize("slot_taken,final", [(True, pb.REFUNDED), (False, pb.COMPLETED)])
+@pytest.mark.parametrize("slot_taken,final", [(True, pb.CHECKOUT_STATE_REFUNDED), (False, pb.CHECKOUT_STATE_COMPLETED)])
 async def test_late_capture(twins, slot_taken, final):
     """The money arrives after the hold ran out: the orchestrators are frozen (SIGSTOP) while the
     hold expires and the customer completes 3-D Secure. When they wake, whichever comes first (the
@@ -76,7 +76,7 @@ async def test_late_capture(twins, slot_taken, final):
     shop, me = twins, who()
     (slot,) = await shop.new_slots(1)
     c = await shop.create(me, slot=slot)
-    assert (await shop.pay(me, c.id, "pm_card_3ds")).state == pb.AWAITING_ACTION
+    assert (await shop.pay(me, c.id, "pm_card_3ds")).state == pb.CHECKOUT_STATE_AWAITING_ACTION
     replicas = [p for n, p in shop.stack.procs.items() if n.startswith("payments-")]
     for p in replicas:
         p.pause()
@@ -105,12 +105,12 @@ async def test_late_capture(twins, slot_taken, final):
 async def test_cancel(twins):
     shop, me = twins, who()
     held = await shop.create(me, slot=(await shop.new_slots(1))[0])
-    assert (await shop.cancel(me, held.id)).state == pb.CANCELLED
+    assert (await shop.cancel(me, held.id)).state == pb.CHECKOUT_STATE_CANCELLED
     assert await shop.hold_status(held.hold_id) == "released"
     three_ds = await shop.create(me, product=await shop.new_product(stock=1), quantity=1)
     await shop.pay(me, three_ds.id, "pm_card_3ds")
     out = await shop.cancel(me, three_ds.id, replica=1)
-    assert out.state == pb.CANCELLED and not out.payment.next_action.redirect_url
+    assert out.state == pb.CHECKOUT_STATE_CANCELLED and not out.payment.next_action.redirect_url
     assert await shop.order_status(three_ds.id) == "released"
     await shop.check_invariants([held.id, three_ds.id])
 
@@ -130,13 +130,13 @@ async def test_two_replicas_never_do_a_step_twice(twins):
             c = await shop.create(me, slot=slots[i // 2], replica=r)
         method = rng.choice(["pm_card_ok", "pm_card_3ds", "pm_card_duplicate_webhooks", "pm_card_webhook_first"])
         paid = await shop.pay(me, c.id, method, replica=1 - r)
-        if paid.state == pb.AWAITING_ACTION:
+        if paid.state == pb.CHECKOUT_STATE_AWAITING_ACTION:
             await shop.psp("GET", paid.payment.next_action.redirect_url)
         return c.id
 
     ids = await asyncio.gather(*(purchase(i) for i in range(24)))
     for cid in ids:
-        assert (await shop.until(cid, timeout=15)).state == pb.COMPLETED
+        assert (await shop.until(cid, timeout=15)).state == pb.CHECKOUT_STATE_COMPLETED
     await shop.check_invariants(ids)
     dupes = await shop.db["payments"].fetch(
         "SELECT checkout_id, from_status, to_status, count(*) FROM payment_events "

@@ -34,7 +34,7 @@ async def test_full_booking_purchase(http, auth, fresh_key, new_slots, until_sta
     assert paid.status_code == 200, paid.text
     done = await until_state(co["id"], me)
     assert state_of(done) == "COMPLETED"
-    assert "nextAction" not in done["payment"] and "clientSecret" not in done["payment"]
+    assert "nextAction" not in done["payment"] and done["payment"]["clientSecret"] == ""
 
     staff = auth("staff")
     assert (await http.get(f"/v1/checkouts/{co['id']}", headers=staff)).json()["id"] == co["id"]
@@ -57,7 +57,7 @@ async def test_3ds_shows_the_action_only_while_needed(http, auth, fresh_key, new
         assert (await psp.get(url)).status_code < 400
     done = await until_state(co["id"], me)
     assert state_of(done) == "COMPLETED"
-    assert "nextAction" not in done["payment"] and "clientSecret" not in done["payment"]
+    assert "nextAction" not in done["payment"] and done["payment"]["clientSecret"] == ""
 
 
 async def test_declined_payment_releases_the_slot(http, auth, fresh_key, new_slots, until_state):
@@ -106,3 +106,37 @@ async def test_full_code_purchase(http, auth, fresh_key, new_product, until_stat
     short = await http.post("/v1/checkouts", json={"productId": product["id"], "quantity": 5}, headers={**me, **fresh_key()})
     assert short.status_code == 409, short.text
     assert short.json()["type"] == "out-of-stock" and short.json()["available"] == 1
+
+
+async def test_a_free_slot_is_booked_without_a_payment(http, auth, fresh_key, salon, until_state):
+    """Issue 10, item 11: a zero price completes, with no PSP call, and the timeline says so."""
+    import datetime as dt
+    import uuid
+
+    admin, me = auth("admin"), auth("customer", f"c-{uuid.uuid4().hex[:8]}")
+    chair = (await http.post(f"/v1/salons/{salon}/resources", json={"name": "free chair"}, headers=admin)).json()
+    start = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(days=3)
+    made = await http.post(f"/v1/salons/{salon}/slots:batchCreate", headers=admin, json={"slots": [{
+        "resourceId": chair["id"], "startTime": start.isoformat(), "endTime": (start + dt.timedelta(hours=1)).isoformat(),
+        "price": {"currencyCode": "TRY", "amountMinor": "0"}}]})
+    assert made.status_code == 200, made.text
+    co = (await http.post("/v1/checkouts", json={"slotId": made.json()["slots"][0]["id"]},
+                          headers={**me, **fresh_key()})).json()
+    paid = await http.post(f"/v1/checkouts/{co['id']}:pay", json={"paymentMethod": "pm_card_ok"},
+                           headers={**me, **fresh_key()})
+    assert paid.status_code == 200, paid.text
+    done = await until_state(co["id"], me)
+    assert state_of(done) == "COMPLETED" and not done.get("payment")
+
+
+
+async def test_answers_carry_zeros_and_false(http, auth, new_product):
+    """Issue 10, item 13: unpopulated fields are written (grpc-gateway's EmitUnpopulated)."""
+    product, _ = await new_product(2)
+    stock = await http.get(f"/v1/products/{product['id']}/stock", headers=auth("staff"))
+    assert stock.status_code == 200, stock.text
+    assert stock.json() == {"productId": product["id"], "available": "2", "reserved": "0", "delivered": "0"}
+    doc = (await http.get("/openapi.json")).json()
+    schema = doc["components"]["schemas"]["cuty.codepool.v1.Stock"]
+    assert set(schema["x-cuty-always-in-answers"]) == {"productId", "available", "reserved", "delivered"}
+    assert schema["properties"]["reserved"]["default"] == "0"

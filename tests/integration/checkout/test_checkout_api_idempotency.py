@@ -49,7 +49,7 @@ async def test_replay_returns_the_first_answer_byte_for_byte_and_has_no_second_e
     pay = pb.PayCheckoutRequest(checkout_id=checkout.id, payment_method="pm_card_ok")
     p1 = await call_raw(harness, "PayCheckout", pay, md(cust, "pay-" + key))
     p2 = await call_raw(harness, "PayCheckout", pay, md(cust, "pay-" + key))
-    assert p1 == p2 and pb.Checkout.FromString(p1).state == pb.COMPLETED
+    assert p1 == p2 and pb.Checkout.FromString(p1).state == pb.CHECKOUT_STATE_COMPLETED
     assert list(harness.psp.charges.values()) == [1]
     # The same key belongs to the customer: another customer's identical key is theirs alone.
     other = pb.Checkout.FromString(await call_raw(
@@ -67,7 +67,7 @@ async def test_a_replayed_pay_shows_the_action_only_while_the_payment_requires_i
     pay = pb.PayCheckoutRequest(checkout_id=created.id, payment_method="pm_card_3ds")
     first = await api.PayCheckout(pay, metadata=md(cust, key))
     secret, redirect = first.payment.client_secret, first.payment.next_action.redirect_url
-    assert first.state == pb.AWAITING_ACTION and secret and redirect
+    assert first.state == pb.CHECKOUT_STATE_AWAITING_ACTION and secret and redirect
     stored = await harness.pool.fetchval("SELECT response FROM checkout_idempotency_keys WHERE customer_id = $1 "
                                          "AND operation = 'pay' AND key = $2", cust, key)
     assert secret.encode() not in bytes(stored) and redirect.encode() not in bytes(stored)
@@ -108,7 +108,7 @@ async def test_same_key_while_the_first_runs_is_aborted(harness, api):
         await api.CreateCheckout(req, metadata=md(cust, key))
     assert e.value.code() == grpc.StatusCode.ABORTED
     assert error_reason(e.value) == "idempotency-key-in-flight"
-    assert (await first).state == pb.HELD
+    assert (await first).state == pb.CHECKOUT_STATE_HELD
     assert harness.booking.calls["HoldSlot"] == 1
 
 
@@ -174,7 +174,7 @@ async def test_unauthenticated_and_other_customers(harness, api):
             await call
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
     staff = await api.GetCheckout(pb.GetCheckoutRequest(checkout_id=c.id), metadata=md("bob", role="staff"))
-    assert staff.state == pb.HELD
+    assert staff.state == pb.CHECKOUT_STATE_HELD
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await api.PayCheckout(pb.PayCheckoutRequest(checkout_id=c.id, payment_method="pm_card_ok"))
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -216,8 +216,8 @@ async def test_a_retried_pay_whose_first_attempt_died_answers_the_saga_state(har
     first.cancel()  # the client gives up; the server-side request is cancelled mid-step
     harness.booking.delay["ExtendHold"] = 0
     again = await wait_for(lambda: _pay_or_none(api, c.id, "pay-1"), timeout=10, message="the retry answers")
-    assert again.state in (pb.CHARGING, pb.CONFIRMING, pb.COMPLETED)
-    await wait_for(lambda: _state_is(api, c.id, pb.COMPLETED), timeout=10, message="COMPLETED")
+    assert again.state in (pb.CHECKOUT_STATE_CHARGING, pb.CHECKOUT_STATE_CONFIRMING, pb.CHECKOUT_STATE_COMPLETED)
+    await wait_for(lambda: _state_is(api, c.id, pb.CHECKOUT_STATE_COMPLETED), timeout=10, message="COMPLETED")
     assert list(harness.psp.charges.values()) == [1] and harness.booking.effects["confirm"] == 1
 
 
@@ -248,12 +248,12 @@ async def test_answer_is_stored_with_the_transition_that_ends_the_request(harnes
         first = await call_raw(harness, "CreateCheckout", req, md(cust, key))
         assert first == await call_raw(harness, "CreateCheckout", req, md(cust, key))
         checkout = pb.Checkout.FromString(first)
-        assert checkout.state == pb.HELD
+        assert checkout.state == pb.CHECKOUT_STATE_HELD
         pay = pb.PayCheckoutRequest(checkout_id=checkout.id, payment_method="pm_card_ok")
         p1 = await call_raw(harness, "PayCheckout", pay, md(cust, "pay-" + key))
         assert p1 == await call_raw(harness, "PayCheckout", pay, md(cust, "pay-" + key))
         paid = pb.Checkout.FromString(p1)
-        assert paid.state == pb.COMPLETED and paid.payment.id
+        assert paid.state == pb.CHECKOUT_STATE_COMPLETED and paid.payment.id
         rows = await harness.pool.fetch(
             "SELECT operation, state, response FROM checkout_idempotency_keys WHERE customer_id = $1 AND key = ANY($2)",
             cust, [key, "pay-" + key])

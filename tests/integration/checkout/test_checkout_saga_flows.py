@@ -34,10 +34,10 @@ async def state(h, checkout_id):
 async def test_booking_happy_path_completes_inside_pay(harness):
     h = harness
     created = await h.service.create(C, booking_req(h), "")
-    assert created.state == pb.HELD
+    assert created.state == pb.CHECKOUT_STATE_HELD
     assert created.amount.amount_minor == 12345 and created.amount.currency_code == "TRY"
     paid = await h.service.pay(C, created.id, "pm_card_ok", "")
-    assert paid.state == pb.COMPLETED
+    assert paid.state == pb.CHECKOUT_STATE_COMPLETED
     assert paid.payment.status == PAYMENT_STATUS_SUCCEEDED and not paid.payment.client_secret and not paid.payment.next_action.redirect_url
     hold = h.booking.holds[created.hold_id]
     assert hold["status"] == "confirmed" and hold["extended"]
@@ -56,7 +56,7 @@ async def test_codes_happy_path_and_codes_only_for_the_owner(harness):
     created = await h.service.create(C, validate_create("", pid, 3), "")
     assert created.amount.amount_minor == 7500 and created.order_id == created.id
     paid = await h.service.pay(C, created.id, "pm_card_ok", "")
-    assert paid.state == pb.COMPLETED
+    assert paid.state == pb.CHECKOUT_STATE_COMPLETED
     assert h.codepool.orders[created.id]["status"] == "delivered"
     assert h.codepool.effects == {"reserve": 1, "deliver": 1}
     from cutylib.principal import Principal
@@ -64,7 +64,7 @@ async def test_codes_happy_path_and_codes_only_for_the_owner(harness):
     mine = await h.service.get(Principal(C, "customer"), created.id)
     assert [c.value for c in mine.codes] == h.codepool.orders[created.id]["codes"]
     staff = await h.service.get(Principal("staff-1", "staff"), created.id)
-    assert staff.state == pb.COMPLETED and not staff.codes
+    assert staff.state == pb.CHECKOUT_STATE_COMPLETED and not staff.codes
     with pytest.raises(errors.NotFound):
         await h.service.get(Principal("intruder", "customer"), created.id)
 
@@ -73,7 +73,7 @@ async def test_declined_card_releases_the_hold_and_fails(harness):
     h = harness
     created = await h.service.create(C, booking_req(h), "")
     paid = await h.service.pay(C, created.id, "pm_card_declined", "")
-    assert paid.state == pb.FAILED
+    assert paid.state == pb.CHECKOUT_STATE_FAILED
     assert paid.failure_reason == "payment-failed"
     assert h.booking.holds[created.hold_id]["status"] == "released"
     assert await timeline(h, created.id) == [
@@ -132,13 +132,13 @@ async def test_three_ds_waits_then_completes_when_the_webhook_arrives(harness):
     h.start_workers(1)
     created = await h.service.create(C, booking_req(h), "")
     paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
-    assert paid.state == pb.AWAITING_ACTION
+    assert paid.state == pb.CHECKOUT_STATE_AWAITING_ACTION
     assert paid.payment.next_action.redirect_url.startswith("https://psp.example/3ds/")
     assert paid.payment.client_secret
     from cutylib.principal import Principal
 
     staff = await h.service.get(Principal("staff-1", "staff"), created.id)
-    assert staff.state == pb.AWAITING_ACTION and staff.payment.id == paid.payment.id
+    assert staff.state == pb.CHECKOUT_STATE_AWAITING_ACTION and staff.payment.id == paid.payment.id
     assert not staff.payment.HasField("next_action") and not staff.payment.client_secret  # the buyer's only
     pi = (await h.core.get(paid.payment.id)).psp_intent_id
     # The customer completes 3-D Secure; the PSP's webhook reaches finalize (whose hook wakes the saga).
@@ -167,7 +167,7 @@ async def test_three_ds_unpaid_past_expiry_cancels_the_intent(make_harness):
     h.start_workers(1)
     created = await h.service.create(C, booking_req(h), "")
     paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
-    assert paid.state == pb.AWAITING_ACTION
+    assert paid.state == pb.CHECKOUT_STATE_AWAITING_ACTION
     await h.pool.execute("UPDATE checkouts SET expire_time = clock_timestamp(), next_run_at = clock_timestamp() "
                          "WHERE id = $1", uuid.UUID(created.id))
     await wait_for(lambda: _is(h, created.id, "EXPIRED"), timeout=5, message="EXPIRED")
@@ -209,7 +209,7 @@ async def test_a_payment_landing_after_the_slot_started_is_refunded(harness):
     created = await h.service.create(C, booking_req(h), "")
     h.booking.started.add(created.slot_id)
     paid = await h.service.pay(C, created.id, "pm_card_ok", "")
-    if paid.state != pb.REFUNDED:
+    if paid.state != pb.CHECKOUT_STATE_REFUNDED:
         await wait_for(lambda: _is(h, created.id, "REFUNDED"), timeout=5, message="REFUNDED")
     assert (await h.core.get(paid.payment.id)).status == "refunded" and len(h.psp.refunds) == 1
     assert h.booking.holds[created.hold_id]["status"] != "confirmed"
@@ -220,10 +220,10 @@ async def test_cancel_releases_and_is_idempotent(harness):
     h = harness
     created = await h.service.create(C, booking_req(h), "")
     out = await h.service.cancel(C, created.id)
-    assert out.state == pb.CANCELLED
+    assert out.state == pb.CHECKOUT_STATE_CANCELLED
     assert h.booking.holds[created.hold_id]["status"] == "released"
     again = await h.service.cancel(C, created.id)
-    assert again.state == pb.CANCELLED and h.booking.effects["release"] == 1
+    assert again.state == pb.CHECKOUT_STATE_CANCELLED and h.booking.effects["release"] == 1
     with pytest.raises(errors.NotFound):
         await h.service.cancel("someone-else", created.id)
 
@@ -233,7 +233,7 @@ async def test_cancel_during_three_ds_cancels_the_intent(harness):
     created = await h.service.create(C, booking_req(h), "")
     paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
     out = await h.service.cancel(C, created.id)
-    assert out.state == pb.CANCELLED
+    assert out.state == pb.CHECKOUT_STATE_CANCELLED
     assert (await h.core.get(paid.payment.id)).status == "canceled"
 
 
@@ -244,7 +244,7 @@ async def test_cancel_after_capture_refunds(harness):
     paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
     h.psp.complete((await h.core.get(paid.payment.id)).psp_intent_id)
     out = await h.service.cancel(C, created.id)
-    assert out.state == pb.REFUNDED
+    assert out.state == pb.CHECKOUT_STATE_REFUNDED
     assert h.booking.holds[created.hold_id]["status"] == "released"
     assert len(h.psp.refunds) == 1
 
@@ -264,7 +264,7 @@ async def test_confirm_retried_after_transient_failure_takes_effect_once(harness
     created = await h.service.create(C, booking_req(h), "")
     h.booking.fail_next["ConfirmHold"] = [mode, mode]
     paid = await h.service.pay(C, created.id, "pm_card_ok", "")
-    assert paid.state == pb.CONFIRMING  # the step failed, a worker retries it
+    assert paid.state == pb.CHECKOUT_STATE_CONFIRMING  # the step failed, a worker retries it
     await wait_for(lambda: _is(h, created.id, "COMPLETED"), timeout=5, message="COMPLETED after retries")
     assert h.booking.calls["ConfirmHold"] == 3 and h.booking.effects["confirm"] == 1
     row = await h.row(created.id)
@@ -375,14 +375,14 @@ async def test_a_refund_the_psp_keeps_refusing_needs_attention_and_an_operator_r
     assert calls == 4
     assert ("REFUNDING", "NEEDS_ATTENTION") in await timeline(h, created.id)
     staff = await h.service.get(Principal("staff-1", "staff"), created.id)
-    assert staff.state == pb.NEEDS_ATTENTION
+    assert staff.state == pb.CHECKOUT_STATE_NEEDS_ATTENTION
     # It stays put: a payment change (the transition hook's wake-up) does not put it back in the queue.
     await repo.wake(h.pool, created.id, paid.payment.id)
     assert (await h.row(created.id))["next_run_at"] is None and h.psp.calls["refund"] == calls
 
     h.psp.refusing["refund"] = 0  # the bank relents
     retried = await h.service.retry("operator:ops-1", created.id)
-    assert retried.state == pb.REFUNDING
+    assert retried.state == pb.CHECKOUT_STATE_REFUNDING
     await wait_for(lambda: _is(h, created.id, "REFUNDED"), timeout=10, message="REFUNDED after the retry")
     assert (await h.core.get(paid.payment.id)).status == "refunded" and len(h.psp.refunds) == 1
     assert ("NEEDS_ATTENTION", "REFUNDING") in await timeline(h, created.id)
@@ -396,7 +396,7 @@ async def test_an_unexpected_answer_to_a_release_needs_attention_after_the_time_
     created = await h.service.create(C, booking_req(h), "")
     h.booking.fail_next["ReleaseHold"] = ["PERMISSION_DENIED"] * 10_000  # never a definitive answer
     out = await h.service.cancel(C, created.id)
-    assert out.state in (pb.RELEASING, pb.NEEDS_ATTENTION)
+    assert out.state in (pb.CHECKOUT_STATE_RELEASING, pb.CHECKOUT_STATE_NEEDS_ATTENTION)
     await wait_for(lambda: _needs_attention(h, created.id), timeout=10, message="NEEDS_ATTENTION")
     row = await h.row(created.id)
     assert row["attention_from"] == "RELEASING" and row["outcome"] == "CANCELLED" and row["attempts"] < 1_000
@@ -404,3 +404,42 @@ async def test_an_unexpected_answer_to_a_release_needs_attention_after_the_time_
     await h.service.retry("admin:a-1", created.id)
     await wait_for(lambda: _is(h, created.id, "CANCELLED"), timeout=10, message="CANCELLED after the retry")
     assert h.booking.holds[created.hold_id]["status"] == "released"
+
+
+# -- issue 10, item 11: free items ----------------------------------------------------------------------
+
+async def _notes(h, checkout_id):
+    return [r["note"] for r in await h.pool.fetch(
+        "SELECT note FROM payment_events WHERE checkout_id = $1 AND source = 'saga' ORDER BY seq", checkout_id)]
+
+
+async def test_a_free_booking_completes_without_a_psp_call_and_says_so(harness):
+    h = harness
+    created = await h.service.create(C, validate_create(h.booking.add_slot(price=0), "", 0), "")
+    assert created.amount.amount_minor == 0
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.CHECKOUT_STATE_COMPLETED and not paid.HasField("payment")
+    assert sum(h.psp.calls.values()) == 0 and not h.psp.intents  # the PSP was never asked
+    hold = h.booking.holds[created.hold_id]
+    assert hold["status"] == "confirmed" and hold["payment_ref"]
+    assert await timeline(h, created.id) == [
+        ("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "CONFIRMING"), ("CONFIRMING", "COMPLETED")]
+    assert any(n.startswith("free: no payment taken") for n in await _notes(h, created.id))
+    assert (await h.row(created.id))["payment_id"] is None
+
+
+async def test_free_codes_are_delivered_and_a_lost_free_hold_refunds_nothing(harness):
+    h = harness
+    pid = h.codepool.add_product(price=0, stock=2)
+    created = await h.service.create(C, validate_create("", pid, 2), "")
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.CHECKOUT_STATE_COMPLETED and h.codepool.orders[created.id]["status"] == "delivered"
+    assert sum(h.psp.calls.values()) == 0
+
+    lost = await h.service.create(C, validate_create(h.booking.add_slot(price=0), "", 0), "")
+    h.booking.started.add(lost.slot_id)  # confirm refused: the hold-lost path
+    out = await h.service.pay(C, lost.id, "pm_card_ok", "")
+    if out.state != pb.CHECKOUT_STATE_REFUNDED:
+        await wait_for(lambda: _is(h, lost.id, "REFUNDED"), timeout=5, message="REFUNDED")
+    assert sum(h.psp.calls.values()) == 0
+    assert any("nothing to refund" in n for n in await _notes(h, lost.id))

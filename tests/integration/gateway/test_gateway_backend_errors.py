@@ -116,7 +116,7 @@ async def test_idempotent_replay_is_byte_identical(client, script, bearer):
         # The orchestrator keeps the first answer per key; the fake does the same.
         key = md["idempotency-key"]
         if key not in stored:
-            c = checkout_pb2.Checkout(id=f"ck-{len(stored)}", kind=checkout_pb2.BOOKING, state=checkout_pb2.HELD, slot_id=req.slot_id)
+            c = checkout_pb2.Checkout(id=f"ck-{len(stored)}", kind=checkout_pb2.CHECKOUT_KIND_BOOKING, state=checkout_pb2.CHECKOUT_STATE_HELD, slot_id=req.slot_id)
             c.expire_time.FromJsonString("2026-03-08T09:05:00.123456Z")
             c.amount.currency_code, c.amount.amount_minor = "TRY", 75000
             stored[key] = c.SerializeToString()

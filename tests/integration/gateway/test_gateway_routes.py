@@ -63,19 +63,22 @@ async def test_response_is_proto3_json(client, fake, bearer):
         r = await client.get("/v1/salons/s1/slots", headers=bearer("customer"))
     finally:
         del fake.scripts["ListSlots"]
-    assert r.json() == {"slots": [{"id": "s1", "resourceId": "r1", "startTime": "2026-03-08T09:00:00Z",
+    assert r.json() == {"slots": [{"id": "s1", "salonId": "", "resourceId": "r1", "startTime": "2026-03-08T09:00:00Z",
                                    "localStartTime": "2026-03-08T12:00:00+03:00",
-                                   "price": {"currencyCode": "TRY", "amountMinor": "75000"}}]}
+                                   "price": {"currencyCode": "TRY", "amountMinor": "75000"}, "available": False}],
+                        "nextPageToken": ""}
 
 
 async def test_enum_names_in_responses(client, fake, bearer):
-    fake.scripts["GetCheckout"] = lambda req, md: checkout_pb2.Checkout(id=req.checkout_id, kind=checkout_pb2.BOOKING,
-                                                                       state=checkout_pb2.AWAITING_ACTION)
+    fake.scripts["GetCheckout"] = lambda req, md: checkout_pb2.Checkout(id=req.checkout_id, kind=checkout_pb2.CHECKOUT_KIND_BOOKING,
+                                                                       state=checkout_pb2.CHECKOUT_STATE_AWAITING_ACTION)
     try:
         r = await client.get("/v1/checkouts/ck2", headers=bearer("customer"))
     finally:
         del fake.scripts["GetCheckout"]
-    assert r.json() == {"id": "ck2", "kind": "BOOKING", "state": "AWAITING_ACTION"}
+    assert {k: v for k, v in r.json().items() if v not in ("", 0, [])} == {
+        "id": "ck2", "kind": "CHECKOUT_KIND_BOOKING", "state": "CHECKOUT_STATE_AWAITING_ACTION"}
+    assert r.json()["quantity"] == 0 and r.json()["codes"] == []  # unpopulated fields are written (issue 10)
 
 
 async def test_webhook_passes_raw_body_and_signature_without_a_token(client, fake, bearer):

@@ -52,8 +52,24 @@ def test_same_output_as_json_format_for_every_response_type(routes):
     for cls in types:
         for _ in range(40):
             msg = fill(cls(), rng)
-            assert jsonwriter.to_dict(msg) == json_format.MessageToDict(msg), cls.DESCRIPTOR.full_name
-        assert jsonwriter.to_dict(cls()) == {} == json_format.MessageToDict(cls())
+            assert jsonwriter.to_dict(msg) == _emit_unpopulated(msg), cls.DESCRIPTOR.full_name
+        assert jsonwriter.to_dict(cls()) == _emit_unpopulated(cls())
+
+
+def _emit_unpopulated(msg) -> dict:
+    return json_format.MessageToDict(msg, always_print_fields_with_no_presence=True)
+
+
+def test_zeros_false_and_empty_lists_are_written_and_unset_messages_left_out():
+    """Issue 10, item 13: as grpc-gateway's EmitUnpopulated, a client reads "0", false and []."""
+    from cuty.payments.v1 import checkout_pb2
+
+    assert jsonwriter.to_dict(codepool_pb2.Stock()) == {"productId": "", "available": "0", "reserved": "0",
+                                                        "delivered": "0"}
+    c = jsonwriter.to_dict(checkout_pb2.Checkout(id="c1", state=checkout_pb2.CHECKOUT_STATE_HELD))
+    assert c["quantity"] == 0 and c["codes"] == [] and c["failureReason"] == "" and c["holdId"] == ""
+    assert "payment" not in c and "amount" not in c  # message fields keep their presence
+    assert jsonwriter.to_dict(booking_pb2.ListSlotsResponse()) == {"slots": [], "nextPageToken": ""}
 
 
 @pytest.mark.parametrize("seconds, nanos", [(0, 0), (1772960400, 123_000_000), (-62135596800, 1), (253402300799, 999_999_999)])

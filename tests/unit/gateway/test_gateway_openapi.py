@@ -19,7 +19,33 @@ def test_every_route_is_documented(routes):
     assert {p["name"] for p in slots["parameters"]} == {"salon_id", "startTime", "endTime", "availableOnly",
                                                          "pageSize", "pageToken"}
     money = doc["components"]["schemas"]["cuty.common.v1.Money"]["properties"]
-    assert money["amountMinor"] == {"type": "string", "format": "int64"}
+    assert money["amountMinor"] == {"type": "string", "format": "int64", "default": "0"}
     # the path variable is not repeated in the request body schema
     pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(pay["properties"]) == {"paymentMethod"}
+
+
+
+def test_each_route_documents_the_problems_it_can_answer(routes):
+    """Issue 10, item 15: problem responses per status, not only a `default`."""
+    rs = list(routes.values())
+    doc = document(rs, {r.rpc: access_for(r.rpc) for r in rs})
+    problem = {"$ref": "#/components/schemas/Problem"}
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            if path in ("/healthz", "/openapi.json"):
+                continue
+            answers = op["responses"]
+            assert answers["default"]["content"]["application/problem+json"]["schema"] == problem
+            for status, answer in answers.items():
+                if status not in ("200", "default"):
+                    assert answer["content"]["application/problem+json"]["schema"] == problem, (path, status)
+                    assert answer["description"]
+            assert {"400", "503"} <= set(answers), (path, method)
+            assert ("401" in answers and "403" in answers) == bool(op["security"]), (path, method)
+    pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]["responses"]
+    assert {"401", "403", "404", "409", "422", "429"} <= set(pay)
+    webhook = doc["paths"]["/v1/psp/webhooks"]["post"]["responses"]
+    assert "401" in webhook and "403" not in webhook and "422" not in webhook
+    slots = doc["paths"]["/v1/salons/{salon_id}/slots"]["get"]["responses"]
+    assert "409" not in slots and "422" not in slots

@@ -49,8 +49,9 @@ def test_slot_unavailable_carries_alternatives_as_slot_json():
                                detail=booking_pb2.SlotUnavailable(slot_id="s1", alternatives=[alt]))
     d = doc(from_rpc_error(rpc_error(err), service="payments", deadline=5))
     assert (d["status"], d["type"]) == (409, "slot-unavailable")
-    assert d["alternatives"] == [{"id": "s2", "resourceId": "r1", "localStartTime": "2026-03-08T12:00:00+03:00",
-                                  "price": {"currencyCode": "TRY", "amountMinor": "75000"}}]
+    assert d["alternatives"] == [{"id": "s2", "salonId": "", "resourceId": "r1",
+                                  "localStartTime": "2026-03-08T12:00:00+03:00",
+                                  "price": {"currencyCode": "TRY", "amountMinor": "75000"}, "available": False}]
 
 
 def test_out_of_stock_carries_available_as_a_number():

@@ -90,18 +90,21 @@ def test_body_star_routes_refuse_query_parameters(routes):
 
 
 def test_response_json_is_proto3_mapping_and_deterministic():
-    c = checkout_pb2.Checkout(id="c1", kind=checkout_pb2.CODES, state=checkout_pb2.HELD, quantity=2,
+    c = checkout_pb2.Checkout(id="c1", kind=checkout_pb2.CHECKOUT_KIND_CODES, state=checkout_pb2.CHECKOUT_STATE_HELD, quantity=2,
                               expire_time=timestamp_pb2.Timestamp(seconds=1772960400))
     c.amount.currency_code, c.amount.amount_minor = "TRY", 10000
     out = to_json(c)
-    assert out == (b'{"id":"c1","kind":"CODES","state":"HELD","expireTime":"2026-03-08T09:00:00Z",'
-                   b'"amount":{"currencyCode":"TRY","amountMinor":"10000"},"quantity":2}')
+    # every field without presence is written, zeros and empty strings included (issue 10, item 13)
+    assert out == (b'{"id":"c1","kind":"CHECKOUT_KIND_CODES","state":"CHECKOUT_STATE_HELD","holdId":"","orderId":"",'
+                   b'"expireTime":"2026-03-08T09:00:00Z",'
+                   b'"amount":{"currencyCode":"TRY","amountMinor":"10000"},"codes":[],"slotId":"","productId":"",'
+                   b'"quantity":2,"failureReason":""}')
     assert to_json(checkout_pb2.Checkout.FromString(c.SerializeToString())) == out
 
 
 def test_response_keeps_non_ascii_and_injection_strings_verbatim():
     s = booking_pb2.Salon(name="Kuaför 'Ayşe'; DROP TABLE salons;-- <script>")
-    assert to_json(s).decode() == '{"name":"Kuaför \'Ayşe\'; DROP TABLE salons;-- <script>"}'
+    assert to_json(s).decode() == '{"id":"","name":"Kuaför \'Ayşe\'; DROP TABLE salons;-- <script>","timeZone":""}'
 
 
 def test_field_of_parse_error_variants():

@@ -99,6 +99,12 @@ def refund_key(checkout_id) -> str:
     return step_key(checkout_id, "refund")
 
 
+def payment_ref(saga: "Saga") -> str | None:
+    """What confirms the purchase at booking / the code pool: the payment, or for a free item
+    (no payment, issue 10) the payment attempt key, equally stable across retries."""
+    return saga.payment_id or saga.payment_key
+
+
 # -- the saga row ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

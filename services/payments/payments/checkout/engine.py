@@ -59,7 +59,11 @@ class Fenced(Exception):
 
 
 def _merge(a: repo.Fields, b: repo.Fields) -> repo.Fields:
-    return repo.Fields(**{f.name: getattr(b, f.name) or getattr(a, f.name) for f in dataclasses.fields(repo.Fields)})
+    """`b`'s facts over `a`'s. Unset is None, "" or False; an amount of 0 is a fact (a free item)."""
+    def unset(v) -> bool:
+        return v is None or v == "" or v is False
+    return repo.Fields(**{f.name: getattr(a, f.name) if unset(getattr(b, f.name)) else getattr(b, f.name)
+                          for f in dataclasses.fields(repo.Fields)})
 
 
 class Engine:

@@ -188,7 +188,7 @@ class BookingHolds:
     async def confirm(self, saga: Saga) -> None:
         # payment_ref = the payment id: ConfirmHold is idempotent on it, and re-acquires an
         # expired hold whose time is still free.
-        req = booking_pb2.ConfirmHoldRequest(hold_id=saga.hold_id, payment_ref=saga.payment_id)
+        req = booking_pb2.ConfirmHoldRequest(hold_id=saga.hold_id, payment_ref=domain.payment_ref(saga))
         await _confirm(lambda: self.stub.ConfirmHold(req), "booking.ConfirmHold",
                        frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
                                   grpc.StatusCode.NOT_FOUND}))
@@ -230,7 +230,7 @@ class CodeReservations:
         return saga.expire_time  # reservations are long (CUTY_CODE_RESERVATION_TTL_SECONDS); never extended
 
     async def confirm(self, saga: Saga) -> None:
-        req = codepool_pb2.DeliverCodesRequest(order_id=saga.id, payment_transaction_id=saga.payment_id)
+        req = codepool_pb2.DeliverCodesRequest(order_id=saga.id, payment_transaction_id=domain.payment_ref(saga))
         await _confirm(lambda: self.stub.DeliverCodes(req), "codepool.DeliverCodes",
                        frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
                                   grpc.StatusCode.NOT_FOUND}))

@@ -19,6 +19,8 @@ from .remote import HoldLost, Holds, Rejected, Retryable
 from .settings import CheckoutOptions
 
 log = logging.getLogger(__name__)
+
+FREE_NOTE = "free: no payment taken"
 tracer = trace.get_tracer("cuty.checkout")
 
 
@@ -27,7 +29,7 @@ class Outcome:
     move: Move | None = None                   # the transition to record (None: only facts learned)
     learned: repo.Fields = repo.Fields()       # facts to write with the next statement
     payment: object | None = None              # a PaymentView the step just read, if any
-    note: str = ""                             # "<step> <ms>ms": the timeline shows where time went
+    note: str = ""                             # "[what happened; ]<step> <ms>ms": the timeline shows it
     raise_after: Exception | None = None       # raised once the move is recorded (a refused hold)
 
 
@@ -57,7 +59,8 @@ class Steps:
             kind = _COMPENSATIONS.get(step)
             if kind is not None:
                 self.core.metrics.compensations.labels(kind).inc()
-        return dataclasses.replace(out, note=f"{step.value} {1000 * elapsed:.1f}ms")
+        took = f"{step.value} {1000 * elapsed:.1f}ms"
+        return dataclasses.replace(out, note=f"{out.note}; {took}" if out.note else took)
 
     async def _remote(self, step: Step, call):
         """A remote call between the crash-injection points of its step."""
@@ -89,6 +92,10 @@ class Steps:
         return Outcome(learned=repo.Fields(extended=True, expire_time=expire))
 
     async def _charge(self, saga: Saga, payment, status) -> Outcome:
+        if saga.amount_minor == 0:
+            # A free item (issue 10, item 11): nothing to charge and no PSP call. The payment attempt
+            # key stands in for the payment as the confirm step's reference.
+            return Outcome(Move(domain.CONFIRMING), note=FREE_NOTE)
         try:
             payment = await self._remote(Step.CHARGE, self.core.create_and_charge(
                 checkout_id=saga.id, amount_minor=saga.amount_minor, currency=saga.currency,
@@ -127,6 +134,10 @@ class Steps:
         return Outcome(Move(saga.outcome))
 
     async def _refund(self, saga: Saga, payment, status) -> Outcome:
+        if saga.payment_id is None and saga.amount_minor == 0:
+            # A free checkout whose hold was lost: nothing was taken, so nothing goes back but the hold.
+            await self._remote(Step.RELEASE, self.holds.of(saga).release(saga))
+            return Outcome(Move(domain.REFUNDED), note=f"{FREE_NOTE}: nothing to refund")
         payment = await self._remote(Step.REFUND, self.core.refund(saga.payment_id, domain.refund_key(saga.id)))
         if payment.status != domain.P_REFUNDED:
             raise Retryable(f"payment {payment.id} is {payment.status} after refund")

@@ -16,7 +16,10 @@ from cuty.payments.v1 import checkout_pb2, payments_pb2
 from . import domain
 from .domain import Saga
 
-_KIND = {domain.BOOKING: checkout_pb2.BOOKING, domain.CODES: checkout_pb2.CODES}
+# Enum values carry their type's prefix (issue 10, item 14; protobuf style): the row's HELD is the
+# proto's CHECKOUT_STATE_HELD.
+STATE_PREFIX = "CHECKOUT_STATE_"
+_KIND = {domain.BOOKING: checkout_pb2.CHECKOUT_KIND_BOOKING, domain.CODES: checkout_pb2.CHECKOUT_KIND_CODES}
 
 
 def _ts(value: datetime | None) -> Timestamp | None:
@@ -31,7 +34,7 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
     c = checkout_pb2.Checkout(
         id=saga.id,
         kind=_KIND[saga.kind],
-        state=checkout_pb2.CheckoutState.Value(saga.state),
+        state=checkout_pb2.CheckoutState.Value(STATE_PREFIX + saga.state),
         hold_id=saga.hold_id or "",
         order_id=saga.order_id or "",
         expire_time=_ts(saga.expire_time),
