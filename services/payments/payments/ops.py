@@ -27,6 +27,7 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
@@ -116,6 +117,8 @@ def _iso(value: Any) -> Any:
         return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
     if isinstance(value, uuid.UUID):
         return str(value)
+    if isinstance(value, Decimal):  # extract(epoch ...)
+        return float(value)
     return value
 
 
