@@ -151,7 +151,8 @@ async def test_incident_drill(drill, tmp_path):
         s = await scrape(port)
         return s if sample(s, SAGAS, state="NEEDS_ATTENTION") >= 1 else None
     after = await wait_for(needs_attention, timeout=40, interval=0.2, message="NEEDS_ATTENTION on /metrics")
-    assert sample(after, "cuty_checkout_late_captures_total") > sample(before, "cuty_checkout_late_captures_total")
+    # (cuty_checkout_late_captures_total moves only when the expiry's cancel learns of the capture; when
+    # the webhook wins the race the saga goes AWAITING_ACTION -> CONFIRMING -> REFUNDING: either way a refund.)
     assert sample(after, RETRIES, state="REFUNDING") >= MAX_ATTEMPTS - 1
     assert sample(after, "cuty_checkout_sagas_need_attention_total") == 1
 
