@@ -48,6 +48,8 @@ POLICY: dict[str, Access] = {
     # Issue 10: an operator (here: an admin) retries a NEEDS_ATTENTION checkout.
     "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN)),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(_roles(STAFF, ADMIN)),
+    # Issue 15: staff find the payment behind a PSP intent id (GET /v1/payments:lookup?pspIntentId=).
+    "cuty.payments.v1.PaymentService.LookupPayment": Access(_roles(STAFF, ADMIN)),
     # The PSP has no token; the orchestrator verifies the HMAC over the raw body instead.
     "cuty.payments.v1.PaymentService.HandlePspWebhook": Access(
         None, forward_headers=(("cuty-signature", "cuty-signature"),)),

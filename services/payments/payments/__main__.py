@@ -1,7 +1,9 @@
-"""Composition root of the payments orchestrator: `python -m payments`."""
+"""Composition root of the payments orchestrator: `python -m payments` serves; `python -m payments
+migrate` migrates; `python -m payments ops ...` is the operator's view (payments/ops.py)."""
 from __future__ import annotations
 
 import pathlib
+import sys
 
 from cutylib.service import run_service
 
@@ -10,4 +12,8 @@ from .bootstrap import create_payments_pool, create_server
 MIGRATIONS = pathlib.Path(__file__).resolve().parents[1] / "migrations"
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["ops"]:
+        from .ops import main as ops_main
+
+        sys.exit(ops_main(sys.argv[2:]))
     run_service("payments", MIGRATIONS, create_server, pool_factory=create_payments_pool)

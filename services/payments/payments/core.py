@@ -317,7 +317,12 @@ class PaymentsCore:
         return await self.finalize(view.id, domain.status_of_intent(intent), "sync", intent=intent,
                                    note="cancel requested")
 
-    async def refund(self, payment_id: str, idempotency_key: str) -> PaymentView:
+    async def find_by_intent(self, psp_intent_id: str) -> PaymentView | None:
+        """The payment of a PSP payment intent (staff's lookup), if any."""
+        row = await self.pool.fetchrow(sql.GET_BY_INTENT, psp_intent_id)
+        return PaymentView.from_row(row) if row is not None else None
+
+    async def refund(self, payment_id: str, idempotency_key: str, *, note: str = "refund requested") -> PaymentView:
         """Refund a succeeded payment in full (idempotent on `idempotency_key`) -> refunded."""
         require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
         view = await self.get(payment_id)
@@ -341,7 +346,7 @@ class PaymentsCore:
             refund = None
         except PspUnavailable as exc:
             raise Unavailable(f"PSP unavailable while refunding payment {view.id}; retry") from exc
-        return await self.finalize(view.id, domain.REFUNDED, "sync", intent=refund, note="refund requested")
+        return await self.finalize(view.id, domain.REFUNDED, "sync", intent=refund, note=note)
 
 
 def _str(value: Any) -> str | None:

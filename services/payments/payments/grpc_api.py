@@ -11,6 +11,7 @@ from cutylib.errors import InvalidArgument, NotFound
 from cutylib.telemetry import set_span_attributes
 from cutylib.tls import GATEWAY, PAYMENTS
 
+from . import operator
 from .core import PaymentsCore
 from .views import PaymentView, parse_uuid
 from .webhooks import WebhookInbox
@@ -21,6 +22,7 @@ from .webhooks import WebhookInbox
 CALLERS = {
     "CreatePayment": {PAYMENTS}, "GetPayment": {GATEWAY, PAYMENTS}, "CancelPayment": {PAYMENTS},
     "RefundPayment": {PAYMENTS}, "GetPaymentTimeline": {GATEWAY}, "HandlePspWebhook": {GATEWAY},
+    "LookupPayment": {GATEWAY},  # issue 15: staff find a payment by the PSP's intent id
 }
 
 SIGNATURE_KEY = "cuty-signature"
@@ -28,6 +30,8 @@ IDEMPOTENCY_KEY = "idempotency-key"
 # CreatePayment / CancelPayment / RefundPayment move money: internal callers and admins only.
 MONEY_ROLES = ("system", "admin")
 READ_ROLES = ("system", "staff", "admin")
+MAX_INTENT_ID = 255
+MAX_REASON = 200
 
 
 def _payment_id(value: str) -> str:
@@ -69,7 +73,9 @@ class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
         key = request.idempotency_key or principal.metadata_value(context.invocation_metadata(), IDEMPOTENCY_KEY)
         if not key:
             raise InvalidArgument("idempotency_key", "idempotency_key is required for a refund")
-        return (await self.core.refund(_payment_id(request.payment_id), key)).to_proto()
+        pid = _payment_id(request.payment_id)
+        note = refund_note(operator.who(principal.current(), context.invocation_metadata()), request.reason)
+        return (await self.core.refund(pid, key, note=note)).to_proto()
 
     async def GetPaymentTimeline(self, request: pb.GetPaymentTimelineRequest,
                                  context: grpc.aio.ServicerContext) -> pb.PaymentTimeline:
@@ -78,11 +84,32 @@ class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
         events = await self.core.timeline(pid)
         return pb.PaymentTimeline(payment_id=pid, events=[e.to_proto() for e in events])
 
+    async def LookupPayment(self, request: pb.LookupPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
+        principal.current().require_role(*READ_ROLES)
+        intent = request.psp_intent_id.strip()
+        if not intent or len(intent) > MAX_INTENT_ID or not intent.isprintable():
+            raise InvalidArgument("psp_intent_id", f"psp_intent_id must be 1..{MAX_INTENT_ID} printable characters")
+        view = await self.core.find_by_intent(intent)
+        if view is None:
+            raise NotFound(f"no payment for PSP intent {intent!r}")
+        set_span_attributes(payment_id=view.id, checkout_id=view.checkout_id or "")
+        out = view.to_proto()
+        out.ClearField("next_action")  # the customer's to use, not staff's
+        out.client_secret = ""
+        return out
+
     async def HandlePspWebhook(self, request: pb.PspWebhookRequest,
                                context: grpc.aio.ServicerContext) -> pb.PspWebhookResponse:
         # Authenticated by the signature over the raw body, not by a principal: the PSP is no user.
         header = principal.metadata_value(context.invocation_metadata(), SIGNATURE_KEY)
         return pb.PspWebhookResponse(result=await self.inbox.handle(request.payload, header))
+
+
+def refund_note(actor: str, reason: str) -> str:
+    """The timeline note of a refund asked for through the API (the saga's own refunds say
+    "refund requested"): who asked, and why."""
+    reason = " ".join(reason.split())[:MAX_REASON]
+    return f"refund requested by {actor}" + (f": {reason}" if reason else "")
 
 
 def _may_read(view: PaymentView) -> None:

@@ -31,6 +31,7 @@ ROUTES = [
     ("GET", "/v1/checkouts/ck1", "customer", {}, None, "GetCheckout", {"checkout_id": "ck1"}),
     ("POST", "/v1/checkouts/ck1:cancel", "customer", {}, {}, "CancelCheckout", {"checkout_id": "ck1"}),
     ("GET", "/v1/payments/pay1/events", "staff", {}, None, "GetPaymentTimeline", {"payment_id": "pay1"}),
+    ("GET", "/v1/payments:lookup?pspIntentId=pi_1", "staff", {}, None, "LookupPayment", {"psp_intent_id": "pi_1"}),
 ]
 
 

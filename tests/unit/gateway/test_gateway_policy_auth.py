@@ -28,6 +28,7 @@ DESIGN_TABLE = {
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer"},
     ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin"},  # issue 10: an operator's retry of NEEDS_ATTENTION
     ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin"},
+    ("GET", "/v1/payments:lookup"): {"staff", "admin"},  # issue 15: a payment by its PSP intent id
     ("POST", "/v1/psp/webhooks"): None,
 }
 

@@ -12,6 +12,7 @@ from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
 from cutylib import principal
 from cutylib.tls import GATEWAY, PAYMENTS
 
+from .. import operator
 from . import domain
 from .idempotency import Replay
 from .service import CheckoutService
@@ -73,4 +74,4 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                             context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         caller = principal.current()
         caller.require_role(*OPERATOR_ROLES)
-        return await self.service.retry(f"{caller.role}:{caller.subject}", request.checkout_id)
+        return await self.service.retry(operator.who(caller, context.invocation_metadata()), request.checkout_id)

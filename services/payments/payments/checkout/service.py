@@ -16,7 +16,7 @@ from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
 from .. import metrics as m
-from . import domain, repository as repo, views
+from . import diagnostics, domain, repository as repo, views
 from .domain import Saga
 from .engine import Engine
 from .idempotency import IdempotencyStore, Replay, request_hash
@@ -179,6 +179,10 @@ class CheckoutService:
             # Staff see the state; the redirect URL and client secret are the buyer's to use only.
             answer.payment.ClearField("next_action")
             answer.payment.client_secret = ""
+        if caller.role in STAFF_ROLES:  # attempts, last error, trace id: never the customer's
+            found = await diagnostics.read(self.pool, checkout_id)
+            if found is not None:
+                answer.diagnostics.CopyFrom(found)
         return answer
 
     # -- CancelCheckout ---------------------------------------------------------------------------
