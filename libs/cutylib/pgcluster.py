@@ -119,9 +119,11 @@ class LocalCluster:
         raise PostgresUnavailable(f"postgres did not accept connections on port {self.port}")
 
     def stop(self, mode: str = "fast") -> None:
+        self._reachable()
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop", check=False)
 
     def is_running(self) -> bool:
+        self._reachable()
         return self._run(str(self.bin / "pg_ctl"), "-D", str(self.datadir), "status", check=False).returncode == 0
 
     def destroy(self) -> None:

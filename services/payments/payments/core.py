@@ -82,10 +82,12 @@ class PaymentsCore:
             raise NotFound(f"payment {payment_id} not found")
         return PaymentView.from_row(row)
 
-    async def timeline(self, payment_id: str) -> list[TimelineEvent]:
+    async def timeline(self, payment_id: str, *, after_seq: int = 0, limit: int = 10_000) -> list[TimelineEvent]:
+        """The payment's events (and its checkout's saga transitions) oldest first, after `after_seq`."""
         payment = await self.get(payment_id)
         rows = await self.pool.fetch(sql.TIMELINE, uuid.UUID(payment.id),
-                                     uuid.UUID(payment.checkout_id) if payment.checkout_id else None)
+                                     uuid.UUID(payment.checkout_id) if payment.checkout_id else None,
+                                     after_seq, limit)
         return [TimelineEvent.from_row(r) for r in rows]
 
     async def append_event(self, conn: asyncpg.Connection, *, payment_id: str | None, checkout_id: str | None,

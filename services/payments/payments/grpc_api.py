@@ -8,6 +8,7 @@ from cuty.payments.v1 import payments_pb2 as pb
 from cuty.payments.v1 import payments_pb2_grpc
 from cutylib import principal
 from cutylib.errors import InvalidArgument, NotFound
+from cutylib import paging
 from cutylib.telemetry import set_span_attributes
 from cutylib.tls import GATEWAY, PAYMENTS
 
@@ -81,8 +82,11 @@ class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
                                  context: grpc.aio.ServicerContext) -> pb.PaymentTimeline:
         principal.current().require_role(*READ_ROLES)
         pid = _payment_id(request.payment_id)
-        events = await self.core.timeline(pid)
-        return pb.PaymentTimeline(payment_id=pid, events=[e.to_proto() for e in events])
+        size, after = paging.page_size(request.page_size), paging.decode_seq(request.page_token)
+        events = await self.core.timeline(pid, after_seq=after, limit=size)
+        more = len(events) == size
+        return pb.PaymentTimeline(payment_id=pid, events=[e.to_proto() for e in events],
+                                  next_page_token=paging.encode_seq(events[-1].seq) if more else "")
 
     async def LookupPayment(self, request: pb.LookupPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
         principal.current().require_role(*READ_ROLES)

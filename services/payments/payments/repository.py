@@ -115,13 +115,15 @@ RETURNING {', '.join('p.' + c.strip() for c in PAYMENT_COLUMNS.split(','))}, due
 """
 
 # Events of the payment, plus the checkout's own (saga) events that name no other payment attempt.
+# One page, after the event `seq` $3 (0: from the start), at most $4 events.
 TIMELINE = """
 SELECT seq, payment_id, checkout_id, source, from_status, to_status, version, trace_id, note, created_at
-FROM payment_events WHERE payment_id = $1
+FROM payment_events WHERE payment_id = $1 AND seq > $3
 UNION ALL
 SELECT seq, payment_id, checkout_id, source, from_status, to_status, version, trace_id, note, created_at
-FROM payment_events WHERE checkout_id = $2 AND payment_id IS NULL
+FROM payment_events WHERE checkout_id = $2 AND payment_id IS NULL AND seq > $3
 ORDER BY seq
+LIMIT $4
 """
 
 # -- PSP events ------------------------------------------------------------------------------------

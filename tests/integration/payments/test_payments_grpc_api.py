@@ -75,3 +75,22 @@ async def test_ids_and_roles(payments_server):
                  "idempotency_key")
     await expect(grpc.StatusCode.FAILED_PRECONDITION,
                  stub.RefundPayment(pb.RefundPaymentRequest(payment_id=p.id, idempotency_key=new_id())))
+
+
+async def test_the_timeline_is_paged(payments_server):
+    """Issue 10 item 4: every list is paged (page_size <= 500, stable order, opaque tokens)."""
+    stub = payments_server
+    p = await stub.CreatePayment(create())
+    await stub.CancelPayment(pb.CancelPaymentRequest(payment_id=p.id))
+    first = await stub.GetPaymentTimeline(pb.GetPaymentTimelineRequest(payment_id=p.id, page_size=2), metadata=STAFF)
+    assert [e.to_status for e in first.events] == ["created", "requires_action"] and first.next_page_token
+    rest = await stub.GetPaymentTimeline(pb.GetPaymentTimelineRequest(
+        payment_id=p.id, page_size=2, page_token=first.next_page_token), metadata=STAFF)
+    assert [e.to_status for e in rest.events] == ["canceled"] and rest.next_page_token == ""
+    whole = await stub.GetPaymentTimeline(pb.GetPaymentTimelineRequest(payment_id=p.id), metadata=STAFF)
+    assert [e.seq for e in whole.events] == [e.seq for e in (*first.events, *rest.events)]
+    for bad, field in ((pb.GetPaymentTimelineRequest(payment_id=p.id, page_token="not-ours"), "page_token"),
+                       (pb.GetPaymentTimelineRequest(payment_id=p.id, page_size=-1), "page_size")):
+        await expect(grpc.StatusCode.INVALID_ARGUMENT, stub.GetPaymentTimeline(bad, metadata=STAFF), field)
+    big = await stub.GetPaymentTimeline(pb.GetPaymentTimelineRequest(payment_id=p.id, page_size=10_000), metadata=STAFF)
+    assert len(big.events) == 3  # capped at 500, not refused
