@@ -94,8 +94,10 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
         async def _fail(exc: BaseException, context) -> None:
             status = status_for_exception(exc)
             if status is None:
+                # The detail (exception, stack) goes to the log with the trace id; the caller gets a
+                # stable message that names nothing internal (issue 10, item 6).
                 log.exception("unhandled error in %s", handler_call_details.method)
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error; quote the trace id when reporting it")
             else:
                 if status.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED):
                     log.warning("%s: %s", handler_call_details.method, status.details)
