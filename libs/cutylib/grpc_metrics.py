@@ -94,12 +94,8 @@ class GrpcMetricsInterceptor(grpc.aio.ServerInterceptor):
                 t0 = time.perf_counter()
                 code = None
                 try:
-                    result = behavior(request_or_iterator, context)
-                    if inspect.isasyncgen(result):
-                        async for item in result:
-                            yield item
-                    else:
-                        await result
+                    async for item in stream_of(behavior(request_or_iterator, context)):
+                        yield item
                 except (asyncio.CancelledError, GeneratorExit):
                     code = "CANCELLED"
                     raise
@@ -115,6 +111,15 @@ _KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler, False),
           ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
           ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
           ("stream_stream", grpc.stream_stream_rpc_method_handler, True))
+
+
+async def stream_of(result):
+    """A streaming behaviour's answers: it is an async generator, or a coroutine that writes them."""
+    if inspect.isasyncgen(result):
+        async for item in result:
+            yield item
+    else:
+        await result
 
 
 def rewrap(handler, wrap_unary, wrap_stream):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import signal
 from typing import Awaitable, Callable, Iterable, Mapping
@@ -17,7 +16,7 @@ from .config import env_int, env_str
 from .dbwatch import UNREACHABLE, DatabaseWatch
 from .errors import PermissionDenied
 from .grpc_errors import status_for_exception
-from .grpc_metrics import GrpcMetricsInterceptor
+from .grpc_metrics import GrpcMetricsInterceptor, rewrap, stream_of
 from .metrics import metrics_enabled
 from .identity import ASSERTION_KEY, AssertionVerifier
 from .tls import Transport, peer_service
@@ -129,12 +128,8 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 token = None
                 try:
                     token = principal.set_current(trust.principal(method, context, metadata))
-                    result = behavior(request_or_iterator, context)
-                    if inspect.isasyncgen(result):
-                        async for item in result:
-                            yield item
-                    else:
-                        await result
+                    async for item in stream_of(behavior(request_or_iterator, context)):
+                        yield item
                 except (asyncio.CancelledError, grpc.aio.AbortError):
                     raise
                 except Exception as exc:  # noqa: BLE001
@@ -144,19 +139,7 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                         principal._current.reset(token)
             return wrapped
 
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer)
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer)
-        if handler.stream_stream:
-            return grpc.stream_stream_rpc_method_handler(
-                wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer)
-        return handler
+        return rewrap(handler, wrap_unary, wrap_stream)
 
 
 BackgroundTask = Callable[[], Awaitable[None]]
