@@ -30,7 +30,6 @@ from cuty.booking.v1 import booking_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cutylib.config import Settings, with_database
 from cutylib.grpc_errors import unpack_detail
-from cutylib.identity import PUBLIC_KEY_FILE
 from cutylib.testing.trust import dev_pki, user
 from cutylib.tls import Transport
 from cutylib.testing.procs import ServiceProcess, base_env, free_port
@@ -144,7 +143,7 @@ class Server:
     def __init__(self, dsn: str, workdir: pathlib.Path, name: str, *, secure: bool = True, **env):
         self.port = free_port()
         self.pki = dev_pki(workdir)
-        trust = {**self.pki.env("booking"), "CUTY_USER_ASSERTION_PUBLIC_KEYS": str(self.pki.folder / PUBLIC_KEY_FILE)}
+        trust = self.pki.env("booking")
         self.secure = secure
         self.proc = ServiceProcess("booking", base_env(
             CUTY_BOOKING_DATABASE_URL=dsn, CUTY_BOOKING_GRPC_PORT=self.port, CUTY_DB_POOL_MIN=POOL,

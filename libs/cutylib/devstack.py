@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .config import DEV_JWT_SECRET, SERVICES, env_int, health_port_for
-from .identity import PUBLIC_KEY_FILE, SIGNING_KEY_FILE
 from .metrics import METRICS_PORTS
 from .tls import SERVICE_IDENTITIES
 
@@ -186,8 +185,6 @@ class DevStack:
         for c in self.children:
             if c.name in SERVICE_IDENTITIES:
                 c.env.update(pki.env(c.name))
-                c.env.update({"CUTY_USER_ASSERTION_KEY": str(pki.folder / SIGNING_KEY_FILE)} if c.name == "gateway"
-                             else {"CUTY_USER_ASSERTION_PUBLIC_KEYS": str(pki.folder / PUBLIC_KEY_FILE)})
         say(f"mutual TLS between services: development CA in {pki.folder}")
 
     def spawn(self, c: Child) -> None:

@@ -196,10 +196,16 @@ class DevPki:
                         self.key_path(identity).read_bytes())
 
     def env(self, identity: str) -> dict[str, str]:
-        """The CUTY_TLS_* settings of a process with this identity."""
+        """The trust settings of a process with this identity, and nothing of anyone else's: its
+        certificate and key, the CA, and the user-assertion key (the gateway's private key for the
+        gateway, its public half for a service)."""
+        from .identity import PUBLIC_KEY_FILE, SIGNING_KEY_FILE
+
         self.ensure((identity,))
+        keys = ({"CUTY_USER_ASSERTION_KEY": str(self.folder / SIGNING_KEY_FILE)} if identity == GATEWAY
+                else {"CUTY_USER_ASSERTION_PUBLIC_KEYS": str(self.folder / PUBLIC_KEY_FILE)})
         return {"CUTY_TLS_CA": str(self.ca_path), "CUTY_TLS_CERT": str(self.cert_path(identity)),
-                "CUTY_TLS_KEY": str(self.key_path(identity))}
+                "CUTY_TLS_KEY": str(self.key_path(identity)), **keys}
 
     def ca_key(self) -> bytes:
         return (self.folder / "ca.key").read_bytes()

@@ -20,7 +20,6 @@ from ..config import DEV_WEBHOOK_SECRET
 from ..metrics import METRICS_PORTS
 from ..pgcluster import free_port
 from .procs import ServiceProcess, base_env
-from ..identity import PUBLIC_KEY_FILE, SIGNING_KEY_FILE
 from ..tls import SERVICE_IDENTITIES, DevPki
 from .trust import channel_as, dev_pki
 from .webhook_relay import WebhookRelay
@@ -104,9 +103,7 @@ class Stack:
         key that signs user assertions, the services its public half (docs/security.md)."""
         if identity not in SERVICE_IDENTITIES:
             return {}
-        keys = ({"CUTY_USER_ASSERTION_KEY": str(self.pki.folder / SIGNING_KEY_FILE)} if identity == "gateway"
-                else {"CUTY_USER_ASSERTION_PUBLIC_KEYS": str(self.pki.folder / PUBLIC_KEY_FILE)})
-        return {**self.pki.env(identity), **keys}
+        return self.pki.env(identity)
 
     def channel(self, identity: str, target: str, addr: str | None = None, **kw):
         """A channel to `target` (default address: its first process) with `identity`'s certificate."""

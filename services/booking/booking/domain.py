@@ -16,6 +16,7 @@ import zoneinfo
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 
+from cutylib import paging
 from cutylib.errors import InvalidArgument, PermissionDenied
 from cutylib.principal import Principal
 
@@ -271,9 +272,7 @@ class SlotCursor:
 
 
 def page_size(requested: int) -> int:
-    if requested < 0:
-        raise InvalidArgument("page_size", f"page_size must be between 0 and {MAX_PAGE_SIZE}, got {requested}")
-    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+    return paging.page_size(requested, default=DEFAULT_PAGE_SIZE, maximum=MAX_PAGE_SIZE)
 
 
 def encode_page_token(c: SlotCursor) -> str:

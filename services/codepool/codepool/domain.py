@@ -10,6 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from cutylib import paging
 from cutylib.errors import InvalidArgument
 
 MAX_CODE_LENGTH = 256
@@ -98,9 +99,7 @@ def require_price(currency: str, amount_minor: int) -> tuple[str, int]:
 
 
 def page_size(requested: int) -> int:
-    if requested < 0:
-        raise InvalidArgument("page_size", f"page_size must be >= 0, got {requested}")
-    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+    return paging.page_size(requested, default=DEFAULT_PAGE_SIZE, maximum=MAX_PAGE_SIZE)
 
 
 def encode_page_token(last_id: uuid.UUID) -> str:
