@@ -29,7 +29,7 @@ from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
 from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
 from cutylib.config import DEV_JWT_SECRET
 from cutylib.testing.stack import Stack
-from cutylib.testing.trust import user
+from cutylib.testing.trust import org_for, user
 
 SECONDS = float(os.environ.get("CUTY_BENCH_SECONDS", "8"))
 CONCURRENCY = [int(c) for c in os.environ.get("CUTY_BENCH_CONCURRENCY", "16,64").split(",")]
@@ -42,7 +42,10 @@ def customer(i: int) -> tuple[tuple[str, str], ...]:
 
 
 def token(sub: str, role: str) -> str:
-    return jwt.encode({"sub": sub, "role": role, "exp": int(time.time()) + 3600}, DEV_JWT_SECRET, algorithm="HS256")
+    claims = {"sub": sub, "role": role, "exp": int(time.time()) + 3600}
+    if org := org_for(role):
+        claims["org"] = org
+    return jwt.encode(claims, DEV_JWT_SECRET, algorithm="HS256")
 
 
 class Http:

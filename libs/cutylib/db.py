@@ -30,6 +30,13 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
+# The Row-Level Security key of every merchant's table (libs/cutylib/migrations/0000_cuty_tenancy.sql).
+MERCHANT_SETTING = "cuty.merchant"
+ALL_MERCHANTS = "*"
+
+# Migrations every service database shares (tenancy functions), applied with the service's own.
+SHARED_MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
+
 # How long a request waits for a pooled connection (CUTY_DB_ACQUIRE_TIMEOUT_SECONDS).
 DEFAULT_ACQUIRE_TIMEOUT_SECONDS = 5.0
 
@@ -38,7 +45,10 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
                       acquire_timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECONDS, **kwargs: Any) -> asyncpg.Pool:
     """A pool whose sessions run in UTC with JSON codecs and no per-release reset round trip, and
     whose acquire gives up after `acquire_timeout` seconds (None: waits for ever)."""
-    server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty")}
+    server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty"),
+                       # Row-Level Security: a service's session sees every merchant; a staff or
+                       # admin unit of work narrows it with SET LOCAL (cutylib.tenancy.scoped).
+                       MERCHANT_SETTING: ALL_MERCHANTS}
     server_settings.update(kwargs.pop("server_settings", {}))
     kwargs.setdefault("reset", _keep_session)
     kwargs.setdefault("timeout", 5)  # connect timeout: a database that does not answer is UNAVAILABLE soon
@@ -148,8 +158,17 @@ class MigrationError(RuntimeError):
     pass
 
 
-async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool = True) -> list[str]:
-    """Apply the numbered `*.sql` files of `migrations_dir` that are not applied yet, in order.
+def _migration_files(migrations_dir: str | pathlib.Path, shared: bool) -> list[pathlib.Path]:
+    files = list(pathlib.Path(migrations_dir).glob("*.sql"))
+    if shared:
+        files += SHARED_MIGRATIONS.glob("*.sql")
+    return sorted(files, key=lambda f: f.name)
+
+
+async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool = True,
+                  shared: bool = True) -> list[str]:
+    """Apply the numbered `*.sql` files of `migrations_dir` (and, unless `shared` is false, the
+    ones every service shares, SHARED_MIGRATIONS) that are not applied yet, in name order.
 
     Forward-only: an applied file whose content changed is an error. Replicas starting together are
     serialised by a session advisory lock, so each migration runs exactly once.
@@ -157,8 +176,8 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     """
     if create:
         await ensure_database(dsn)
-    files = sorted(pathlib.Path(migrations_dir).glob("*.sql"))
-    conn = await asyncpg.connect(dsn)
+    files = _migration_files(migrations_dir, shared)
+    conn = await asyncpg.connect(dsn, server_settings={MERCHANT_SETTING: ALL_MERCHANTS})
     applied_now: list[str] = []
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
@@ -185,10 +204,10 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     return applied_now
 
 
-async def pending_migrations(dsn: str, migrations_dir: str | pathlib.Path) -> list[str]:
+async def pending_migrations(dsn: str, migrations_dir: str | pathlib.Path, *, shared: bool = True) -> list[str]:
     """Versions of `migrations_dir` not applied yet (a service started with migrations left to a
     Job waits for this to be empty before it serves)."""
-    versions = [f.stem for f in sorted(pathlib.Path(migrations_dir).glob("*.sql"))]
+    versions = [f.stem for f in _migration_files(migrations_dir, shared)]
     conn = await asyncpg.connect(dsn, timeout=5)
     try:
         if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NULL"):

@@ -21,25 +21,35 @@ from zoneinfo import ZoneInfo
 import httpx
 import jwt
 
+from .tenancy import MERCHANT_ROLES
+
 ZONE = "Europe/Istanbul"
 SLOT_HOURS = range(9, 18)  # 09:00 .. 17:00 local starts, one hour each
 DAYS = 7
 PRICE = {"currencyCode": "TRY", "amountMinor": "75000"}
 CODES = 200
 TOKEN_TTL = 7 * 24 * 3600
+DEMO_MERCHANT = "demo-merchant"
 
 
-def token(secret: str, sub: str, role: str, ttl: float = TOKEN_TTL) -> str:
+def token(secret: str, sub: str, role: str, ttl: float = TOKEN_TTL, org: str = "") -> str:
     now = int(time.time())
-    return jwt.encode({"sub": sub, "role": role, "iat": now, "exp": now + int(ttl)}, secret, algorithm="HS256")
+    claims = {"sub": sub, "role": role, "iat": now, "exp": now + int(ttl)}
+    if org:
+        claims["org"] = org
+    return jwt.encode(claims, secret, algorithm="HS256")
 
 
 def demo_tokens(secret: str) -> dict[str, str]:
-    return {role: token(secret, f"demo-{role}", role) for role in ("customer", "staff", "admin")}
+    return {role: token(secret, f"demo-{role}", role, org=_org(role)) for role in ("customer", "staff", "admin")}
 
 
-def _auth(secret: str, sub: str, role: str, **extra: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token(secret, sub, role, 600)}", **extra}
+def _org(role: str, merchant: str = DEMO_MERCHANT) -> str:
+    return merchant if role in MERCHANT_ROLES else ""
+
+
+def _auth(secret: str, sub: str, role: str, *, merchant: str = DEMO_MERCHANT, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token(secret, sub, role, 600, org=_org(role, merchant))}", **extra}
 
 
 def _ok(r: httpx.Response) -> dict:

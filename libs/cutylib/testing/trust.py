@@ -20,6 +20,7 @@ from ..config import env_str
 from ..grpc_client import create_channel
 from ..identity import SIGNING_KEY_FILE, AssertionSigner
 from ..principal import Principal
+from ..tenancy import MERCHANT_ROLES
 from ..tls import DEV_DIR, PAYMENTS, DevPki, Transport
 
 PREFERENCE = (PAYMENTS, "gateway", "codepool", "booking")
@@ -34,8 +35,19 @@ def dev_pki(data_dir: str | pathlib.Path | None = None) -> DevPki:
 _signers: dict[pathlib.Path, AssertionSigner] = {}
 
 
-def user(subject: str, role: str, org: str = "", *, pki: DevPki | None = None) -> tuple[tuple[str, str], ...]:
-    """`cuty-user` metadata for this user, signed with the development gateway key."""
+# The merchant of a test's staff and admins when the test does not name one (issue 14).
+TEST_MERCHANT = "merchant-test"
+
+
+def org_for(role: str, org: str | None = None) -> str:
+    """The `org` of a test user: the one given, else TEST_MERCHANT for staff and admins."""
+    return org if org is not None else (TEST_MERCHANT if role in MERCHANT_ROLES else "")
+
+
+def user(subject: str, role: str, org: str | None = None, *, pki: DevPki | None = None) -> tuple[tuple[str, str], ...]:
+    """`cuty-user` metadata for this user, signed with the development gateway key. A staff or
+    admin user belongs to `org` (TEST_MERCHANT unless given; "" for none)."""
+    org = org_for(role, org)
     pki = pki or dev_pki()
     signer = _signers.get(pki.folder)
     if signer is None:

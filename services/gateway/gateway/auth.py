@@ -20,6 +20,7 @@ import time
 import jwt
 
 from cutylib.principal import Principal
+from cutylib.tenancy import MAX_MERCHANT_ID_LENGTH, MERCHANT_ROLES
 
 from .policy import TOKEN_ROLES
 from .problems import Problem
@@ -129,11 +130,16 @@ def principal_of(claims: dict) -> Principal:
         raise unauthenticated("the token's 'sub' claim must be a non-empty string")
     if role not in TOKEN_ROLES:
         raise unauthenticated(f"the token's 'role' must be one of {', '.join(sorted(TOKEN_ROLES))}, got {role!r}")
-    if org is not None and (not isinstance(org, str) or not org.strip() or len(org) > 200):
-        raise unauthenticated("the token's 'org' claim must be a non-empty string of at most 200 characters")
+    if org is not None and (not isinstance(org, str) or not org.strip() or len(org) > MAX_MERCHANT_ID_LENGTH):
+        raise unauthenticated(
+            f"the token's 'org' claim must be a non-empty string of at most {MAX_MERCHANT_ID_LENGTH} characters")
+    if role in MERCHANT_ROLES and org is None:
+        # Issue 14: staff and admins act for one merchant, named by the identity provider.
+        raise unauthenticated(f"a token with role {role!r} must carry the 'org' claim (the merchant it belongs to)")
     if not isinstance(claims["exp"], (int, float)):
         raise unauthenticated("the token's 'exp' claim must be a number")
-    return Principal(subject=sub, role=role, org=org or "")
+    # Customers and operators belong to no merchant: an `org` on their tokens means nothing here.
+    return Principal(subject=sub, role=role, org=org if role in MERCHANT_ROLES else "")
 
 
 def issue(secret: str, subject: str, role: str, *, ttl_seconds: float = 3600, now: float | None = None,

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CUSTOMER, STAFF, ADMIN = "customer", "staff", "admin"
-SIGNED_IN = frozenset({CUSTOMER, STAFF, ADMIN})
+CUSTOMER, STAFF, ADMIN, OPERATOR = "customer", "staff", "admin", "operator"
+SIGNED_IN = frozenset({CUSTOMER, STAFF, ADMIN, OPERATOR})
+# Issue 14: staff and admins act within their merchant (the services filter by it); the platform's
+# operator (support) reads across merchants, and the services audit every such read.
+READERS = frozenset({STAFF, ADMIN, OPERATOR})
 TOKEN_ROLES = SIGNED_IN  # roles a token may carry; `system` is for internal callers only
 
 
@@ -37,19 +40,19 @@ POLICY: dict[str, Access] = {
     "cuty.booking.v1.BookingService.ListSlots": Access(SIGNED_IN),
     "cuty.codepool.v1.CodePoolService.CreateProduct": Access(_roles(ADMIN)),
     "cuty.codepool.v1.CodePoolService.ImportCodeBatch": Access(_roles(ADMIN)),
-    "cuty.codepool.v1.CodePoolService.GetStock": Access(_roles(STAFF, ADMIN)),
-    "cuty.codepool.v1.CodePoolService.ListCodes": Access(_roles(STAFF, ADMIN)),
+    "cuty.codepool.v1.CodePoolService.GetStock": Access(READERS),
+    "cuty.codepool.v1.CodePoolService.ListCodes": Access(READERS),
     "cuty.codepool.v1.CodePoolService.RevealCode": Access(_roles(ADMIN)),
     "cuty.payments.v1.CheckoutService.CreateCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
     "cuty.payments.v1.CheckoutService.PayCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
     # DESIGN.md says "its customer, staff"; an admin can do what staff can.
-    "cuty.payments.v1.CheckoutService.GetCheckout": Access(_roles(CUSTOMER, STAFF, ADMIN)),
+    "cuty.payments.v1.CheckoutService.GetCheckout": Access(READERS | {CUSTOMER}),
     "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER)),
-    # Issue 10: an operator (here: an admin) retries a NEEDS_ATTENTION checkout.
-    "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN)),
-    "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(_roles(STAFF, ADMIN)),
+    # Issue 10: the merchant's admin, or the platform's operator, retries a NEEDS_ATTENTION checkout.
+    "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN, OPERATOR)),
+    "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(READERS),
     # Issue 15: staff find the payment behind a PSP intent id (GET /v1/payments:lookup?pspIntentId=).
-    "cuty.payments.v1.PaymentService.LookupPayment": Access(_roles(STAFF, ADMIN)),
+    "cuty.payments.v1.PaymentService.LookupPayment": Access(READERS),
     # The PSP has no token; the orchestrator verifies the HMAC over the raw body instead.
     "cuty.payments.v1.PaymentService.HandlePspWebhook": Access(
         None, forward_headers=(("cuty-signature", "cuty-signature"),)),

@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from cutylib.pgcluster import free_port
 from cutylib.testing.procs import PYTHONPATH, REPO, wait_for
+from cutylib.testing.trust import org_for
 
 SECRET = "e2e-jwt-secret-0123456789abcdefghijklmnop"
 WEBHOOK_SECRET = "whsec_e2e_gateway_0123456789"
@@ -84,10 +85,15 @@ class Devstack:
             return self.proc.wait(10)
 
 
-def make_token(role: str, sub: str | None = None, *, secret: str = SECRET, ttl: float = 600) -> str:
+def make_token(role: str, sub: str | None = None, *, secret: str = SECRET, ttl: float = 600,
+               org: str | None = None) -> str:
+    """A token as the identity provider would sign it; staff and admins belong to `org`
+    (TEST_MERCHANT unless given; "" for a token without the claim)."""
     now = int(time.time())
-    return jwt.encode({"sub": sub or f"{role}-{uuid.uuid4().hex[:8]}", "role": role, "iat": now, "exp": now + int(ttl)},
-                      secret, algorithm="HS256")
+    claims = {"sub": sub or f"{role}-{uuid.uuid4().hex[:8]}", "role": role, "iat": now, "exp": now + int(ttl)}
+    if org := org_for(role, org):
+        claims["org"] = org
+    return jwt.encode(claims, secret, algorithm="HS256")
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from google.protobuf import descriptor_pool
 from cutylib import principal
 from cutylib.grpc_server import GrpcServer
 from cutylib.principal import Principal
-from cutylib.testing.trust import dev_pki
+from cutylib.testing.trust import dev_pki, org_for
 from cutylib.tls import TlsFiles, Transport
 from cutylib.tls import issue as issue_cert
 from cutylib.pgcluster import free_port
@@ -147,8 +147,9 @@ async def client(gw):
         yield c
 
 
-def _bearer(role: str, sub: str = "user-1", secret: str = SECRET, ttl: float = 300) -> dict[str, str]:
-    return {"Authorization": f"Bearer {issue(secret, sub, role, ttl_seconds=ttl)}"}
+def _bearer(role: str, sub: str = "user-1", secret: str = SECRET, ttl: float = 300,
+            org: str | None = None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {issue(secret, sub, role, ttl_seconds=ttl, org=org_for(role, org) or None)}"}
 
 
 @pytest.fixture(scope="session")

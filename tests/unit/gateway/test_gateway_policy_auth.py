@@ -12,23 +12,24 @@ from gateway.ratelimit import RateLimiter, retry_after_header
 SECRET = "unit-test-secret-of-at-least-32-bytes!"
 
 # DESIGN.md "Public HTTP API": route -> who may call it ("its customer" is checked by the service).
+# Issue 14: staff and admins within their merchant (checked by the services), the operator across.
 DESIGN_TABLE = {
     ("POST", "/v1/salons"): {"admin"},
     ("POST", "/v1/salons/{salon_id}/resources"): {"admin"},
     ("POST", "/v1/salons/{salon_id}/slots:batchCreate"): {"admin"},
-    ("GET", "/v1/salons/{salon_id}/slots"): {"customer", "staff", "admin"},
+    ("GET", "/v1/salons/{salon_id}/slots"): {"customer", "staff", "admin", "operator"},
     ("POST", "/v1/products"): {"admin"},
     ("POST", "/v1/products/{product_id}/codes:import"): {"admin"},
-    ("GET", "/v1/products/{product_id}/stock"): {"staff", "admin"},
-    ("GET", "/v1/products/{product_id}/codes"): {"staff", "admin"},
+    ("GET", "/v1/products/{product_id}/stock"): {"staff", "admin", "operator"},
+    ("GET", "/v1/products/{product_id}/codes"): {"staff", "admin", "operator"},
     ("POST", "/v1/codes/{code_id}:reveal"): {"admin"},
     ("POST", "/v1/checkouts"): {"customer"},
     ("POST", "/v1/checkouts/{checkout_id}:pay"): {"customer"},
-    ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff", "admin"},  # "staff"; admin can do what staff can
+    ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff", "admin", "operator"},  # admin can do what staff can
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer"},
-    ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin"},  # issue 10: an operator's retry of NEEDS_ATTENTION
-    ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin"},
-    ("GET", "/v1/payments:lookup"): {"staff", "admin"},  # issue 15: a payment by its PSP intent id
+    ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # issue 10: retry of NEEDS_ATTENTION
+    ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin", "operator"},
+    ("GET", "/v1/payments:lookup"): {"staff", "admin", "operator"},  # issue 15: a payment by its PSP intent id
     ("POST", "/v1/psp/webhooks"): None,
 }
 
@@ -65,8 +66,8 @@ def verify(header, secret=SECRET, **kw):
 
 
 def test_valid_token():
-    p = verify(f"Bearer {token(role='staff')}")
-    assert (p.subject, p.role) == ("u1", "staff")
+    p = verify(f"Bearer {token(role='staff', org='m-1')}")
+    assert (p.subject, p.role, p.org) == ("u1", "staff", "m-1")
 
 
 @pytest.mark.parametrize("header", [
@@ -84,8 +85,8 @@ def test_invalid_tokens_are_401(header):
 
 
 def test_issue_round_trips():
-    p = verify("Bearer " + auth.issue(SECRET, "admin-1", "admin"))
-    assert (p.subject, p.role) == ("admin-1", "admin")
+    p = verify("Bearer " + auth.issue(SECRET, "admin-1", "admin", org="m-1"))
+    assert (p.subject, p.role, p.org) == ("admin-1", "admin", "m-1")
 
 
 def test_token_bucket_per_key():
@@ -147,3 +148,21 @@ def test_oversized_token_is_refused_before_any_check():
     with pytest.raises(Problem) as e:
         auth.token_of("Bearer " + "a" * 9000)
     assert e.value.status == 401
+
+
+@pytest.mark.parametrize("role", ["staff", "admin"])
+def test_a_merchant_role_without_org_is_401(role):
+    with pytest.raises(Problem) as e:
+        auth.principal_of({"sub": "u1", "role": role, "exp": int(time.time()) + 60})
+    assert e.value.status == 401 and "org" in e.value.detail
+
+
+def test_org_binds_staff_and_admins_only():
+    exp = int(time.time()) + 60
+    assert auth.principal_of({"sub": "u1", "role": "staff", "org": "m-1", "exp": exp}).org == "m-1"
+    # customers and the platform's operator belong to no merchant, whatever their token says
+    assert auth.principal_of({"sub": "u1", "role": "customer", "org": "m-1", "exp": exp}).org == ""
+    assert auth.principal_of({"sub": "u1", "role": "operator", "exp": exp}).org == ""
+    for bad in ("", "   ", "x" * 201, 7):
+        with pytest.raises(Problem):
+            auth.principal_of({"sub": "u1", "role": "admin", "org": bad, "exp": exp})
