@@ -64,6 +64,22 @@ async def narrow(conn: asyncpg.Connection, principal: Principal | None = None) -
     await conn.execute("SELECT set_config($1, $2, true)", MERCHANT_SETTING, setting_for(principal))
 
 
+async def fetchrow(pool: asyncpg.Pool, query: str, *args, principal: Principal | None = None):
+    """`pool.fetchrow` for a caller not bound to a merchant; inside `scoped()` for one that is."""
+    if principal is None or merchant_filter(principal) is None:
+        return await pool.fetchrow(query, *args)
+    async with scoped(pool, principal) as uow:
+        return await uow.conn.fetchrow(query, *args)
+
+
+async def fetch(pool: asyncpg.Pool, query: str, *args, principal: Principal | None = None) -> list:
+    """`pool.fetch` for a caller not bound to a merchant; inside `scoped()` for one that is."""
+    if principal is None or merchant_filter(principal) is None:
+        return await pool.fetch(query, *args)
+    async with scoped(pool, principal) as uow:
+        return await uow.conn.fetch(query, *args)
+
+
 @asynccontextmanager
 async def scoped(pool: asyncpg.Pool, principal: Principal | None = None, *,
                  isolation: str = "read_committed") -> AsyncIterator[UnitOfWork]:

@@ -14,8 +14,10 @@ from typing import Any, Awaitable, Callable
 import asyncpg
 from opentelemetry import trace
 
+from cutylib import tenancy
 from cutylib.config import Settings
 from cutylib.errors import Aborted, FailedPrecondition, NotFound, Unavailable, require
+from cutylib.principal import Principal
 from cutylib.telemetry import current_trace_id
 
 from . import domain, metrics as m, repository as sql
@@ -71,24 +73,39 @@ class PaymentsCore:
             self._hooks.append(fn)
 
     # -- reads ----------------------------------------------------------------------------------------
-    async def find_by_key(self, idempotency_key: str) -> PaymentView | None:
-        """The payment created with `idempotency_key` (the payment attempt id), if any."""
-        row = await self.pool.fetchrow(sql.GET_BY_KEY, idempotency_key)
+    async def find_by_key(self, merchant_id: str, idempotency_key: str) -> PaymentView | None:
+        """The payment created with `idempotency_key` (the payment attempt id) in its merchant, if any."""
+        row = await self.pool.fetchrow(sql.GET_BY_KEY, merchant_id, idempotency_key)
         return PaymentView.from_row(row) if row is not None else None
 
-    async def get(self, payment_id: str) -> PaymentView:
-        row = await self.pool.fetchrow(sql.GET_PAYMENT, parse_uuid(payment_id, "payment_id"))
+    async def get(self, payment_id: str, *, seen_by: Principal | None = None) -> PaymentView:
+        """The payment; for a user (`seen_by`) only within their merchant (issue 14): another
+        merchant's payment is not found, and Row-Level Security narrows the read as well."""
+        pid = parse_uuid(payment_id, "payment_id")
+        if seen_by is None:
+            row = await self.pool.fetchrow(sql.GET_PAYMENT, pid)
+        else:
+            row = await tenancy.fetchrow(self.pool, sql.GET_PAYMENT_SEEN_BY, pid, tenancy.merchant_filter(seen_by),
+                                         principal=seen_by)
         if row is None:
             raise NotFound(f"payment {payment_id} not found")
         return PaymentView.from_row(row)
 
-    async def timeline(self, payment_id: str, *, after_seq: int = 0, limit: int = 10_000) -> list[TimelineEvent]:
+    async def timeline(self, payment_id: str, *, seen_by: Principal | None = None, after_seq: int = 0,
+                       limit: int = 10_000) -> list[TimelineEvent]:
         """The payment's events (and its checkout's saga transitions) oldest first, after `after_seq`."""
-        payment = await self.get(payment_id)
-        rows = await self.pool.fetch(sql.TIMELINE, uuid.UUID(payment.id),
-                                     uuid.UUID(payment.checkout_id) if payment.checkout_id else None,
-                                     after_seq, limit)
+        payment = await self.get(payment_id, seen_by=seen_by)
+        rows = await tenancy.fetch(self.pool, sql.TIMELINE, uuid.UUID(payment.id),
+                                   uuid.UUID(payment.checkout_id) if payment.checkout_id else None,
+                                   after_seq, limit, payment.merchant_id, principal=seen_by)
         return [TimelineEvent.from_row(r) for r in rows]
+
+    async def audit_operator_read(self, caller: Principal, rpc: str, object_id: str, merchant_id: str | None) -> None:
+        """Issue 14: the platform's operator reads across merchants, and every such read is kept
+        (who, what, whose), before the answer leaves."""
+        if caller.role == tenancy.OPERATOR_ROLE:
+            await self.pool.execute(sql.AUDIT_OPERATOR_READ, caller.subject, rpc, object_id, merchant_id,
+                                    current_trace_id())
 
     async def append_event(self, conn: asyncpg.Connection, *, payment_id: str | None, checkout_id: str | None,
                            source: str, from_status: str | None, to_status: str, version: int | None,
@@ -103,7 +120,8 @@ class PaymentsCore:
 
     # -- charge -----------------------------------------------------------------------------------------
     async def create_and_charge(self, *, checkout_id: str | None, amount_minor: int, currency: str,
-                                payment_method: str, idempotency_key: str, customer_id: str) -> PaymentView:
+                                payment_method: str, idempotency_key: str, customer_id: str,
+                                merchant_id: str) -> PaymentView:
         """Create the payment (idempotently on `idempotency_key`, also the PSP's Idempotency-Key) and
         charge it. A PSP timeout leaves it non-terminal (`created`) for reconciliation."""
         require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
@@ -113,15 +131,17 @@ class PaymentsCore:
         require(isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha(),
                 "amount.currency_code", f"currency must be a 3-letter ISO 4217 code, got {currency!r}")
         require(bool(payment_method), "payment_method", "payment_method must not be empty")
+        require(bool(merchant_id) and len(merchant_id) <= tenancy.MAX_MERCHANT_ID_LENGTH, "merchant_id",
+                f"merchant_id must be 1..{tenancy.MAX_MERCHANT_ID_LENGTH} characters (the merchant paid)")
         checkout = parse_uuid(checkout_id, "checkout_id") if checkout_id else None
         idempotency_key, currency = str(idempotency_key), currency.upper()
         payment_id = uuid.uuid4()
         # The payment and its "created" event: one statement, so one implicit transaction.
         row = await self.pool.fetchrow(sql.INSERT_PAYMENT, payment_id, checkout, customer_id or "", amount_minor,
                                        currency, payment_method, idempotency_key,
-                                       float(self.settings.reconcile_after_seconds), current_trace_id())
+                                       float(self.settings.reconcile_after_seconds), current_trace_id(), merchant_id)
         if row is None:  # the key was used before: same request -> first answer, other request -> refused
-            row = await self.pool.fetchrow(sql.GET_BY_KEY, idempotency_key)
+            row = await self.pool.fetchrow(sql.GET_BY_KEY, merchant_id, idempotency_key)
             asked = (checkout, customer_id or "", amount_minor, currency, payment_method)
             had = (row["checkout_id"], row["customer_id"], row["amount_minor"], row["currency"], row["payment_method"])
             if asked != had:
@@ -319,9 +339,10 @@ class PaymentsCore:
         return await self.finalize(view.id, domain.status_of_intent(intent), "sync", intent=intent,
                                    note="cancel requested")
 
-    async def find_by_intent(self, psp_intent_id: str) -> PaymentView | None:
-        """The payment of a PSP payment intent (staff's lookup), if any."""
-        row = await self.pool.fetchrow(sql.GET_BY_INTENT, psp_intent_id)
+    async def find_by_intent(self, psp_intent_id: str, *, seen_by: Principal) -> PaymentView | None:
+        """The payment of a PSP payment intent (staff's lookup, within their merchant), if any."""
+        row = await tenancy.fetchrow(self.pool, sql.GET_BY_INTENT_SEEN_BY, psp_intent_id,
+                                     tenancy.merchant_filter(seen_by), principal=seen_by)
         return PaymentView.from_row(row) if row is not None else None
 
     async def refund(self, payment_id: str, idempotency_key: str, *, note: str = "refund requested") -> PaymentView:

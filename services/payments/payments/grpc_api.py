@@ -30,7 +30,7 @@ SIGNATURE_KEY = "cuty-signature"
 IDEMPOTENCY_KEY = "idempotency-key"
 # CreatePayment / CancelPayment / RefundPayment move money: internal callers and admins only.
 MONEY_ROLES = ("system", "admin")
-READ_ROLES = ("system", "staff", "admin")
+READ_ROLES = ("system", "staff", "admin", "operator")  # staff and admins within their merchant (issue 14)
 MAX_INTENT_ID = 255
 MAX_REASON = 200
 
@@ -56,13 +56,15 @@ class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
         view = await self.core.create_and_charge(
             checkout_id=request.checkout_id or None, amount_minor=request.amount.amount_minor,
             currency=request.amount.currency_code, payment_method=request.payment_method,
-            idempotency_key=key, customer_id=request.customer_id)
+            idempotency_key=key, customer_id=request.customer_id, merchant_id=request.merchant_id)
         set_span_attributes(payment_id=view.id, checkout_id=view.checkout_id or "")
         return view.to_proto()
 
     async def GetPayment(self, request: pb.GetPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
-        view = await self.core.get(_payment_id(request.payment_id))
-        _may_read(view)
+        caller = principal.current()
+        view = await self.core.get(_payment_id(request.payment_id), seen_by=caller)
+        _may_read(caller, view)
+        await self.core.audit_operator_read(caller, "GetPayment", view.id, view.merchant_id)
         return view.to_proto()
 
     async def CancelPayment(self, request: pb.CancelPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
@@ -80,22 +82,26 @@ class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
 
     async def GetPaymentTimeline(self, request: pb.GetPaymentTimelineRequest,
                                  context: grpc.aio.ServicerContext) -> pb.PaymentTimeline:
-        principal.current().require_role(*READ_ROLES)
+        caller = principal.current()
+        caller.require_role(*READ_ROLES)
         pid = _payment_id(request.payment_id)
         size, after = paging.page_size(request.page_size), paging.decode_seq(request.page_token)
-        events = await self.core.timeline(pid, after_seq=after, limit=size)
+        events = await self.core.timeline(pid, seen_by=caller, after_seq=after, limit=size)
+        await self.core.audit_operator_read(caller, "GetPaymentTimeline", pid, None)
         more = len(events) == size
         return pb.PaymentTimeline(payment_id=pid, events=[e.to_proto() for e in events],
                                   next_page_token=paging.encode_seq(events[-1].seq) if more else "")
 
     async def LookupPayment(self, request: pb.LookupPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
-        principal.current().require_role(*READ_ROLES)
+        caller = principal.current()
+        caller.require_role(*READ_ROLES)
         intent = request.psp_intent_id.strip()
         if not intent or len(intent) > MAX_INTENT_ID or not intent.isprintable():
             raise InvalidArgument("psp_intent_id", f"psp_intent_id must be 1..{MAX_INTENT_ID} printable characters")
-        view = await self.core.find_by_intent(intent)
+        view = await self.core.find_by_intent(intent, seen_by=caller)
         if view is None:
             raise NotFound(f"no payment for PSP intent {intent!r}")
+        await self.core.audit_operator_read(caller, "LookupPayment", view.id, view.merchant_id)
         set_span_attributes(payment_id=view.id, checkout_id=view.checkout_id or "")
         out = view.to_proto()
         out.ClearField("next_action")  # the customer's to use, not staff's
@@ -116,9 +122,9 @@ def refund_note(actor: str, reason: str) -> str:
     return f"refund requested by {actor}" + (f": {reason}" if reason else "")
 
 
-def _may_read(view: PaymentView) -> None:
-    """Staff read any payment; a customer only their own, and another's does not exist for them."""
-    caller = principal.current()
+def _may_read(caller: principal.Principal, view: PaymentView) -> None:
+    """Staff read their merchant's payments (the read was filtered by it), the operator any; a
+    customer only their own, and another's does not exist for them."""
     if caller.role in READ_ROLES:
         return
     if caller.role == "customer" and caller.subject and caller.subject == view.customer_id:

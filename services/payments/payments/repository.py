@@ -4,11 +4,15 @@ from __future__ import annotations
 
 PAYMENT_COLUMNS = """id, checkout_id, customer_id, status, version, lease_owner, lease_until, psp_intent_id,
     psp_refund_id, amount_minor, currency, payment_method, idempotency_key, redirect_url, client_secret,
-    failure_reason, reconcile_at, created_at, updated_at"""
+    failure_reason, reconcile_at, created_at, updated_at, merchant_id"""
 
 GET_PAYMENT = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1"
-GET_BY_KEY = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE idempotency_key = $1"
-GET_BY_INTENT = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE psp_intent_id = $1"
+# A user's read (issue 14): $2 is the caller's merchant (staff, admin) or NULL (any merchant), so
+# another merchant's payment is not found.
+GET_PAYMENT_SEEN_BY = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)"
+GET_BY_KEY = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE merchant_id = $1 AND idempotency_key = $2"
+GET_BY_INTENT_SEEN_BY = (f"SELECT {PAYMENT_COLUMNS} FROM payments "
+                         "WHERE psp_intent_id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
 
 # ON CONFLICT DO NOTHING: two concurrent creates with one key race on the UNIQUE index, not in Python.
 # The payment and its first event are one statement (one implicit transaction): both or neither,
@@ -16,15 +20,22 @@ GET_BY_INTENT = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE psp_intent_id = $
 INSERT_PAYMENT = f"""
 WITH ins AS (
     INSERT INTO payments (id, checkout_id, customer_id, amount_minor, currency, payment_method, idempotency_key,
-                          reconcile_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp() + make_interval(secs => $8::float8))
-    ON CONFLICT (idempotency_key) DO NOTHING
+                          reconcile_at, merchant_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp() + make_interval(secs => $8::float8), $10)
+    ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
     RETURNING {PAYMENT_COLUMNS}
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT id, checkout_id, 'sync', NULL, status, version, $9, 'payment created' FROM ins
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT id, checkout_id, 'sync', NULL, status, version, $9, 'payment created', merchant_id FROM ins
 )
 SELECT * FROM ins
+"""
+
+# Issue 14: every read of the platform's operator (support, across merchants) leaves a row here,
+# written before the answer is sent.
+AUDIT_OPERATOR_READ = """
+INSERT INTO operator_reads (subject, rpc, object_id, merchant_id, trace_id) VALUES ($1, $2, $3, $4, $5)
 """
 
 INSERT_EVENT = """
@@ -115,10 +126,10 @@ RETURNING {', '.join('p.' + c.strip() for c in PAYMENT_COLUMNS.split(','))}, due
 """
 
 # Events of the payment, plus the checkout's own (saga) events that name no other payment attempt.
-# One page, after the event `seq` $3 (0: from the start), at most $4 events.
+# One page, after the event `seq` $3 (0: from the start), at most $4 events; $5 the payment's merchant.
 TIMELINE = """
 SELECT seq, payment_id, checkout_id, source, from_status, to_status, version, trace_id, note, created_at
-FROM payment_events WHERE payment_id = $1 AND seq > $3
+FROM payment_events WHERE merchant_id = $5 AND payment_id = $1 AND seq > $3
 UNION ALL
 SELECT seq, payment_id, checkout_id, source, from_status, to_status, version, trace_id, note, created_at
 FROM payment_events WHERE checkout_id = $2 AND payment_id IS NULL AND seq > $3

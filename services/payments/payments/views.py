@@ -53,6 +53,7 @@ class PaymentView:
     failure_reason: str | None
     created_at: datetime
     updated_at: datetime
+    merchant_id: str = ""  # issue 14: the merchant paid
 
     def __post_init__(self) -> None:
         # Whoever builds a view (a row, a test, the saga), a payment that does not wait for the
@@ -73,6 +74,7 @@ class PaymentView:
             currency=row["currency"], psp_intent_id=row["psp_intent_id"], payment_method=row["payment_method"],
             redirect_url=row["redirect_url"], client_secret=row["client_secret"],
             failure_reason=row["failure_reason"], created_at=row["created_at"], updated_at=row["updated_at"],
+            merchant_id=row["merchant_id"],
         )
 
     def to_proto(self) -> payments_pb2.Payment:
@@ -87,6 +89,7 @@ class PaymentView:
             failure_reason=self.failure_reason or "",
             create_time=_ts(self.created_at),
             update_time=_ts(self.updated_at),
+            merchant_id=self.merchant_id,
         )
         if self.redirect_url:
             p.next_action.redirect_url = self.redirect_url

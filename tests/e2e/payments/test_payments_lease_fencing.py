@@ -15,6 +15,7 @@ from cuty.payments.v1 import payments_pb2_grpc
 from cutylib.testing.ids import new_id
 from cutylib.testing.procs import ServiceProcess, free_port, wait_for
 from cutylib.testing.stack import Stack
+from cutylib.testing.trust import TEST_MERCHANT
 
 ENV = {"CUTY_LEASE_SECONDS": 1, "CUTY_RECONCILE_AFTER_SECONDS": 0.3, "CUTY_PAYMENTS_POLL_SECONDS": 0.1,
        "CUTY_PSP_TIMEOUT_SECONDS": 1}
@@ -42,7 +43,8 @@ async def test_sigstopped_lease_holder_is_taken_over_and_fenced(pg, payments_dsn
         async with stack.channel("payments", "payments") as ch:
             p = await payments_pb2_grpc.PaymentServiceStub(ch).CreatePayment(pb.CreatePaymentRequest(
                 checkout_id=new_id(), amount=common_pb2.Money(currency_code="TRY", amount_minor=500),
-                payment_method="pm_card_no_webhook", idempotency_key=new_id(), customer_id="c"))
+                payment_method="pm_card_no_webhook", idempotency_key=new_id(), customer_id="c",
+                merchant_id=TEST_MERCHANT))
         assert p.status == pb.PaymentStatus.PAYMENT_STATUS_PROCESSING
 
         # Its reconciler leased the payment, read version 2, and now waits before writing: freeze it.

@@ -8,6 +8,7 @@ from cuty.payments.v1 import payments_pb2 as pb
 from cutylib.testing.ids import new_id
 from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import user
+from cutylib.testing.trust import TEST_MERCHANT
 
 STAFF = user("e2e-staff", "staff")
 
@@ -16,7 +17,8 @@ S = pb.PaymentStatus
 
 def create_request(method: str, key: str | None = None, amount: int = 2500) -> pb.CreatePaymentRequest:
     return pb.CreatePaymentRequest(checkout_id=new_id(), amount=common_pb2.Money(currency_code="TRY", amount_minor=amount),
-                                   payment_method=method, idempotency_key=key or new_id(), customer_id="cust-e2e")
+                                   payment_method=method, idempotency_key=key or new_id(), customer_id="cust-e2e",
+                                   merchant_id=TEST_MERCHANT)
 
 
 async def status_of(ps, payment_id: str) -> int:

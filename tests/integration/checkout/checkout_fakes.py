@@ -23,6 +23,7 @@ from google.rpc import error_details_pb2, status_pb2
 from cuty.booking.v1 import booking_pb2
 from cuty.codepool.v1 import codepool_pb2
 from cuty.common.v1 import common_pb2
+from cutylib.testing.trust import TEST_MERCHANT
 
 
 def rpc_error(code: grpc.StatusCode, message: str, detail=None) -> grpc.aio.AioRpcError:
@@ -100,7 +101,7 @@ class FakeBooking(Faults):
             status = booking_pb2.HOLD_STATUS_EXPIRED
         return booking_pb2.Hold(id=h["id"], slot_id=h["slot_id"], customer_id=h["customer"], status=status,
                                 expire_time=ts(h["expire"]), extended=h["extended"],
-                                payment_ref=h.get("payment_ref", ""),
+                                payment_ref=h.get("payment_ref", ""), merchant_id=TEST_MERCHANT,
                                 price=common_pb2.Money(currency_code="TRY", amount_minor=self.slots[h["slot_id"]]))
 
     def take(self, slot_id: str, customer: str = "someone-else") -> None:
@@ -206,6 +207,7 @@ class FakeCodePool(Faults):
         return codepool_pb2.Reservation(order_id=o["id"], product_id=o["product"], customer_id=o["customer"],
                                         status=st, quantity=len(o["codes"]), expire_time=ts(o["expire"]),
                                         code_ids=o["codes"], payment_transaction_id=o.get("txn", ""),
+                                        merchant_id=TEST_MERCHANT,
                                         unit_price=common_pb2.Money(currency_code="TRY", amount_minor=p["price"]))
 
     async def ReserveCodes(self, req, timeout=None):

@@ -13,9 +13,9 @@ import pytest_asyncio
 
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc, payments_pb2, payments_pb2_grpc
 from cutylib.grpc_server import GrpcServer
-from cutylib.principal import Principal
+from cutylib.principal import SYSTEM, Principal
 from cutylib.testing.procs import wait_for
-from cutylib.testing.trust import acting_channel, channel_as, user
+from cutylib.testing.trust import TEST_MERCHANT, acting_channel, channel_as, user
 from payments import ops
 from payments.checkout.domain import validate_create
 from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS, CheckoutApi
@@ -96,7 +96,7 @@ def test_trace_links_follow_the_template(monkeypatch):
 
 async def test_staff_see_attempts_and_last_error_customers_do_not(served):
     h, checkout_id, _ = served
-    staff = await h.service.get(Principal("staff-1", "staff"), checkout_id)
+    staff = await h.service.get(Principal("staff-1", "staff", TEST_MERCHANT), checkout_id)
     assert staff.HasField("diagnostics")
     d = staff.diagnostics
     assert (d.attempts, d.attention_from) == (3, "REFUNDING") and "refund_refused_by_bank" in d.last_error

@@ -8,11 +8,12 @@ import pytest
 from cuty.payments.v1 import checkout_pb2 as pb
 from cuty.payments.v1.payments_pb2 import PAYMENT_STATUS_SUCCEEDED
 from cutylib import errors
-from cutylib.principal import Principal
+from cutylib.principal import SYSTEM, Principal
 from cutylib.testing.procs import wait_for
 from payments import metrics as m
 from payments.checkout import repository as repo
 from payments.checkout.domain import validate_create
+from cutylib.testing.trust import TEST_MERCHANT
 
 C = "customer-" + uuid.uuid4().hex[:8]
 
@@ -63,7 +64,7 @@ async def test_codes_happy_path_and_codes_only_for_the_owner(harness):
 
     mine = await h.service.get(Principal(C, "customer"), created.id)
     assert [c.value for c in mine.codes] == h.codepool.orders[created.id]["codes"]
-    staff = await h.service.get(Principal("staff-1", "staff"), created.id)
+    staff = await h.service.get(Principal("staff-1", "staff", TEST_MERCHANT), created.id)
     assert staff.state == pb.CHECKOUT_STATE_COMPLETED and not staff.codes
     with pytest.raises(errors.NotFound):
         await h.service.get(Principal("intruder", "customer"), created.id)
@@ -137,7 +138,7 @@ async def test_three_ds_waits_then_completes_when_the_webhook_arrives(harness):
     assert paid.payment.client_secret
     from cutylib.principal import Principal
 
-    staff = await h.service.get(Principal("staff-1", "staff"), created.id)
+    staff = await h.service.get(Principal("staff-1", "staff", TEST_MERCHANT), created.id)
     assert staff.state == pb.CHECKOUT_STATE_AWAITING_ACTION and staff.payment.id == paid.payment.id
     assert not staff.payment.HasField("next_action") and not staff.payment.client_secret  # the buyer's only
     pi = (await h.core.get(paid.payment.id)).psp_intent_id
@@ -331,7 +332,8 @@ async def test_charge_whose_result_was_lost_is_found_by_its_key(make_harness):
     h.psp.unavailable["create"] = 1_000  # every answer of the PSP is lost...
     try:
         await h.core.create_and_charge(checkout_id=created.id, amount_minor=12345, currency="TRY",
-                                       payment_method="pm_card_ok", idempotency_key=key, customer_id=C)
+                                       payment_method="pm_card_ok", idempotency_key=key, customer_id=C,
+                                       merchant_id=TEST_MERCHANT)
     except Exception:  # noqa: BLE001 - "unknown" is what the caller saw
         pass
     h.psp.unavailable["create"] = 0
@@ -374,20 +376,20 @@ async def test_a_refund_the_psp_keeps_refusing_needs_attention_and_an_operator_r
     calls = h.psp.calls["refund"]
     assert calls == 4
     assert ("REFUNDING", "NEEDS_ATTENTION") in await timeline(h, created.id)
-    staff = await h.service.get(Principal("staff-1", "staff"), created.id)
+    staff = await h.service.get(Principal("staff-1", "staff", TEST_MERCHANT), created.id)
     assert staff.state == pb.CHECKOUT_STATE_NEEDS_ATTENTION
     # It stays put: a payment change (the transition hook's wake-up) does not put it back in the queue.
     await repo.wake(h.pool, created.id, paid.payment.id)
     assert (await h.row(created.id))["next_run_at"] is None and h.psp.calls["refund"] == calls
 
     h.psp.refusing["refund"] = 0  # the bank relents
-    retried = await h.service.retry("operator:ops-1", created.id)
+    retried = await h.service.retry(SYSTEM, "operator:ops-1", created.id)
     assert retried.state == pb.CHECKOUT_STATE_REFUNDING
     await wait_for(lambda: _is(h, created.id, "REFUNDED"), timeout=10, message="REFUNDED after the retry")
     assert (await h.core.get(paid.payment.id)).status == "refunded" and len(h.psp.refunds) == 1
     assert ("NEEDS_ATTENTION", "REFUNDING") in await timeline(h, created.id)
     with pytest.raises(errors.FailedPrecondition):
-        await h.service.retry("operator:ops-1", created.id)  # only a NEEDS_ATTENTION checkout
+        await h.service.retry(SYSTEM, "operator:ops-1", created.id)  # only a NEEDS_ATTENTION checkout
 
 
 async def test_an_unexpected_answer_to_a_release_needs_attention_after_the_time_bound(make_harness):
@@ -401,7 +403,7 @@ async def test_an_unexpected_answer_to_a_release_needs_attention_after_the_time_
     row = await h.row(created.id)
     assert row["attention_from"] == "RELEASING" and row["outcome"] == "CANCELLED" and row["attempts"] < 1_000
     h.booking.fail_next["ReleaseHold"] = []
-    await h.service.retry("admin:a-1", created.id)
+    await h.service.retry(SYSTEM, "admin:a-1", created.id)
     await wait_for(lambda: _is(h, created.id, "CANCELLED"), timeout=10, message="CANCELLED after the retry")
     assert h.booking.holds[created.hold_id]["status"] == "released"
 

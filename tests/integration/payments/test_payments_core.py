@@ -7,11 +7,12 @@ import pytest
 
 from cutylib.errors import FailedPrecondition, InvalidArgument, NotFound
 from cutylib.testing.ids import new_id
+from cutylib.testing.trust import TEST_MERCHANT
 
 
 async def charge(core, method="pm_card_ok", **kw):
     args = dict(checkout_id=new_id(), amount_minor=1500, currency="TRY", payment_method=method,
-                idempotency_key=new_id(), customer_id="cust-1")
+                idempotency_key=new_id(), customer_id="cust-1", merchant_id=TEST_MERCHANT)
     args.update(kw)
     return await core.create_and_charge(**args)
 

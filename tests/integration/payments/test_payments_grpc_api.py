@@ -7,6 +7,7 @@ from cuty.payments.v1 import payments_pb2 as pb
 from cutylib.grpc_errors import bad_field
 from cutylib.testing.trust import user
 from cutylib.testing.ids import new_id
+from cutylib.testing.trust import TEST_MERCHANT
 
 S = pb.PaymentStatus
 CUSTOMER = user("cust-42", "customer")
@@ -15,7 +16,8 @@ STAFF = user("staff-1", "staff")
 
 def create(method="pm_card_3ds", **kw) -> pb.CreatePaymentRequest:
     args = dict(checkout_id=new_id(), amount=common_pb2.Money(currency_code="TRY", amount_minor=4200),
-                payment_method=method, idempotency_key=new_id(), customer_id="cust-42")
+                payment_method=method, idempotency_key=new_id(), customer_id="cust-42",
+                merchant_id=TEST_MERCHANT)
     args.update(kw)
     return pb.CreatePaymentRequest(**args)
 

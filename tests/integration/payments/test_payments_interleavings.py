@@ -13,6 +13,7 @@ from payments import domain, metrics as m
 from payments.views import PaymentView
 
 from payments_fakes import FakePsp
+from cutylib.testing.trust import TEST_MERCHANT
 
 SEEDS = 500
 PARALLEL = 10
@@ -55,7 +56,8 @@ async def one_interleaving(seed: int, creator, workers, psp: RecordingPsp, pool)
     truth = SCENARIOS[name]
     key = new_id()
     p = await creator.create_and_charge(checkout_id=new_id(), amount_minor=1000, currency="TRY",
-                                        payment_method="pm_card_ok", idempotency_key=key, customer_id="c")
+                                        payment_method="pm_card_ok", idempotency_key=key, customer_id="c",
+                                        merchant_id=TEST_MERCHANT)
     assert p.status == "created"
     pi = f"pi_{seed}_{new_id()[:8]}"
     final_psp = "succeeded" if name == "ok_refunded" else truth[-1]  # the refund itself flips it

@@ -6,11 +6,13 @@ from cutylib.testing.ids import new_id
 from cutylib.testing.procs import wait_for
 from payments import metrics as m
 from payments.reconcile import Reconciler
+from cutylib.testing.trust import TEST_MERCHANT
 
 
 async def charge(core, method="pm_card_no_webhook", key=None):
     return await core.create_and_charge(checkout_id=new_id(), amount_minor=990, currency="USD", payment_method=method,
-                                        idempotency_key=key or new_id(), customer_id="c")
+                                        idempotency_key=key or new_id(), customer_id="c",
+                                        merchant_id=TEST_MERCHANT)
 
 
 async def events(pool, payment_id):

@@ -13,11 +13,13 @@ from cutylib.testing.procs import wait_for
 from payments import metrics as m, signature
 
 from payments_events import PREVIOUS_SECRET, WEBHOOK_SECRET, event, signed
+from cutylib.testing.trust import TEST_MERCHANT
 
 
 async def three_ds(core):
     return await core.create_and_charge(checkout_id=new_id(), amount_minor=700, currency="EUR",
-                                        payment_method="pm_card_3ds", idempotency_key=new_id(), customer_id="c")
+                                        payment_method="pm_card_3ds", idempotency_key=new_id(), customer_id="c",
+                                        merchant_id=TEST_MERCHANT)
 
 
 async def stored(pool, event_id: str):
@@ -185,7 +187,7 @@ async def test_webhook_before_sync_answer_finds_the_payment_and_learns_the_inten
     fake_psp.unavailable = 1  # our create "timed out": the row stays created, intent id unknown
     key = new_id()
     p = await core.create_and_charge(checkout_id=None, amount_minor=100, currency="TRY", payment_method="pm_card_ok",
-                                     idempotency_key=key, customer_id="c")
+                                     idempotency_key=key, customer_id="c", merchant_id=TEST_MERCHANT)
     assert (p.status, p.psp_intent_id) == ("created", None)
     intent = await fake_psp.create_intent(key, {"amount": 100, "currency": "TRY", "payment_method": "pm_card_ok",
                                                 "metadata": {"payment_id": p.id}})

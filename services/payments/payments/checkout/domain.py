@@ -136,6 +136,8 @@ class Saga:
     read_at: datetime
     # The W3C traceparent of the request that created the checkout (its steps continue that trace).
     traceparent: str | None = None
+    # Issue 14: the merchant of what is bought, from the hold or reservation (None before).
+    merchant_id: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -153,7 +155,7 @@ class Saga:
             payment_id=s(row["payment_id"]), payment_method=row["payment_method"],
             failure_reason=row["failure_reason"], attempts=row["attempts"], lease_owner=row["lease_owner"],
             created_at=row["created_at"], updated_at=row["updated_at"], read_at=row["db_now"],
-            traceparent=row.get("traceparent"),
+            traceparent=row.get("traceparent"), merchant_id=row.get("merchant_id"),
         )
 
 

@@ -111,7 +111,7 @@ class Engine:
                 # learned by CHARGE; the payment row, found by its attempt key, still tells. Without
                 # this, a saga could release and end with the money captured (invariant 4).
                 key_checked = True
-                found = await self.core.find_by_key(saga.payment_key)
+                found = await self.core.find_by_key(saga.merchant_id, saga.payment_key)
                 if found is not None:
                     learned = _merge(learned, repo.Fields(payment_id=found.id))
                     saga = dataclasses.replace(saga, payment_id=found.id)

@@ -74,4 +74,4 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                             context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         caller = principal.current()
         caller.require_role(*OPERATOR_ROLES)
-        return await self.service.retry(operator.who(caller, context.invocation_metadata()), request.checkout_id)
+        return await self.service.retry(caller, operator.who(caller, context.invocation_metadata()), request.checkout_id)

@@ -105,6 +105,7 @@ class Held:
     expire_time: datetime
     amount_minor: int
     currency: str
+    merchant_id: str  # issue 14: whose slot or product it is; the checkout records it
 
 
 @contextlib.contextmanager
@@ -160,7 +161,7 @@ class BookingHolds:
                 raise Rejected(errors.AlreadyExists(e.details() or "the slot is taken", reason="slot-unavailable",
                                                     detail=detail)) from None
             raise _refused(e) from None
-        return Held(h.id, _dt(h.expire_time), h.price.amount_minor, h.price.currency_code)
+        return Held(h.id, _dt(h.expire_time), h.price.amount_minor, h.price.currency_code, h.merchant_id)
 
     async def extend(self, saga: Saga) -> datetime | None:
         """The hold's expiry after the one extension; None when it can no longer be extended
@@ -224,7 +225,8 @@ class CodeReservations:
                 raise Rejected(errors.ResourceExhausted(e.details() or "out of stock", reason="out-of-stock",
                                                         detail=detail)) from None
             raise _refused(e) from None
-        return Held(None, _dt(r.expire_time), r.unit_price.amount_minor * saga.quantity, r.unit_price.currency_code)
+        return Held(None, _dt(r.expire_time), r.unit_price.amount_minor * saga.quantity, r.unit_price.currency_code,
+                    r.merchant_id)
 
     async def extend(self, saga: Saga) -> datetime | None:
         return saga.expire_time  # reservations are long (CUTY_CODE_RESERVATION_TTL_SECONDS); never extended

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from cutylib import tenancy
 from cutylib.telemetry import current_trace_id, current_traceparent
 
 from .domain import Saga
@@ -51,6 +52,9 @@ first AS (
 """
 
 GET = "SELECT *, clock_timestamp() AS db_now FROM checkouts WHERE id = $1"
+# A staff or admin read (issue 14): $2 the caller's merchant, NULL for any.
+GET_SEEN_BY = ("SELECT *, clock_timestamp() AS db_now FROM checkouts "
+               "WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
 
 # "Nothing changes" for a CreateCheckout refused as bad input: the row never held anything
 # (a trigger refuses deleting any other state).
@@ -71,6 +75,7 @@ WITH upd AS (
         expire_time = COALESCE($9, expire_time),
         extended = extended OR $10,
         payment_id = COALESCE(payment_id, $11::uuid),
+        merchant_id = COALESCE(merchant_id, $18),
         failure_reason = CASE WHEN $12 = '' THEN failure_reason ELSE $12 END,
         attempts = 0, last_error = '', failing_since = NULL, updated_at = clock_timestamp(),
         -- Terminal: nothing left to do. $16: the saga waits now, so give the lease back and sleep
@@ -84,8 +89,9 @@ WITH upd AS (
     WHERE id = $1 AND version = $2 AND lease_owner = $3
     {_RETURNING}
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT payment_id, id, 'saga', $13, state, version, $14, $15 FROM upd WHERE state <> $13
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT payment_id, id, 'saga', $13, state, version, $14, $15, merchant_id FROM upd WHERE state <> $13
 )
 SELECT * FROM upd
 """
@@ -93,13 +99,13 @@ SELECT * FROM upd
 # TRANSITION that also stores the synchronous request's answer under its Idempotency-Key
 # (idempotency.FINISH), when the transition ends the drive: the saga is terminal or gave its lease
 # back (not kept for a wake-up), so the request answers right after with exactly this view.
-# $18: the serialized answer, $19..$21 the key. `key_done` says whether it was stored.
+# $19: the serialized answer, $20..$22 the key. `key_done` says whether it was stored.
 TRANSITION_AND_FINISH = TRANSITION.replace("""
 SELECT * FROM upd
 """, """, key_done AS (
-    UPDATE checkout_idempotency_keys SET state = 'done', response = $18, response_is_error = false,
+    UPDATE checkout_idempotency_keys SET state = 'done', response = $19, response_is_error = false,
         locked_until = NULL
-    WHERE customer_id = $19 AND operation = $20 AND key = $21 AND state = 'in_flight'
+    WHERE customer_id = $20 AND operation = $21 AND key = $22 AND state = 'in_flight'
       AND EXISTS (SELECT 1 FROM upd WHERE upd.lease_owner IS NULL)
     RETURNING 1
 )
@@ -261,7 +267,7 @@ WITH upd AS (
     UPDATE checkouts SET state = attention_from, attention_from = NULL, version = version + 1,
         attempts = 0, failing_since = NULL, last_error = '', updated_at = clock_timestamp(),
         next_run_at = clock_timestamp()
-    WHERE id = $1 AND state = 'NEEDS_ATTENTION'
+    WHERE id = $1 AND state = 'NEEDS_ATTENTION' AND ($4::text IS NULL OR merchant_id = $4)
     {_RETURNING}
 ), ev AS (
     INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
@@ -319,6 +325,7 @@ class Fields:
     extended: bool = False
     payment_id: str | None = None
     failure_reason: str = ""
+    merchant_id: str | None = None  # recorded once, with the hold (issue 14)
 
 
 def saga_of(row) -> Saga | None:
@@ -365,7 +372,7 @@ async def transition(conn, saga: Saga, owner: str, state: str, fields: Fields = 
     statement if this transition ends the drive (`finish[0].stored` is set when it did)."""
     args = (saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
             fields.currency, fields.expire_time, fields.extended, fields.payment_id, fields.failure_reason,
-            saga.state, current_trace_id(), note, release, wake_at)
+            saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id)
     if finish is None:
         return saga_of(await conn.fetchrow(TRANSITION, *args))
     key, answer = finish
@@ -385,7 +392,7 @@ def predict(saga: Saga, state: str, fields: Fields) -> Saga:
         saga, state=state, outcome=keep(fields.outcome, saga.outcome), hold_id=keep(fields.hold_id, saga.hold_id),
         amount_minor=keep(fields.amount_minor, saga.amount_minor), currency=keep(fields.currency, saga.currency),
         expire_time=keep(fields.expire_time, saga.expire_time), extended=saga.extended or fields.extended,
-        payment_id=keep(saga.payment_id, fields.payment_id),
+        payment_id=keep(saga.payment_id, fields.payment_id), merchant_id=keep(saga.merchant_id, fields.merchant_id),
         failure_reason=saga.failure_reason if fields.failure_reason == "" else fields.failure_reason)
 
 
@@ -428,9 +435,16 @@ async def retry_later(conn, saga: Saga, owner: str, delay_seconds: float, error:
                                attention_after_seconds, current_trace_id())
 
 
-async def retry_by_operator(conn, checkout_id: str, operator: str) -> Saga | None:
-    """NEEDS_ATTENTION -> the state it left, due now; None when the saga was not waiting for one."""
-    return saga_of(await conn.fetchrow(RETRY_BY_OPERATOR, checkout_id, current_trace_id(), operator))
+async def retry_by_operator(conn, checkout_id: str, operator: str, merchant: str | None) -> Saga | None:
+    """NEEDS_ATTENTION -> the state it left, due now; None when the saga was not waiting for one
+    (or is not of `merchant`, when given)."""
+    return saga_of(await conn.fetchrow(RETRY_BY_OPERATOR, checkout_id, current_trace_id(), operator, merchant))
+
+
+async def get_seen_by(pool, checkout_id: str, caller) -> Saga | None:
+    """The checkout as a staff or admin user may see it: their merchant's only (issue 14)."""
+    return saga_of(await tenancy.fetchrow(pool, GET_SEEN_BY, checkout_id, tenancy.merchant_filter(caller),
+                                          principal=caller))
 
 
 async def hand_back(conn, checkout_id: str, owner: str) -> None:

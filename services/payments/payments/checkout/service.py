@@ -11,7 +11,7 @@ import secrets
 import asyncpg
 
 from cuty.payments.v1 import checkout_pb2
-from cutylib import errors
+from cutylib import errors, tenancy
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
@@ -23,7 +23,9 @@ from .idempotency import IdempotencyStore, Replay, request_hash
 from .remote import Holds, Refused, Rejected
 
 # Callers who may read any checkout (staff see it without the buyer's action or codes).
-STAFF_ROLES = ("staff", "admin", "system")
+# Who reads any checkout of their merchant (issue 14: staff and admins their own merchant's, the
+# platform's operator and the system every merchant's).
+STAFF_ROLES = ("staff", "admin", "operator", "system")
 
 MAX_PAYMENT_METHOD = 64
 # Cancel re-reads and retries when a concurrent step moved the saga between its read and write.
@@ -168,11 +170,15 @@ class CheckoutService:
     # -- GetCheckout ------------------------------------------------------------------------------
     async def get(self, caller: Principal, checkout_id: str) -> checkout_pb2.Checkout:
         checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
-        saga = await repo.get(self.pool, checkout_id)
-        if caller.role not in STAFF_ROLES and (saga is None or saga.customer_id != caller.subject):
-            saga = None  # another customer's checkout does not exist for this caller
+        if caller.role in STAFF_ROLES:
+            saga = await repo.get_seen_by(self.pool, checkout_id, caller)  # another merchant's: not found
+        else:
+            saga = await repo.get(self.pool, checkout_id)
+            if saga is not None and saga.customer_id != caller.subject:
+                saga = None  # another customer's checkout does not exist for this caller
         if saga is None:
             raise errors.NotFound(f"checkout {checkout_id} not found")
+        await self.core.audit_operator_read(caller, "GetCheckout", checkout_id, saga.merchant_id)
         owner = caller.subject == saga.customer_id
         answer = await self.view(saga, with_codes=owner)
         if not owner:
@@ -206,12 +212,15 @@ class CheckoutService:
         raise errors.Aborted(f"checkout {checkout_id} kept changing; retry", reason="version-conflict")
 
     # -- RetryCheckout (operators) -----------------------------------------------------------------
-    async def retry(self, operator: str, checkout_id: str) -> checkout_pb2.Checkout:
-        """NEEDS_ATTENTION -> the step that kept failing, due now (issue 10, item 8)."""
+    async def retry(self, caller: Principal, operator: str, checkout_id: str) -> checkout_pb2.Checkout:
+        """NEEDS_ATTENTION -> the step that kept failing, due now (issue 10, item 8); an admin only
+        their merchant's (issue 14)."""
         checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
-        saga = await repo.retry_by_operator(self.pool, checkout_id, operator)
+        async with tenancy.scoped(self.pool, caller) as uow:
+            saga = await repo.retry_by_operator(uow.conn, checkout_id, operator, tenancy.merchant_filter(caller))
+            await uow.commit()
         if saga is None:
-            current = await repo.get(self.pool, checkout_id)
+            current = await repo.get_seen_by(self.pool, checkout_id, caller)
             if current is None:
                 raise errors.NotFound(f"checkout {checkout_id} not found")
             raise errors.FailedPrecondition(f"only a NEEDS_ATTENTION checkout can be retried; checkout {checkout_id} "

@@ -76,7 +76,8 @@ class Steps:
         except Rejected as rej:
             return Outcome(Move(domain.REJECTED, reason=rej.error.reason), raise_after=rej)
         return Outcome(Move(domain.HELD), repo.Fields(hold_id=held.hold_id, expire_time=held.expire_time,
-                                                      amount_minor=held.amount_minor, currency=held.currency))
+                                                      amount_minor=held.amount_minor, currency=held.currency,
+                                                      merchant_id=held.merchant_id))
 
     async def _expire(self, saga: Saga, payment, status) -> Outcome:
         return Outcome(Move(domain.RELEASING, domain.EXPIRED, "hold-expired-unpaid"))
@@ -99,7 +100,8 @@ class Steps:
         try:
             payment = await self._remote(Step.CHARGE, self.core.create_and_charge(
                 checkout_id=saga.id, amount_minor=saga.amount_minor, currency=saga.currency,
-                payment_method=saga.payment_method, idempotency_key=saga.payment_key, customer_id=saga.customer_id))
+                payment_method=saga.payment_method, idempotency_key=saga.payment_key, customer_id=saga.customer_id,
+                merchant_id=saga.merchant_id))
         except (errors.InvalidArgument, errors.FailedPrecondition) as refused:
             # Refused before reaching the PSP (e.g. a zero amount): nothing was charged, and
             # retrying cannot help.

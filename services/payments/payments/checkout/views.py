@@ -43,6 +43,7 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
         product_id=saga.product_id or "",
         quantity=saga.quantity,
         failure_reason=saga.failure_reason,
+        merchant_id=saga.merchant_id or "",
     )
     if saga.amount_minor is not None:
         c.amount.CopyFrom(common_pb2.Money(currency_code=saga.currency or "", amount_minor=saga.amount_minor))
