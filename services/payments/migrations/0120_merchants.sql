@@ -68,10 +68,11 @@ CREATE TABLE operator_reads (
     subject     text NOT NULL CHECK (subject <> ''),
     rpc         text NOT NULL,
     object_id   text NOT NULL,
-    merchant_id text,
+    -- whose object was read (not a tenant key: this table is the platform's, not a merchant's)
+    of_merchant text,
     trace_id    text NOT NULL DEFAULT '',
     read_at     timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-CREATE INDEX operator_reads_by_merchant ON operator_reads (merchant_id, read_at);
+CREATE INDEX operator_reads_by_merchant ON operator_reads (of_merchant, read_at);
 CREATE TRIGGER operator_reads_append_only BEFORE UPDATE OR DELETE ON operator_reads
     FOR EACH ROW EXECUTE FUNCTION payment_events_append_only();

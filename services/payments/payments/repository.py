@@ -35,7 +35,7 @@ SELECT * FROM ins
 # Issue 14: every read of the platform's operator (support, across merchants) leaves a row here,
 # written before the answer is sent.
 AUDIT_OPERATOR_READ = """
-INSERT INTO operator_reads (subject, rpc, object_id, merchant_id, trace_id) VALUES ($1, $2, $3, $4, $5)
+INSERT INTO operator_reads (subject, rpc, object_id, of_merchant, trace_id) VALUES ($1, $2, $3, $4, $5)
 """
 
 INSERT_EVENT = """
