@@ -1,0 +1,225 @@
+"""Issue 14: the authorisation matrix, generated from the gateway's route table and run against the
+real stack (gateway, services, Postgres, PSP simulator as processes).
+
+Every route x every role x the merchant the caller belongs to (the objects' own merchant, or
+another one) has one expected status. Customers and the platform's operator belong to no merchant,
+so for them "own" and "other" are the same call. A route served by the gateway without a row here
+fails the test, as does a row for a route that no longer exists.
+"""
+from __future__ import annotations
+
+import itertools
+import uuid
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from cutylib.config import with_database
+from cutylib.testing.trust import TEST_MERCHANT
+from gateway.descriptors import load_routes
+
+from tests.e2e.gateway.conftest import make_token, state_of
+
+ROLES = ("customer", "staff", "admin", "operator")
+OTHER_MERCHANT = "merchant-other-" + uuid.uuid4().hex[:6]
+NO_ORG_CHECKED = ("staff", "admin")  # roles whose token must name a merchant
+_HOURS = itertools.count(1)  # every new slot of the test an hour later than the last: never a duplicate
+
+
+def row(ok: int = 200, *, roles: tuple[str, ...], other: int = 404, denied: int = 403, public: int | None = None):
+    """Expected statuses of one route: `ok` for an allowed role on its own merchant's object,
+    `other` for a merchant-bound role (staff, admin) on another merchant's, `denied` otherwise."""
+    out = {}
+    for role in ROLES:
+        if public is not None:
+            out[role] = (public, public)
+        elif role not in roles:
+            out[role] = (denied, denied)
+        elif role in ("staff", "admin"):
+            out[role] = (ok, other)
+        else:  # no merchant: the same call either way
+            out[role] = (ok, ok)
+    return out
+
+
+# (method, template) -> {role: (own merchant, other merchant)}
+MATRIX = {
+    # An admin creates in their own merchant: there is no "other" object to hit.
+    ("POST", "/v1/salons"): row(roles=("admin",), other=200),
+    ("POST", "/v1/salons/{salon_id}/resources"): row(roles=("admin",)),
+    ("POST", "/v1/salons/{salon_id}/slots:batchCreate"): row(roles=("admin",)),
+    # Customers browse every salon; staff and admins only their merchant's; the operator all.
+    ("GET", "/v1/salons/{salon_id}/slots"): row(roles=("customer", "staff", "admin", "operator")),
+    ("POST", "/v1/products"): row(roles=("admin",), other=200),
+    ("POST", "/v1/products/{product_id}/codes:import"): row(roles=("admin",)),
+    ("GET", "/v1/products/{product_id}/stock"): row(roles=("staff", "admin", "operator")),
+    ("GET", "/v1/products/{product_id}/codes"): row(roles=("staff", "admin", "operator")),
+    ("POST", "/v1/codes/{code_id}:reveal"): row(roles=("admin",)),
+    ("POST", "/v1/checkouts"): row(roles=("customer",)),
+    ("POST", "/v1/checkouts/{checkout_id}:pay"): row(roles=("customer",)),
+    ("GET", "/v1/checkouts/{checkout_id}"): row(roles=("customer", "staff", "admin", "operator")),
+    ("POST", "/v1/checkouts/{checkout_id}:cancel"): row(roles=("customer",)),
+    # Allowed, and then refused by the saga (409): the checkout does not need attention.
+    ("POST", "/v1/checkouts/{checkout_id}:retry"): row(409, roles=("admin", "operator")),
+    ("GET", "/v1/payments/{payment_id}/events"): row(roles=("staff", "admin", "operator")),
+    ("GET", "/v1/payments:lookup"): row(roles=("staff", "admin", "operator")),
+    # No token needed, and a token grants nothing: an unsigned webhook is refused as unsigned.
+    ("POST", "/v1/psp/webhooks"): row(roles=(), public=401),
+}
+
+
+def test_every_route_has_a_row_and_every_row_a_route():
+    served = {(r.http_method, r.template.source) for r in load_routes()}
+    assert served == set(MATRIX), ("routes without a row", served - set(MATRIX), "rows without a route",
+                                   set(MATRIX) - served)
+
+
+@dataclass
+class World:
+    """Merchant TEST_MERCHANT's objects, made through the public API, and a customer who bought."""
+    salon: str
+    resource: str
+    product: str
+    code_id: str
+    customer: str
+    checkout: str  # COMPLETED, the customer's
+    payment: str
+    intent: str
+
+
+def headers(role: str, merchant: str, sub: str | None = None, **extra) -> dict[str, str]:
+    org = merchant if role in ("staff", "admin") else None
+    return {"Authorization": f"Bearer {make_token(role, sub, org=org)}", **extra}
+
+
+def future_slot(resource: str) -> dict:
+    import datetime as dt
+    start = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=3, hours=next(_HOURS))).replace(
+        minute=0, second=0, microsecond=0)
+    return {"resourceId": resource, "startTime": start.isoformat(), "endTime": (start + dt.timedelta(hours=1)).isoformat(),
+            "price": {"currencyCode": "TRY", "amountMinor": "75000"}}
+
+
+@pytest_asyncio.fixture(scope="module")
+async def world(http, stack, until_state) -> World:
+    admin = headers("admin", TEST_MERCHANT)
+    salon = (await http.post("/v1/salons", json={"name": "Matrix", "timeZone": "Europe/Istanbul"}, headers=admin)).json()
+    assert salon["merchantId"] == TEST_MERCHANT
+    resource = (await http.post(f"/v1/salons/{salon['id']}/resources", json={"name": "chair"}, headers=admin)).json()
+    product = (await http.post("/v1/products", json={"sku": f"MX-{uuid.uuid4().hex[:8]}", "name": "Matrix card",
+                                                     "price": {"currencyCode": "TRY", "amountMinor": "1000"}},
+                               headers=admin)).json()
+    r = await http.post(f"/v1/products/{product['id']}/codes:import",
+                        json={"batchRef": uuid.uuid4().hex, "codes": [f"MX-{uuid.uuid4().hex}" for _ in range(20)]},
+                        headers=admin)
+    assert r.status_code == 200, r.text
+    codes = (await http.get(f"/v1/products/{product['id']}/codes", headers=admin)).json()["codes"]
+    customer = "matrix-buyer-" + uuid.uuid4().hex[:6]
+    me = headers("customer", "", customer)
+    created = (await http.post("/v1/checkouts", json={"productId": product["id"], "quantity": 1},
+                               headers={**me, "Idempotency-Key": uuid.uuid4().hex})).json()
+    paid = await http.post(f"/v1/checkouts/{created['id']}:pay", json={"paymentMethod": "pm_card_ok"},
+                           headers={**me, "Idempotency-Key": uuid.uuid4().hex})
+    assert paid.status_code == 200, paid.text
+    done = await until_state(created["id"], me, {"COMPLETED"})
+    db = await asyncpg.connect(with_database(stack.state()["database_url"], "cuty_payments"))
+    try:
+        intent = await db.fetchval("SELECT psp_intent_id FROM payments WHERE id = $1::uuid", done["payment"]["id"])
+    finally:
+        await db.close()
+    return World(salon["id"], resource["id"], product["id"], codes[0]["id"], customer, created["id"],
+                 done["payment"]["id"], intent)
+
+
+async def held_checkout(http, w: World, customer: str) -> str:
+    """A fresh HELD checkout of `customer` (for :pay and :cancel), on a fresh slot."""
+    admin = headers("admin", TEST_MERCHANT)
+    r = await http.post(f"/v1/salons/{w.salon}/slots:batchCreate", json={"slots": [future_slot(w.resource)]},
+                        headers=admin)
+    assert r.status_code == 200, r.text
+    slot = r.json()["slots"][0]["id"]
+    c = await http.post("/v1/checkouts", json={"slotId": slot},
+                        headers={**headers("customer", "", customer), "Idempotency-Key": uuid.uuid4().hex})
+    assert c.status_code == 200 and state_of(c.json()) == "HELD", c.text
+    return c.json()["id"]
+
+
+async def call(http, w: World, method: str, template: str, role: str, merchant: str) -> int:
+    """One request of `role` (of `merchant`, when the role has one) to the route, with a valid body,
+    against TEST_MERCHANT's objects (a customer acts on their own purchase)."""
+    sub = w.customer if role == "customer" else None
+    h = headers(role, merchant, sub)
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    ids = {"salon_id": w.salon, "product_id": w.product, "code_id": w.code_id, "checkout_id": w.checkout,
+           "payment_id": w.payment}
+    body, params = None, None
+    if template == "/v1/salons":
+        body = {"name": "Another", "timeZone": "Europe/Istanbul"}
+    elif template.endswith("/resources"):
+        body = {"name": "stylist"}
+    elif template.endswith("slots:batchCreate"):
+        body = {"slots": [future_slot(w.resource)]}
+    elif template == "/v1/products":
+        body = {"sku": f"MX-{uuid.uuid4().hex[:8]}", "name": "card", "price": {"currencyCode": "TRY", "amountMinor": "1"}}
+    elif template.endswith("codes:import"):
+        body = {"batchRef": uuid.uuid4().hex, "codes": [f"MX-{uuid.uuid4().hex}"]}
+    elif template == "/v1/checkouts":
+        body = {"productId": w.product, "quantity": 1}
+        h.update(key)
+    elif template.endswith(":pay"):
+        ids["checkout_id"] = await held_checkout(http, w, w.customer) if role == "customer" else w.checkout
+        body = {"paymentMethod": "pm_card_ok"}
+        h.update(key)
+    elif template.endswith(":cancel"):
+        ids["checkout_id"] = await held_checkout(http, w, w.customer) if role == "customer" else w.checkout
+        body = {}
+    elif template.endswith(":retry") or template.endswith(":reveal"):
+        body = {}
+    elif template == "/v1/payments:lookup":
+        params = {"pspIntentId": w.intent}
+    elif template == "/v1/psp/webhooks":
+        body = {"id": "evt_matrix", "type": "payment_intent.succeeded"}
+    path = template.format(**ids)
+    r = await http.request(method, path, json=body if method == "POST" else None, params=params, headers=h)
+    return r.status_code
+
+
+async def test_the_authorization_matrix(http, world):
+    failures = []
+    for (method, template), expected in MATRIX.items():
+        for role in ROLES:
+            own, other = expected[role]
+            got = await call(http, world, method, template, role, TEST_MERCHANT)
+            if got != own:
+                failures.append((method, template, role, "own", own, got))
+            if role in ("staff", "admin"):
+                got = await call(http, world, method, template, role, OTHER_MERCHANT)
+                if got != other:
+                    failures.append((method, template, role, "other", other, got))
+    assert not failures, "\n".join(f"{m} {t} as {r} ({w}): expected {e}, got {g}" for m, t, r, w, e, g in failures)
+
+
+@pytest.mark.parametrize("role", NO_ORG_CHECKED)
+async def test_a_staff_or_admin_token_without_org_is_401(http, world, role):
+    r = await http.get(f"/v1/checkouts/{world.checkout}",
+                       headers={"Authorization": f"Bearer {make_token(role, org='')}"})
+    assert r.status_code == 401 and "org" in r.json()["detail"]
+
+
+async def test_an_org_that_owns_nothing_sees_nothing(http, world):
+    nobody = "merchant-empty-" + uuid.uuid4().hex[:6]
+    staff, admin = headers("staff", nobody), headers("admin", nobody)
+    for path in (f"/v1/checkouts/{world.checkout}", f"/v1/products/{world.product}/stock",
+                 f"/v1/products/{world.product}/codes", f"/v1/payments/{world.payment}/events",
+                 f"/v1/salons/{world.salon}/slots"):
+        r = await http.get(path, headers=staff)
+        assert r.status_code == 404, (path, r.text)
+    # ... and what it creates is its own, invisible to the first merchant's staff
+    mine = (await http.post("/v1/products", json={"sku": "MX-SAME", "name": "same sku elsewhere",
+                                                  "price": {"currencyCode": "TRY", "amountMinor": "1"}},
+                            headers=admin)).json()
+    assert mine["merchantId"] == nobody
+    r = await http.get(f"/v1/products/{mine['id']}/stock", headers=headers("staff", TEST_MERCHANT))
+    assert r.status_code == 404
