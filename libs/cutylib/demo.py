@@ -29,7 +29,11 @@ DAYS = 7
 PRICE = {"currencyCode": "TRY", "amountMinor": "75000"}
 CODES = 200
 TOKEN_TTL = 7 * 24 * 3600
-DEMO_MERCHANT = "demo-merchant"
+# Two merchants (issue 14): a salon chain that owns the demo salon, and a shop that owns the gift
+# cards. Each has its own staff and admin tokens; customers and the operator belong to none.
+SALON_MERCHANT = "demo-salons"
+SHOP_MERCHANT = "demo-shop"
+MERCHANTS = (SALON_MERCHANT, SHOP_MERCHANT)
 
 
 def token(secret: str, sub: str, role: str, ttl: float = TOKEN_TTL, org: str = "") -> str:
@@ -41,15 +45,21 @@ def token(secret: str, sub: str, role: str, ttl: float = TOKEN_TTL, org: str = "
 
 
 def demo_tokens(secret: str) -> dict[str, str]:
-    return {role: token(secret, f"demo-{role}", role, org=_org(role)) for role in ("customer", "staff", "admin")}
+    """A token per role, and per merchant for the merchants' roles ("admin@demo-shop")."""
+    tokens = {role: token(secret, f"demo-{role}", role) for role in ("customer", "operator")}
+    for merchant in MERCHANTS:
+        for role in ("staff", "admin"):
+            tokens[f"{role}@{merchant}"] = token(secret, f"demo-{role}-{merchant}", role, org=merchant)
+    return tokens
 
 
-def _org(role: str, merchant: str = DEMO_MERCHANT) -> str:
-    return merchant if role in MERCHANT_ROLES else ""
+def _auth(secret: str, sub: str, role: str, *, merchant: str = "", **extra: str) -> dict[str, str]:
+    assert (role in MERCHANT_ROLES) == bool(merchant), "staff and admins belong to a merchant, nobody else does"
+    return {"Authorization": f"Bearer {token(secret, sub, role, 600, org=merchant)}", **extra}
 
 
-def _auth(secret: str, sub: str, role: str, *, merchant: str = DEMO_MERCHANT, **extra: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token(secret, sub, role, 600, org=_org(role, merchant))}", **extra}
+def _admin(secret: str, merchant: str) -> dict[str, str]:
+    return _auth(secret, f"demo-admin-{merchant}", "admin", merchant=merchant)
 
 
 def _ok(r: httpx.Response) -> dict:
@@ -79,35 +89,39 @@ def ensure_demo_data(base_url: str, secret: str, data_dir: pathlib.Path, say=pri
     """Create the demo salon and product once; on later starts check that they still exist.
     The ids are kept in CUTY_DATA_DIR/demo.json, so a second `make run` adds nothing."""
     marker = pathlib.Path(data_dir) / "demo.json"
-    admin = _auth(secret, "demo-admin", "admin")
-    with httpx.Client(base_url=base_url, timeout=30, headers=admin) as c:
+    salons, shop = _admin(secret, SALON_MERCHANT), _admin(secret, SHOP_MERCHANT)
+    with httpx.Client(base_url=base_url, timeout=30) as c:
         if marker.exists():
             demo = json.loads(marker.read_text())
-            salon = c.get(f"/v1/salons/{demo['salon_id']}/slots", params=_window())
-            stock = c.get(f"/v1/products/{demo['product_id']}/stock")
+            salon = c.get(f"/v1/salons/{demo['salon_id']}/slots", params=_window(), headers=salons)
+            stock = c.get(f"/v1/products/{demo['product_id']}/stock", headers=shop)
             if salon.status_code == 200 and stock.status_code == 200:
                 say(f"demo data present (salon {demo['salon_id']}, product {demo['product_id']})")
                 return demo
             if 404 not in (salon.status_code, stock.status_code):
                 raise RuntimeError(f"cannot check the demo data: {salon.status_code} {stock.status_code}")
             say("demo data missing from the database (new database?); creating it again")
-        say("creating demo data: a salon in Europe/Istanbul, two stylists, a week of slots, a product with codes")
-        salon = _ok(c.post("/v1/salons", json={"name": "Cuty Demo Salon", "timeZone": ZONE}))
+        say(f"creating demo data: merchant {SALON_MERCHANT}'s salon in Europe/Istanbul, two stylists, a week of "
+            f"slots; merchant {SHOP_MERCHANT}'s product with codes")
+        salon = _ok(c.post("/v1/salons", json={"name": "Cuty Demo Salon", "timeZone": ZONE}, headers=salons))
         today = dt.datetime.now(ZoneInfo(ZONE)).date()
         resources, slots = [], 0
         for name in ("Ayşe (stylist)", "Mehmet (stylist)"):
-            res = _ok(c.post(f"/v1/salons/{salon['id']}/resources", json={"name": name}))
+            res = _ok(c.post(f"/v1/salons/{salon['id']}/resources", json={"name": name}, headers=salons))
             resources.append(res["id"])
-            made = _ok(c.post(f"/v1/salons/{salon['id']}/slots:batchCreate", json={"slots": week_of_slots(res["id"], today)}))
+            made = _ok(c.post(f"/v1/salons/{salon['id']}/slots:batchCreate", json={"slots": week_of_slots(res["id"], today)},
+                              headers=salons))
             slots += len(made.get("slots", []))
         product = _ok(c.post("/v1/products", json={"sku": f"DEMO-GIFT-100-{secrets.token_hex(3).upper()}",
                                                    "name": "Gift card 100 TRY",
-                                                   "price": {"currencyCode": "TRY", "amountMinor": "10000"}}))
+                                                   "price": {"currencyCode": "TRY", "amountMinor": "10000"}},
+                                 headers=shop))
         codes = [f"GIFT-{secrets.token_hex(2).upper()}-{secrets.token_hex(2).upper()}-{secrets.token_hex(2).upper()}"
                  for _ in range(CODES)]
-        imported = _ok(c.post(f"/v1/products/{product['id']}/codes:import", json={"batchRef": "demo-1", "codes": codes}))
+        imported = _ok(c.post(f"/v1/products/{product['id']}/codes:import", json={"batchRef": "demo-1", "codes": codes},
+                              headers=shop))
     demo = {"salon_id": salon["id"], "resource_ids": resources, "slots": slots, "product_id": product["id"],
-            "codes": int(imported.get("imported", 0))}
+            "codes": int(imported.get("imported", 0)), "salon_merchant": SALON_MERCHANT, "shop_merchant": SHOP_MERCHANT}
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(demo, indent=2))
     return demo
@@ -128,7 +142,7 @@ async def _until_terminal(c: httpx.AsyncClient, checkout_id: str, headers: dict,
 
 
 async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) -> None:
-    admin = _auth(secret, "demo-admin", "admin")
+    admin = _admin(secret, SALON_MERCHANT)
     run = uuid.uuid4().hex[:6]
     # A chair of its own per run, so reruns never collide with an earlier race's booking.
     res = _ok(await c.post(f"/v1/salons/{demo['salon_id']}/resources", json={"name": f"Race chair {run}"}, headers=admin))
@@ -158,7 +172,7 @@ async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) 
     print(f"   winner paid: checkout {done['state']}")
 
 
-async def buy_code(c: httpx.AsyncClient, secret: str, demo: dict) -> str:
+async def buy_code(c: httpx.AsyncClient, secret: str, demo: dict) -> tuple[str, str]:
     me = _auth(secret, "demo-customer", "customer")
     print(f"\n2) a customer buys one code of product {demo['product_id']}")
     co = _ok(await c.post("/v1/checkouts", json={"productId": demo["product_id"], "quantity": 1},
@@ -168,12 +182,13 @@ async def buy_code(c: httpx.AsyncClient, secret: str, demo: dict) -> str:
                             headers={**me, "Idempotency-Key": uuid.uuid4().hex}))
     done = await _until_terminal(c, co["id"], me)
     print(f"   {done['state']}; codes: {', '.join(x.get('value', '(hidden)') for x in done.get('codes', [])) or '-'}")
-    return (done.get("payment") or paid.get("payment") or {}).get("id", "")
+    return co["id"], (done.get("payment") or paid.get("payment") or {}).get("id", "")
 
 
 async def timeline(c: httpx.AsyncClient, secret: str, payment_id: str) -> None:
-    print(f"\n3) timeline of payment {payment_id}")
-    events = _ok(await c.get(f"/v1/payments/{payment_id}/events", headers=_auth(secret, "demo-staff", "staff")))
+    print(f"\n3) timeline of payment {payment_id}, read by {SHOP_MERCHANT}'s staff")
+    events = _ok(await c.get(f"/v1/payments/{payment_id}/events",
+                             headers=_auth(secret, "demo-staff", "staff", merchant=SHOP_MERCHANT)))
     print(f"   {'seq':>3}  {'source':<10} {'from':<16} {'to':<16} {'ver':>3}  {'trace id':<32}  time")
     for e in events.get("events", []):
         print(f"   {e.get('seq', '0'):>3}  {e.get('source', ''):<10} {e.get('fromStatus', '-'):<16} {e.get('toStatus', ''):<16} "
@@ -196,10 +211,20 @@ async def main_async() -> int:
     demo = ensure_demo_data(base, secret, data_dir)
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64)) as c:
         await race(c, secret, demo)
-        payment_id = await buy_code(c, secret, demo)
+        checkout_id, payment_id = await buy_code(c, secret, demo)
         if payment_id:
             await timeline(c, secret, payment_id)
+        await merchants_apart(c, secret, checkout_id)
     return 0
+
+
+async def merchants_apart(c: httpx.AsyncClient, secret: str, checkout_id: str) -> None:
+    """Issue 14: one merchant's staff cannot see another merchant's sales."""
+    print(f"\n4) merchants are tenants: checkout {checkout_id} bought a {SHOP_MERCHANT} product")
+    for merchant in (SHOP_MERCHANT, SALON_MERCHANT):
+        r = await c.get(f"/v1/checkouts/{checkout_id}", headers=_auth(secret, "demo-staff", "staff", merchant=merchant))
+        seen = (f"{r.json()['state']}" if r.status_code == 200 else r.json().get("title", ""))
+        print(f"   staff of {merchant:<12} -> {r.status_code} {seen}")
 
 
 if __name__ == "__main__":

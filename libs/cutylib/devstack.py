@@ -344,9 +344,11 @@ class DevStack:
                   "  prometheus not installed: apt-get install prometheus (Debian), then `make run` starts one"),
                  f"  logs       {self.logs}/<service>.log"]
         if demo:
-            lines += [f"  demo salon {demo['salon_id']} (Europe/Istanbul, 2 stylists, {demo['slots']} slots)",
-                      f"  product    {demo['product_id']} ({demo['codes']} codes)"]
-        lines += ["", "Demo tokens (7 days):"] + [f"  {role:<8} {tok}" for role, tok in tokens.items()]
+            lines += [f"  demo salon {demo['salon_id']} (Europe/Istanbul, 2 stylists, {demo['slots']} slots; "
+                      f"merchant {demo.get('salon_merchant', '?')})",
+                      f"  product    {demo['product_id']} ({demo['codes']} codes; merchant {demo.get('shop_merchant', '?')})"]
+        lines += ["", "Demo tokens (7 days; staff and admins belong to the merchant after the @):"]
+        lines += [f"  {role:<18} {tok}" for role, tok in tokens.items()]
         if self.dev_secret:
             lines += ["", "NOTE: signed with the dev-only JWT secret (CUTY_JWT_SECRET unset). Never use it outside development."]
         if demo:
