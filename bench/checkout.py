@@ -252,7 +252,7 @@ class pyspy:
 
     GROUPS = ("site-packages/asyncpg", "site-packages/grpc", "site-packages/opentelemetry", "lib/python3.11/logging",
               "site-packages/httpx", "site-packages/httpcore", "site-packages/google", "payments/checkout",
-              "payments/core", "payments/psp", "lib/python3.11/asyncio", "lib/python3.11/json", "cutylib")
+              "payments/service", "payments/psp", "lib/python3.11/asyncio", "lib/python3.11/json", "cutylib")
 
     def __new__(cls, pid: int, work: str, tag: str):
         import shutil
