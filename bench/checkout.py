@@ -13,7 +13,8 @@ Where the time goes: per-step durations from the payment timeline (every saga tr
 its step's duration, every payment event its time) and the CPU seconds each process used per
 checkout (from /proc), printed after the table. All processes and Postgres share this machine.
 
-BENCH_SECONDS (default 8) sets each measured run's length; BENCH_CONCURRENCY="16,64".
+BENCH_SECONDS (default 8) sets each measured run's length; BENCH_CONCURRENCY="16,64";
+BENCH_KINDS="booking,codes".
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))
 CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "16,64").split(",")]
+KINDS = os.environ.get("BENCH_KINDS", "booking,codes").split(",")
 SLOTS_PER_RUN = int(os.environ.get("BENCH_SLOTS", "3000"))
 ENV = {
     "CUTY_LOG_LEVEL": "WARNING",  # JSON logs of every transition cost CPU the buyers would not see
@@ -188,7 +190,7 @@ async def main() -> None:
         print(f"catalogue: {len(sides[0].cat.slots)} slots per stack in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         psp = httpx.AsyncClient(base_url=sides[0].stack.psp_url, timeout=10, limits=httpx.Limits(max_connections=200))
         results, profiles = [], []
-        for kind in ("booking", "codes"):
+        for kind in KINDS:
             for conc in CONCURRENCY:
                 # mTLS and plaintext side by side, each run right after the other on the same machine.
                 for side in sides:

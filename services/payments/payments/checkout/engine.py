@@ -75,9 +75,10 @@ class Engine:
         self.lease_seconds = lease_seconds
         self.steps = Steps(holds, core, options)
 
-    async def drive(self, saga: Saga, owner: str, payment=None):
+    async def drive(self, saga: Saga, owner: str, payment=None, *, unpaid: bool = False):
         """Run `saga` (whose lease `owner` holds) until it waits or ends and give the lease back.
-        Returns (last row seen, last PaymentView read or None).
+        Returns (last row seen, last PaymentView read or None). `unpaid`: the caller's own write just
+        started the payment attempt (HELD -> CHARGING), so no payment can exist for its key yet.
 
         Raises Rejected (the hold was refused; the saga is REJECTED) and Refused (bad input; the
         PENDING row stays for the caller to delete); any other failure is retried later."""
@@ -86,7 +87,7 @@ class Engine:
                                           attributes={"cuty.checkout.id": saga.id}), \
                 self._heartbeat(saga.id, owner):
             try:
-                return await self._drive(saga, owner, payment)
+                return await self._drive(saga, owner, payment, unpaid)
             except Fenced:
                 return await self.sagas.get(saga.id) or saga, None
             except (Rejected, Refused):
@@ -99,9 +100,9 @@ class Engine:
                 await self._retry_later(saga, owner, exc)
                 return await self.sagas.get(saga.id) or saga, None
 
-    async def _drive(self, saga: Saga, owner: str, payment):
+    async def _drive(self, saga: Saga, owner: str, payment, unpaid: bool = False):
         learned = _NOTHING  # facts a step learned that are not written yet
-        key_checked = False
+        key_checked = unpaid
         while not saga.terminal:
             if not key_checked and saga.payment_id is None and saga.payment_key and saga.state in _KEYED_STATES:
                 # A crash (or a retried failure) after the charge reached the PSP loses the payment id

@@ -147,7 +147,7 @@ class CheckoutService:
                                             f"{current.state}", reason="checkout-not-held")
         # The charge and, when the PSP answers at once, the confirm step run here (the same engine
         # as the workers), so a card that succeeds synchronously answers COMPLETED.
-        saga, payment = await self.engine.drive(saga, owner)
+        saga, payment = await self.engine.drive(saga, owner, unpaid=True)
         return await self.view(saga, payment=payment)
 
     # -- GetCheckout ------------------------------------------------------------------------------
