@@ -32,13 +32,13 @@ from _common import Run, bench_postgres, closed_loop, report
 import asyncpg
 import grpc
 import httpx
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from cuty.booking.v1 import booking_pb2 as bpb, booking_pb2_grpc
 from cuty.codepool.v1 import codepool_pb2 as cpb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
 from cutylib.config import with_database
+from cutylib.timestamps import to_timestamp
 from booking.grpc_api import CALLERS as BOOKING_CALLERS
 from codepool.grpc_api import CALLERS as CODEPOOL_CALLERS
 from cutylib.testing.stack import Stack
@@ -58,12 +58,6 @@ ENV = {
     "CUTY_MAX_ACTIVE_HOLDS": 1000,
     "CUTY_DB_POOL_MAX": 40,
 }
-
-
-def _ts(dt: datetime) -> Timestamp:
-    t = Timestamp()
-    t.FromDatetime(dt)
-    return t
 
 
 def cpu_seconds(pid: int) -> float:
@@ -120,8 +114,8 @@ class Catalogue:
             res = await self.booking.CreateResource(bpb.CreateResourceRequest(salon_id=salon.id, name=f"Chair {r}"),
                                                     metadata=ADMIN)
             for start in range(0, min(per_resource, n - r * per_resource), 500):
-                batch = [bpb.SlotInput(resource_id=res.id, start_time=_ts(base + timedelta(hours=h)),
-                                       end_time=_ts(base + timedelta(hours=h + 1)),
+                batch = [bpb.SlotInput(resource_id=res.id, start_time=to_timestamp(base + timedelta(hours=h)),
+                                       end_time=to_timestamp(base + timedelta(hours=h + 1)),
                                        price=common_pb2.Money(currency_code="TRY", amount_minor=75000))
                          for h in range(start, min(start + 500, per_resource, n - r * per_resource))]
                 out = await self.booking.BatchCreateSlots(bpb.BatchCreateSlotsRequest(salon_id=salon.id, slots=batch),

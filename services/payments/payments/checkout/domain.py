@@ -232,7 +232,7 @@ def route_payment(saga: Saga, payment_status: str, now: datetime, grace_seconds:
     if payment_status == P_REQUIRES_ACTION:
         return None if saga.state == AWAITING_ACTION else Move(AWAITING_ACTION)
     # created / processing: the charge is in flight (or its outcome unknown): wait for the webhook
-    # or reconciliation, which wake the saga through the transition hook.
+    # or reconciliation, which wake the saga through the payments trigger (migration 0103).
     return None if saga.state == CHARGING else Move(CHARGING)
 
 
