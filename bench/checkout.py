@@ -13,7 +13,8 @@ Where the time goes: per-step durations from the payment timeline (every saga tr
 its step's duration, every payment event its time) and the CPU seconds each process used per
 checkout (from /proc), printed after the table. All processes and Postgres share this machine.
 
-BENCH_SECONDS (default 8) sets each measured run's length; BENCH_CONCURRENCY="16,64".
+BENCH_SECONDS (default 8) sets each measured run's length; BENCH_CONCURRENCY="16,64";
+BENCH_KINDS="booking,codes".
 """
 from __future__ import annotations
 
@@ -31,13 +32,13 @@ from _common import Run, bench_postgres, closed_loop, report
 import asyncpg
 import grpc
 import httpx
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from cuty.booking.v1 import booking_pb2 as bpb, booking_pb2_grpc
 from cuty.codepool.v1 import codepool_pb2 as cpb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
 from cutylib.config import with_database
+from cutylib.timestamps import to_timestamp
 from booking.grpc_api import CALLERS as BOOKING_CALLERS
 from codepool.grpc_api import CALLERS as CODEPOOL_CALLERS
 from cutylib.testing.stack import Stack
@@ -46,6 +47,7 @@ from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))
 CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "16,64").split(",")]
+KINDS = os.environ.get("BENCH_KINDS", "booking,codes").split(",")
 SLOTS_PER_RUN = int(os.environ.get("BENCH_SLOTS", "3000"))
 ENV = {
     "CUTY_LOG_LEVEL": "WARNING",  # JSON logs of every transition cost CPU the buyers would not see
@@ -56,12 +58,6 @@ ENV = {
     "CUTY_MAX_ACTIVE_HOLDS": 1000,
     "CUTY_DB_POOL_MAX": 40,
 }
-
-
-def _ts(dt: datetime) -> Timestamp:
-    t = Timestamp()
-    t.FromDatetime(dt)
-    return t
 
 
 def cpu_seconds(pid: int) -> float:
@@ -118,8 +114,8 @@ class Catalogue:
             res = await self.booking.CreateResource(bpb.CreateResourceRequest(salon_id=salon.id, name=f"Chair {r}"),
                                                     metadata=ADMIN)
             for start in range(0, min(per_resource, n - r * per_resource), 500):
-                batch = [bpb.SlotInput(resource_id=res.id, start_time=_ts(base + timedelta(hours=h)),
-                                       end_time=_ts(base + timedelta(hours=h + 1)),
+                batch = [bpb.SlotInput(resource_id=res.id, start_time=to_timestamp(base + timedelta(hours=h)),
+                                       end_time=to_timestamp(base + timedelta(hours=h + 1)),
                                        price=common_pb2.Money(currency_code="TRY", amount_minor=75000))
                          for h in range(start, min(start + 500, per_resource, n - r * per_resource))]
                 out = await self.booking.BatchCreateSlots(bpb.BatchCreateSlotsRequest(salon_id=salon.id, slots=batch),
@@ -188,7 +184,7 @@ async def main() -> None:
         print(f"catalogue: {len(sides[0].cat.slots)} slots per stack in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         psp = httpx.AsyncClient(base_url=sides[0].stack.psp_url, timeout=10, limits=httpx.Limits(max_connections=200))
         results, profiles = [], []
-        for kind in ("booking", "codes"):
+        for kind in KINDS:
             for conc in CONCURRENCY:
                 # mTLS and plaintext side by side, each run right after the other on the same machine.
                 for side in sides:
@@ -252,7 +248,7 @@ class pyspy:
 
     GROUPS = ("site-packages/asyncpg", "site-packages/grpc", "site-packages/opentelemetry", "lib/python3.11/logging",
               "site-packages/httpx", "site-packages/httpcore", "site-packages/google", "payments/checkout",
-              "payments/core", "payments/psp", "lib/python3.11/asyncio", "lib/python3.11/json", "cutylib")
+              "payments/service", "payments/psp", "lib/python3.11/asyncio", "lib/python3.11/json", "cutylib")
 
     def __new__(cls, pid: int, work: str, tag: str):
         import shutil

@@ -8,6 +8,8 @@ Target (issue 6): the gateway adds <= 30% to p99 and keeps >= 60% of the direct 
 
 The HTTP side uses a minimal keep-alive HTTP/1.1 client (one connection per client) so that on a
 small machine the figures measure the gateway, not a heavyweight client library sharing its CPU.
+The gateway's own CPU per request (from /proc, over the measured run via the gateway) is
+reported beside each row (`gateway_cpu_ms_per_request`).
 Run: `make bench-gateway` (CUTY_BENCH_SECONDS, CUTY_BENCH_CONCURRENCY="16,64" to change).
 """
 from __future__ import annotations
@@ -70,6 +72,12 @@ class Http:
         return int(status_line.split()[1]), await self.reader.readexactly(length)
 
 
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def seed(stack: Stack) -> tuple[str, dict, str]:
     async with stack.channel("gateway", "booking") as ch, stack.channel("gateway", "codepool") as cp:
         b = booking_pb2_grpc.BookingServiceStub(ch)
@@ -100,7 +108,10 @@ async def main() -> None:
     work = tempfile.mkdtemp(prefix="cuty-bench-gateway-")
     # The rate limit stays on (a bucket per client) but set out of the way: this measures the path.
     stack = Stack(pg.dsn, work, gateway=True, env={"CUTY_GATEWAY_RATE_PER_SECOND": 1_000_000,
-                                                    "CUTY_GATEWAY_RATE_BURST": 1_000_000, "CUTY_LOG_LEVEL": "WARNING"})
+                                                    "CUTY_GATEWAY_RATE_BURST": 1_000_000, "CUTY_LOG_LEVEL": "WARNING",
+                                                    # each client buys again and again (issue 10's caps)
+                                                    "CUTY_MAX_ACTIVE_RESERVATIONS": 1_000_000,
+                                                    "CUTY_MAX_QUANTITY_PER_PRODUCT": 1_000_000})
     print("starting postgres, the services, the PSP simulator and the gateway ...", flush=True)
     await stack.start()
     results = []
@@ -160,12 +171,16 @@ async def main() -> None:
                 await closed_loop(direct, concurrency=n, total=n * 5)  # warm up both paths
                 await closed_loop(via, concurrency=n, total=n * 5)
                 d = await closed_loop(direct, concurrency=n, duration=SECONDS)
+                gateway_pid = stack.procs["gateway"].proc.pid
+                cpu0 = cpu_seconds(gateway_pid)
                 g = await closed_loop(via, concurrency=n, duration=SECONDS)
+                gateway_cpu_ms = 1000 * (cpu_seconds(gateway_pid) - cpu0) / max(1, g.ops)
                 dr = d.result(f"{name} direct gRPC", n)
                 gr = g.result(f"{name} via gateway", n, limit=d)
                 overhead = (gr.p99_ms / dr.p99_ms - 1) * 100 if dr.p99_ms else 0
                 gr.notes = f"p99 +{overhead:.0f}% vs direct; throughput {gr.ratio_to_limit:.0%} of direct"
-                gr.extra.update(p99_overhead_pct=round(overhead, 1), direct_p99_ms=dr.p99_ms)
+                gr.extra.update(p99_overhead_pct=round(overhead, 1), direct_p99_ms=dr.p99_ms,
+                                gateway_cpu_ms_per_request=round(gateway_cpu_ms, 3))
                 results += [dr, gr]
             for c in conns:
                 if c.writer:

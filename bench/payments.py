@@ -26,7 +26,7 @@ from _common import Result, bench_postgres, closed_loop, report
 from cutylib.config import Settings, with_database
 from cutylib.db import create_pool, migrate
 from payments import metrics as m
-from payments.core import PaymentsCore
+from payments.service import PaymentsCore
 from payments.settings import PaymentsOptions
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))

@@ -18,9 +18,7 @@ semantic conventions as translated to Prometheus (`rpc_server_call_duration_seco
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from typing import Awaitable, Callable, Iterable
 
 from opentelemetry import trace
@@ -29,6 +27,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.core import GaugeMetricFamily
 
 from .config import env_bool, env_float, env_int
+from .periodic import periodic
 
 log = logging.getLogger(__name__)
 
@@ -143,14 +142,10 @@ async def refresh_periodically(refresh: Callable[[], Awaitable[None]], interval:
 
     A background task: its queries start no trace (instrumentation is suppressed), so an idle
     stack exports no spans of its own bookkeeping. A failure is logged and retried next round."""
-    interval = refresh_seconds() if interval is None else interval
-    while True:
-        t0 = time.monotonic()
-        try:
-            with suppress_instrumentation():
-                await refresh()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - gauges go stale for a round, nothing else
-            log.warning("metrics refresh failed; retrying next round", extra={"error": repr(e)})
-        await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+    async def round_() -> None:
+        with suppress_instrumentation():
+            await refresh()
+
+    # Any failure: the gauges go stale for a round, nothing else.
+    await periodic(round_, refresh_seconds() if interval is None else interval, what="metrics refresh", log=log,
+                   retry_on=(Exception,))

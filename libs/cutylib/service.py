@@ -63,6 +63,19 @@ async def migrate_only(name: str, migrations: pathlib.Path) -> int:
     return 0
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop (pinned in requirements.lock) unless CUTY_EVENT_LOOP=asyncio: its socket
+    I/O and callback scheduling are C, where asyncio's are Python, and on the checkout path they
+    were the largest share of every process's CPU (issue 11, docs/benchmarks.md). None: asyncio's."""
+    if env_str("CUTY_EVENT_LOOP", "uvloop") == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:  # a dev venv without it: asyncio's loop, same behaviour
+        return None
+    return uvloop.new_event_loop
+
+
 def run_service(name: str, migrations: pathlib.Path, create_server: ServerFactory, *,
                 pool_factory: PoolFactory | None = None) -> None:
     """`python -m <service>` serves; `python -m <service> migrate` applies the migrations and exits."""
@@ -70,4 +83,5 @@ def run_service(name: str, migrations: pathlib.Path, create_server: ServerFactor
         sys.exit(asyncio.run(migrate_only(name, migrations)))
     # Before any server, channel or pool exists: instrumentation patches grpc.aio and asyncpg.
     init_telemetry(name)
-    asyncio.run(serve_service(name, migrations, create_server, pool_factory=pool_factory))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(serve_service(name, migrations, create_server, pool_factory=pool_factory))

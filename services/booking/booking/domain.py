@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import re
 import struct
 import uuid
 import zoneinfo
@@ -18,9 +17,10 @@ from datetime import date, datetime, time, timedelta, timezone
 
 from cutylib import paging
 from cutylib.errors import InvalidArgument, PermissionDenied
+from cutylib.fields import parse_uuid
+from cutylib.money import require_money
 from cutylib.principal import Principal
 
-from .currencies import ISO_4217
 
 HELD, CONFIRMED, RELEASED, EXPIRED = "held", "confirmed", "released", "expired"
 STATUSES = (HELD, CONFIRMED, RELEASED, EXPIRED)
@@ -34,7 +34,6 @@ _PAGE_TOKEN_TAG = b"bk1"
 ADMIN_ROLES = ("admin", "system")
 # Postgres and zoneinfo both list these, but none is a place: a salon's zone must be one.
 _NOT_PLACES = frozenset({"localtime", "posixrules", "Factory"})
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 
 
 @dataclass(frozen=True)
@@ -107,14 +106,6 @@ def effective_status(status: str, expires_at: datetime, now: datetime) -> str:
 
 # --- input ---------------------------------------------------------------------------------------
 
-def parse_id(field: str, value: str) -> uuid.UUID:
-    if not value:
-        raise InvalidArgument(field, f"{field} is required")
-    if not _UUID.match(value):
-        raise InvalidArgument(field, f"{field} must be a UUID like 8f14e45f-ceea-467f-a0e6-6f3a2a1b9c4d, got {value!r}")
-    return uuid.UUID(value)
-
-
 def require_name(field: str, value: str) -> str:
     name = value.strip()
     if not name:
@@ -151,23 +142,10 @@ def require_instant(field: str, value: datetime | None) -> datetime:
     return value.astimezone(timezone.utc)
 
 
-def require_money(field: str, currency: str | None, amount_minor: int | None) -> tuple[str, int]:
-    """`None` for both means the price was not sent at all."""
-    if currency is None and amount_minor is None:
-        raise InvalidArgument(field, f"{field} is required")
-    if currency not in ISO_4217:
-        raise InvalidArgument(f"{field}.currency_code",
-                              f"{field}.currency_code must be an ISO 4217 code like EUR or TRY, got {currency!r}")
-    if amount_minor is None or amount_minor < 0:
-        raise InvalidArgument(f"{field}.amount_minor",
-                              f"{field}.amount_minor must be zero or more (minor units), got {amount_minor!r}")
-    return currency, amount_minor
-
-
 def slot_draft(index: int, resource_id: str, start: datetime | None, end: datetime | None,
                currency: str | None, amount_minor: int | None) -> SlotDraft:
     f = f"slots[{index}]"
-    rid = parse_id(f"{f}.resource_id", resource_id)
+    rid = parse_uuid(f"{f}.resource_id", resource_id)
     start_utc = require_instant(f"{f}.start_time", start)
     end_utc = require_instant(f"{f}.end_time", end)
     if end_utc <= start_utc:

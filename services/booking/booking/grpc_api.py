@@ -5,16 +5,17 @@ cutylib's interceptor turns them into statuses with details.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from cuty.booking.v1 import booking_pb2 as pb
 from cuty.booking.v1 import booking_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cutylib import principal
-from cutylib.errors import InvalidArgument
+from cutylib.errors import AlreadyExists, InvalidArgument
+from cutylib.fields import parse_uuid
+from cutylib.timestamps import from_timestamp, to_timestamp
 from cutylib.tls import GATEWAY, PAYMENTS
 
 from . import domain
@@ -43,35 +44,24 @@ def _instant(msg, name: str, field: str | None = None) -> datetime | None:
     if not msg.HasField(name):
         return None
     try:
-        return getattr(msg, name).ToDatetime(tzinfo=timezone.utc)
+        return from_timestamp(getattr(msg, name))
     except (ValueError, OverflowError) as e:
         field = field or name
         raise InvalidArgument(field, f"{field} is not a valid instant: {e}") from None
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def _ts(value: datetime) -> Timestamp:
-    # Straight from the epoch delta: Timestamp.FromDatetime's calendar arithmetic was a visible
-    # share of HoldSlot's CPU (four timestamps per hold). timedelta keeps seconds and microseconds
-    # non-negative, as Timestamp wants its nanos.
-    d = value - _EPOCH
-    return Timestamp(seconds=d.days * 86400 + d.seconds, nanos=d.microseconds * 1000)
-
-
 def slot_pb(s: Slot) -> pb.Slot:
     return pb.Slot(id=str(s.id), resource_id=str(s.resource_id), salon_id=str(s.salon_id),
-                   start_time=_ts(s.start_time), end_time=_ts(s.end_time), local_start_time=s.local_start_time,
+                   start_time=to_timestamp(s.start_time), end_time=to_timestamp(s.end_time), local_start_time=s.local_start_time,
                    price=common_pb2.Money(currency_code=s.currency, amount_minor=s.price_minor),
                    available=s.available)
 
 
 def hold_pb(h: Hold) -> pb.Hold:
     return pb.Hold(id=str(h.id), slot_id=str(h.slot_id), resource_id=str(h.resource_id), customer_id=h.customer_id,
-                   status=_STATUS[h.status], expire_time=_ts(h.expires_at), start_time=_ts(h.start_time),
-                   end_time=_ts(h.end_time), price=common_pb2.Money(currency_code=h.currency, amount_minor=h.price_minor),
-                   payment_ref=h.payment_ref, extended=h.extended, create_time=_ts(h.created_at),
+                   status=_STATUS[h.status], expire_time=to_timestamp(h.expires_at), start_time=to_timestamp(h.start_time),
+                   end_time=to_timestamp(h.end_time), price=common_pb2.Money(currency_code=h.currency, amount_minor=h.price_minor),
+                   payment_ref=h.payment_ref, extended=h.extended, create_time=to_timestamp(h.created_at),
                    request_id=h.request_id)
 
 
@@ -90,14 +80,14 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
     async def CreateResource(self, request: pb.CreateResourceRequest,
                              context: grpc.aio.ServicerContext) -> pb.Resource:
         domain.require_admin(principal.current())
-        resource = await self.service.create_resource(domain.parse_id("salon_id", request.salon_id),
+        resource = await self.service.create_resource(parse_uuid("salon_id", request.salon_id),
                                                       domain.require_name("name", request.name))
         return pb.Resource(id=str(resource.id), salon_id=str(resource.salon_id), name=resource.name)
 
     async def BatchCreateSlots(self, request: pb.BatchCreateSlotsRequest,
                                context: grpc.aio.ServicerContext) -> pb.BatchCreateSlotsResponse:
         domain.require_admin(principal.current())
-        salon_id = domain.parse_id("salon_id", request.salon_id)
+        salon_id = parse_uuid("salon_id", request.salon_id)
         drafts = []
         for i, s in enumerate(request.slots):
             price = s.price if s.HasField("price") else None
@@ -109,7 +99,7 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         return pb.BatchCreateSlotsResponse(slots=[slot_pb(s) for s in slots])
 
     async def ListSlots(self, request: pb.ListSlotsRequest, context: grpc.aio.ServicerContext) -> pb.ListSlotsResponse:
-        salon_id = domain.parse_id("salon_id", request.salon_id)
+        salon_id = parse_uuid("salon_id", request.salon_id)
         start = domain.require_instant("start_time", _instant(request, "start_time"))
         end = domain.require_instant("end_time", _instant(request, "end_time"))
         slots, next_token = await self.service.list_slots(salon_id, start, end, request.available_only,
@@ -117,36 +107,36 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         return pb.ListSlotsResponse(slots=[slot_pb(s) for s in slots], next_page_token=next_token)
 
     async def GetSlot(self, request: pb.GetSlotRequest, context: grpc.aio.ServicerContext) -> pb.Slot:
-        return slot_pb(await self.service.get_slot(domain.parse_id("slot_id", request.slot_id)))
+        return slot_pb(await self.service.get_slot(parse_uuid("slot_id", request.slot_id)))
 
     # --- holds -----------------------------------------------------------------------------------
 
     async def HoldSlot(self, request: pb.HoldSlotRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
-        slot_id = domain.parse_id("slot_id", request.slot_id)
+        slot_id = parse_uuid("slot_id", request.slot_id)
         customer_id = domain.hold_customer(principal.current(), request.customer_id)
         request_id = domain.require_key("request_id", request.request_id)
         try:
             hold = await self.service.hold_slot(slot_id, customer_id, request_id)
         except SlotTaken as e:
-            e.detail = pb.SlotUnavailable(slot_id=str(e.slot_id), alternatives=[slot_pb(s) for s in e.alternatives])
-            raise
+            raise AlreadyExists(e.message, reason=e.reason, detail=pb.SlotUnavailable(
+                slot_id=str(e.slot_id), alternatives=[slot_pb(s) for s in e.alternatives])) from None
         return hold_pb(hold)
 
     async def ConfirmHold(self, request: pb.ConfirmHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
-        hold_id = domain.parse_id("hold_id", request.hold_id)
+        hold_id = parse_uuid("hold_id", request.hold_id)
         payment_ref = domain.require_key("payment_ref", request.payment_ref)
         principal.current().require_role("system")  # finishing a purchase: the saga, never a user
         return hold_pb(await self.service.confirm_hold(principal.current(), hold_id, payment_ref))
 
     async def ReleaseHold(self, request: pb.ReleaseHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
-        hold_id = domain.parse_id("hold_id", request.hold_id)
+        hold_id = parse_uuid("hold_id", request.hold_id)
         principal.current().require_role("system")  # releasing: the saga, never a user
         return hold_pb(await self.service.release_hold(principal.current(), hold_id))
 
     async def ExtendHold(self, request: pb.ExtendHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
-        hold_id = domain.parse_id("hold_id", request.hold_id)
+        hold_id = parse_uuid("hold_id", request.hold_id)
         return hold_pb(await self.service.extend_hold(principal.current(), hold_id, request.seconds))
 
     async def GetHold(self, request: pb.GetHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
-        hold_id = domain.parse_id("hold_id", request.hold_id)
+        hold_id = parse_uuid("hold_id", request.hold_id)
         return hold_pb(await self.service.get_hold(principal.current(), hold_id))

@@ -7,13 +7,13 @@ once: SKIP LOCKED hands each a disjoint batch (repository.SWEEP_EXPIRED).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
 
 import asyncpg
 
+from cutylib.periodic import periodic
 from cutylib.telemetry import quiet, record_background
 
 from . import metrics
@@ -50,9 +50,4 @@ class Sweeper:
 
     async def run(self) -> None:
         """Forever, every `interval` seconds. A database outage is logged and retried next round."""
-        while True:
-            try:
-                await self.sweep_once()
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
-                log.warning("hold sweep failed; retrying next round: %s", e)
-            await asyncio.sleep(self.interval)
+        await periodic(self.sweep_once, self.interval, what="hold sweep", log=log)

@@ -13,7 +13,7 @@ from cutylib.metrics import refresh_periodically
 
 from . import metrics
 from .catalog import Catalog
-from .grpc_api import CALLERS, CodePoolApi, out_of_stock
+from .grpc_api import CALLERS, CodePoolApi
 from .importer import Importer
 from .keys import Keyring, KeyringError
 from .service import ReservationService
@@ -46,7 +46,6 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                         keyring: Keyring | None = None) -> GrpcServer:
     keyring = keyring or load_keyring(settings)
     reservations = ReservationService(pool, ttl_seconds=settings.code_reservation_ttl_seconds,
-                                      out_of_stock_detail=out_of_stock,
                                       max_active=settings.max_active_reservations,
                                       max_quantity=settings.max_quantity_per_product)
     api = CodePoolApi(reservations, Catalog(pool, keyring),

@@ -16,10 +16,11 @@ from tqdm import tqdm
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
 from cutylib.config import Settings, database_url_for, grpc_addr_for
 from cutylib.errors import DomainError, InvalidArgument
+from cutylib.fields import parse_uuid
 from cutylib.grpc_client import create_channel
 from cutylib.tls import Transport
 
-from . import csvfile, domain
+from . import csvfile
 
 
 async def import_csv(addr: str, product_id: str, path: str | pathlib.Path, *, batch_ref: str = "",
@@ -29,7 +30,7 @@ async def import_csv(addr: str, product_id: str, path: str | pathlib.Path, *, ba
     The server imports all of it or nothing, so an interrupted upload leaves no trace.
 
     Runs as the code pool's own identity (its certificate, in its pod): the call acts as `system`."""
-    domain.parse_uuid("product_id", product_id)
+    parse_uuid("product_id", product_id)
     path = pathlib.Path(path)
     check = csvfile.check_file(path)
     check.raise_if_bad(str(path))
@@ -60,7 +61,7 @@ async def rotate_keys(product: str | None, batch_size: int) -> int:
     from .rotate import remaining, rotate
 
     keyring = load_keyring(Settings.from_env())
-    product_id = domain.parse_uuid("product", product) if product else None
+    product_id = parse_uuid("product", product) if product else None
     pool = await create_pool(database_url_for("codepool"), min_size=1, max_size=2, application_name="cuty-codepool-rotate")
     try:
         await check_hash_key(pool, keyring)

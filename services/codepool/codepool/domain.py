@@ -48,15 +48,6 @@ def require_id(field_name: str, value: str, *, max_length: int = MAX_ID_LENGTH) 
     return value
 
 
-def parse_uuid(field_name: str, value: str) -> uuid.UUID:
-    if not value:
-        raise InvalidArgument(field_name, f"{field_name} is required")
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise InvalidArgument(field_name, f"{field_name} must be a UUID, got {value[:40]!r}") from None
-
-
 def require_quantity(quantity: int) -> int:
     if not 1 <= quantity <= MAX_QUANTITY:
         raise InvalidArgument("quantity", f"quantity must be between 1 and {MAX_QUANTITY}, got {quantity!r}")
@@ -88,14 +79,6 @@ def require_sku(sku: str) -> str:
     if not _SKU.match(sku or ""):
         raise InvalidArgument("sku", f"sku must be 1-64 letters, digits, '.', '_' or '-', got {sku[:70]!r}")
     return sku
-
-
-def require_price(currency: str, amount_minor: int) -> tuple[str, int]:
-    if not re.fullmatch(r"[A-Z]{3}", currency or ""):
-        raise InvalidArgument("price.currency_code", f"price.currency_code must be an ISO 4217 code like 'TRY', got {currency!r}")
-    if amount_minor < 0:
-        raise InvalidArgument("price.amount_minor", f"price.amount_minor must be >= 0, got {amount_minor}")
-    return currency, amount_minor
 
 
 def page_size(requested: int) -> int:

@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 import grpc
-from google.protobuf import timestamp_pb2
 
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cutylib import principal
-from cutylib.errors import NotFound, PermissionDenied
+from cutylib.errors import NotFound, PermissionDenied, ResourceExhausted
+from cutylib.fields import parse_uuid
+from cutylib.money import require_money
+from cutylib.timestamps import to_timestamp
 from cutylib.tls import CODEPOOL, GATEWAY, PAYMENTS
 
 from . import domain
 from .catalog import Catalog, Product
 from .domain import ReservationView, ReserveCommand
 from .importer import Chunk, Importer, ImportResult
-from .service import ReservationService
+from .service import OutOfStock, ReservationService
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
 # Catalogue and stock are the gateway's; reservations and plaintext codes the orchestrator's alone;
@@ -30,27 +32,17 @@ STATUS = {domain.RESERVED: pb.RESERVATION_STATUS_RESERVED, domain.DELIVERED: pb.
           domain.RELEASED: pb.RESERVATION_STATUS_RELEASED}
 
 
-def out_of_stock(product_id: str, requested: int, available: int) -> pb.OutOfStock:
-    return pb.OutOfStock(product_id=product_id, requested=requested, available=available)
-
-
 def actor() -> str:
     """Who acts, as written to the audit log: 'role:subject' (internal callers are 'system')."""
     p = principal.current()
     return f"{p.role}:{p.subject}" if p.subject else p.role
 
 
-def _ts(value) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value)
-    return ts
-
-
 def _reservation(v: ReservationView) -> pb.Reservation:
     return pb.Reservation(
         order_id=v.order_id, order_item_id=v.order_item_id, product_id=v.product_id, customer_id=v.customer_id,
-        status=STATUS[v.status], code_ids=list(v.code_ids), quantity=v.quantity, reserve_time=_ts(v.reserved_at),
-        expire_time=_ts(v.expires_at), payment_transaction_id=v.payment_transaction_id,
+        status=STATUS[v.status], code_ids=list(v.code_ids), quantity=v.quantity, reserve_time=to_timestamp(v.reserved_at),
+        expire_time=to_timestamp(v.expires_at), payment_transaction_id=v.payment_transaction_id,
         unit_price=common_pb2.Money(currency_code=v.currency, amount_minor=v.unit_price_minor))
 
 
@@ -84,11 +76,11 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         principal.current().require_role("admin", "system")
         sku = domain.require_sku(request.sku)
         name = domain.require_id("name", request.name.strip(), max_length=200)
-        currency, amount = domain.require_price(request.price.currency_code, request.price.amount_minor)
+        currency, amount = require_money("price", request.price.currency_code, request.price.amount_minor)
         return _product(await self.catalog.create_product(sku, name, currency, amount))
 
     async def GetProduct(self, request: pb.GetProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
-        return _product(await self.catalog.get_product(domain.parse_uuid("product_id", request.product_id)))
+        return _product(await self.catalog.get_product(parse_uuid("product_id", request.product_id)))
 
     # --- import ----------------------------------------------------------------------------------
     async def ImportCodes(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ImportCodesResponse:
@@ -118,10 +110,14 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         cmd = ReserveCommand(
             order_id=domain.require_id("order_id", request.order_id),
             order_item_id=domain.require_id("order_item_id", request.order_item_id),
-            product_id=domain.parse_uuid("product_id", request.product_id),
+            product_id=parse_uuid("product_id", request.product_id),
             quantity=domain.require_quantity(request.quantity),
             customer_id=domain.require_id("customer_id", customer_id))
-        return _reservation(await self.reservations.reserve(cmd, actor()))
+        try:
+            return _reservation(await self.reservations.reserve(cmd, actor()))
+        except OutOfStock as e:
+            raise ResourceExhausted(e.message, reason=e.reason, detail=pb.OutOfStock(
+                product_id=str(e.product_id), requested=e.requested, available=e.available)) from None
 
     async def DeliverCodes(self, request: pb.DeliverCodesRequest, context: grpc.aio.ServicerContext) -> pb.Reservation:
         order_id = domain.require_id("order_id", request.order_id)
@@ -144,13 +140,13 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
     # --- stock and codes -------------------------------------------------------------------------
     async def GetStock(self, request: pb.GetStockRequest, context: grpc.aio.ServicerContext) -> pb.Stock:
         principal.current().require_role("staff", "admin", "system")
-        product_id = domain.parse_uuid("product_id", request.product_id)
+        product_id = parse_uuid("product_id", request.product_id)
         available, reserved, delivered = await self.catalog.stock(product_id)
         return pb.Stock(product_id=str(product_id), available=available, reserved=reserved, delivered=delivered)
 
     async def ListCodes(self, request: pb.ListCodesRequest, context: grpc.aio.ServicerContext) -> pb.ListCodesResponse:
         principal.current().require_role("staff", "admin", "system")
-        product_id = domain.parse_uuid("product_id", request.product_id)
+        product_id = parse_uuid("product_id", request.product_id)
         items, last = await self.catalog.list_codes(product_id, domain.decode_page_token(request.page_token),
                                                     domain.page_size(request.page_size))
         return pb.ListCodesResponse(
@@ -159,7 +155,7 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
 
     async def RevealCode(self, request: pb.RevealCodeRequest, context: grpc.aio.ServicerContext) -> pb.RevealedCode:
         principal.current().require_role("admin")
-        code_id = domain.parse_uuid("code_id", request.code_id)
+        code_id = parse_uuid("code_id", request.code_id)
         value, views = await self.catalog.reveal(code_id, actor())
         return pb.RevealedCode(id=str(code_id), value=value, view_count=views)
 

@@ -18,6 +18,7 @@ import asyncpg
 
 from cutylib.db import UnitOfWork
 from cutylib.errors import Aborted, AlreadyExists, InvalidArgument, Unavailable
+from cutylib.fields import parse_uuid
 
 from . import domain
 from .keys import Keyring
@@ -104,7 +105,7 @@ class Importer:
         first = await anext(stream, None)
         if first is None:
             raise InvalidArgument("codes", "the import stream carried no message")
-        product = domain.parse_uuid("product_id", first.product_id)
+        product = parse_uuid("product_id", first.product_id)
         batch_ref = domain.require_id("batch_ref", first.batch_ref)
         try:
             await asyncio.wait_for(self._slots.acquire(), self.slot_wait_seconds)

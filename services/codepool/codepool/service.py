@@ -22,20 +22,29 @@ from .repository import QUANTITY_CAP, SHORT_STOCK, TOO_MANY_RESERVATIONS, Reserv
 log = logging.getLogger("codepool.reservations")
 
 
+class OutOfStock(ResourceExhausted):
+    """ReserveCodes refused: fewer codes are available than asked for. Carries the count; the gRPC
+    API attaches it as the OutOfStock detail (errors are given their detail where they are
+    translated to the wire, cutylib.errors)."""
+
+    def __init__(self, product_id, requested: int, available: int):
+        super().__init__(f"product {product_id} has {available} codes available, {requested} requested",
+                         reason="out-of-stock")
+        self.product_id, self.requested, self.available = product_id, requested, available
+
+
 class InvariantBroken(RuntimeError):
     """The database answered something its constraints should have made impossible; roll back."""
 
 
 class ReservationService:
-    def __init__(self, pool: asyncpg.Pool, *, ttl_seconds: float, out_of_stock_detail=None,
+    def __init__(self, pool: asyncpg.Pool, *, ttl_seconds: float,
                  max_active: int | None = None, max_quantity: int | None = None):
         self.pool = pool
         self.ttl_seconds = ttl_seconds
         defaults = Settings()
         self.max_active = defaults.max_active_reservations if max_active is None else max_active
         self.max_quantity = defaults.max_quantity_per_product if max_quantity is None else max_quantity
-        # Builds the OutOfStock proto for RESOURCE_EXHAUSTED (kept out of this module's imports).
-        self._out_of_stock_detail = out_of_stock_detail or (lambda product_id, requested, available: None)
 
     async def reserve(self, cmd: ReserveCommand, actor: str) -> ReservationView:
         set_span_attributes(order_id=cmd.order_id, product_id=str(cmd.product_id))
@@ -52,10 +61,7 @@ class ReservationService:
                 raise
             available = await repo.count_available(cmd.product_id)
             metrics.REGISTRY.reservations.labels("out_of_stock").inc()
-            raise ResourceExhausted(
-                f"product {cmd.product_id} has {available} codes available, {cmd.quantity} requested",
-                reason="out-of-stock",
-                detail=self._out_of_stock_detail(str(cmd.product_id), cmd.quantity, available)) from None
+            raise OutOfStock(cmd.product_id, cmd.quantity, available) from None
         if row is None:
             return await self._replay(repo, cmd)
         metrics.REGISTRY.reservations.labels("reserved").inc()

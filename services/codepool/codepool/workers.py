@@ -1,12 +1,10 @@
 """The reservation sweeper: releases reservations older than CUTY_CODE_RESERVATION_TTL_SECONDS."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
-import asyncpg
-
+from cutylib.periodic import periodic
 from cutylib.telemetry import quiet, record_background
 
 from .service import ReservationService
@@ -42,10 +40,4 @@ class Sweeper:
         return total
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.sweep_once()
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as e:
-                # The database restarting or a connection killed: try again next round.
-                log.warning("sweep failed; retrying next interval", extra={"error": type(e).__name__})
-            await asyncio.sleep(self.interval)
+        await periodic(self.sweep_once, self.interval, what="reservation sweep", log=log)

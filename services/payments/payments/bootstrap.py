@@ -13,7 +13,7 @@ from cutylib.metrics import refresh_periodically
 
 from . import signature
 from .checkout import wiring
-from .core import PaymentsCore
+from .service import PaymentsCore
 from .grpc_api import CALLERS, PaymentApi
 from .psp import PspClient
 from .reconcile import Reconciler

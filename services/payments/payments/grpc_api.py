@@ -8,13 +8,14 @@ from cuty.payments.v1 import payments_pb2 as pb
 from cuty.payments.v1 import payments_pb2_grpc
 from cutylib import principal
 from cutylib.errors import InvalidArgument, NotFound
+from cutylib.fields import canonical_uuid
 from cutylib import paging
 from cutylib.telemetry import set_span_attributes
 from cutylib.tls import GATEWAY, PAYMENTS
 
 from . import operator
-from .core import PaymentsCore
-from .views import PaymentView, parse_uuid
+from .service import PaymentsCore
+from .views import PaymentView
 from .webhooks import WebhookInbox
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
@@ -38,7 +39,7 @@ MAX_REASON = 200
 def _payment_id(value: str) -> str:
     if not value:
         raise InvalidArgument("payment_id", "payment_id is required")
-    pid = str(parse_uuid(value, "payment_id"))
+    pid = canonical_uuid("payment_id", value)
     set_span_attributes(payment_id=pid)
     return pid
 

@@ -15,7 +15,7 @@ from opentelemetry import trace
 from . import domain, repository as sql
 from cutylib.telemetry import quiet
 
-from .core import PaymentsCore
+from .service import PaymentsCore
 from .domain import Outcome
 from .psp import PspError, PspUnavailable
 from .views import PaymentView

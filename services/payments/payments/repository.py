@@ -47,10 +47,9 @@ RETURNING seq
 # Step 4 and 5 of DESIGN.md's finalize as one statement: the version-token UPDATE and the event it
 # causes commit together or not at all. Zero rows means another path won the race.
 # The customer action is kept only while the new status waits for the customer (the table's CHECK
-# refuses anything else); reconciliation stops once the payment is terminal.
-# `{extra}`: the in-statement transition hooks' CTEs (they see `upd`, the updated row), so a hook
-# like the saga's wake-up commits with the change without a multi-statement transaction.
-FINALIZE_TEMPLATE = """
+# refuses anything else); reconciliation stops once the payment is terminal. A status change also
+# wakes the payment's checkout saga, by trigger in the same statement (migration 0103).
+FINALIZE = f"""
 WITH upd AS (
     UPDATE payments SET
         status = $3,
@@ -63,25 +62,13 @@ WITH upd AS (
         reconcile_at = CASE WHEN $3 IN ('succeeded', 'failed', 'canceled', 'refunded') THEN NULL ELSE reconcile_at END,
         updated_at = clock_timestamp()
     WHERE id = $1 AND version = $2
-    RETURNING {columns}
+    RETURNING {PAYMENT_COLUMNS}
 ), ev AS (
     INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
     SELECT id, checkout_id, $9, $10, status, version, $11, $12 FROM upd
-){extra}
-SELECT {select} FROM upd
+)
+SELECT * FROM upd
 """
-
-
-def finalize_sql(hook_ctes: list[tuple[str, str]]) -> str:
-    """FINALIZE with in-statement hooks: (name, statement) pairs, each a CTE that may read `upd`
-    (and the CTEs before it). A plain SELECT CTE runs only when referenced, so the result counts
-    every one of them (data-modifying ones run anyway)."""
-    extra = "".join(f",\n{name} AS (\n{body.strip()}\n)" for name, body in hook_ctes)
-    refs = "".join(f", (SELECT count(*) FROM {name}) AS hook_{i}" for i, (name, _) in enumerate(hook_ctes))
-    return FINALIZE_TEMPLATE.format(columns=PAYMENT_COLUMNS, extra=extra, select="upd.*" + refs)
-
-
-FINALIZE = finalize_sql([])
 
 # Learning the intent id without a status change (webhook-first scenarios fill it in via FINALIZE).
 SET_INTENT_ID = f"""

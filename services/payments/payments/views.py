@@ -2,39 +2,20 @@
 (redirect URL / client secret) unless the payment is waiting for the customer."""
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping
 
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import payments_pb2
-from cutylib.errors import InvalidArgument
+from cutylib.timestamps import to_timestamp
 
 from . import domain
 
 
-def parse_uuid(value: Any, field: str) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError:
-        raise InvalidArgument(field, f"{field} must be a UUID, got {value!r}") from None
-
-
 def _str(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-def _ts(value: datetime | None) -> Timestamp | None:
-    if value is None:
-        return None
-    ts = Timestamp()
-    ts.FromDatetime(value)
-    return ts
 
 
 @dataclass(frozen=True)
@@ -87,8 +68,8 @@ class PaymentView:
             checkout_id=self.checkout_id or "",
             payment_method=self.payment_method,
             failure_reason=self.failure_reason or "",
-            create_time=_ts(self.created_at),
-            update_time=_ts(self.updated_at),
+            create_time=to_timestamp(self.created_at),
+            update_time=to_timestamp(self.updated_at),
             merchant_id=self.merchant_id,
         )
         if self.redirect_url:
@@ -120,4 +101,4 @@ class TimelineEvent:
     def to_proto(self) -> payments_pb2.PaymentEvent:
         return payments_pb2.PaymentEvent(
             seq=self.seq, source=self.source, from_status=self.from_status or "", to_status=self.to_status,
-            version=self.version or 0, trace_id=self.trace_id, create_time=_ts(self.created_at), note=self.note)
+            version=self.version or 0, trace_id=self.trace_id, create_time=to_timestamp(self.created_at), note=self.note)

@@ -19,7 +19,7 @@ from cutylib.metrics import observe
 from cutylib.telemetry import link_to, quiet, set_span_attributes
 
 from . import domain, repository as sql, signature
-from .core import PaymentsCore
+from .service import PaymentsCore
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("cuty.payments.webhooks")

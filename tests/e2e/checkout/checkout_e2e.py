@@ -10,13 +10,13 @@ from datetime import datetime, timedelta, timezone
 import asyncpg
 import grpc
 import httpx
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from cuty.booking.v1 import booking_pb2 as bpb, booking_pb2_grpc
 from cuty.codepool.v1 import codepool_pb2 as cpb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
 from cutylib.config import with_database
+from cutylib.timestamps import to_timestamp
 from booking.grpc_api import CALLERS as BOOKING_CALLERS
 from codepool.grpc_api import CALLERS as CODEPOOL_CALLERS
 from cutylib.testing.procs import wait_for
@@ -43,12 +43,6 @@ def md(customer: str | None, key: str | None = None, role: str = "customer"):
     if key:
         out.append(("idempotency-key", key))
     return tuple(out)
-
-
-def _ts(dt: datetime) -> Timestamp:
-    t = Timestamp()
-    t.FromDatetime(dt)
-    return t
 
 
 class CheckoutStack:
@@ -85,8 +79,8 @@ class CheckoutStack:
         slots = []
         for _ in range(n):
             start = self._base + timedelta(hours=next(self._slot_hours))
-            slots.append(bpb.SlotInput(resource_id=self.resource_id, start_time=_ts(start),
-                                       end_time=_ts(start + timedelta(hours=1)),
+            slots.append(bpb.SlotInput(resource_id=self.resource_id, start_time=to_timestamp(start),
+                                       end_time=to_timestamp(start + timedelta(hours=1)),
                                        price=common_pb2.Money(currency_code="TRY", amount_minor=price)))
         out = await self.booking.BatchCreateSlots(bpb.BatchCreateSlotsRequest(salon_id=self.salon_id, slots=slots),
                                                   metadata=ADMIN)

@@ -1,5 +1,5 @@
-"""In-memory stand-ins for booking and the code pool, for in-process saga tests (the PSP's is in
-checkout_fake_psp.py).
+"""In-memory stand-ins for booking and the code pool, for in-process saga tests (the PSP's is
+cutylib.testing.fake_psp, shared with the payments tests).
 
 They dedupe on the same keys the real services do, count every *effect* (a hold taken, a hold
 confirmed, a charge...) so tests can assert "no step's effect happened twice", and can be told to

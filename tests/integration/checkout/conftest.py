@@ -21,12 +21,11 @@ from cutylib.testing.trust import acting_channel
 from payments.checkout.grpc_api import CALLERS, CheckoutApi
 from payments.checkout.wiring import SERVICE
 from payments.checkout.settings import CheckoutOptions
-from payments.checkout.workers import wake_saga
-from payments.core import PaymentsCore
+from payments.service import PaymentsCore
 from payments.metrics import PaymentsMetrics
 from payments.settings import PaymentsOptions
 
-from checkout_fake_psp import FakePsp
+from cutylib.testing.fake_psp import FakePsp
 from checkout_fakes import FakeBooking, FakeCodePool
 
 REPO_MIGRATIONS = __import__("pathlib").Path(__file__).resolve().parents[3] / "services/payments/migrations"
@@ -58,10 +57,8 @@ class Harness:
         self.server: GrpcServer | None = None
 
     def new_core(self, worker_id: str) -> PaymentsCore:
-        core = PaymentsCore(self.settings, self.pool, self.psp, options=PaymentsOptions(), metrics=PaymentsMetrics(),
+        return PaymentsCore(self.settings, self.pool, self.psp, options=PaymentsOptions(), metrics=PaymentsMetrics(),
                             worker_id=worker_id)
-        core.add_transition_hook(wake_saga)
-        return core
 
     def build(self, core):
         return wiring.build(self.settings, self.pool, core, options=self.options,

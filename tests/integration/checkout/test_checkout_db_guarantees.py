@@ -15,7 +15,7 @@ from payments.checkout.domain import validate_create
 
 async def held(h, customer="c-db") -> d.Saga:
     c = await h.service.create(customer, validate_create(h.booking.add_slot(), "", 0), "")
-    return await repo.get(h.pool, c.id)
+    return await repo.Sagas(h.pool).get(c.id)
 
 
 async def test_the_database_refuses_an_illegal_transition(harness):
@@ -27,22 +27,22 @@ async def test_the_database_refuses_an_illegal_transition(harness):
         await harness.pool.execute("UPDATE checkouts SET state = 'CHARGING' WHERE id = $1", uuid.UUID(s.id))
     with pytest.raises(asyncpg.InsufficientPrivilegeError):
         await harness.pool.execute("DELETE FROM checkouts WHERE id = $1", uuid.UUID(s.id))
-    assert (await repo.get(harness.pool, s.id)).state == "HELD"
+    assert (await repo.Sagas(harness.pool).get(s.id)).state == "HELD"
 
 
 async def test_a_stale_or_displaced_worker_is_fenced(harness):
     s = await held(harness)
-    mine = await repo.take_lease(harness.pool, s.id, "worker-a", 30)
+    mine = await repo.Sagas(harness.pool).take_lease(s.id, "worker-a", 30)
     assert mine is not None
     # Someone else (a cancel, or a worker after our lease expired) moved it on.
-    assert await repo.take_lease(harness.pool, s.id, "worker-b", 30) is None  # not while our lease runs
-    moved = await repo.transition(harness.pool, mine, "worker-a", d.RELEASING, repo.Fields(outcome=d.EXPIRED))
+    assert await repo.Sagas(harness.pool).take_lease(s.id, "worker-b", 30) is None  # not while our lease runs
+    moved = await repo.Sagas(harness.pool).transition(mine, "worker-a", d.RELEASING, repo.Fields(outcome=d.EXPIRED))
     assert moved is not None and moved.version == mine.version + 1
     # The same write again (a stale copy of the row): the version token refuses it.
-    assert await repo.transition(harness.pool, mine, "worker-a", d.RELEASING, repo.Fields(outcome=d.EXPIRED)) is None
+    assert await repo.Sagas(harness.pool).transition(mine, "worker-a", d.RELEASING, repo.Fields(outcome=d.EXPIRED)) is None
     # Right version, wrong owner: refused too.
-    assert await repo.transition(harness.pool, moved, "worker-b", d.EXPIRED) is None
-    assert (await repo.get(harness.pool, s.id)).state == d.RELEASING
+    assert await repo.Sagas(harness.pool).transition(moved, "worker-b", d.EXPIRED) is None
+    assert (await repo.Sagas(harness.pool).get(s.id)).state == d.RELEASING
 
 
 async def test_concurrent_claims_never_share_a_saga(harness):
@@ -53,7 +53,7 @@ async def test_concurrent_claims_never_share_a_saga(harness):
     async def claimer(n: int) -> list[str]:
         got: list[str] = []
         while True:
-            batch = await repo.claim_due(harness.pool, f"w{n}", 3, 30)
+            batch = await repo.Sagas(harness.pool).claim_due(f"w{n}", 3, 30)
             if not batch:
                 return got
             got += [s.id for s in batch]
@@ -67,21 +67,20 @@ async def test_concurrent_claims_never_share_a_saga(harness):
 
 
 async def test_a_wake_up_during_a_step_is_not_lost(harness):
-    """The payment hook fires while a worker holds the lease: the worker may not release the saga
+    """The payment changes (its trigger wakes the saga) while a worker holds the lease: the worker may not release the saga
     to sleep until its expiry; it must look again."""
     h = harness
     c = await h.service.create("c-wake", validate_create(h.booking.add_slot(), "", 0), "")
     paid = await h.service.pay("c-wake", c.id, "pm_card_3ds", "")
-    s = await repo.take_lease(h.pool, c.id, "worker-a", 30)
+    s = await repo.Sagas(h.pool).take_lease(c.id, "worker-a", 30)
     assert s.state == d.AWAITING_ACTION
-    async with h.pool.acquire() as conn:
-        await repo.wake(conn, c.id, paid.payment.id)  # as if finalize ran now
+    await h.core.finalize(paid.payment.id, "succeeded", "webhook")  # the trigger wakes the saga
     row = await h.row(c.id)
     assert row["wakeup"] and row["lease_owner"] == "worker-a"
     assert row["next_run_at"] > await h.pool.fetchval("SELECT clock_timestamp()")  # not stolen meanwhile
-    again = await repo.release(h.pool, s, "worker-a", s.expire_time)
+    again = await repo.Sagas(h.pool).release(s, "worker-a", s.expire_time)
     assert isinstance(again, d.Saga) and again.lease_owner == "worker-a"  # refused: look again
-    assert await repo.release(h.pool, again, "worker-a", again.expire_time) is True
+    assert await repo.Sagas(h.pool).release(again, "worker-a", again.expire_time) is True
 
 
 async def test_a_wake_up_of_a_free_saga_notifies_every_listener(harness):
@@ -96,9 +95,7 @@ async def test_a_wake_up_of_a_free_saga_notifies_every_listener(harness):
     listener = await h.pool.acquire()
     try:
         await listener.add_listener(repo.WAKE_CHANNEL, on_notify)
-        async with h.pool.acquire() as conn:
-            async with conn.transaction():
-                await repo.wake(conn, c.id, paid.payment.id)
+        await h.core.finalize(paid.payment.id, "succeeded", "webhook")  # the trigger wakes the saga
         await wait_for(lambda: heard, timeout=5, message="NOTIFY")
         assert heard == [c.id]
         assert (await h.row(c.id))["next_run_at"] <= await h.pool.fetchval("SELECT clock_timestamp()")
@@ -121,12 +118,11 @@ async def test_a_transition_into_waiting_keeps_the_lease_when_woken_meanwhile(ha
     h = harness
     c = await h.service.create("c-wake2", validate_create(h.booking.add_slot(), "", 0), "")
     paid = await h.service.pay("c-wake2", c.id, "pm_card_3ds", "")
-    s = await repo.take_lease(h.pool, c.id, "worker-a", 30)
-    async with h.pool.acquire() as conn:
-        await repo.wake(conn, c.id, paid.payment.id)
-    kept = await repo.transition(h.pool, s, "worker-a", d.CHARGING, release=True, wake_at=s.expire_time)
+    s = await repo.Sagas(h.pool).take_lease(c.id, "worker-a", 30)
+    await h.core.finalize(paid.payment.id, "processing", "webhook")  # the trigger wakes the saga
+    kept = await repo.Sagas(h.pool).transition(s, "worker-a", d.CHARGING, release=True, wake_at=s.expire_time)
     assert kept.lease_owner == "worker-a" and not (await h.row(c.id))["wakeup"]  # look again, flag consumed
-    gone = await repo.transition(h.pool, kept, "worker-a", d.AWAITING_ACTION, release=True, wake_at=s.expire_time)
+    gone = await repo.Sagas(h.pool).transition(kept, "worker-a", d.AWAITING_ACTION, release=True, wake_at=s.expire_time)
     assert gone.lease_owner is None and gone.state == d.AWAITING_ACTION
     row = await h.row(c.id)
     assert row["next_run_at"] == s.expire_time and row["lease_until"] is None

@@ -33,11 +33,11 @@ async def test_three_replicas_race_webhooks_cancels_and_expiry(make_harness):
         roll = rng.random()
         await asyncio.sleep(rng.random() * 0.05)
         if roll < 0.4:  # customer finishes 3-D Secure; the webhook arrives (sometimes twice)
-            intent = h.psp.complete(pi)
+            intent = h.psp.set_status(pi)
             for _ in range(rng.choice([1, 2])):
                 await rng.choice(cores).finalize(pid, "succeeded", "webhook", intent=intent)
         elif roll < 0.6:  # captured, and the customer cancels before the webhook lands
-            intent = h.psp.complete(pi)
+            intent = h.psp.set_status(pi)
             await asyncio.gather(h.service.cancel(cust, cid),
                                  rng.choice(cores).finalize(pid, "succeeded", "webhook", intent=intent),
                                  return_exceptions=True)

@@ -11,7 +11,6 @@ from cutylib import errors
 from cutylib.principal import SYSTEM, Principal
 from cutylib.testing.procs import wait_for
 from payments import metrics as m
-from payments.checkout import repository as repo
 from payments.checkout.domain import validate_create
 from cutylib.testing.trust import TEST_MERCHANT
 
@@ -143,7 +142,7 @@ async def test_three_ds_waits_then_completes_when_the_webhook_arrives(harness):
     assert not staff.payment.HasField("next_action") and not staff.payment.client_secret  # the buyer's only
     pi = (await h.core.get(paid.payment.id)).psp_intent_id
     # The customer completes 3-D Secure; the PSP's webhook reaches finalize (whose hook wakes the saga).
-    await h.core.finalize(paid.payment.id, "succeeded", "webhook", intent=h.psp.complete(pi))
+    await h.core.finalize(paid.payment.id, "succeeded", "webhook", intent=h.psp.set_status(pi))
     await wait_for(lambda: _is(h, created.id, "COMPLETED"), timeout=5, message="COMPLETED after webhook")
     done = await h.service.get(Principal(C, "customer"), created.id)
     assert not done.payment.next_action.redirect_url and not done.payment.client_secret
@@ -188,7 +187,7 @@ async def test_late_capture(make_harness, slot_taken, final):
     h.booking.expire(created.hold_id)
     if slot_taken:
         h.booking.take(created.slot_id)
-    h.psp.complete(pi)  # captured at the PSP; its webhook is late
+    h.psp.set_status(pi)  # captured at the PSP; its webhook is late
     await h.pool.execute("UPDATE checkouts SET expire_time = clock_timestamp(), next_run_at = clock_timestamp() "
                          "WHERE id = $1", uuid.UUID(created.id))
     await wait_for(lambda: _is(h, created.id, final), timeout=5, message=final)
@@ -243,7 +242,7 @@ async def test_cancel_after_capture_refunds(harness):
     h = harness
     created = await h.service.create(C, booking_req(h), "")
     paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
-    h.psp.complete((await h.core.get(paid.payment.id)).psp_intent_id)
+    h.psp.set_status((await h.core.get(paid.payment.id)).psp_intent_id)
     out = await h.service.cancel(C, created.id)
     assert out.state == pb.CHECKOUT_STATE_REFUNDED
     assert h.booking.holds[created.hold_id]["status"] == "released"
@@ -290,7 +289,7 @@ async def test_psp_unavailable_on_refund_is_retried(harness):
     h.start_workers(1)
     created = await h.service.create(C, booking_req(h), "")
     paid = await h.service.pay(C, created.id, "pm_card_3ds", "")
-    h.psp.complete((await h.core.get(paid.payment.id)).psp_intent_id)
+    h.psp.set_status((await h.core.get(paid.payment.id)).psp_intent_id)
     h.psp.unavailable["refund"] = 2
     await h.service.cancel(C, created.id)
     await wait_for(lambda: _is(h, created.id, "REFUNDED"), timeout=5, message="REFUNDED")
@@ -378,9 +377,15 @@ async def test_a_refund_the_psp_keeps_refusing_needs_attention_and_an_operator_r
     assert ("REFUNDING", "NEEDS_ATTENTION") in await timeline(h, created.id)
     staff = await h.service.get(Principal("staff-1", "staff", TEST_MERCHANT), created.id)
     assert staff.state == pb.CHECKOUT_STATE_NEEDS_ATTENTION
-    # It stays put: a payment change (the transition hook's wake-up) does not put it back in the queue.
-    await repo.wake(h.pool, created.id, paid.payment.id)
-    assert (await h.row(created.id))["next_run_at"] is None and h.psp.calls["refund"] == calls
+    # It stays put: a payment change (the trigger's wake-up) does not put it back in the queue.
+    async with h.pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("UPDATE payments SET status = 'refunded', version = version + 1 WHERE id = $1",
+                           uuid.UUID(paid.payment.id))
+        assert (await conn.fetchval("SELECT next_run_at FROM checkouts WHERE id = $1", uuid.UUID(created.id))) is None
+        await tx.rollback()  # the refund is the operator's retry's to make
+    assert h.psp.calls["refund"] == calls
 
     h.psp.refusing["refund"] = 0  # the bank relents
     retried = await h.service.retry(SYSTEM, "operator:ops-1", created.id)

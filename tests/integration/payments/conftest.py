@@ -8,12 +8,12 @@ import pytest_asyncio
 
 from cutylib.config import Settings
 from cutylib.db import create_pool
-from payments.core import PaymentsCore
+from payments.service import PaymentsCore
 from payments.metrics import PaymentsMetrics
 from payments.settings import PaymentsOptions
 
 from payments_events import PREVIOUS_SECRET, WEBHOOK_SECRET
-from payments_fakes import FakePsp
+from cutylib.testing.fake_psp import FakePsp
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -74,7 +74,7 @@ async def test_psp_refusing_the_create_fails_the_payment(core):
 
 
 async def test_psp_unavailable_leaves_payment_created_never_failed(core, fake_psp):
-    fake_psp.unavailable = 1
+    fake_psp.unavailable["create"] = 1
     p = await charge(core)
     assert (p.status, p.psp_intent_id) == ("created", None)
 
@@ -114,29 +114,36 @@ async def test_refund_is_idempotent_and_only_for_succeeded(core, fake_psp):
         await core.refund(failed.id, new_id())
 
 
-async def test_hooks_run_inside_the_transition_transaction_and_can_veto_it(make_core, payments_pool):
+async def test_a_status_change_wakes_its_checkout_in_the_same_statement(make_core, payments_pool):
+    """Issue 11: the checkout saga's wake-up is the database's (trigger payments_wake_checkout,
+    migration 0103): it commits with the payment change or not at all, and finalize knows nothing of it."""
     core = make_core()
-    seen = []
+    checkout = uuid.uuid4()
+    await payments_pool.execute(
+        "INSERT INTO checkouts (id, customer_id, kind, slot_id, state, version, hold_id, amount_minor, currency, "
+        "expire_time, payment_key, merchant_id) VALUES ($1, 'c-1', 'booking', $2, 'AWAITING_ACTION', 3, 'h-1', 2500, "
+        "'TRY', clock_timestamp() + interval '5 minutes', $3, $4)", checkout, uuid.uuid4(), uuid.uuid4(), TEST_MERCHANT)
+    p = await core.create_and_charge(checkout_id=str(checkout), amount_minor=2500, currency="TRY",
+                                     payment_method="pm_card_3ds", idempotency_key=new_id(), customer_id="c-1",
+                                     merchant_id=TEST_MERCHANT)
+    woken = await payments_pool.fetchrow("SELECT payment_id, next_run_at FROM checkouts WHERE id = $1", checkout)
+    assert woken["payment_id"] == uuid.UUID(p.id) and woken["next_run_at"] is not None
 
-    async def hook(conn, view, old):
-        seen.append((conn.is_in_transaction(), old, view.status,
-                     await conn.fetchval("SELECT version FROM payments WHERE id = $1", uuid.UUID(view.id))))
-    core.add_transition_hook(hook)
-    p = await charge(core)
-    assert seen == [(True, "created", "succeeded", 2)]
+    await payments_pool.execute("UPDATE checkouts SET next_run_at = NULL WHERE id = $1", checkout)
+    async with payments_pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("UPDATE payments SET status = 'processing', version = version + 1, redirect_url = NULL, "
+                           "client_secret = NULL WHERE id = $1",
+                           uuid.UUID(p.id))
+        assert await conn.fetchval("SELECT next_run_at FROM checkouts WHERE id = $1", checkout) is not None
+        await tx.rollback()
+    # Rolled back with the payment change; a lease or an intent id learned is no wake-up either.
+    assert await payments_pool.fetchval("SELECT next_run_at FROM checkouts WHERE id = $1", checkout) is None
+    assert await core.take_lease(p.id)
+    await core.release_lease(p.id)
+    assert await payments_pool.fetchval("SELECT next_run_at FROM checkouts WHERE id = $1", checkout) is None
 
-    vetoing = make_core()
-
-    async def boom(conn, view, old):
-        raise RuntimeError("saga could not record the wake-up")
-    vetoing.add_transition_hook(boom)
-    q = await charge(core, method="pm_card_3ds")
-    with pytest.raises(RuntimeError):
-        await vetoing.finalize(q.id, "succeeded", "webhook")
-    after = await core.get(q.id)
-    assert (after.status, after.version) == ("requires_action", 2)
-    assert await payments_pool.fetchval(
-        "SELECT count(*) FROM payment_events WHERE payment_id = $1 AND to_status = 'succeeded'", q.id) == 0
 
 
 async def test_database_refuses_regressions_secrets_on_terminal_and_event_edits(core, payments_pool):

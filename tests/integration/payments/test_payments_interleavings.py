@@ -12,7 +12,7 @@ from cutylib.testing.ids import new_id
 from payments import domain, metrics as m
 from payments.views import PaymentView
 
-from payments_fakes import FakePsp
+from cutylib.testing.fake_psp import FakePsp
 from cutylib.testing.trust import TEST_MERCHANT
 
 SEEDS = 500
@@ -128,7 +128,7 @@ async def one_interleaving(seed: int, creator, workers, psp: RecordingPsp, pool)
 
 async def test_500_seeded_interleavings(make_core, payments_pool):
     down = FakePsp()
-    down.unavailable = 10 ** 9  # the creator's charge never answers: rows stay `created` for the race
+    down.unavailable["create"] = 10 ** 9  # the creator's charge never answers: rows stay `created` for the race
     psp = RecordingPsp()
     creator = make_core(psp=psp)
     creator.psp = psp

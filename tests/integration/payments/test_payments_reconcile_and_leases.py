@@ -46,7 +46,7 @@ async def test_processing_payment_without_webhook_is_reconciled(make_core, fake_
 async def test_create_that_timed_out_is_replayed_with_the_same_key_and_charged_once(make_core, fake_psp):
     core = make_core(reconcile_after_seconds=0.0)
     key = new_id()
-    fake_psp.unavailable = 1
+    fake_psp.unavailable["create"] = 1
     p = await charge(core, method="pm_card_ok", key=key)
     assert p.status == "created"
     await reconcile_until(Reconciler(core), core, p.id, "succeeded")

@@ -184,7 +184,7 @@ async def test_contradicting_event_is_settled_by_asking_the_psp(payments_server,
 
 async def test_webhook_before_sync_answer_finds_the_payment_and_learns_the_intent(payments_server, payments_pool,
                                                                                  core, fake_psp):
-    fake_psp.unavailable = 1  # our create "timed out": the row stays created, intent id unknown
+    fake_psp.unavailable["create"] = 1  # our create "timed out": the row stays created, intent id unknown
     key = new_id()
     p = await core.create_and_charge(checkout_id=None, amount_minor=100, currency="TRY", payment_method="pm_card_ok",
                                      idempotency_key=key, customer_id="c", merchant_id=TEST_MERCHANT)

@@ -6,6 +6,7 @@ import pytest
 
 from booking import domain
 from cutylib.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from cutylib.fields import parse_uuid
 from cutylib.principal import SYSTEM, Principal
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
@@ -27,14 +28,14 @@ def test_a_held_hold_past_its_expiry_reads_expired():
                                    "8f14e45f-ceea-467f-a0e6-6f3a2a1b9c4", " 8f14e45f-ceea-467f-a0e6-6f3a2a1b9c4d"])
 def test_ids_must_be_canonical_uuids(value):
     with pytest.raises(InvalidArgument) as e:
-        domain.parse_id("slot_id", value)
+        parse_uuid("slot_id", value)
     assert _field(e) == "slot_id"
 
 
 def test_ids_parse():
     u = uuid.uuid4()
-    assert domain.parse_id("x", str(u)) == u
-    assert domain.parse_id("x", str(u).upper()) == u
+    assert parse_uuid("x", str(u)) == u
+    assert parse_uuid("x", str(u).upper()) == u
 
 
 def test_names_are_trimmed_and_bounded():

@@ -18,7 +18,7 @@ from cutylib import errors
 from payments.metrics import PaymentsMetrics
 from payments.checkout import crash, domain as d
 from payments.checkout.domain import Saga, Step
-from payments.checkout.remote import BookingHolds, CodeReservations, Holds, Refused, Rejected, Retryable
+from payments.checkout.remote import BookingHolds, CodeReservations, Inventory, Refused, Rejected, Retryable
 from payments.checkout.settings import CheckoutOptions
 from payments.checkout.steps import Steps
 
@@ -93,7 +93,7 @@ def view(status):
 
 
 def steps(booking=None, codepool=None, core=None) -> Steps:
-    return Steps(Holds(booking or Stub(), codepool or Stub()), core or Core(), CheckoutOptions())
+    return Steps(Inventory(booking or Stub(), codepool or Stub()), core or Core(), CheckoutOptions())
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ import uuid
 import pytest
 
 from cutylib.errors import InvalidArgument
+from cutylib.fields import parse_uuid
+from cutylib.money import require_money
 from codepool import domain
 
 
@@ -61,7 +63,7 @@ def test_code_ids_are_v7_unique_and_time_ordered(monkeypatch):
 
 def test_uuid_and_ids():
     with pytest.raises(InvalidArgument) as e:
-        domain.parse_uuid("product_id", "nope")
+        parse_uuid("product_id", "nope")
     assert e.value.field == "product_id"
     with pytest.raises(InvalidArgument):
         domain.require_id("order_id", "x" * 129)
@@ -77,11 +79,11 @@ def test_transition_tables():
 
 
 def test_price_and_sku():
-    assert domain.require_price("TRY", 0) == ("TRY", 0)
+    assert require_money("price", "TRY", 0) == ("TRY", 0)
     for cur, amount, field in (("try", 1, "price.currency_code"), ("", 1, "price.currency_code"),
                                ("TRY", -1, "price.amount_minor")):
         with pytest.raises(InvalidArgument) as e:
-            domain.require_price(cur, amount)
+            require_money("price", cur, amount)
         assert e.value.field == field
     with pytest.raises(InvalidArgument):
         domain.require_sku("has space")

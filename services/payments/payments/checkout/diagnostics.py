@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from cuty.payments.v1 import checkout_pb2
 
-from .views import _ts
+from cutylib.timestamps import to_timestamp
 
 READ = """
 SELECT attempts, last_error, failing_since, attention_from, traceparent, updated_at, version
@@ -23,9 +23,9 @@ def trace_id_of(traceparent: str | None) -> str:
 
 def from_row(row) -> checkout_pb2.CheckoutDiagnostics:
     return checkout_pb2.CheckoutDiagnostics(
-        attempts=row["attempts"], last_error=row["last_error"], failing_since=_ts(row["failing_since"]),
+        attempts=row["attempts"], last_error=row["last_error"], failing_since=to_timestamp(row["failing_since"]),
         attention_from=row["attention_from"] or "", trace_id=trace_id_of(row["traceparent"]),
-        update_time=_ts(row["updated_at"]), version=row["version"])
+        update_time=to_timestamp(row["updated_at"]), version=row["version"])
 
 
 async def read(conn, checkout_id: str) -> checkout_pb2.CheckoutDiagnostics | None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
+from cutylib.fields import canonical_uuid
+
 # -- states ----------------------------------------------------------------------------------------
 
 PENDING = "PENDING"
@@ -232,7 +234,7 @@ def route_payment(saga: Saga, payment_status: str, now: datetime, grace_seconds:
     if payment_status == P_REQUIRES_ACTION:
         return None if saga.state == AWAITING_ACTION else Move(AWAITING_ACTION)
     # created / processing: the charge is in flight (or its outcome unknown): wait for the webhook
-    # or reconciliation, which wake the saga through the transition hook.
+    # or reconciliation, which wake the saga through the payments trigger (migration 0103).
     return None if saga.state == CHARGING else Move(CHARGING)
 
 
@@ -267,15 +269,6 @@ def backoff_seconds(attempts: int, base: float, cap: float, rng: random.Random |
 MAX_QUANTITY = 100
 
 
-def parse_uuid(value: str, field: str) -> str:
-    from cutylib.errors import InvalidArgument
-
-    try:
-        return str(uuid.UUID(value))
-    except (ValueError, TypeError, AttributeError):
-        raise InvalidArgument(field, f"{field} must be a UUID, got {value!r}") from None
-
-
 @dataclass(frozen=True)
 class CreateRequest:
     kind: str
@@ -294,7 +287,7 @@ def validate_create(slot_id: str, product_id: str, quantity: int) -> CreateReque
     if slot_id:
         if quantity not in (0, 1):
             raise InvalidArgument("quantity", f"a slot is booked once; quantity must be 0 or 1, got {quantity!r}")
-        return CreateRequest(BOOKING, parse_uuid(slot_id, "slot_id"), None, 1)
+        return CreateRequest(BOOKING, canonical_uuid("slot_id", slot_id), None, 1)
     if not 1 <= quantity <= MAX_QUANTITY:
         raise InvalidArgument("quantity", f"quantity must be between 1 and {MAX_QUANTITY}, got {quantity!r}")
-    return CreateRequest(CODES, None, parse_uuid(product_id, "product_id"), quantity)
+    return CreateRequest(CODES, None, canonical_uuid("product_id", product_id), quantity)

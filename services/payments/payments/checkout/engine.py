@@ -26,7 +26,7 @@ from cutylib.telemetry import context_of
 from .. import metrics as m
 from . import domain, repository as repo
 from .domain import Move, Saga, Step
-from .remote import Holds, Refused, Rejected, Retryable
+from .remote import Inventory, Refused, Rejected, Retryable
 from .settings import CheckoutOptions
 from .steps import Steps
 
@@ -67,20 +67,18 @@ def _merge(a: repo.Fields, b: repo.Fields) -> repo.Fields:
 
 
 class Engine:
-    def __init__(self, pool: asyncpg.Pool, holds: Holds, core, options: CheckoutOptions, lease_seconds: float):
+    def __init__(self, pool: asyncpg.Pool, holds: Inventory, core, options: CheckoutOptions, lease_seconds: float):
         self.pool = pool
+        self.sagas = repo.Sagas(pool)
         self.core = core
         self.options = options
         self.lease_seconds = lease_seconds
         self.steps = Steps(holds, core, options)
 
-    async def drive(self, saga: Saga, owner: str, payment=None, finish=None):
+    async def drive(self, saga: Saga, owner: str, payment=None, *, unpaid: bool = False):
         """Run `saga` (whose lease `owner` holds) until it waits or ends and give the lease back.
-        Returns (last row seen, last PaymentView read or None).
-
-        `finish(row, payment)`: for a synchronous request, (idempotency.KeyFinish, answer) to store
-        with the transition that ends the drive, where `answer` is what the request answers when
-        the drive ends on `row` and `payment`; None when that is not known yet.
+        Returns (last row seen, last PaymentView read or None). `unpaid`: the caller's own write just
+        started the payment attempt (HELD -> CHARGING), so no payment can exist for its key yet.
 
         Raises Rejected (the hold was refused; the saga is REJECTED) and Refused (bad input; the
         PENDING row stays for the caller to delete); any other failure is retried later."""
@@ -89,22 +87,22 @@ class Engine:
                                           attributes={"cuty.checkout.id": saga.id}), \
                 self._heartbeat(saga.id, owner):
             try:
-                return await self._drive(saga, owner, payment, finish)
+                return await self._drive(saga, owner, payment, unpaid)
             except Fenced:
-                return await repo.get(self.pool, saga.id) or saga, None
+                return await self.sagas.get(saga.id) or saga, None
             except (Rejected, Refused):
                 raise
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(repo.hand_back(self.pool, saga.id, owner), 1.0)
+                    await asyncio.wait_for(self.sagas.hand_back(saga.id, owner), 1.0)
                 raise
             except Exception as exc:  # noqa: BLE001 - every failure is retried; a saga is never dropped
                 await self._retry_later(saga, owner, exc)
-                return await repo.get(self.pool, saga.id) or saga, None
+                return await self.sagas.get(saga.id) or saga, None
 
-    async def _drive(self, saga: Saga, owner: str, payment, finish=None):
+    async def _drive(self, saga: Saga, owner: str, payment, unpaid: bool = False):
         learned = _NOTHING  # facts a step learned that are not written yet
-        key_checked = False
+        key_checked = unpaid
         while not saga.terminal:
             if not key_checked and saga.payment_id is None and saga.payment_key and saga.state in _KEYED_STATES:
                 # A crash (or a retried failure) after the charge reached the PSP loses the payment id
@@ -121,7 +119,7 @@ class Engine:
             status = payment.status if payment is not None else None
             step = domain.next_step(saga, status, saga.read_at, self.options.expiry_grace_seconds)
             if self._waits(step, saga, status):
-                saga, again = await self._release(saga, owner, learned, status, payment, finish)
+                saga, again = await self._release(saga, owner, learned, status)
                 learned = _NOTHING
                 if not again:
                     return saga, payment
@@ -136,7 +134,7 @@ class Engine:
                     saga, extended=saga.extended or learned.extended, expire_time=learned.expire_time or saga.expire_time,
                     payment_id=saga.payment_id or learned.payment_id)
                 continue
-            saga, again = await self._move(saga, owner, out.move, learned, out.note, status, payment, finish)
+            saga, again = await self._move(saga, owner, out.move, learned, out.note, status)
             learned = _NOTHING
             if out.raise_after is not None:
                 raise out.raise_after
@@ -157,7 +155,7 @@ class Engine:
         return await self.core.get(saga.payment_id)
 
     async def _move(self, saga: Saga, owner: str, move: Move, learned: repo.Fields, note: str,
-                    status: str | None, payment=None, finish=None) -> tuple[Saga, bool]:
+                    status: str | None) -> tuple[Saga, bool]:
         """Record `move` (and what was learned). When the saga will then wait, the same statement
         gives the lease back, unless a wake-up came meanwhile. Returns (new row, look again)."""
         fields = dataclasses.replace(learned, outcome=move.outcome or learned.outcome,
@@ -167,11 +165,7 @@ class Engine:
             domain.next_step(after, status, saga.read_at, self.options.expiry_grace_seconds), after, status)
         wake_at = domain.wait_until(dataclasses.replace(after, expire_time=fields.expire_time or saga.expire_time),
                                     self.options.expiry_grace_seconds)
-        # A transition that may end the drive (terminal, or waiting) can carry the request's answer.
-        ending = finish(repo.predict(saga, move.state, fields), payment) if finish and (after.terminal or waits) \
-            else None
-        new = await repo.transition(self.pool, saga, owner, move.state, fields, note, release=waits, wake_at=wake_at,
-                                    finish=ending)
+        new = await self.sagas.transition(saga, owner, move.state, fields, note, release=waits, wake_at=wake_at)
         if new is None:
             raise Fenced()
         if new.state != saga.state:
@@ -181,14 +175,12 @@ class Engine:
                      extra={"checkout_id": saga.id, "from": saga.state, "to": new.state, "note": note})
         return new, waits and new.lease_owner is not None
 
-    async def _release(self, saga: Saga, owner: str, learned: repo.Fields, status: str | None, payment=None,
-                       finish=None) -> tuple[Saga, bool]:
+    async def _release(self, saga: Saga, owner: str, learned: repo.Fields, status: str | None) -> tuple[Saga, bool]:
         """Give the lease back (writing what was learned); (row, True) when a wake-up arrived
         during the step and the saga must be looked at again."""
         if learned != _NOTHING:
-            return await self._move(saga, owner, Move(saga.state), learned, "", status, payment, finish)
-        released = await repo.release(self.pool, saga, owner,
-                                      domain.wait_until(saga, self.options.expiry_grace_seconds))
+            return await self._move(saga, owner, Move(saga.state), learned, "", status)
+        released = await self.sagas.release(saga, owner, domain.wait_until(saga, self.options.expiry_grace_seconds))
         if released is True:
             return saga, False
         if released is None:
@@ -198,14 +190,14 @@ class Engine:
     async def reject(self, saga: Saga, owner: str, reason: str) -> Saga:
         """A PENDING saga whose hold was refused for bad input, found by a worker resuming it (the
         synchronous CreateCheckout deletes the row instead: nothing changes for bad input)."""
-        new = await repo.transition(self.pool, saga, owner, domain.REJECTED,
-                                    repo.Fields(failure_reason=reason), "hold refused")
+        new = await self.sagas.transition(saga, owner, domain.REJECTED, repo.Fields(failure_reason=reason),
+                                          "hold refused")
         if new is not None:
             self.core.metrics.sagas_finished.labels(domain.REJECTED).inc()
-        return new or await repo.get(self.pool, saga.id) or saga
+        return new or await self.sagas.get(saga.id) or saga
 
     async def _retry_later(self, saga: Saga, owner: str, exc: BaseException) -> None:
-        current = await repo.get(self.pool, saga.id)
+        current = await self.sagas.get(saga.id)
         attempts = current.attempts if current is not None else saga.attempts
         delay = domain.backoff_seconds(attempts, self.options.retry_base_seconds, self.options.retry_cap_seconds)
         self.core.metrics.retries.labels(saga.state).inc()
@@ -213,9 +205,9 @@ class Engine:
         log.log(level, "saga step failed; retrying in %.2fs", delay, exc_info=not isinstance(exc, TRANSIENT),
                 extra={"checkout_id": saga.id, "state": saga.state, "attempts": attempts, "error": repr(exc)})
         with contextlib.suppress(*TRANSIENT):
-            state = await repo.retry_later(self.pool, saga, owner, delay, repr(exc),
-                                           max_attempts=self.options.max_attempts,
-                                           attention_after_seconds=self.options.attention_after_seconds)
+            state = await self.sagas.retry_later(saga, owner, delay, repr(exc),
+                                                 max_attempts=self.options.max_attempts,
+                                                 attention_after_seconds=self.options.attention_after_seconds)
             if state == domain.NEEDS_ATTENTION:
                 self.core.metrics.need_attention.inc()
                 log.error("saga step keeps failing; it needs an operator", extra={
@@ -229,7 +221,7 @@ class Engine:
             while True:
                 await asyncio.sleep(self.lease_seconds / 3)
                 with contextlib.suppress(*TRANSIENT):
-                    if not await repo.heartbeat(self.pool, checkout_id, owner, self.lease_seconds):
+                    if not await self.sagas.heartbeat(checkout_id, owner, self.lease_seconds):
                         return
 
         task = asyncio.create_task(beat())

@@ -5,15 +5,20 @@ with a hash of the request; when it ends it stores its serialized answer, which 
 for byte. The database decides every race: two requests with one key meet on the primary key, and
 an abandoned `in_flight` row (its process died) is taken over by one conditional upsert.
 
-    replay or run: await store.run(customer, "create", key, request_hash, fn)
+    replay or run: await store.run(customer, "create", key, request_hash, first, fn)
+
+Every request goes this way: one without an Idempotency-Key gets a key generated here, so there is
+one write path (issue 11). The request's first write is part of the key's own statement
+(`begin_with`), and its answer is stored by a plain FINISH once the request has it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import asyncpg
 from google.protobuf.message import Message
@@ -25,6 +30,9 @@ from cutylib.grpc_errors import to_status
 log = logging.getLogger(__name__)
 
 MAX_KEY_LENGTH = 255
+# The key made up for a request that came without one: a random UUID no client will send again,
+# so the request runs once, through the same statements as any other (issue 11, "one write path").
+SERVER_KEY_PREFIX = "server:"
 
 # Insert, or take over a row that expired (24 h: the key may be used afresh) or whose in-flight
 # request died (locked_until passed) with the same request. Returns nothing when the key belongs
@@ -48,15 +56,6 @@ WHERE k.expires_at <= clock_timestamp()
 RETURNING resource_id, runs > 1 AS resumed
 """
 
-# BEGIN and the request's first write as one statement (one round trip, one commit): `{first}` is
-# CTE text (`name AS (...)`, ..., the last one named `first`) on `began` (the key row just inserted
-# or taken over; no row -> it must do nothing), whose own parameters start at $8. The answer is the
-# key's columns and the first write's row (NULLs when it wrote nothing).
-BEGIN_WITH = """
-WITH began AS ({begin}), {first}
-SELECT began.resource_id AS key_resource_id, began.resumed AS key_resumed, first.*
-FROM began LEFT JOIN first ON true
-"""
 
 EXISTING = """
 SELECT request_hash, state, response, response_is_error FROM checkout_idempotency_keys
@@ -86,25 +85,6 @@ WHERE (customer_id, operation, key) IN (
     SELECT customer_id, operation, key FROM checkout_idempotency_keys
     WHERE expires_at < clock_timestamp() ORDER BY expires_at LIMIT $1)
 """
-
-
-# The answer a saga statement stored with the transition that ended the request
-# (repository.TRANSITION_AND_FINISH) differs from the one the request built afterwards: never
-# expected, but the client must get what a replay will get, so the stored one is corrected.
-CORRECT = """
-UPDATE checkout_idempotency_keys SET response = $5
-WHERE customer_id = $1 AND operation = $2 AND key = $3 AND state = 'done' AND response = $4
-"""
-
-
-@dataclass
-class KeyFinish:
-    """The key of a running request, for a statement that stores its answer itself; `stored` is
-    the serialized answer once one has."""
-    customer: str
-    operation: str
-    key: str
-    stored: bytes | None = None
 
 
 class Replay(Exception):
@@ -139,28 +119,27 @@ class IdempotencyStore:
     lease_seconds: float
     ttl_seconds: float
 
-    async def run(self, customer: str, operation: str, key: str, req_hash: bytes,
-                  fn: Callable[..., Awaitable[Message]], *, first: tuple[str, tuple] | None = None,
+    async def run(self, customer: str, operation: str, key: str, req_hash: bytes, first: tuple[str, tuple],
+                  fn: Callable[[str, bool, Any], Awaitable[Message]], *,
                   stored_form: Callable[[Message], Message] | None = None) -> Message:
-        """`fn(resource_id, resumed)` once per key; replays raise Replay with the first answer.
-        `resumed`: this request takes over an earlier one with the same key whose process died.
-        `first`: (SQL, args) of the request's first write, run in the key's own statement (see
-        BEGIN_WITH; it reads `began.resource_id`, its parameters start at $8); `fn` then gets a third
-        argument, that write's row (its columns NULL when it wrote nothing), and a fourth, a
-        KeyFinish a later statement of the request may store the answer with (then no separate
-        FINISH is needed). Without a key `first` is not run and `fn` gets None, None.
+        """`fn(resource_id, resumed, row)` once per key; replays raise Replay with the first answer.
+        `first`: (SQL, args) of the request's first write (CTEs ending in one named `first`, see
+        `begin_with`), run in the key's own statement; `row` is what it returned (its columns NULL
+        when it wrote nothing). `resumed`: this request takes over an earlier one with the same key
+        whose process died. An empty `key` gets one generated here (the request is then simply not
+        replayable by the client).
 
         A DomainError marked `recorded` (the request did change something: a REJECTED checkout)
         is stored and replayed as the answer; other domain errors changed nothing and free the key;
         anything else (a dependency down, a crash) leaves the key to be resumed by a retry.
         `stored_form(answer)`: what is kept for replays (without secrets), when not the answer itself."""
-        if not key:
-            return await (fn(str(uuid.uuid4()), False, None, None) if first else fn(str(uuid.uuid4()), False))
-        check_key(key)
+        if key:
+            check_key(key)
+        else:
+            key = f"{SERVER_KEY_PREFIX}{uuid.uuid4()}"
         resource_id, resumed, row = await self._begin(customer, operation, key, req_hash, first)
-        finish = KeyFinish(customer, operation, key)
         try:
-            answer = await (fn(resource_id, resumed, row, finish) if first else fn(resource_id, resumed))
+            answer = await fn(resource_id, resumed, row)
         except errors.DomainError as exc:
             if getattr(exc, "recorded", False):
                 await self.pool.execute(FINISH, customer, operation, key,
@@ -177,26 +156,17 @@ class IdempotencyStore:
                 log.warning("could not unlock idempotency key", exc_info=True)
             raise
         data = (stored_form(answer) if stored_form else answer).SerializeToString()
-        if finish.stored is None:
-            await self.pool.execute(FINISH, customer, operation, key, data, False)
-        elif finish.stored != data:
-            log.error("stored answer differs from the answer; correcting it",
-                      extra={"operation": operation, "key_hash": hashlib.sha256(key.encode()).hexdigest()[:12]})
-            await self.pool.execute(CORRECT, customer, operation, key, finish.stored, data)
+        await self.pool.execute(FINISH, customer, operation, key, data, False)
         return answer
 
     async def _begin(self, customer: str, operation: str, key: str, req_hash: bytes,
-                     first: tuple[str, tuple] | None = None) -> tuple[str, bool, object]:
+                     first: tuple[str, tuple]) -> tuple[str, bool, Any]:
         args = (customer, operation, key, req_hash, uuid.uuid4(), self.lease_seconds, self.ttl_seconds)
+        statement = begin_with(first[0])
         for _ in range(3):  # the row may expire or be freed between our two statements
-            if first is None:
-                began = await self.pool.fetchrow(BEGIN, *args)
-                if began is not None:
-                    return str(began["resource_id"]), began["resumed"], None
-            else:
-                began = await self.pool.fetchrow(_begin_with(first[0]), *args, *first[1])
-                if began is not None:
-                    return str(began["key_resource_id"]), began["key_resumed"], began
+            began = await self.pool.fetchrow(statement, *args, *first[1])
+            if began is not None:
+                return str(began["key_resource_id"]), began["key_resumed"], began
             row = await self.pool.fetchrow(EXISTING, customer, operation, key)
             if row is None:
                 continue
@@ -215,14 +185,16 @@ class IdempotencyStore:
         return int(done.split()[-1])
 
 
-_BEGIN_WITH_CACHE: dict[str, str] = {}
-
-
-def _begin_with(first_sql: str) -> str:
-    sql = _BEGIN_WITH_CACHE.get(first_sql)
-    if sql is None:
-        sql = _BEGIN_WITH_CACHE[first_sql] = BEGIN_WITH.format(begin=BEGIN.strip(), first=first_sql.strip())
-    return sql
+@functools.cache
+def begin_with(first: str) -> str:
+    """BEGIN and the request's first write as one statement (one round trip, one commit). `first`
+    is CTE text (`name AS (...)`, ..., the last one named `first`) that reads `began` (the key row
+    just inserted or taken over; no row -> it must write nothing) and whose own parameters start
+    at $8. The statement answers the key's columns and the first write's row (NULLs when it wrote
+    nothing). The one place a statement is composed from parts (issue 11)."""
+    return (f"WITH began AS ({BEGIN.strip()}), {first.strip()}\n"
+            "SELECT began.resource_id AS key_resource_id, began.resumed AS key_resumed, first.*\n"
+            "FROM began LEFT JOIN first ON true")
 
 
 def _status_bytes(exc: errors.DomainError) -> bytes:

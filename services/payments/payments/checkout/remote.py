@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 
 import grpc
 
@@ -25,6 +25,7 @@ from cuty.booking.v1 import booking_pb2
 from cuty.codepool.v1 import codepool_pb2
 from cutylib import errors, principal
 from cutylib.grpc_errors import bad_field, error_reason, unpack_detail
+from cutylib.timestamps import from_timestamp
 
 from . import domain
 from .domain import Saga
@@ -119,10 +120,6 @@ def _as_system():
         token.var.reset(token)
 
 
-def _dt(ts) -> datetime:
-    return ts.ToDatetime(tzinfo=timezone.utc)
-
-
 def _retryable(err: grpc.aio.AioRpcError, what: str) -> Retryable:
     return Retryable(f"{what}: {err.code().name}: {err.details()}")
 
@@ -161,7 +158,7 @@ class BookingHolds:
                 raise Rejected(errors.AlreadyExists(e.details() or "the slot is taken", reason="slot-unavailable",
                                                     detail=detail)) from None
             raise _refused(e) from None
-        return Held(h.id, _dt(h.expire_time), h.price.amount_minor, h.price.currency_code, h.merchant_id)
+        return Held(h.id, from_timestamp(h.expire_time), h.price.amount_minor, h.price.currency_code, h.merchant_id)
 
     async def extend(self, saga: Saga) -> datetime | None:
         """The hold's expiry after the one extension; None when it can no longer be extended
@@ -169,7 +166,7 @@ class BookingHolds:
         try:
             with _as_system():
                 h = await self.stub.ExtendHold(booking_pb2.ExtendHoldRequest(hold_id=saga.hold_id))
-            return _dt(h.expire_time)
+            return from_timestamp(h.expire_time)
         except grpc.aio.AioRpcError as e:
             if e.code() in _RETRYABLE:
                 raise _retryable(e, "booking.ExtendHold") from None
@@ -184,7 +181,7 @@ class BookingHolds:
             if e.code() in _RETRYABLE:
                 raise _retryable(e, "booking.GetHold") from None
             raise
-        return _dt(h.expire_time) if h.status == booking_pb2.HOLD_STATUS_HELD else None
+        return from_timestamp(h.expire_time) if h.status == booking_pb2.HOLD_STATUS_HELD else None
 
     async def confirm(self, saga: Saga) -> None:
         # payment_ref = the payment id: ConfirmHold is idempotent on it, and re-acquires an
@@ -225,8 +222,8 @@ class CodeReservations:
                 raise Rejected(errors.ResourceExhausted(e.details() or "out of stock", reason="out-of-stock",
                                                         detail=detail)) from None
             raise _refused(e) from None
-        return Held(None, _dt(r.expire_time), r.unit_price.amount_minor * saga.quantity, r.unit_price.currency_code,
-                    r.merchant_id)
+        return Held(None, from_timestamp(r.expire_time), r.unit_price.amount_minor * saga.quantity,
+                    r.unit_price.currency_code, r.merchant_id)
 
     async def extend(self, saga: Saga) -> datetime | None:
         return saga.expire_time  # reservations are long (CUTY_CODE_RESERVATION_TTL_SECONDS); never extended
@@ -254,8 +251,9 @@ class CodeReservations:
         return [(c.id, c.value) for c in r.codes]
 
 
-class Holds:
-    """Dispatch on the checkout's kind."""
+class Inventory:
+    """What a checkout buys from: booking (a slot's hold) or the code pool (a reservation), by the
+    checkout's kind. (Not booking's `Holds` repository: this is the saga's side of the wire.)"""
 
     def __init__(self, booking_stub, codepool_stub):
         self.booking = BookingHolds(booking_stub)

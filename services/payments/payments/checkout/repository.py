@@ -5,11 +5,13 @@ Every write that protects an invariant is one conditional statement: a transitio
 stale worker, the lease owner a worker whose lease was taken over), and the timeline event is
 appended by the same statement, so they commit together without a multi-statement transaction.
 Every statement returns the database clock (`db_now`): TTL decisions use it, never the local clock.
+`Sagas` runs them and returns `domain.Saga` rows (booking's repository convention). A payment's
+wake-up of its saga is not here: the database does it (trigger `payments_wake_checkout`, migration 0103).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import Union
 
 import asyncpg
 
@@ -18,6 +20,7 @@ from cutylib.telemetry import current_trace_id, current_traceparent
 
 from .domain import Saga
 
+# NOTIFY channel of wake-ups; the payments trigger (migration 0103) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
 
 _TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED')"
@@ -25,19 +28,10 @@ _TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUND
 _IDLE = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'NEEDS_ATTENTION')"
 _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
 
+# CreateCheckout's first write, the PENDING row with the request's saga lease, as part of its
+# Idempotency-Key's statement (idempotency.begin_with): the checkout id is the key's resource id,
+# the customer the key's ($1). Inserts nothing unless the key was taken (`began` has its row).
 INSERT_PENDING = f"""
-INSERT INTO checkouts (id, customer_id, kind, slot_id, product_id, quantity, order_id,
-                       lease_owner, lease_until, next_run_at, traceparent)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
-        clock_timestamp() + make_interval(secs => $9::float8),
-        clock_timestamp() + make_interval(secs => $9::float8), $10)
-ON CONFLICT (id) DO NOTHING
-{_RETURNING}
-"""
-
-# INSERT_PENDING as the first write of CreateCheckout's Idempotency-Key statement
-# (idempotency.BEGIN_WITH): the checkout id is the key's resource id, the customer the key's ($1).
-INSERT_PENDING_WITH_KEY = f"""
 first AS (
     INSERT INTO checkouts (id, customer_id, kind, slot_id, product_id, quantity, order_id,
                            lease_owner, lease_until, next_run_at, traceparent)
@@ -96,45 +90,11 @@ WITH upd AS (
 SELECT * FROM upd
 """
 
-# TRANSITION that also stores the synchronous request's answer under its Idempotency-Key
-# (idempotency.FINISH), when the transition ends the drive: the saga is terminal or gave its lease
-# back (not kept for a wake-up), so the request answers right after with exactly this view.
-# $19: the serialized answer, $20..$22 the key. `key_done` says whether it was stored.
-TRANSITION_AND_FINISH = TRANSITION.replace("""
-SELECT * FROM upd
-""", """, key_done AS (
-    UPDATE checkout_idempotency_keys SET state = 'done', response = $19, response_is_error = false,
-        locked_until = NULL
-    WHERE customer_id = $20 AND operation = $21 AND key = $22 AND state = 'in_flight'
-      AND EXISTS (SELECT 1 FROM upd WHERE upd.lease_owner IS NULL)
-    RETURNING 1
-)
-SELECT upd.*, EXISTS (SELECT 1 FROM key_done) AS key_done FROM upd
-""")
-assert TRANSITION_AND_FINISH != TRANSITION
-
-# PayCheckout: HELD -> CHARGING and the saga lease for the request, in one statement. The hold
-# must not have run out (database clock): a buyer is never charged for an expired hold.
+# PayCheckout's first write: HELD -> CHARGING and the saga lease for the request, as part of its
+# Idempotency-Key's statement (idempotency.begin_with): only when the key was taken (`began` has
+# its row); customer = $1. The hold must not have run out (database clock): a buyer is never
+# charged for an expired hold.
 START_CHARGING = f"""
-WITH upd AS (
-    UPDATE checkouts SET
-        state = 'CHARGING', version = version + 1, payment_key = $3, payment_method = $4,
-        lease_owner = $5,
-        lease_until = clock_timestamp() + make_interval(secs => $6::float8),
-        next_run_at = clock_timestamp() + make_interval(secs => $6::float8),
-        wakeup = false, attempts = 0, last_error = '', updated_at = clock_timestamp()
-    WHERE id = $1 AND customer_id = $2 AND state = 'HELD' AND expire_time > clock_timestamp()
-    {_RETURNING}
-), ev AS (
-    INSERT INTO payment_events (checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT id, 'saga', 'HELD', state, version, $7, 'pay ' || $4 FROM upd
-)
-SELECT * FROM upd
-"""
-
-# START_CHARGING as the first write of PayCheckout's Idempotency-Key statement
-# (idempotency.BEGIN_WITH): only when the key was taken (`began` has its row); customer = $1.
-START_CHARGING_WITH_KEY = f"""
 first AS (
     UPDATE checkouts SET
         state = 'CHARGING', version = version + 1, payment_key = $9::uuid, payment_method = $10::text,
@@ -278,42 +238,6 @@ WITH upd AS (
 SELECT upd.* FROM upd LEFT JOIN (SELECT count(*) FROM n) notified ON true
 """
 
-# Inside payments' finalize transaction (the transition hook): remember which payment is ours and
-# wake the saga. A leased saga gets the `wakeup` flag (its holder looks again before releasing);
-# a free one becomes due now and every replica's worker hears the NOTIFY when finalize commits.
-WAKE = f"""
-WITH upd AS (
-    UPDATE checkouts SET
-        payment_id = COALESCE(payment_id, $2::uuid),
-        wakeup = (lease_until IS NOT NULL AND lease_until > clock_timestamp()),
-        next_run_at = CASE WHEN lease_until IS NOT NULL AND lease_until > clock_timestamp()
-                           THEN next_run_at ELSE clock_timestamp() END
-    WHERE id = $1 AND state NOT IN {_IDLE} AND payment_key IS NOT NULL
-      AND (payment_id IS NULL OR payment_id = $2::uuid)
-    RETURNING id, wakeup
-)
-SELECT pg_notify('{WAKE_CHANNEL}', id::text) FROM upd WHERE NOT wakeup
-"""
-
-# The same wake-up as CTEs of payments' finalize statement (an in-statement transition hook, see
-# payments/core.py): `upd` is the payment row the statement just updated. The payment change, its
-# event and the wake-up are then one statement, one commit, one round trip.
-WAKE_IN_FINALIZE = (
-    ("saga_wake", f"""
-    UPDATE checkouts c SET
-        payment_id = COALESCE(c.payment_id, upd.id),
-        wakeup = (c.lease_until IS NOT NULL AND c.lease_until > clock_timestamp()),
-        next_run_at = CASE WHEN c.lease_until IS NOT NULL AND c.lease_until > clock_timestamp()
-                           THEN c.next_run_at ELSE clock_timestamp() END
-    FROM upd
-    WHERE c.id = upd.checkout_id AND c.state NOT IN {_IDLE} AND c.payment_key IS NOT NULL
-      AND (c.payment_id IS NULL OR c.payment_id = upd.id)
-    RETURNING c.id, c.wakeup
-    """),
-    ("saga_notify", f"SELECT pg_notify('{WAKE_CHANNEL}', id::text) FROM saga_wake WHERE NOT wakeup"),
-)
-
-
 @dataclass(frozen=True)
 class Fields:
     """What a transition may record besides the state."""
@@ -332,124 +256,86 @@ def saga_of(row) -> Saga | None:
     return None if row is None else Saga.from_row(row)
 
 
-async def insert_pending(conn, *, checkout_id: str, customer_id: str, kind: str, slot_id: str | None,
-                         product_id: str | None, quantity: int, owner: str, lease_seconds: float) -> Saga | None:
-    order_id = checkout_id if kind == "codes" else None
-    return saga_of(await conn.fetchrow(INSERT_PENDING, checkout_id, customer_id, kind, slot_id, product_id,
-                                       quantity, order_id, owner, lease_seconds, current_traceparent()))
+def insert_pending(*, kind: str, slot_id: str | None, product_id: str | None, quantity: int, owner: str,
+                   lease_seconds: float) -> tuple[str, tuple]:
+    """CreateCheckout's first write, for IdempotencyStore.run(first=...)."""
+    return INSERT_PENDING, (kind, slot_id, product_id, quantity, owner, lease_seconds, current_traceparent())
 
 
-def insert_pending_with_key(*, kind: str, slot_id: str | None, product_id: str | None, quantity: int, owner: str,
-                            lease_seconds: float) -> tuple[str, tuple]:
-    return INSERT_PENDING_WITH_KEY, (kind, slot_id, product_id, quantity, owner, lease_seconds, current_traceparent())
-
-
-def start_charging_with_key(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,
-                            lease_seconds: float) -> tuple[str, tuple]:
-    return START_CHARGING_WITH_KEY, (checkout_id, payment_key, payment_method, owner, lease_seconds,
-                                     current_trace_id())
+def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,
+                   lease_seconds: float) -> tuple[str, tuple]:
+    """PayCheckout's first write, for IdempotencyStore.run(first=...)."""
+    return START_CHARGING, (checkout_id, payment_key, payment_method, owner, lease_seconds, current_trace_id())
 
 
 def saga_of_first(row) -> Saga | None:
-    """The saga row a BEGIN_WITH statement returned, or None when its first write wrote nothing."""
+    """The saga row a first write returned with its key, or None when it wrote nothing."""
     return None if row is None or row["id"] is None else Saga.from_row(row)
 
 
-async def get(conn, checkout_id: str) -> Saga | None:
-    return saga_of(await conn.fetchrow(GET, checkout_id))
+Db = Union[asyncpg.Connection, asyncpg.Pool]
 
 
-async def delete_pending(conn, checkout_id: str, owner: str) -> None:
-    await conn.execute(DELETE_PENDING, checkout_id, owner)
+class Sagas:
+    """The checkout rows: every method is one statement, and returns the row it read or wrote
+    (None when a fenced write wrote nothing)."""
 
+    def __init__(self, db: Db):
+        self.db = db
 
-async def transition(conn, saga: Saga, owner: str, state: str, fields: Fields = Fields(), note: str = "", *,
-                     release: bool = False, wake_at=None, finish=None) -> Saga | None:
-    """The new row, or None when fenced (another actor moved the saga or took the lease).
-    `release`: give the lease back, due again at `wake_at` (the row's lease_owner then says
-    whether it was given back or kept because a wake-up arrived).
-    `finish`: (idempotency.KeyFinish, answer): store `answer` under the request's key in the same
-    statement if this transition ends the drive (`finish[0].stored` is set when it did)."""
-    args = (saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
+    async def get(self, checkout_id: str) -> Saga | None:
+        return saga_of(await self.db.fetchrow(GET, checkout_id))
+
+    async def delete_pending(self, checkout_id: str, owner: str) -> None:
+        await self.db.execute(DELETE_PENDING, checkout_id, owner)
+
+    async def transition(self, saga: Saga, owner: str, state: str, fields: Fields = Fields(), note: str = "", *,
+                         release: bool = False, wake_at=None) -> Saga | None:
+        """The new row, or None when fenced (another actor moved the saga or took the lease).
+        `release`: give the lease back, due again at `wake_at` (the row's lease_owner then says
+        whether it was given back or kept because a wake-up arrived)."""
+        return saga_of(await self.db.fetchrow(
+            TRANSITION, saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
             fields.currency, fields.expire_time, fields.extended, fields.payment_id, fields.failure_reason,
-            saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id)
-    if finish is None:
-        return saga_of(await conn.fetchrow(TRANSITION, *args))
-    key, answer = finish
-    data = answer.SerializeToString()
-    row = await conn.fetchrow(TRANSITION_AND_FINISH, *args, data, key.customer, key.operation, key.key)
-    if row is not None and row["key_done"]:
-        key.stored = data
-    return saga_of(row)
+            saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id))
 
+    async def start_cancel(self, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
+        return saga_of(await self.db.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,
+                                              saga.state, current_trace_id(), saga.version))
 
-def predict(saga: Saga, state: str, fields: Fields) -> Saga:
-    """The row TRANSITION writes (`state`, `fields`), as far as a view of it goes: the COALESCEs and
-    CASEs of the statement, in Python."""
-    def keep(new, old):
-        return old if new is None else new
-    return dataclasses.replace(
-        saga, state=state, outcome=keep(fields.outcome, saga.outcome), hold_id=keep(fields.hold_id, saga.hold_id),
-        amount_minor=keep(fields.amount_minor, saga.amount_minor), currency=keep(fields.currency, saga.currency),
-        expire_time=keep(fields.expire_time, saga.expire_time), extended=saga.extended or fields.extended,
-        payment_id=keep(saga.payment_id, fields.payment_id), merchant_id=keep(saga.merchant_id, fields.merchant_id),
-        failure_reason=saga.failure_reason if fields.failure_reason == "" else fields.failure_reason)
+    async def claim_due(self, worker_id: str, limit: int, lease_seconds: float) -> list[Saga]:
+        return [Saga.from_row(r) for r in await self.db.fetch(CLAIM_DUE, worker_id, limit, lease_seconds)]
 
+    async def take_lease(self, checkout_id: str, owner: str, lease_seconds: float) -> Saga | None:
+        return saga_of(await self.db.fetchrow(TAKE_LEASE, checkout_id, owner, lease_seconds))
 
-async def start_charging(conn, *, checkout_id: str, customer_id: str, payment_key: str, payment_method: str,
-                         owner: str, lease_seconds: float) -> Saga | None:
-    return saga_of(await conn.fetchrow(START_CHARGING, checkout_id, customer_id, payment_key, payment_method,
-                                       owner, lease_seconds, current_trace_id()))
+    async def heartbeat(self, checkout_id: str, owner: str, lease_seconds: float) -> bool:
+        return (await self.db.execute(HEARTBEAT, checkout_id, owner, lease_seconds)) == "UPDATE 1"
 
+    async def release(self, saga: Saga, owner: str, next_run_at) -> Saga | None | bool:
+        """True when released; else the re-read row after clearing a wake-up (look again), or None
+        when the lease is no longer ours."""
+        if (await self.db.execute(RELEASE, saga.id, owner, next_run_at)) == "UPDATE 1":
+            return True
+        return saga_of(await self.db.fetchrow(CLEAR_WAKEUP, saga.id, owner))
 
-async def start_cancel(conn, *, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
-    return saga_of(await conn.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,
-                                       saga.state, current_trace_id(), saga.version))
+    async def retry_later(self, saga: Saga, owner: str, delay_seconds: float, error: str, *, max_attempts: int,
+                          attention_after_seconds: float) -> str | None:
+        """Back off, or hand a finishing step that failed too long to an operator. The saga's state
+        afterwards (NEEDS_ATTENTION when it gave up), None when the lease was no longer ours."""
+        return await self.db.fetchval(RETRY_LATER, saga.id, owner, delay_seconds, error, max_attempts,
+                                      attention_after_seconds, current_trace_id())
 
+    async def retry_by_operator(self, checkout_id: str, operator: str, merchant: str | None = None) -> Saga | None:
+        """NEEDS_ATTENTION -> the state it left, due now; None when the saga was not waiting for one
+        (or is not of `merchant`, when given: issue 14)."""
+        return saga_of(await self.db.fetchrow(RETRY_BY_OPERATOR, checkout_id, current_trace_id(), operator, merchant))
 
-async def claim_due(conn, worker_id: str, limit: int, lease_seconds: float) -> list[Saga]:
-    return [Saga.from_row(r) for r in await conn.fetch(CLAIM_DUE, worker_id, limit, lease_seconds)]
+    async def get_seen_by(self, checkout_id: str, caller) -> Saga | None:
+        """The checkout as a staff or admin user may see it: their merchant's only (issue 14), read
+        inside tenancy.scoped (Row-Level Security narrows it too). `self.db` must be the pool."""
+        return saga_of(await tenancy.fetchrow(self.db, GET_SEEN_BY, checkout_id, tenancy.merchant_filter(caller),
+                                              principal=caller))
 
-
-async def take_lease(conn, checkout_id: str, owner: str, lease_seconds: float) -> Saga | None:
-    return saga_of(await conn.fetchrow(TAKE_LEASE, checkout_id, owner, lease_seconds))
-
-
-async def heartbeat(conn, checkout_id: str, owner: str, lease_seconds: float) -> bool:
-    return (await conn.execute(HEARTBEAT, checkout_id, owner, lease_seconds)) == "UPDATE 1"
-
-
-async def release(conn, saga: Saga, owner: str, next_run_at) -> Saga | None | bool:
-    """True when released; else the re-read row after clearing a wake-up (look again), or None
-    when the lease is no longer ours."""
-    if (await conn.execute(RELEASE, saga.id, owner, next_run_at)) == "UPDATE 1":
-        return True
-    return saga_of(await conn.fetchrow(CLEAR_WAKEUP, saga.id, owner))
-
-
-async def retry_later(conn, saga: Saga, owner: str, delay_seconds: float, error: str, *, max_attempts: int,
-                      attention_after_seconds: float) -> str | None:
-    """Back off, or hand a finishing step that failed too long to an operator. The saga's state
-    afterwards (NEEDS_ATTENTION when it gave up), None when the lease was no longer ours."""
-    return await conn.fetchval(RETRY_LATER, saga.id, owner, delay_seconds, error, max_attempts,
-                               attention_after_seconds, current_trace_id())
-
-
-async def retry_by_operator(conn, checkout_id: str, operator: str, merchant: str | None) -> Saga | None:
-    """NEEDS_ATTENTION -> the state it left, due now; None when the saga was not waiting for one
-    (or is not of `merchant`, when given)."""
-    return saga_of(await conn.fetchrow(RETRY_BY_OPERATOR, checkout_id, current_trace_id(), operator, merchant))
-
-
-async def get_seen_by(pool, checkout_id: str, caller) -> Saga | None:
-    """The checkout as a staff or admin user may see it: their merchant's only (issue 14)."""
-    return saga_of(await tenancy.fetchrow(pool, GET_SEEN_BY, checkout_id, tenancy.merchant_filter(caller),
-                                          principal=caller))
-
-
-async def hand_back(conn, checkout_id: str, owner: str) -> None:
-    await conn.execute(HAND_BACK, checkout_id, owner)
-
-
-async def wake(conn: asyncpg.Connection, checkout_id: str, payment_id: str) -> None:
-    await conn.execute(WAKE, checkout_id, payment_id)
+    async def hand_back(self, checkout_id: str, owner: str) -> None:
+        await self.db.execute(HAND_BACK, checkout_id, owner)

@@ -12,6 +12,7 @@ import asyncpg
 
 from cuty.payments.v1 import checkout_pb2
 from cutylib import errors, tenancy
+from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
@@ -20,7 +21,7 @@ from . import diagnostics, domain, repository as repo, views
 from .domain import Saga
 from .engine import Engine
 from .idempotency import IdempotencyStore, Replay, request_hash
-from .remote import Holds, Refused, Rejected
+from .remote import Inventory, Refused, Rejected
 
 # Callers who may read any checkout (staff see it without the buyer's action or codes).
 # Who reads any checkout of their merchant (issue 14: staff and admins their own merchant's, the
@@ -38,9 +39,10 @@ def new_owner(kind: str) -> str:
 
 
 class CheckoutService:
-    def __init__(self, pool: asyncpg.Pool, engine: Engine, holds: Holds, core, keys: IdempotencyStore,
+    def __init__(self, pool: asyncpg.Pool, engine: Engine, holds: Inventory, core, keys: IdempotencyStore,
                  lease_seconds: float):
         self.pool = pool
+        self.sagas = repo.Sagas(pool)
         self.engine = engine
         self.holds = holds
         self.core = core
@@ -52,43 +54,36 @@ class CheckoutService:
         h = request_hash("create", req.kind, req.slot_id or "", req.product_id or "", str(req.quantity))
         owner = new_owner("create")
         # The PENDING row is inserted by the key's own statement (one round trip).
-        first = repo.insert_pending_with_key(kind=req.kind, slot_id=req.slot_id, product_id=req.product_id,
-                                             quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds)
-        return await self.keys.run(
-            customer, "create", key, h,
-            lambda checkout_id, _resumed, row, key: self._create(customer, req, checkout_id, owner, row, key),
-            first=first, stored_form=views.without_secrets)
+        first = repo.insert_pending(kind=req.kind, slot_id=req.slot_id, product_id=req.product_id,
+                                    quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds)
+        return await self.keys.run(customer, "create", key, h, first,
+                                   lambda checkout_id, _resumed, row: self._create(checkout_id, owner, row),
+                                   stored_form=views.without_secrets)
 
-    async def _create(self, customer: str, req: domain.CreateRequest, checkout_id: str, owner: str,
-                      row=None, key=None) -> checkout_pb2.Checkout:
+    async def _create(self, checkout_id: str, owner: str, row) -> checkout_pb2.Checkout:
         set_span_attributes(checkout_id=checkout_id)
-        if row is not None:  # inserted (or not, on a retry) with the Idempotency-Key
-            saga = repo.saga_of_first(row)
-        else:
-            saga = await repo.insert_pending(self.pool, checkout_id=checkout_id, customer_id=customer, kind=req.kind,
-                                             slot_id=req.slot_id, product_id=req.product_id, quantity=req.quantity,
-                                             owner=owner, lease_seconds=self.lease_seconds)
+        saga = repo.saga_of_first(row)
         if saga is None:
             # A retry (same Idempotency-Key) of a request that died: resume its checkout.
             saga = await self._resume_pending(checkout_id, owner)
             if saga.state != domain.PENDING:
                 return await self.view(saga)
         try:
-            saga, _ = await self.engine.drive(saga, owner, finish=self._answer_with(key, domain.HELD))
+            saga, payment = await self.engine.drive(saga, owner)
         except Rejected as rej:
             rej.error.recorded = True  # the checkout is REJECTED: a replay must say so again
             raise rej.error from None
         except Refused as ref:
-            await repo.delete_pending(self.pool, checkout_id, owner)
+            await self.sagas.delete_pending(checkout_id, owner)
             raise ref.error from None
         if saga.state == domain.PENDING:
             # The hold's outcome is unknown (a dependency is down). A worker keeps trying with the
             # same request id; a retry with the same Idempotency-Key resumes this checkout.
             raise errors.Unavailable("the hold could not be taken yet; retry with the same Idempotency-Key")
-        return await self.view(saga)
+        return await self.view(saga, payment=payment)
 
     async def _resume_pending(self, checkout_id: str, owner: str) -> Saga:
-        saga = await repo.get(self.pool, checkout_id)
+        saga = await self.sagas.get(checkout_id)
         if saga is None:
             raise errors.Aborted("checkout creation is being retried; retry", reason="idempotency-key-in-flight")
         if saga.state == domain.REJECTED:
@@ -98,7 +93,7 @@ class CheckoutService:
             raise err
         if saga.state != domain.PENDING:
             return saga
-        leased = await repo.take_lease(self.pool, checkout_id, owner, self.lease_seconds)
+        leased = await self.sagas.take_lease(checkout_id, owner, self.lease_seconds)
         if leased is None:
             raise errors.Aborted("the checkout is being created by another request; retry",
                                  reason="idempotency-key-in-flight")
@@ -106,23 +101,20 @@ class CheckoutService:
 
     # -- PayCheckout ------------------------------------------------------------------------------
     async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> checkout_pb2.Checkout:
-        checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
+        checkout_id = canonical_uuid("checkout_id", checkout_id)
         if not payment_method or len(payment_method) > MAX_PAYMENT_METHOD or not payment_method.isprintable():
             raise errors.InvalidArgument("payment_method", "payment_method must be 1..64 printable characters, "
                                                            f"got {payment_method!r}")
         h = request_hash("pay", checkout_id, payment_method)
         owner = new_owner("pay")
         # HELD -> CHARGING is written by the key's own statement (one round trip).
-        first = repo.start_charging_with_key(checkout_id=checkout_id,
-                                             payment_key=domain.payment_attempt_id(checkout_id),
-                                             payment_method=payment_method, owner=owner,
-                                             lease_seconds=self.lease_seconds)
+        first = repo.start_charging(checkout_id=checkout_id, payment_key=domain.payment_attempt_id(checkout_id),
+                                    payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds)
         try:
             return await self.keys.run(
-                customer, "pay", key, h,
-                lambda _id, resumed, row, key: self._pay(customer, checkout_id, payment_method, resumed, owner,
-                                                         row, key),
-                first=first, stored_form=views.without_secrets)
+                customer, "pay", key, h, first,
+                lambda _id, resumed, row: self._pay(customer, checkout_id, payment_method, resumed, owner, row),
+                stored_form=views.without_secrets)
         except Replay as replay:
             raise await self._current_action(replay) from None
 
@@ -134,22 +126,15 @@ class CheckoutService:
         stored = checkout_pb2.Checkout.FromString(replay.response)
         saga = payment = None
         if stored.payment.id:
-            saga = await repo.get(self.pool, stored.id)
+            saga = await self.sagas.get(stored.id)
             if saga is not None and saga.payment_id == stored.payment.id:
                 payment = await self.core.get(saga.payment_id)
         return Replay(views.with_current_action(stored, saga, payment).SerializeToString(), False)
 
-    async def _pay(self, customer: str, checkout_id: str, payment_method: str,
-                   resumed: bool = False, owner: str | None = None, row=None, key=None) -> checkout_pb2.Checkout:
+    async def _pay(self, customer: str, checkout_id: str, payment_method: str, resumed: bool, owner: str,
+                   row) -> checkout_pb2.Checkout:
         set_span_attributes(checkout_id=checkout_id)
-        if row is not None:  # the transition ran with the Idempotency-Key
-            saga = repo.saga_of_first(row)
-        else:
-            owner = owner or new_owner("pay")
-            saga = await repo.start_charging(self.pool, checkout_id=checkout_id, customer_id=customer,
-                                             payment_key=domain.payment_attempt_id(checkout_id),
-                                             payment_method=payment_method, owner=owner,
-                                             lease_seconds=self.lease_seconds)
+        saga = repo.saga_of_first(row)
         if saga is None:
             # Nothing was written; say why (this read decides no race, only the message).
             current = await self._owned(customer, checkout_id)
@@ -164,16 +149,16 @@ class CheckoutService:
                                             f"{current.state}", reason="checkout-not-held")
         # The charge and, when the PSP answers at once, the confirm step run here (the same engine
         # as the workers), so a card that succeeds synchronously answers COMPLETED.
-        saga, payment = await self.engine.drive(saga, owner, finish=self._answer_with(key))
+        saga, payment = await self.engine.drive(saga, owner, unpaid=True)
         return await self.view(saga, payment=payment)
 
     # -- GetCheckout ------------------------------------------------------------------------------
     async def get(self, caller: Principal, checkout_id: str) -> checkout_pb2.Checkout:
-        checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
+        checkout_id = canonical_uuid("checkout_id", checkout_id)
         if caller.role in STAFF_ROLES:
-            saga = await repo.get_seen_by(self.pool, checkout_id, caller)  # another merchant's: not found
+            saga = await self.sagas.get_seen_by(checkout_id, caller)  # another merchant's: not found
         else:
-            saga = await repo.get(self.pool, checkout_id)
+            saga = await self.sagas.get(checkout_id)
             if saga is not None and saga.customer_id != caller.subject:
                 saga = None  # another customer's checkout does not exist for this caller
         if saga is None:
@@ -193,7 +178,7 @@ class CheckoutService:
 
     # -- CancelCheckout ---------------------------------------------------------------------------
     async def cancel(self, customer: str, checkout_id: str) -> checkout_pb2.Checkout:
-        checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
+        checkout_id = canonical_uuid("checkout_id", checkout_id)
         owner = new_owner("cancel")
         for _ in range(CANCEL_ROUNDS):
             current = await self._owned(customer, checkout_id)
@@ -205,7 +190,7 @@ class CheckoutService:
                     f"checkout {checkout_id} is {current.state} and can no longer be cancelled",
                     reason="checkout-not-cancellable")
             # Version-guarded: if a step moved the saga since our read, read again and re-decide.
-            saga = await repo.start_cancel(self.pool, saga=current, owner=owner, lease_seconds=self.lease_seconds)
+            saga = await self.sagas.start_cancel(current, owner, self.lease_seconds)
             if saga is not None:
                 saga, payment = await self.engine.drive(saga, owner)
                 return await self.view(saga, payment=payment)
@@ -215,12 +200,12 @@ class CheckoutService:
     async def retry(self, caller: Principal, operator: str, checkout_id: str) -> checkout_pb2.Checkout:
         """NEEDS_ATTENTION -> the step that kept failing, due now (issue 10, item 8); an admin only
         their merchant's (issue 14)."""
-        checkout_id = domain.parse_uuid(checkout_id, "checkout_id")
+        checkout_id = canonical_uuid("checkout_id", checkout_id)
         async with tenancy.scoped(self.pool, caller) as uow:
-            saga = await repo.retry_by_operator(uow.conn, checkout_id, operator, tenancy.merchant_filter(caller))
+            saga = await repo.Sagas(uow.conn).retry_by_operator(checkout_id, operator, tenancy.merchant_filter(caller))
             await uow.commit()
         if saga is None:
-            current = await repo.get_seen_by(self.pool, checkout_id, caller)
+            current = await self.sagas.get_seen_by(checkout_id, caller)
             if current is None:
                 raise errors.NotFound(f"checkout {checkout_id} not found")
             raise errors.FailedPrecondition(f"only a NEEDS_ATTENTION checkout can be retried; checkout {checkout_id} "
@@ -228,27 +213,9 @@ class CheckoutService:
         self.core.metrics.operator_retries.inc()
         return await self.view(saga)
 
-    # -- helpers ----------------------------------------------------------------------------------
-    @staticmethod
-    def _answer_with(key, state: str | None = None):
-        """For engine.drive(finish=...): the answer `view` gives when the drive ends on `saga` and
-        `payment`, to store under `key` with that last transition (one statement less). None when
-        it is not known without I/O (the payment would be re-read) or the request would not answer
-        with a view then (`state`: the only end state that does, for CreateCheckout)."""
-        if key is None:
-            return None
-
-        def answer(saga: Saga, payment):
-            if state is not None and saga.state != state:
-                return None
-            if saga.payment_id and (payment is None or payment.id != saga.payment_id):
-                return None
-            return key, views.without_secrets(views.to_proto(saga, payment if saga.payment_id else None))
-        return answer
-
     # -- helpers (reads) --------------------------------------------------------------------------
     async def _owned(self, customer: str, checkout_id: str) -> Saga:
-        saga = await repo.get(self.pool, checkout_id)
+        saga = await self.sagas.get(checkout_id)
         if saga is None or saga.customer_id != customer:
             raise errors.NotFound(f"checkout {checkout_id} not found")
         return saga

@@ -15,7 +15,7 @@ from cutylib.metrics import observe
 
 from . import crash, domain, repository as repo
 from .domain import Move, Saga, Step
-from .remote import HoldLost, Holds, Rejected, Retryable
+from .remote import HoldLost, Inventory, Rejected, Retryable
 from .settings import CheckoutOptions
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ _COMPENSATIONS = {Step.RELEASE: "release", Step.CANCEL_PAYMENT: "cancel_intent",
 
 
 class Steps:
-    def __init__(self, holds: Holds, core, options: CheckoutOptions):
+    def __init__(self, holds: Inventory, core, options: CheckoutOptions):
         self.holds = holds
         self.core = core
         self.options = options

@@ -6,12 +6,11 @@ PaymentView already drops it for any other payment status). Code values only rea
 completed code purchase (the caller decides `codes`)."""
 from __future__ import annotations
 
-from datetime import datetime
 
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2, payments_pb2
+from cutylib.timestamps import to_timestamp
 
 from . import domain
 from .domain import Saga
@@ -22,14 +21,6 @@ STATE_PREFIX = "CHECKOUT_STATE_"
 _KIND = {domain.BOOKING: checkout_pb2.CHECKOUT_KIND_BOOKING, domain.CODES: checkout_pb2.CHECKOUT_KIND_CODES}
 
 
-def _ts(value: datetime | None) -> Timestamp | None:
-    if value is None:
-        return None
-    ts = Timestamp()
-    ts.FromDatetime(value)
-    return ts
-
-
 def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> checkout_pb2.Checkout:
     c = checkout_pb2.Checkout(
         id=saga.id,
@@ -37,8 +28,8 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
         state=checkout_pb2.CheckoutState.Value(STATE_PREFIX + saga.state),
         hold_id=saga.hold_id or "",
         order_id=saga.order_id or "",
-        expire_time=_ts(saga.expire_time),
-        create_time=_ts(saga.created_at),
+        expire_time=to_timestamp(saga.expire_time),
+        create_time=to_timestamp(saga.created_at),
         slot_id=saga.slot_id or "",
         product_id=saga.product_id or "",
         quantity=saga.quantity,

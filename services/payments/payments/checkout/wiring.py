@@ -12,10 +12,10 @@ from . import crash
 from .engine import Engine
 from .grpc_api import CALLERS, CheckoutApi
 from .idempotency import IdempotencyStore
-from .remote import Holds
+from .remote import Inventory
 from .service import CheckoutService
 from .settings import CheckoutOptions
-from .workers import SagaWorker, wake_saga
+from .workers import SagaWorker
 
 SERVICE = checkout_pb2.DESCRIPTOR.services_by_name["CheckoutService"]
 
@@ -39,7 +39,7 @@ def build(settings, pool, core, *, options: CheckoutOptions | None = None, booki
         channels.append(ch)
         codepool_stub = codepool_pb2_grpc.CodePoolServiceStub(ch)
     lease = float(settings.lease_seconds)
-    holds = Holds(booking_stub, codepool_stub)
+    holds = Inventory(booking_stub, codepool_stub)
     engine = Engine(pool, holds, core, options, lease)
     keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds)
     service = CheckoutService(pool, engine, holds, core, keys, lease)
@@ -55,8 +55,7 @@ def register(server, settings, pool, core) -> None:
     checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(service), server.server)
     server.add_service(SERVICE, CALLERS)
     server.add_background(worker.run)
-    # The payment change and the saga's wake-up commit in one transaction (repository.WAKE).
-    core.add_transition_hook(wake_saga)
+    # A payment's status change wakes its saga in the database (migration 0103), not through core.
 
     async def close_channels() -> None:
         for ch in channels:

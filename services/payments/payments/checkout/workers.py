@@ -1,8 +1,8 @@
 """Saga workers: claim due sagas (FOR UPDATE SKIP LOCKED + lease) and drive them.
 
 Any number of replicas run this loop against one database. A saga is due when its next_run_at has
-passed: a wake-up from a payment change (the transition hook, which also NOTIFYs every replica on
-commit), a hold running out, a retry's backoff ending, or a lease left behind by a crashed
+passed: a wake-up from a payment change (the payments trigger of migration 0103, which also NOTIFYs
+every replica on commit), a hold running out, a retry's backoff ending, or a lease left behind by a crashed
 process. Polling every CUTY_SAGA_POLL_SECONDS is only the safety net under NOTIFY.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ class SagaWorker:
     def __init__(self, pool: asyncpg.Pool, engine: Engine, keys: IdempotencyStore, options: CheckoutOptions,
                  lease_seconds: float, worker_id: str):
         self.pool = pool
+        self.sagas = repo.Sagas(pool)
         self.engine = engine
         self.keys = keys
         self.options = options
@@ -67,7 +68,7 @@ class SagaWorker:
             return self.options.batch_size
         try:
             with quiet():  # polling starts no trace; each saga's drive continues its own
-                sagas = await repo.claim_due(self.pool, self.worker_id, free, self.lease_seconds)
+                sagas = await self.sagas.claim_due(self.worker_id, free, self.lease_seconds)
         except TRANSIENT:
             log.warning("saga claim failed; retrying", exc_info=True)
             await asyncio.sleep(self.options.poll_seconds)
@@ -118,14 +119,3 @@ class SagaWorker:
             await self.pool.release(conn)
             await self.drain()
 
-
-async def wake_saga(conn: asyncpg.Connection, payment, old_status: str) -> None:
-    """The payments core's transition hook, inside finalize's transaction: the saga that owns the
-    payment is woken in the same commit as the payment change, so no change is ever missed."""
-    if payment.checkout_id:
-        await repo.wake(conn, payment.checkout_id, payment.id)
-
-
-# Registered with PaymentsCore.add_transition_hook, the same wake-up runs inside finalize's
-# statement (repository.WAKE_IN_FINALIZE) instead of as a second statement in a transaction.
-wake_saga.in_statement = repo.WAKE_IN_FINALIZE

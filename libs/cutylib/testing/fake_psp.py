@@ -1,5 +1,16 @@
-"""An in-memory stand-in for the PSP client (same methods as payments.psp.PspClient), for in-process
-tests that need deterministic PSP answers. The e2e tests use the real simulator process."""
+"""One in-memory stand-in for the payments PSP client (the calls of payments.psp.PspClient), for
+in-process tests that need deterministic PSP answers: the payments core's and the checkout saga's
+(issue 11: two copies before). The e2e tests use the real simulator process (services/pspsim).
+
+It raises payments' own PspError / PspUnavailable, so it is importable where `payments` is (the
+payments and checkout tests); no service imports it.
+
+    psp = FakePsp()
+    psp.unavailable["create"] = 2     # the next two creates answer "unknown" (a timeout)
+    psp.refusing["refund"] = 1        # the next refund is refused (4xx)
+    psp.set_status(intent_id, "succeeded")   # the customer finished 3-D Secure, or a charge settled
+    psp.charges[key]                  # captures per Idempotency-Key (never more than one)
+"""
 from __future__ import annotations
 
 import secrets
@@ -23,16 +34,17 @@ class FakePsp:
         self.refunds: dict[str, dict[str, Any]] = {}
         self.charges: Counter[str] = Counter()
         self.calls: Counter[str] = Counter()
-        self.unavailable = 0  # the next N calls answer "unknown"
+        self.unavailable: Counter[str] = Counter()  # op -> how many more calls answer "unknown"
+        self.refusing: Counter[str] = Counter()  # op -> how many more calls the PSP refuses (4xx)
 
-    def _maybe_down(self, op: str) -> None:
+    def _enter(self, op: str) -> None:
         self.calls[op] += 1
-        if self.unavailable > 0:
-            self.unavailable -= 1
+        if self.unavailable[op] > 0:
+            self.unavailable[op] -= 1
             raise PspUnavailable(f"fake PSP down for {op}")
 
     async def create_intent(self, idempotency_key: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._maybe_down("create")
+        self._enter("create")
         if idempotency_key in self.by_key:
             return dict(self.intents[self.by_key[idempotency_key]])
         if body["payment_method"] not in INITIAL:
@@ -52,7 +64,8 @@ class FakePsp:
         self.by_key[idempotency_key] = pi
         return dict(intent)
 
-    def set_status(self, pi: str, status: str) -> dict[str, Any]:
+    def set_status(self, pi: str, status: str = "succeeded") -> dict[str, Any]:
+        """The intent moves at the PSP (the customer finished 3-D Secure, a charge settled...)."""
         intent = self.intents[pi]
         if status == "succeeded" and intent["status"] != "succeeded":
             self.charges[[k for k, v in self.by_key.items() if v == pi][0]] += 1
@@ -62,18 +75,21 @@ class FakePsp:
         return dict(intent)
 
     async def get_intent(self, intent_id: str) -> dict[str, Any]:
-        self._maybe_down("get")
+        self._enter("get")
         return dict(self.intents[intent_id])
 
     async def cancel_intent(self, intent_id: str) -> dict[str, Any]:
-        self._maybe_down("cancel")
+        self._enter("cancel")
         intent = self.intents[intent_id]
         if intent["status"] in ("succeeded", "failed"):
             raise PspError(409, {"code": "payment_intent_unexpected_state", "payment_intent": dict(intent)})
         return self.set_status(intent_id, "canceled")
 
     async def create_refund(self, idempotency_key: str, intent_id: str, metadata: dict[str, str]) -> dict[str, Any]:
-        self._maybe_down("refund")
+        self._enter("refund")
+        if self.refusing["refund"] > 0:
+            self.refusing["refund"] -= 1
+            raise PspError(400, {"code": "refund_refused_by_bank"})
         if idempotency_key in self.refunds:
             return dict(self.refunds[idempotency_key])
         intent = self.intents[intent_id]

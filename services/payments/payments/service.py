@@ -2,14 +2,15 @@
 
 This is the Python API the checkout saga (payments/checkout/) codes against; keep its signatures
 stable. DESIGN.md, "Payment finalize: one path for every source", is the specification; see also
-docs/payments.md.
+docs/payments.md. A payment's status change wakes its checkout saga in the database (the
+`payments_wake_checkout` trigger, migration 0103): this module knows nothing about checkouts.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import asyncpg
 from opentelemetry import trace
@@ -17,6 +18,8 @@ from opentelemetry import trace
 from cutylib import tenancy
 from cutylib.config import Settings
 from cutylib.errors import Aborted, FailedPrecondition, NotFound, Unavailable, require
+from cutylib.fields import parse_uuid
+from cutylib.money import require_amount, require_currency
 from cutylib.principal import Principal
 from cutylib.telemetry import current_trace_id
 
@@ -24,18 +27,12 @@ from . import domain, metrics as m, repository as sql
 from .domain import Outcome
 from .psp import PspClient, PspError, PspUnavailable
 from .settings import PaymentsOptions, new_worker_id
-from .views import PaymentView, TimelineEvent, parse_uuid
+from .views import PaymentView, TimelineEvent
 
-__all__ = ["PaymentsCore", "PaymentView", "TimelineEvent", "TransitionHook"]
+__all__ = ["PaymentsCore", "PaymentView", "TimelineEvent"]
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("cuty.payments")
-
-# fn(conn, payment_after, old_status), awaited inside the transaction that made the change.
-# A hook that is pure SQL may instead carry `in_statement`: (name, statement) pairs run as CTEs of
-# the transition statement itself (reading `upd`, the updated payment row), so the change, its event
-# and the hook commit together in one round trip (the saga's wake-up does this).
-TransitionHook = Callable[[asyncpg.Connection, PaymentView, str], Awaitable[None]]
 
 # Each version conflict means another writer made a forward step, and a payment has at most four,
 # so the loop ends long before this; the bound only guards against a bug looping forever.
@@ -53,24 +50,6 @@ class PaymentsCore:
         self.metrics = metrics if metrics is not None else m.REGISTRY
         # The lease owner identity of this process (or of this core, in tests with several).
         self.worker_id = worker_id or new_worker_id()
-        self._hooks: list[TransitionHook] = []
-        self._statement_hooks: list[tuple[str, str]] = []
-        self._finalize_sql = sql.FINALIZE
-
-    def add_transition_hook(self, fn: TransitionHook) -> None:
-        """Call `fn(conn, payment, old_status)` inside the transaction of every accepted transition.
-
-        The saga wakes itself here, so a payment change and its wake-up commit together; a hook
-        that raises rolls the transition back (and finalize raises), so keep hooks to SQL.
-        A hook with an `in_statement` attribute ((name, statement) pairs: CTEs reading `upd`)
-        runs as part of the transition statement instead of being awaited: same atomicity, no
-        transaction round trips (repository.finalize_sql)."""
-        ctes = getattr(fn, "in_statement", None)
-        if ctes:
-            self._statement_hooks.extend(ctes)
-            self._finalize_sql = sql.finalize_sql(self._statement_hooks)
-        else:
-            self._hooks.append(fn)
 
     # -- reads ----------------------------------------------------------------------------------------
     async def find_by_key(self, merchant_id: str, idempotency_key: str) -> PaymentView | None:
@@ -81,7 +60,7 @@ class PaymentsCore:
     async def get(self, payment_id: str, *, seen_by: Principal | None = None) -> PaymentView:
         """The payment; for a user (`seen_by`) only within their merchant (issue 14): another
         merchant's payment is not found, and Row-Level Security narrows the read as well."""
-        pid = parse_uuid(payment_id, "payment_id")
+        pid = parse_uuid("payment_id", payment_id)
         if seen_by is None:
             row = await self.pool.fetchrow(sql.GET_PAYMENT, pid)
         else:
@@ -114,8 +93,8 @@ class PaymentsCore:
         if source not in domain.SOURCES:
             raise ValueError(f"source must be one of {', '.join(domain.SOURCES)}, got {source!r}")
         return await conn.fetchval(
-            sql.INSERT_EVENT, parse_uuid(payment_id, "payment_id") if payment_id else None,
-            parse_uuid(checkout_id, "checkout_id") if checkout_id else None,
+            sql.INSERT_EVENT, parse_uuid("payment_id", payment_id) if payment_id else None,
+            parse_uuid("checkout_id", checkout_id) if checkout_id else None,
             source, from_status, to_status, version, current_trace_id(), note)
 
     # -- charge -----------------------------------------------------------------------------------------
@@ -125,16 +104,13 @@ class PaymentsCore:
         """Create the payment (idempotently on `idempotency_key`, also the PSP's Idempotency-Key) and
         charge it. A PSP timeout leaves it non-terminal (`created`) for reconciliation."""
         require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
-        require(isinstance(amount_minor, int) and not isinstance(amount_minor, bool) and amount_minor > 0,
-                "amount.amount_minor",
-                f"amount_minor must be a positive integer (minor units), got {amount_minor!r}")
-        require(isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha(),
-                "amount.currency_code", f"currency must be a 3-letter ISO 4217 code, got {currency!r}")
+        require_amount("amount.amount_minor", amount_minor, positive=True)
+        require_currency("amount.currency_code", currency)
         require(bool(payment_method), "payment_method", "payment_method must not be empty")
         require(bool(merchant_id) and len(merchant_id) <= tenancy.MAX_MERCHANT_ID_LENGTH, "merchant_id",
                 f"merchant_id must be 1..{tenancy.MAX_MERCHANT_ID_LENGTH} characters (the merchant paid)")
-        checkout = parse_uuid(checkout_id, "checkout_id") if checkout_id else None
-        idempotency_key, currency = str(idempotency_key), currency.upper()
+        checkout = parse_uuid("checkout_id", checkout_id) if checkout_id else None
+        idempotency_key = str(idempotency_key)
         payment_id = uuid.uuid4()
         # The payment and its "created" event: one statement, so one implicit transaction.
         row = await self.pool.fetchrow(sql.INSERT_PAYMENT, payment_id, checkout, customer_id or "", amount_minor,
@@ -196,7 +172,7 @@ class PaymentsCore:
         """`finalize`, also saying what happened (applied, same, stale, contradicts). `leased`: the
         caller holds the payment's lease (webhook and reconcile paths). `known`: the payment row the
         caller just read or wrote, used as the first read (the version token fences it if stale)."""
-        pid = parse_uuid(payment_id, "payment_id")
+        pid = parse_uuid("payment_id", payment_id)
         if source not in domain.SOURCES:
             raise ValueError(f"source must be one of {', '.join(domain.SOURCES)}, got {source!r}")
         obs = domain.observation_of(intent)
@@ -246,24 +222,9 @@ class PaymentsCore:
         args = (row["id"], row["version"], observed, obs.psp_intent_id, obs.redirect_url, obs.client_secret,
                 obs.failure_reason if observed == domain.FAILED else None, obs.psp_refund_id,
                 source, row["status"], current_trace_id(), note)
-        if not self._hooks:
-            # One statement is one transaction: the UPDATE, its event and the in-statement hooks
-            # commit together.
-            return await conn.fetchrow(self._finalize_sql, *args)
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            updated = await conn.fetchrow(self._finalize_sql, *args)
-            if updated is not None:
-                view = PaymentView.from_row(updated)
-                for hook in self._hooks:
-                    await hook(conn, view, row["status"])
-        except BaseException:
-            await tx.rollback()
-            raise
-        # Nothing to keep when the version moved (zero rows), so commit and rollback are the same then.
-        await tx.commit()
-        return updated
+        # One statement is one transaction: the UPDATE, its event and (by trigger, migration 0103)
+        # the checkout saga's wake-up commit together.
+        return await conn.fetchrow(sql.FINALIZE, *args)
 
     def _no_change(self, row: Any, observed: str, source: str, outcome: Outcome) -> None:
         fields = {"payment_id": str(row["id"]), "status": row["status"], "observed": observed, "source": source}
@@ -275,7 +236,7 @@ class PaymentsCore:
 
     # -- leases (webhook and reconciliation paths) ----------------------------------------------------
     async def take_lease(self, payment_id: Any) -> bool:
-        row = await self.pool.fetchrow(sql.TAKE_LEASE, parse_uuid(payment_id, "payment_id"), self.worker_id,
+        row = await self.pool.fetchrow(sql.TAKE_LEASE, parse_uuid("payment_id", payment_id), self.worker_id,
                                        float(self.settings.lease_seconds))
         if row is None:
             return False
@@ -289,7 +250,7 @@ class PaymentsCore:
                 "payment_id": str(payment_id), "previous_owner": previous_owner, "worker": self.worker_id})
 
     async def release_lease(self, payment_id: Any) -> None:
-        await self.pool.execute(sql.RELEASE_LEASE, parse_uuid(payment_id, "payment_id"), self.worker_id)
+        await self.pool.execute(sql.RELEASE_LEASE, parse_uuid("payment_id", payment_id), self.worker_id)
 
     async def finalize_leased(self, payment_id: str, observed_status: str, source: str, *,
                               intent: dict[str, Any] | None = None, note: str = "") -> PaymentView | None:
