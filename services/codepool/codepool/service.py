@@ -16,7 +16,6 @@ from cutylib.telemetry import set_span_attributes
 
 from . import domain, metrics
 from .domain import DELIVERED, RELEASED, ReservationView, ReserveCommand
-from . import metrics
 from .repository import QUANTITY_CAP, SHORT_STOCK, TOO_MANY_RESERVATIONS, Reservations
 
 log = logging.getLogger("codepool.reservations")
@@ -79,7 +78,7 @@ class ReservationService:
     async def _replay(self, repo: Reservations, cmd: ReserveCommand) -> ReservationView:
         """RESERVE inserted nothing: this order item was reserved before (return it as it is now),
         another request holds the order or item id, or the product does not exist."""
-        row = await repo.find_collision(cmd.order_id, cmd.order_item_id)
+        row = await repo.find_collision(cmd.order_id, cmd.order_item_id, cmd.product_id)
         if row is not None:
             if cmd.same_request(row):
                 return ReservationView.from_row(row, row["code_ids"])
@@ -102,7 +101,7 @@ class ReservationService:
             if res is None:
                 raise NotFound(f"no reservation for order {order_id}")
             if not await repo.claim_transaction(transaction_id, order_id):
-                return await self._replay_transaction(repo, order_id, transaction_id)
+                return await self._replay_transaction(repo, res, transaction_id)
             if res["status"] == DELIVERED:
                 rejection = FailedPrecondition(
                     f"order {order_id} was already delivered under payment transaction {res['payment_transaction_id']}",
@@ -110,11 +109,11 @@ class ReservationService:
             elif res["status"] == RELEASED:
                 rejection = await self._reopen(uow, repo, res, actor)
             if rejection is None:
-                counts = await repo.deliver(order_id, transaction_id, actor)
+                counts = await repo.deliver(order_id, transaction_id, actor, res["merchant_id"])
                 if not counts["deliveries"] == counts["codes"] == counts["quantity"] == res["quantity"]:
                     raise InvariantBroken(f"order {order_id}: delivered {dict(counts)} of {res['quantity']}")
             else:
-                await repo.reject_transaction(transaction_id, rejection.reason)
+                await repo.reject_transaction(transaction_id, rejection.reason, res["merchant_id"])
                 await repo.audit(actor, "deliver_rejected", product_id=res["product_id"], order_id=order_id,
                                  details={"payment_transaction_id": transaction_id, "reason": rejection.reason})
             # Read back before the commit: the answer describes this call's effect, not a later writer's.
@@ -148,8 +147,9 @@ class ReservationService:
                 f"for the {res['quantity']} ordered", reason="reservation-lost")
         return None
 
-    async def _replay_transaction(self, repo: Reservations, order_id: str, transaction_id: str) -> ReservationView:
-        stored = await repo.get_transaction(transaction_id)
+    async def _replay_transaction(self, repo: Reservations, res, transaction_id: str) -> ReservationView:
+        order_id = res["order_id"]
+        stored = await repo.get_transaction(transaction_id, res["merchant_id"])
         if stored["order_id"] != order_id:
             raise FailedPrecondition(f"payment transaction {transaction_id} belongs to order {stored['order_id']}",
                                      reason="transaction-order-mismatch")
