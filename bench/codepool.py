@@ -33,7 +33,8 @@ from cutylib.testing.trust import acting_channel, user
 from cutylib.testing.procs import ServiceProcess, base_env, free_port
 
 MIGRATIONS = ROOT / "services" / "codepool" / "migrations"
-PICK = """SELECT id FROM codes WHERE product_id = $1 AND status = 'available'
+# codes_available leads with the merchant (issue 14); the service's RESERVE names it too.
+PICK = """SELECT id FROM codes WHERE merchant_id = $2 AND product_id = $1 AND status = 'available'
 ORDER BY seq LIMIT 1 FOR UPDATE{skip}"""
 RAW = """WITH picked AS ({pick})
 UPDATE codes c SET status = 'reserved' FROM picked WHERE c.id = picked.id RETURNING c.id"""
@@ -56,11 +57,12 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def explain(conn: asyncpg.Connection, product_id: uuid.UUID, title: str) -> str:
+async def explain(conn: asyncpg.Connection, product_id: uuid.UUID, merchant_id: str, title: str) -> str:
     tx = conn.transaction()
     await tx.start()
     try:
-        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + PICK.format(skip=" SKIP LOCKED"), product_id)
+        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + PICK.format(skip=" SKIP LOCKED"),
+                                product_id, merchant_id)
     finally:
         await tx.rollback()
     plan = "\n".join("    " + r[0] for r in rows)
@@ -134,7 +136,7 @@ async def main(quick: bool, n_codes: int) -> None:
 
             conn = await asyncpg.connect(dsn)
             await conn.execute("VACUUM ANALYZE codes")
-            await explain(conn, product_uuid, "fresh table")
+            await explain(conn, product_uuid, product.merchant_id, "fresh table")
 
             async def grpc_reserve(i: int) -> None:
                 order = f"bench-{i}-{secrets.token_hex(6)}"
@@ -147,10 +149,12 @@ async def main(quick: bool, n_codes: int) -> None:
             for c in (1, 8, 32):
                 pool = await asyncpg.create_pool(dsn, min_size=c, max_size=c)
                 # The raw statements run far faster than the service; capped so the million codes last.
-                raw = await closed_loop(lambda i: pool.fetchval(RAW_SKIP, product_uuid), concurrency=c, duration=step,
+                raw = await closed_loop(lambda i: pool.fetchval(RAW_SKIP, product_uuid, product.merchant_id),
+                                        concurrency=c, duration=step,
                                         total=RAW_CAP)
                 rpc = await closed_loop(grpc_reserve, concurrency=c, duration=step)
-                naive = await closed_loop(lambda i: pool.fetchval(RAW_NAIVE, product_uuid), concurrency=c, duration=step,
+                naive = await closed_loop(lambda i: pool.fetchval(RAW_NAIVE, product_uuid, product.merchant_id),
+                                          concurrency=c, duration=step,
                                           total=RAW_CAP)
                 await pool.close()
                 results.append(raw.result("raw SKIP LOCKED statement (asyncpg, the limit)", c))
@@ -176,7 +180,7 @@ async def main(quick: bool, n_codes: int) -> None:
                                         limit=raw,
                                         notes=tuned + "max/p50 = %.1f" % (max(all_lat) / _p50(total)),
                                         windows=windows))
-            await explain(conn, product_uuid, "after the sustained run")
+            await explain(conn, product_uuid, product.merchant_id, "after the sustained run")
             left = await conn.fetchval("SELECT count(*) FROM codes WHERE product_id = $1 AND status = 'available'",
                                        product_uuid)
             print(f"available codes left: {left}")

@@ -1,5 +1,12 @@
 """Products, stock and reading codes: the staff list (masked), the admin reveal (audited, counted)
-and the buyer's own delivered codes (issue 3, "Reading codes")."""
+and the buyer's own delivered codes (issue 3, "Reading codes").
+
+Merchants (issue 14, docs/tenancy-codepool.md): a staff or admin caller reads and writes only its
+own merchant's products and codes, filtered in SQL (`merchant` parameters: the caller's merchant,
+or NULL for any) inside `tenancy.scoped` (Row-Level Security as the second line); another
+merchant's product or code is NOT_FOUND, worded as a missing one. The platform's operator reads
+stock and masked codes of any merchant, and each such read is audited (`operator_read`) in the
+merchant it read, in the same transaction."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +16,10 @@ from dataclasses import dataclass
 import asyncpg
 import grpc
 
+from cutylib import tenancy
 from cutylib.db import UnitOfWork
 from cutylib.errors import AlreadyExists, DomainError, FailedPrecondition, NotFound
+from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
 from . import domain, metrics
@@ -18,59 +27,80 @@ from .keys import CodeIntegrityError, Keyring
 
 log = logging.getLogger("codepool.catalog")
 
-CREATE_PRODUCT = """
-INSERT INTO products (id, sku, name, price_minor, currency) VALUES ($1, $2, $3, $4, $5)
-RETURNING id, sku, name, price_minor, currency
+PRODUCT_COLUMNS = "id, merchant_id, sku, name, price_minor, currency"
+CREATE_PRODUCT = f"""
+INSERT INTO products (id, merchant_id, sku, name, price_minor, currency) VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING {PRODUCT_COLUMNS}
 """
-GET_PRODUCT = "SELECT id, sku, name, price_minor, currency FROM products WHERE id = $1"
+# $2: the caller's merchant, NULL for any (tenancy.merchant_filter).
+GET_PRODUCT = f"SELECT {PRODUCT_COLUMNS} FROM products WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)"
 
 # One statement, so the three counts come from one snapshot and always add up.
 STOCK = """
-SELECT p.id,
+SELECT p.id, p.merchant_id,
        count(c.id) FILTER (WHERE c.status = 'available') AS available,
        count(c.id) FILTER (WHERE c.status = 'reserved')  AS reserved,
        count(c.id) FILTER (WHERE c.status = 'delivered') AS delivered
-FROM products p LEFT JOIN codes c ON c.product_id = p.id
-WHERE p.id = $1
+FROM products p LEFT JOIN codes c ON c.merchant_id = p.merchant_id AND c.product_id = p.id
+WHERE p.id = $1 AND ($2::text IS NULL OR p.merchant_id = $2)
 GROUP BY p.id
 """
 
+# Keyset page of one product's codes (codes_merchant_product_id_key); $1 the product's own merchant.
 LIST_CODES = """
 SELECT id, product_id, status, key_id, nonce, ciphertext FROM codes
-WHERE product_id = $1 AND id > $2
-ORDER BY id LIMIT $3
+WHERE merchant_id = $1 AND product_id = $2 AND id > $3
+ORDER BY id LIMIT $4
 """
 
-GET_CODE = "SELECT id, product_id, status, key_id, nonce, ciphertext FROM codes WHERE id = $1"
+GET_CODE = """
+SELECT id, merchant_id, product_id, status, key_id, nonce, ciphertext FROM codes
+WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)
+"""
 
+# A code's merchant and product come from its row.
 COUNT_VIEW = """
-INSERT INTO code_views (code_id, views, last_viewed_at) VALUES ($1, 1, clock_timestamp())
-ON CONFLICT (code_id) DO UPDATE SET views = code_views.views + 1, last_viewed_at = clock_timestamp()
+INSERT INTO code_views (merchant_id, product_id, code_id, views, last_viewed_at)
+SELECT c.merchant_id, c.product_id, c.id, 1, clock_timestamp() FROM codes c WHERE c.id = $1
+ON CONFLICT (merchant_id, code_id) DO UPDATE SET views = code_views.views + 1, last_viewed_at = clock_timestamp()
 RETURNING views
 """
 
 # Every plaintext read of delivered codes by their buyer is counted per code (issue 10, item 12).
 COUNT_VIEWS = """
-INSERT INTO code_views (code_id, views, last_viewed_at)
-SELECT id, 1, clock_timestamp() FROM unnest($1::uuid[]) AS id
-ON CONFLICT (code_id) DO UPDATE SET views = code_views.views + 1, last_viewed_at = clock_timestamp()
+INSERT INTO code_views (merchant_id, product_id, code_id, views, last_viewed_at)
+SELECT c.merchant_id, c.product_id, c.id, 1, clock_timestamp() FROM codes c WHERE c.id = ANY($1::uuid[])
+ON CONFLICT (merchant_id, code_id) DO UPDATE SET views = code_views.views + 1, last_viewed_at = clock_timestamp()
 """
 
 AUDIT_BUYER_READ = """
-INSERT INTO audit_log (actor, action, product_id, order_id, code_ids, details)
-VALUES ($1, 'read_delivered', $2, $3, $4::uuid[], jsonb_build_object('customer_id', $5::text))
+INSERT INTO audit_log (merchant_id, actor, action, product_id, order_id, code_ids, details)
+SELECT r.merchant_id, $1, 'read_delivered', r.product_id, r.order_id, $3::uuid[],
+       jsonb_build_object('customer_id', $4::text)
+FROM reservations r WHERE r.order_id = $2
 """
 
 AUDIT_REVEAL = """
-INSERT INTO audit_log (actor, action, product_id, code_ids) VALUES ($1, 'reveal', $2, ARRAY[$3::uuid])
+INSERT INTO audit_log (merchant_id, actor, action, product_id, code_ids)
+SELECT c.merchant_id, $1, 'reveal', c.product_id, ARRAY[c.id] FROM codes c WHERE c.id = $2
+"""
+
+# An operator's read of a merchant's stock or codes (issue 14): who (subject and role), what.
+AUDIT_OPERATOR_READ = """
+INSERT INTO audit_log (merchant_id, actor, action, product_id, code_ids, details)
+SELECT p.merchant_id, $1, 'operator_read', p.id, $3::uuid[],
+       jsonb_build_object('rpc', $4::text, 'subject', $5::text, 'role', $6::text)
+FROM products p WHERE p.id = $2
 """
 
 ORDER_OWNER = "SELECT customer_id, status FROM reservations WHERE order_id = $1"
 
 DELIVERED_CODES = """
 SELECT c.id, c.product_id, c.key_id, c.nonce, c.ciphertext
-FROM deliveries d JOIN codes c ON c.id = d.code_id
-WHERE d.order_id = $1 AND d.status = 'delivered'
+FROM reservations r
+JOIN deliveries d ON d.merchant_id = r.merchant_id AND d.order_id = r.order_id
+JOIN codes c ON c.id = d.code_id
+WHERE r.order_id = $1 AND d.status = 'delivered'
 ORDER BY c.id
 """
 
@@ -87,10 +117,15 @@ class Product:
     name: str
     price_minor: int
     currency: str
+    merchant_id: str = ""
 
     @classmethod
     def from_row(cls, r) -> "Product":
-        return cls(str(r["id"]), r["sku"], r["name"], r["price_minor"], r["currency"])
+        return cls(str(r["id"]), r["sku"], r["name"], r["price_minor"], r["currency"], r["merchant_id"])
+
+
+def _is_operator(p: Principal) -> bool:
+    return p.role == tenancy.OPERATOR_ROLE
 
 
 class Catalog:
@@ -108,41 +143,62 @@ class Catalog:
             raise CodeDamaged(f"code {row['id']} failed its integrity check and is not served",
                               reason="code-integrity") from None
 
-    async def create_product(self, sku: str, name: str, currency: str, amount_minor: int) -> Product:
+    async def create_product(self, p: Principal, sku: str, name: str, currency: str, amount_minor: int) -> Product:
+        """A product of the admin's own merchant; its sku is unique within that merchant."""
+        merchant = tenancy.owning_merchant(p)
         try:
-            row = await self.pool.fetchrow(CREATE_PRODUCT, uuid.uuid4(), sku, name, amount_minor, currency)
+            async with tenancy.scoped(self.pool, p) as uow:
+                row = await uow.conn.fetchrow(CREATE_PRODUCT, uuid.uuid4(), merchant, sku, name, amount_minor, currency)
+                await uow.commit()
         except asyncpg.UniqueViolationError:
             raise AlreadyExists(f"a product with sku {sku!r} exists", reason="sku-taken") from None
         return Product.from_row(row)
 
-    async def get_product(self, product_id: uuid.UUID) -> Product:
-        row = await self.pool.fetchrow(GET_PRODUCT, product_id)
+    async def get_product(self, p: Principal, product_id: uuid.UUID) -> Product:
+        merchant = tenancy.merchant_filter(p)
+        if merchant is None:  # the orchestrator, a customer: one statement, no transaction
+            row = await self.pool.fetchrow(GET_PRODUCT, product_id, None)
+        else:
+            async with tenancy.scoped(self.pool, p) as uow:
+                row = await uow.conn.fetchrow(GET_PRODUCT, product_id, merchant)
         if row is None:
             raise NotFound(f"no product {product_id}")
         return Product.from_row(row)
 
-    async def stock(self, product_id: uuid.UUID) -> tuple[int, int, int]:
-        row = await self.pool.fetchrow(STOCK, product_id)
-        if row is None:
-            raise NotFound(f"no product {product_id}")
+    async def stock(self, p: Principal, product_id: uuid.UUID, actor: str) -> tuple[int, int, int]:
+        async with tenancy.scoped(self.pool, p) as uow:
+            row = await uow.conn.fetchrow(STOCK, product_id, tenancy.merchant_filter(p))
+            if row is None:
+                raise NotFound(f"no product {product_id}")
+            if _is_operator(p):
+                await uow.conn.execute(AUDIT_OPERATOR_READ, actor, product_id, None, "GetStock", p.subject, p.role)
+            await uow.commit()
         return row["available"], row["reserved"], row["delivered"]
 
-    async def list_codes(self, product_id: uuid.UUID, after: uuid.UUID, limit: int):
+    async def list_codes(self, p: Principal, product_id: uuid.UUID, after: uuid.UUID, limit: int, actor: str):
         """[(id, status, masked value)] in id order, and the next page's cursor (None on the last page)."""
-        await self.get_product(product_id)
-        rows = await self.pool.fetch(LIST_CODES, product_id, after, limit)
-        items = [(str(r["id"]), r["status"], domain.mask(self._plain(r))) for r in rows]
+        async with tenancy.scoped(self.pool, p) as uow:
+            product = await uow.conn.fetchrow(GET_PRODUCT, product_id, tenancy.merchant_filter(p))
+            if product is None:
+                raise NotFound(f"no product {product_id}")
+            rows = await uow.conn.fetch(LIST_CODES, product["merchant_id"], product_id, after, limit)
+            items = [(str(r["id"]), r["status"], domain.mask(self._plain(r))) for r in rows]
+            if _is_operator(p):
+                await uow.conn.execute(AUDIT_OPERATOR_READ, actor, product_id, [r["id"] for r in rows], "ListCodes",
+                                       p.subject, p.role)
+            await uow.commit()
         return items, (rows[-1]["id"] if len(rows) == limit else None)
 
-    async def reveal(self, code_id: uuid.UUID, actor: str) -> tuple[str, int]:
-        """An admin sees one code; the view is counted and audited in the same transaction."""
-        async with UnitOfWork(self.pool) as uow:
-            row = await uow.conn.fetchrow(GET_CODE, code_id)
+    async def reveal(self, p: Principal, code_id: uuid.UUID, actor: str) -> tuple[str, int]:
+        """An admin sees one code of its own merchant; the view is counted and audited in the same
+        transaction. Another merchant's code is NOT_FOUND, as a missing one."""
+        async with tenancy.scoped(self.pool, p) as uow:
+            row = await uow.conn.fetchrow(GET_CODE, code_id, tenancy.merchant_filter(p))
             if row is None:
                 raise NotFound(f"no code {code_id}")
             value = self._plain(row)
             views = await uow.conn.fetchval(COUNT_VIEW, code_id)
-            await uow.conn.execute(AUDIT_REVEAL, actor, row["product_id"], code_id)
+            await uow.conn.execute(AUDIT_REVEAL, actor, code_id)
             await uow.commit()
         metrics.REGISTRY.reveals.inc()
         return value, views
@@ -164,7 +220,7 @@ class Catalog:
             if rows:
                 ids = [r["id"] for r in rows]
                 await uow.conn.execute(COUNT_VIEWS, ids)
-                await uow.conn.execute(AUDIT_BUYER_READ, actor, rows[0]["product_id"], order_id, ids, customer_id)
+                await uow.conn.execute(AUDIT_BUYER_READ, actor, order_id, ids, customer_id)
             await uow.commit()
         metrics.REGISTRY.buyer_reads.inc(len(codes))
         return codes

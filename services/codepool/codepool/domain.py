@@ -141,6 +141,7 @@ class ReservationView:
     currency: str
     payment_transaction_id: str = ""
     code_ids: tuple[str, ...] = field(default_factory=tuple)
+    merchant_id: str = ""  # the product's merchant (issue 14)
 
     @classmethod
     def from_row(cls, row, code_ids) -> "ReservationView":
@@ -149,7 +150,7 @@ class ReservationView:
                    reserved_at=row["reserved_at"], expires_at=row["expires_at"],
                    unit_price_minor=row["unit_price_minor"], currency=row["currency"],
                    payment_transaction_id=row["payment_transaction_id"] or "",
-                   code_ids=tuple(str(c) for c in (code_ids or ())))
+                   code_ids=tuple(str(c) for c in (code_ids or ())), merchant_id=row["merchant_id"])
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import grpc
 
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
-from cutylib import principal
+from cutylib import principal, tenancy
 from cutylib.errors import NotFound, PermissionDenied, ResourceExhausted
 from cutylib.fields import parse_uuid
 from cutylib.money import require_money
@@ -21,6 +21,9 @@ from .service import OutOfStock, ReservationService
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
 # Catalogue and stock are the gateway's; reservations and plaintext codes the orchestrator's alone;
 # the streaming import is the operator CLI's, run in the code pool's own pod.
+# Roles (issue 14; the gateway's policy.py agrees): staff and admins act within their merchant
+# (tenancy.merchant_filter), the platform's operator reads stock and masked codes of any merchant
+# (audited), never plaintext; `system` (the orchestrator, the CLI) acts for every merchant.
 CALLERS = {
     "CreateProduct": {GATEWAY}, "GetProduct": {GATEWAY, PAYMENTS}, "ImportCodes": {CODEPOOL},
     "ImportCodeBatch": {GATEWAY}, "GetStock": {GATEWAY}, "ListCodes": {GATEWAY}, "RevealCode": {GATEWAY},
@@ -43,11 +46,12 @@ def _reservation(v: ReservationView) -> pb.Reservation:
         order_id=v.order_id, order_item_id=v.order_item_id, product_id=v.product_id, customer_id=v.customer_id,
         status=STATUS[v.status], code_ids=list(v.code_ids), quantity=v.quantity, reserve_time=to_timestamp(v.reserved_at),
         expire_time=to_timestamp(v.expires_at), payment_transaction_id=v.payment_transaction_id,
-        unit_price=common_pb2.Money(currency_code=v.currency, amount_minor=v.unit_price_minor))
+        unit_price=common_pb2.Money(currency_code=v.currency, amount_minor=v.unit_price_minor),
+        merchant_id=v.merchant_id)
 
 
 def _product(p: Product) -> pb.Product:
-    return pb.Product(id=p.id, sku=p.sku, name=p.name,
+    return pb.Product(id=p.id, sku=p.sku, name=p.name, merchant_id=p.merchant_id,
                       price=common_pb2.Money(currency_code=p.currency, amount_minor=p.price_minor))
 
 
@@ -62,25 +66,29 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         self.catalog = catalog
         self.importer = importer
 
-    async def _own_order(self, order_id: str) -> None:
-        """A customer may act only on its own order; another's answers NOT_FOUND (existence is not leaked).
-        Internal callers (the orchestrator, `system`) and staff may act on any."""
+    @staticmethod
+    def _visible(view: ReservationView) -> ReservationView:
+        """A customer sees only its own order (staff and admins only their merchant's: the read
+        filtered them); another's answers NOT_FOUND, worded as a missing order (existence is not
+        leaked). Internal callers (the orchestrator, `system`) and the operator see any."""
         p = principal.current()
-        if p.role == "customer":
-            view = await self.reservations.get(order_id)
-            if view.customer_id != p.subject:
-                raise NotFound(f"no reservation for order {order_id}")
+        if p.role == "customer" and view.customer_id != p.subject:
+            raise NotFound(f"no reservation for order {view.order_id}")
+        return view
 
     # --- products --------------------------------------------------------------------------------
     async def CreateProduct(self, request: pb.CreateProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
-        principal.current().require_role("admin", "system")
+        p = principal.current()
+        p.require_role("admin")  # in its own merchant (a product needs one: `system` has none)
+        tenancy.owning_merchant(p)
         sku = domain.require_sku(request.sku)
         name = domain.require_id("name", request.name.strip(), max_length=200)
         currency, amount = require_money("price", request.price.currency_code, request.price.amount_minor)
-        return _product(await self.catalog.create_product(sku, name, currency, amount))
+        return _product(await self.catalog.create_product(p, sku, name, currency, amount))
 
     async def GetProduct(self, request: pb.GetProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
-        return _product(await self.catalog.get_product(parse_uuid("product_id", request.product_id)))
+        return _product(await self.catalog.get_product(principal.current(),
+                                                       parse_uuid("product_id", request.product_id)))
 
     # --- import ----------------------------------------------------------------------------------
     async def ImportCodes(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ImportCodesResponse:
@@ -90,7 +98,7 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
             async for m in request_iterator:
                 yield Chunk(m.product_id, m.batch_ref, list(m.codes))
 
-        return _import_response(await self.importer.import_batch(chunks(), actor()))
+        return _import_response(await self.importer.import_batch(chunks(), actor(), principal.current()))
 
     async def ImportCodeBatch(self, request: pb.ImportCodeBatchRequest,
                               context: grpc.aio.ServicerContext) -> pb.ImportCodesResponse:
@@ -99,7 +107,7 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         async def one():
             yield Chunk(request.product_id, request.batch_ref, list(request.codes))
 
-        return _import_response(await self.importer.import_batch(one(), actor()))
+        return _import_response(await self.importer.import_batch(one(), actor(), principal.current()))
 
     # --- reservations ----------------------------------------------------------------------------
     async def ReserveCodes(self, request: pb.ReserveCodesRequest, context: grpc.aio.ServicerContext) -> pb.Reservation:
@@ -134,29 +142,34 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
 
     async def GetReservation(self, request: pb.GetReservationRequest, context: grpc.aio.ServicerContext) -> pb.Reservation:
         order_id = domain.require_id("order_id", request.order_id)
-        await self._own_order(order_id)
-        return _reservation(await self.reservations.get(order_id))
+        return _reservation(self._visible(await self.reservations.get(order_id, principal.current())))
 
     # --- stock and codes -------------------------------------------------------------------------
     async def GetStock(self, request: pb.GetStockRequest, context: grpc.aio.ServicerContext) -> pb.Stock:
-        principal.current().require_role("staff", "admin", "system")
+        p = principal.current()
+        p.require_role("staff", "admin", "operator", "system")
+        tenancy.merchant_filter(p)
         product_id = parse_uuid("product_id", request.product_id)
-        available, reserved, delivered = await self.catalog.stock(product_id)
+        available, reserved, delivered = await self.catalog.stock(p, product_id, actor())
         return pb.Stock(product_id=str(product_id), available=available, reserved=reserved, delivered=delivered)
 
     async def ListCodes(self, request: pb.ListCodesRequest, context: grpc.aio.ServicerContext) -> pb.ListCodesResponse:
-        principal.current().require_role("staff", "admin", "system")
+        p = principal.current()
+        p.require_role("staff", "admin", "operator", "system")
+        tenancy.merchant_filter(p)
         product_id = parse_uuid("product_id", request.product_id)
-        items, last = await self.catalog.list_codes(product_id, domain.decode_page_token(request.page_token),
-                                                    domain.page_size(request.page_size))
+        items, last = await self.catalog.list_codes(p, product_id, domain.decode_page_token(request.page_token),
+                                                    domain.page_size(request.page_size), actor())
         return pb.ListCodesResponse(
             codes=[pb.MaskedCode(id=i, status=s, masked_value=m) for i, s, m in items],
             next_page_token=domain.encode_page_token(last) if last is not None else "")
 
     async def RevealCode(self, request: pb.RevealCodeRequest, context: grpc.aio.ServicerContext) -> pb.RevealedCode:
-        principal.current().require_role("admin")
+        p = principal.current()
+        p.require_role("admin")  # never the operator: plaintext is the merchant's own admin's
+        tenancy.merchant_filter(p)
         code_id = parse_uuid("code_id", request.code_id)
-        value, views = await self.catalog.reveal(code_id, actor())
+        value, views = await self.catalog.reveal(p, code_id, actor())
         return pb.RevealedCode(id=str(code_id), value=value, view_count=views)
 
     async def GetDeliveredCodes(self, request: pb.GetDeliveredCodesRequest,

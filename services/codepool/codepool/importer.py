@@ -4,6 +4,11 @@ The stream is encrypted chunk by chunk and copied (COPY) into a temporary stagin
 transaction; only then are duplicates counted, in SQL, by keyed hash, within the batch and against
 the product's codes. A batch with any duplicate is refused whole; otherwise all of it is moved into
 `codes` in one statement. Nothing is visible to anyone until the commit.
+
+Merchants (issue 14): an admin imports only into its own merchant's products (another's is
+NOT_FOUND, as a missing one), inside `tenancy.scoped`; the operator CLI (`python -m codepool
+import`, the code pool's own identity: `system`) imports into any product. Either way the batch,
+the codes and the audit entries take their merchant from the product row, in SQL.
 """
 from __future__ import annotations
 
@@ -16,9 +21,10 @@ from typing import AsyncIterable, AsyncIterator
 
 import asyncpg
 
-from cutylib.db import UnitOfWork
-from cutylib.errors import Aborted, AlreadyExists, InvalidArgument, Unavailable
+from cutylib import tenancy
+from cutylib.errors import Aborted, AlreadyExists, InvalidArgument, NotFound, Unavailable
 from cutylib.fields import parse_uuid
+from cutylib.principal import Principal
 
 from . import domain
 from .keys import Keyring
@@ -35,25 +41,32 @@ ON COMMIT DROP
 # cannot both pass the duplicate check. NO KEY UPDATE does not conflict with the KEY SHARE lock that
 # reservations' foreign keys take, so buyers are not held up.
 LOCK_PRODUCT = "SELECT id FROM products WHERE id = $1 FOR NO KEY UPDATE"
-PRODUCT_EXISTS = "SELECT EXISTS (SELECT FROM products WHERE id = $1)"
-FIND_BATCH = "SELECT id, imported, content_digest FROM supplier_batches WHERE product_id = $1 AND batch_ref = $2"
-# Codes of the batch that repeat an earlier one of the batch or one the product already has.
+# The product's merchant, if the caller may import into it ($2: the caller's merchant, NULL for any).
+PRODUCT_MERCHANT = "SELECT merchant_id FROM products WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)"
+FIND_BATCH = """
+SELECT id, imported, content_digest FROM supplier_batches WHERE merchant_id = $3 AND product_id = $1 AND batch_ref = $2
+"""
+# Codes of the batch that repeat an earlier one of the batch or one the product already has
+# ($2: the product's merchant, the leading column of the unique index).
 COUNT_DUPLICATES = f"""
 SELECT (SELECT count(*) FROM {STAGE}) - count(*)
 FROM (SELECT DISTINCT code_hash FROM {STAGE}) s
-WHERE NOT EXISTS (SELECT FROM codes c WHERE c.product_id = $1 AND c.code_hash = s.code_hash)
+WHERE NOT EXISTS (SELECT FROM codes c WHERE c.merchant_id = $2 AND c.product_id = $1 AND c.code_hash = s.code_hash)
 """
 INSERT_BATCH = """
-INSERT INTO supplier_batches (id, product_id, batch_ref, received, imported, content_digest, actor)
-VALUES ($1, $2, $3, $4, $4, $5, $6)
+INSERT INTO supplier_batches (merchant_id, id, product_id, batch_ref, received, imported, content_digest, actor)
+SELECT p.merchant_id, $1, p.id, $3, $4, $4, $5, $6 FROM products p WHERE p.id = $2
 """
-# In stream order, so codes are handed out (seq) in the order the supplier listed them.
+# In stream order, so codes are handed out (seq) in the order the supplier listed them. The merchant
+# is the product's (an InitPlan, read once).
 MOVE_CODES = f"""
-INSERT INTO codes (id, product_id, batch_id, key_id, nonce, ciphertext, code_hash)
-SELECT id, $1, $2, key_id, nonce, ciphertext, code_hash FROM {STAGE} ORDER BY pos
+INSERT INTO codes (merchant_id, id, product_id, batch_id, key_id, nonce, ciphertext, code_hash)
+SELECT (SELECT p.merchant_id FROM products p WHERE p.id = $1), id, $1, $2, key_id, nonce, ciphertext, code_hash
+FROM {STAGE} ORDER BY pos
 """
 AUDIT = """
-INSERT INTO audit_log (actor, action, product_id, details) VALUES ($1, $2, $3, $4)
+INSERT INTO audit_log (merchant_id, actor, action, product_id, details)
+SELECT p.merchant_id, $1, $2, p.id, $4 FROM products p WHERE p.id = $3
 """
 
 
@@ -100,7 +113,7 @@ class Importer:
             hashes.append(h)
         return records, b"".join(hashes)
 
-    async def import_batch(self, chunks: AsyncIterable[Chunk], actor: str) -> ImportResult:
+    async def import_batch(self, chunks: AsyncIterable[Chunk], actor: str, principal: Principal) -> ImportResult:
         stream = _idle_bounded(chunks, self.idle_seconds)
         first = await anext(stream, None)
         if first is None:
@@ -112,16 +125,18 @@ class Importer:
         except TimeoutError:
             raise Unavailable("too many imports are in progress; retry later") from None
         try:
-            return await self._import(first, stream, product, batch_ref, actor)
+            return await self._import(first, stream, product, batch_ref, actor, principal)
         finally:
             self._slots.release()
 
     async def _import(self, first: Chunk, stream: AsyncIterator[Chunk], product: uuid.UUID, batch_ref: str,
-                      actor: str) -> ImportResult:
-        async with UnitOfWork(self.pool) as uow:
+                      actor: str, principal: Principal) -> ImportResult:
+        async with tenancy.scoped(self.pool, principal) as uow:
             conn = uow.conn
-            if not await conn.fetchval(PRODUCT_EXISTS, product):
-                raise InvalidArgument("product_id", f"unknown product {product}")
+            merchant = await conn.fetchval(PRODUCT_MERCHANT, product, tenancy.merchant_filter(principal))
+            if merchant is None:
+                # missing and another merchant's read the same (existence is not leaked)
+                raise NotFound(f"no product {product}")
             await conn.execute(CREATE_STAGE)
             digest = hashlib.sha256()
             received = 0
@@ -147,17 +162,19 @@ class Importer:
                 raise InvalidArgument("codes", "a batch needs at least one code")
             await conn.execute(f"ANALYZE {STAGE}")
             await conn.fetchval(LOCK_PRODUCT, product)
-            stored = await conn.fetchrow(FIND_BATCH, product, batch_ref)
+            stored = await conn.fetchrow(FIND_BATCH, product, batch_ref, merchant)
             if stored is not None:
                 # A retried upload of a batch already imported answers as the first one did.
                 if stored["content_digest"] != digest.digest():
                     raise AlreadyExists(f"batch {batch_ref!r} of product {product} was imported with other codes",
                                         reason="batch-ref-taken")
                 return ImportResult(str(stored["id"]), received, stored["imported"], 0, True)
-            duplicates = await conn.fetchval(COUNT_DUPLICATES, product)
+            duplicates = await conn.fetchval(COUNT_DUPLICATES, product, merchant)
             details = {"batch_ref": batch_ref, "received": received, "rejected_duplicates": duplicates}
             if duplicates:
                 await uow.rollback()
+                # after the rollback: outside the scoped transaction, on the session's '*' (the
+                # merchant is the product's, read in SQL)
                 await conn.execute(AUDIT, actor, "import_rejected", product, details)
                 log.warning("import refused: duplicate codes", extra={"product_id": str(product), **details})
                 return ImportResult("", received, 0, duplicates, False)

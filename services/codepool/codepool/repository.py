@@ -18,33 +18,38 @@ import asyncpg
 # buyers hold), their deliveries and the audit entry. Returns no row when the reservation already
 # exists (a replay) or the product is unknown. When fewer codes than ordered could be taken it
 # raises SQLSTATE CP001 (codepool_short_stock), which undoes the whole statement: all or nothing.
+# The merchant comes from the product row (issue 14): the reservation, its deliveries and its audit
+# entry take it from there, and the code scan names it, as codes_available leads with it. The
+# scalar subquery `(SELECT merchant_id FROM r)` is a parameter of the index scan (an InitPlan), so
+# the scan still yields `seq` order with no sort; no reservation inserted (a replay) -> NULL -> no codes.
 RESERVE = """
 WITH cap AS MATERIALIZED (
-    -- the per-customer caps (migrations/0002_customer_caps.sql): raises CP002 / CP003 when over
-    SELECT codepool_customer_cap($4, $3, $1, $2, $5, $8, $9) AS ok
+    -- the per-customer caps (migrations/0002, 0004): raises CP002 / CP003 when over
+    SELECT codepool_customer_cap($4, $3, $1, $2, $5, $8, $9, p.merchant_id) AS ok
+    FROM products p WHERE p.id = $3
 ), r AS (
-    INSERT INTO reservations (order_id, order_item_id, product_id, customer_id, quantity,
+    INSERT INTO reservations (merchant_id, order_id, order_item_id, product_id, customer_id, quantity,
                               unit_price_minor, currency, status, reserved_at, expires_at)
-    SELECT $1, $2, p.id, $4, $5, p.price_minor, p.currency, 'reserved', clock_timestamp(),
+    SELECT p.merchant_id, $1, $2, p.id, $4, $5, p.price_minor, p.currency, 'reserved', clock_timestamp(),
            clock_timestamp() + make_interval(secs => $6)
     FROM cap, products p WHERE cap.ok AND p.id = $3
     ON CONFLICT DO NOTHING
     RETURNING *
 ), picked AS (
     SELECT c.id FROM codes c
-    WHERE c.product_id = $3 AND c.status = 'available' AND EXISTS (SELECT FROM r)
+    WHERE c.merchant_id = (SELECT r.merchant_id FROM r) AND c.product_id = $3 AND c.status = 'available'
     ORDER BY c.seq
     LIMIT $5
     FOR UPDATE SKIP LOCKED
 ), taken AS (
     UPDATE codes c SET status = 'reserved' FROM picked WHERE c.id = picked.id RETURNING c.id
 ), d AS (
-    INSERT INTO deliveries (order_id, order_item_id, product_id, customer_id, code_id, status)
-    SELECT $1, $2, $3, $4, taken.id, 'reserved' FROM taken
+    INSERT INTO deliveries (merchant_id, order_id, order_item_id, product_id, customer_id, code_id, status)
+    SELECT r.merchant_id, $1, $2, $3, $4, taken.id, 'reserved' FROM r, taken
     RETURNING code_id
 ), a AS (
-    INSERT INTO audit_log (actor, action, product_id, order_id, code_ids, details)
-    SELECT $7, 'reserve', r.product_id, r.order_id, (SELECT array_agg(code_id ORDER BY code_id) FROM d),
+    INSERT INTO audit_log (merchant_id, actor, action, product_id, order_id, code_ids, details)
+    SELECT r.merchant_id, $7, 'reserve', r.product_id, r.order_id, (SELECT array_agg(code_id ORDER BY code_id) FROM d),
            jsonb_build_object('quantity', r.quantity)
     FROM r
 )
@@ -61,22 +66,32 @@ QUANTITY_CAP = "CP003"            # ... or this one would pass CUTY_MAX_QUANTITY
 # A reservation with the codes it holds now (none once released: they are back in stock).
 GET_RESERVATION = """
 SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries d
-             WHERE d.order_id = r.order_id AND d.status = r.status AND r.status <> 'released') AS code_ids
+             WHERE d.merchant_id = r.merchant_id AND d.order_id = r.order_id AND d.status = r.status
+               AND r.status <> 'released') AS code_ids
 FROM reservations r WHERE r.order_id = $1
 """
 
+# A staff or admin reader's: only its merchant's reservation ($2), else nothing (issue 14).
+GET_MERCHANT_RESERVATION = GET_RESERVATION.rstrip() + " AND r.merchant_id = $2\n"
+
 # The stored reservation a non-inserting RESERVE collided with: this request's own, else the other.
+# The order item id is unique within the product's merchant (0004_merchants.sql).
 FIND_COLLISION = """
 SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries d
-             WHERE d.order_id = r.order_id AND d.status = r.status AND r.status <> 'released') AS code_ids
-FROM reservations r WHERE r.order_id = $1 OR r.order_item_id = $2
+             WHERE d.merchant_id = r.merchant_id AND d.order_id = r.order_id AND d.status = r.status
+               AND r.status <> 'released') AS code_ids
+FROM reservations r
+WHERE r.order_id = $1 OR (r.merchant_id = (SELECT p.merchant_id FROM products p WHERE p.id = $3) AND r.order_item_id = $2)
 ORDER BY (r.order_id = $1 AND r.order_item_id = $2) DESC
 LIMIT 1
 """
 
 LOCK_RESERVATION = "SELECT * FROM reservations WHERE order_id = $1 FOR UPDATE"
 
-COUNT_AVAILABLE = "SELECT count(*) FROM codes WHERE product_id = $1 AND status = 'available'"
+COUNT_AVAILABLE = """
+SELECT count(*) FROM codes c JOIN products p ON c.merchant_id = p.merchant_id AND c.product_id = p.id
+WHERE p.id = $1 AND c.status = 'available'
+"""
 
 PRODUCT_EXISTS = "SELECT EXISTS (SELECT FROM products WHERE id = $1)"
 
@@ -88,36 +103,43 @@ SET status = 'reserved', reserved_at = clock_timestamp(), expires_at = clock_tim
 WHERE order_id = $1 AND status = 'released'
 """
 
+# The merchant ($6) is the locked reservation row's (the deliveries' foreign key holds it to it).
 TAKE_CODES = """
 WITH picked AS (
-    SELECT id FROM codes WHERE product_id = $3 AND status = 'available'
+    SELECT id FROM codes WHERE merchant_id = $6 AND product_id = $3 AND status = 'available'
     ORDER BY seq LIMIT $5 FOR UPDATE SKIP LOCKED
 ), taken AS (
     UPDATE codes c SET status = 'reserved' FROM picked WHERE c.id = picked.id RETURNING c.id
 ), d AS (
-    INSERT INTO deliveries (order_id, order_item_id, product_id, customer_id, code_id, status)
-    SELECT $1, $2, $3, $4, taken.id, 'reserved' FROM taken
+    INSERT INTO deliveries (merchant_id, order_id, order_item_id, product_id, customer_id, code_id, status)
+    SELECT $6, $1, $2, $3, $4, taken.id, 'reserved' FROM taken
     RETURNING code_id
 )
 SELECT coalesce(array_agg(code_id ORDER BY code_id), '{}') FROM d
 """
 
 # A payment callback is acted on once: the first writer of the transaction id wins; a concurrent
-# duplicate waits on the unique index and then finds it.
+# duplicate waits on the unique index and then finds it. The key is (merchant, transaction id); the
+# merchant is the order's, taken from its reservation row.
 CLAIM_TRANSACTION = """
-INSERT INTO payment_transactions (transaction_id, order_id, outcome) VALUES ($1, $2, 'delivered')
-ON CONFLICT (transaction_id) DO NOTHING
+INSERT INTO payment_transactions (merchant_id, transaction_id, order_id, outcome)
+SELECT r.merchant_id, $1, r.order_id, 'delivered' FROM reservations r WHERE r.order_id = $2
+ON CONFLICT (merchant_id, transaction_id) DO NOTHING
 RETURNING transaction_id
 """
 
-GET_TRANSACTION = "SELECT order_id, outcome, reason FROM payment_transactions WHERE transaction_id = $1"
+GET_TRANSACTION = """
+SELECT order_id, outcome, reason FROM payment_transactions WHERE merchant_id = $2 AND transaction_id = $1
+"""
 
-REJECT_TRANSACTION = "UPDATE payment_transactions SET outcome = 'rejected', reason = $2 WHERE transaction_id = $1"
+REJECT_TRANSACTION = """
+UPDATE payment_transactions SET outcome = 'rejected', reason = $2 WHERE merchant_id = $3 AND transaction_id = $1
+"""
 
 DELIVER = """
 WITH d AS (
     UPDATE deliveries SET status = 'delivered', delivered_at = clock_timestamp()
-    WHERE order_id = $1 AND status = 'reserved'
+    WHERE merchant_id = $4 AND order_id = $1 AND status = 'reserved'
     RETURNING code_id
 ), c AS (
     UPDATE codes SET status = 'delivered' FROM d WHERE codes.id = d.code_id AND codes.status = 'reserved'
@@ -125,10 +147,10 @@ WITH d AS (
 ), r AS (
     UPDATE reservations SET status = 'delivered', delivered_at = clock_timestamp(), payment_transaction_id = $2
     WHERE order_id = $1 AND status = 'reserved'
-    RETURNING product_id, quantity
+    RETURNING merchant_id, product_id, quantity
 ), a AS (
-    INSERT INTO audit_log (actor, action, product_id, order_id, code_ids, details)
-    SELECT $3, 'deliver', r.product_id, $1, (SELECT array_agg(code_id ORDER BY code_id) FROM d),
+    INSERT INTO audit_log (merchant_id, actor, action, product_id, order_id, code_ids, details)
+    SELECT r.merchant_id, $3, 'deliver', r.product_id, $1, (SELECT array_agg(code_id ORDER BY code_id) FROM d),
            jsonb_build_object('payment_transaction_id', $2::text)
     FROM r
 )
@@ -141,17 +163,17 @@ RELEASE = """
 WITH r AS (
     UPDATE reservations SET status = 'released', released_at = clock_timestamp(), release_reason = $2
     WHERE order_id = ANY($1::text[]) AND status = 'reserved'
-    RETURNING order_id, product_id
+    RETURNING merchant_id, order_id, product_id
 ), d AS (
     UPDATE deliveries d SET status = 'released', released_at = clock_timestamp()
-    FROM r WHERE d.order_id = r.order_id AND d.status = 'reserved'
+    FROM r WHERE d.merchant_id = r.merchant_id AND d.order_id = r.order_id AND d.status = 'reserved'
     RETURNING d.order_id, d.code_id
 ), c AS (
     UPDATE codes SET status = 'available' FROM d WHERE codes.id = d.code_id AND codes.status = 'reserved'
     RETURNING codes.id
 ), a AS (
-    INSERT INTO audit_log (actor, action, product_id, order_id, code_ids)
-    SELECT $3, CASE $2 WHEN 'expired' THEN 'expire' ELSE 'release' END, r.product_id, r.order_id,
+    INSERT INTO audit_log (merchant_id, actor, action, product_id, order_id, code_ids)
+    SELECT r.merchant_id, $3, CASE $2 WHEN 'expired' THEN 'expire' ELSE 'release' END, r.product_id, r.order_id,
            (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM d WHERE d.order_id = r.order_id)
     FROM r
 )
@@ -168,8 +190,10 @@ LIMIT $1
 FOR UPDATE SKIP LOCKED
 """
 
+# The entry's merchant is its order's (every caller names one).
 AUDIT = """
-INSERT INTO audit_log (actor, action, product_id, order_id, code_ids, details) VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO audit_log (merchant_id, actor, action, product_id, order_id, code_ids, details)
+SELECT r.merchant_id, $1, $2, $3, r.order_id, $5, $6 FROM reservations r WHERE r.order_id = $4
 """
 
 
@@ -189,8 +213,11 @@ class Reservations:
     async def get(self, order_id: str):
         return await self.conn.fetchrow(GET_RESERVATION, order_id)
 
-    async def find_collision(self, order_id: str, order_item_id: str):
-        return await self.conn.fetchrow(FIND_COLLISION, order_id, order_item_id)
+    async def get_of_merchant(self, order_id: str, merchant_id: str):
+        return await self.conn.fetchrow(GET_MERCHANT_RESERVATION, order_id, merchant_id)
+
+    async def find_collision(self, order_id: str, order_item_id: str, product_id: uuid.UUID):
+        return await self.conn.fetchrow(FIND_COLLISION, order_id, order_item_id, product_id)
 
     async def lock(self, order_id: str):
         return await self.conn.fetchrow(LOCK_RESERVATION, order_id)
@@ -206,19 +233,19 @@ class Reservations:
 
     async def take_codes(self, row) -> list:
         return list(await self.conn.fetchval(TAKE_CODES, row["order_id"], row["order_item_id"], row["product_id"],
-                                             row["customer_id"], row["quantity"]))
+                                             row["customer_id"], row["quantity"], row["merchant_id"]))
 
     async def claim_transaction(self, transaction_id: str, order_id: str) -> bool:
         return await self.conn.fetchval(CLAIM_TRANSACTION, transaction_id, order_id) is not None
 
-    async def get_transaction(self, transaction_id: str):
-        return await self.conn.fetchrow(GET_TRANSACTION, transaction_id)
+    async def get_transaction(self, transaction_id: str, merchant_id: str):
+        return await self.conn.fetchrow(GET_TRANSACTION, transaction_id, merchant_id)
 
-    async def reject_transaction(self, transaction_id: str, reason: str) -> None:
-        await self.conn.execute(REJECT_TRANSACTION, transaction_id, reason)
+    async def reject_transaction(self, transaction_id: str, reason: str, merchant_id: str) -> None:
+        await self.conn.execute(REJECT_TRANSACTION, transaction_id, reason, merchant_id)
 
-    async def deliver(self, order_id: str, transaction_id: str, actor: str):
-        return await self.conn.fetchrow(DELIVER, order_id, transaction_id, actor)
+    async def deliver(self, order_id: str, transaction_id: str, actor: str, merchant_id: str):
+        return await self.conn.fetchrow(DELIVER, order_id, transaction_id, actor, merchant_id)
 
     async def release(self, order_ids: list[str], reason: str, actor: str):
         return await self.conn.fetchrow(RELEASE, order_ids, reason, actor)
@@ -226,6 +253,6 @@ class Reservations:
     async def claim_expired(self, limit: int) -> list[str]:
         return [r["order_id"] for r in await self.conn.fetch(CLAIM_EXPIRED, limit)]
 
-    async def audit(self, actor: str, action: str, *, product_id=None, order_id=None, code_ids=None,
+    async def audit(self, actor: str, action: str, *, order_id: str, product_id=None, code_ids=None,
                     details: dict | None = None) -> None:
         await self.conn.execute(AUDIT, actor, action, product_id, order_id, code_ids, details or {})

@@ -35,8 +35,13 @@ UPDATE codes c SET key_id = $1, nonce = u.nonce, ciphertext = u.ciphertext
 FROM unnest($2::uuid[], $3::bytea[], $4::bytea[], $5::text[]) AS u(id, nonce, ciphertext, old_key)
 WHERE c.id = u.id AND c.key_id = u.old_key
 """
+# One entry per merchant of the batch (a batch walks the primary key across products): each
+# merchant's audit log names only its own codes (issue 14).
 AUDIT = """
-INSERT INTO audit_log (actor, action, code_ids, details) VALUES ($1, 'rotate', $2, $3)
+INSERT INTO audit_log (merchant_id, actor, action, code_ids, details)
+SELECT c.merchant_id, $1, 'rotate', array_agg(c.id ORDER BY c.id), $3
+FROM codes c WHERE c.id = ANY($2::uuid[])
+GROUP BY c.merchant_id
 """
 REMAINING = "SELECT count(*) FROM codes WHERE key_id <> $1 AND ($2::uuid IS NULL OR product_id = $2)"
 

@@ -9,14 +9,15 @@ import logging
 
 import asyncpg
 
+from cutylib import tenancy
 from cutylib.config import Settings
 from cutylib.db import UnitOfWork
 from cutylib.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
 from . import domain, metrics
 from .domain import DELIVERED, RELEASED, ReservationView, ReserveCommand
-from . import metrics
 from .repository import QUANTITY_CAP, SHORT_STOCK, TOO_MANY_RESERVATIONS, Reservations
 
 log = logging.getLogger("codepool.reservations")
@@ -85,7 +86,7 @@ class ReservationService:
     async def _replay(self, repo: Reservations, cmd: ReserveCommand) -> ReservationView:
         """RESERVE inserted nothing: this order item was reserved before (return it as it is now),
         another request holds the order or item id, or the product does not exist."""
-        row = await repo.find_collision(cmd.order_id, cmd.order_item_id)
+        row = await repo.find_collision(cmd.order_id, cmd.order_item_id, cmd.product_id)
         if row is not None:
             if cmd.same_request(row):
                 return ReservationView.from_row(row, row["code_ids"])
@@ -108,7 +109,7 @@ class ReservationService:
             if res is None:
                 raise NotFound(f"no reservation for order {order_id}")
             if not await repo.claim_transaction(transaction_id, order_id):
-                return await self._replay_transaction(repo, order_id, transaction_id)
+                return await self._replay_transaction(repo, res, transaction_id)
             if res["status"] == DELIVERED:
                 rejection = FailedPrecondition(
                     f"order {order_id} was already delivered under payment transaction {res['payment_transaction_id']}",
@@ -116,11 +117,11 @@ class ReservationService:
             elif res["status"] == RELEASED:
                 rejection = await self._reopen(uow, repo, res, actor)
             if rejection is None:
-                counts = await repo.deliver(order_id, transaction_id, actor)
+                counts = await repo.deliver(order_id, transaction_id, actor, res["merchant_id"])
                 if not counts["deliveries"] == counts["codes"] == counts["quantity"] == res["quantity"]:
                     raise InvariantBroken(f"order {order_id}: delivered {dict(counts)} of {res['quantity']}")
             else:
-                await repo.reject_transaction(transaction_id, rejection.reason)
+                await repo.reject_transaction(transaction_id, rejection.reason, res["merchant_id"])
                 await repo.audit(actor, "deliver_rejected", product_id=res["product_id"], order_id=order_id,
                                  details={"payment_transaction_id": transaction_id, "reason": rejection.reason})
             # Read back before the commit: the answer describes this call's effect, not a later writer's.
@@ -154,8 +155,9 @@ class ReservationService:
                 f"for the {res['quantity']} ordered", reason="reservation-lost")
         return None
 
-    async def _replay_transaction(self, repo: Reservations, order_id: str, transaction_id: str) -> ReservationView:
-        stored = await repo.get_transaction(transaction_id)
+    async def _replay_transaction(self, repo: Reservations, res, transaction_id: str) -> ReservationView:
+        order_id = res["order_id"]
+        stored = await repo.get_transaction(transaction_id, res["merchant_id"])
         if stored["order_id"] != order_id:
             raise FailedPrecondition(f"payment transaction {transaction_id} belongs to order {stored['order_id']}",
                                      reason="transaction-order-mismatch")
@@ -184,9 +186,16 @@ class ReservationService:
             await uow.commit()
         return ReservationView.from_row(row, row["code_ids"])
 
-    async def get(self, order_id: str) -> ReservationView:
+    async def get(self, order_id: str, principal: Principal | None = None) -> ReservationView:
+        """The order's reservation; a staff or admin reader sees only its merchant's (filtered in SQL,
+        inside tenancy.scoped), another merchant's is NOT_FOUND like a missing one."""
         set_span_attributes(order_id=order_id)
-        row = await Reservations(self.pool).get(order_id)  # type: ignore[arg-type] - a pool runs single statements
+        merchant = tenancy.merchant_filter(principal) if principal is not None else None
+        if merchant is None:
+            row = await Reservations(self.pool).get(order_id)  # type: ignore[arg-type] - a pool runs single statements
+        else:
+            async with tenancy.scoped(self.pool, principal) as uow:
+                row = await Reservations(uow.conn).get_of_merchant(order_id, merchant)
         if row is None:
             raise NotFound(f"no reservation for order {order_id}")
         return ReservationView.from_row(row, row["code_ids"])

@@ -117,7 +117,6 @@ async def test_exactly_256_characters_is_accepted(stub):
 
 @pytest.mark.parametrize("mutate, field", [
     (lambda m: setattr(m, "product_id", "nope"), "product_id"),
-    (lambda m: setattr(m, "product_id", str(uuid.uuid4())), "product_id"),
     (lambda m: setattr(m, "batch_ref", ""), "batch_ref"),
     (lambda m: m.ClearField("codes"), "codes"),
 ])
@@ -129,6 +128,14 @@ async def test_bad_batch_request(stub, mutate, field):
         await stub.ImportCodeBatch(req, metadata=ADMIN)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert bad_field(e.value) == field
+
+
+async def test_unknown_product_is_not_found(stub):
+    # NOT_FOUND, as another merchant's product is (issue 14: existence does not leak)
+    req = pb.ImportCodeBatchRequest(product_id=str(uuid.uuid4()), batch_ref="b", codes=make_codes(3))
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.ImportCodeBatch(req, metadata=ADMIN)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_later_message_naming_another_product_is_refused(stub, cp_pool):

@@ -77,9 +77,9 @@ async def test_a_code_is_in_at_most_one_active_delivery(stub, cp_pool):
     other = await stub.ReserveCodes(reserve_request(product_id, 1))
     with pytest.raises(asyncpg.UniqueViolationError):
         await cp_pool.execute(
-            "INSERT INTO deliveries (order_id, order_item_id, product_id, customer_id, code_id, status) "
-            "VALUES ($1, $2, $3, 'c', $4, 'reserved')",
-            other.order_id, other.order_item_id, uuid.UUID(product_id), uuid.UUID(res.code_ids[0]))
+            "INSERT INTO deliveries (merchant_id, order_id, order_item_id, product_id, customer_id, code_id, status) "
+            "VALUES ($5, $1, $2, $3, 'c', $4, 'reserved')",
+            other.order_id, other.order_item_id, uuid.UUID(product_id), uuid.UUID(res.code_ids[0]), other.merchant_id)
 
 
 async def test_reservation_and_delivery_transitions_and_history(stub, cp_pool):
@@ -115,8 +115,10 @@ async def test_audit_log_is_append_only(stub, cp_pool):
 async def test_reserve_query_uses_the_partial_index(stub, cp_pool):
     product_id, _ = await stocked_product(stub, 5000)  # enough rows that a scan would cost more
     await cp_pool.execute("ANALYZE codes")
+    # codes_available leads with the merchant (issue 14); RESERVE names it (from the product row)
     plan = "\n".join(r[0] for r in await cp_pool.fetch(
-        "EXPLAIN SELECT id FROM codes WHERE product_id = $1 AND status = 'available' "
+        "EXPLAIN SELECT id FROM codes WHERE merchant_id = (SELECT merchant_id FROM products WHERE id = $1) "
+        "AND product_id = $1 AND status = 'available' "
         "ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED", uuid.UUID(product_id)))
     assert "codes_available" in plan, plan
     assert "Sort" not in plan, plan

@@ -23,7 +23,6 @@ from opentelemetry import trace
 from cutylib import errors
 from cutylib.telemetry import context_of
 
-from .. import metrics as m
 from . import domain, repository as repo
 from .domain import Move, Saga, Step
 from .remote import Inventory, Refused, Rejected, Retryable

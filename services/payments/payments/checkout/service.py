@@ -16,7 +16,6 @@ from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
-from .. import metrics as m
 from . import diagnostics, domain, repository as repo, views
 from .domain import Saga
 from .engine import Engine
