@@ -42,6 +42,7 @@ class Salon:
     id: uuid.UUID
     name: str
     time_zone: str
+    merchant_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Hold:
     extended: bool
     payment_ref: str
     created_at: datetime
+    merchant_id: str = ""  # the slot's merchant (docs/tenancy-booking.md)
 
 
 @dataclass(frozen=True)
