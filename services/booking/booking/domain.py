@@ -16,7 +16,7 @@ import zoneinfo
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 
-from cutylib import paging
+from cutylib import paging, tenancy
 from cutylib.errors import InvalidArgument, PermissionDenied
 from cutylib.principal import Principal
 
@@ -215,6 +215,8 @@ def extension_seconds(requested: int, maximum: int) -> int:
 # --- who may act ---------------------------------------------------------------------------------
 
 def require_admin(caller: Principal) -> None:
+    # A merchant's user without its merchant is UNAUTHENTICATED whatever the RPC, as at the gateway.
+    tenancy.merchant_filter(caller)
     caller.require_role(*ADMIN_ROLES)
 
 
