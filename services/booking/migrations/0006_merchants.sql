@@ -66,8 +66,12 @@ ALTER TABLE holds
     DROP CONSTRAINT holds_no_overlap,
     ADD CONSTRAINT holds_no_overlap EXCLUDE USING gist (merchant_id WITH =, resource_id WITH =, during WITH &&)
         WHERE (status IN ('held', 'confirmed'));
+-- holds_slot (slot_id) served no query (nothing reads holds by slot; slots are never deleted, so
+-- the foreign key never looks holds up). Led by merchant_id it would: with statistics lagging
+-- behind a fast-filling table, a cached generic plan took it for the request-id lookup (its one
+-- equality on merchant_id looked as good as the unique key's three) and walked all of a merchant's
+-- holds on every HoldSlot. Dropped, so that lookup has one index to use.
 DROP INDEX holds_slot;
-CREATE INDEX holds_slot ON holds (merchant_id, slot_id);
 
 SELECT cuty_tenant_table('salons');
 SELECT cuty_tenant_table('resources');
@@ -84,16 +88,19 @@ LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
+    -- = ANY (ARRAY(...)): the locked ids are collected once, then each is updated by its primary
+    -- key. (As `id IN (...)` a generic plan built on lagging statistics may make it a semi join
+    -- that walks every held hold and repeats the locking scan for each.)
     UPDATE holds SET status = 'expired', updated_at = clock_timestamp()
-     WHERE id IN (SELECT h.id FROM holds h
-                   WHERE h.merchant_id = p_merchant_id
-                     AND h.resource_id = p_resource_id
-                     AND h.status = 'held'
-                     AND h.during && tstzrange(p_start, p_end)
-                     AND h.expires_at <= clock_timestamp()
-                     AND h.id IS DISTINCT FROM p_except
-                   ORDER BY h.id
-                     FOR UPDATE)
+     WHERE id = ANY (ARRAY(SELECT h.id FROM holds h
+                            WHERE h.merchant_id = p_merchant_id
+                              AND h.resource_id = p_resource_id
+                              AND h.status = 'held'
+                              AND h.during && tstzrange(p_start, p_end)
+                              AND h.expires_at <= clock_timestamp()
+                              AND h.id IS DISTINCT FROM p_except
+                            ORDER BY h.id
+                              FOR UPDATE))
        AND status = 'held';
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
@@ -190,12 +197,16 @@ BEGIN
            -- a bounded window keeps the loser's answer cheap however long the calendar is
            AND s.start_time BETWEEN v_slot.start_time - interval '7 days' AND v_slot.start_time + interval '7 days'
            AND s.end_time - s.start_time = v_slot.end_time - v_slot.start_time
+           -- OFFSET 0 keeps this a per-slot probe of holds_no_overlap on all three of its columns.
+           -- As a join, the planner may derive h.merchant_id = (the slot's merchant) and, when its
+           -- statistics lag behind a table filling fast, scan all of the merchant's holds once per slot.
            AND NOT EXISTS (SELECT 1 FROM holds h
                             WHERE h.merchant_id = s.merchant_id
                               AND h.resource_id = s.resource_id
                               AND h.status IN ('held', 'confirmed')
                               AND h.during && tstzrange(s.start_time, s.end_time)
-                              AND (h.status = 'confirmed' OR h.expires_at > db_now))
+                              AND (h.status = 'confirmed' OR h.expires_at > db_now)
+                           OFFSET 0)
          ORDER BY s.resource_id <> v_slot.resource_id,
                   (s.start_time AT TIME ZONE time_zone)::date <> (v_slot.start_time AT TIME ZONE time_zone)::date,
                   abs(extract(epoch FROM s.start_time - v_slot.start_time)),
