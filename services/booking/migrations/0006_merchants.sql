@@ -79,30 +79,35 @@ SELECT cuty_tenant_table('slots');
 SELECT cuty_tenant_table('holds');
 
 -- Expired holds still marked 'held' that overlap [p_start, p_end) on a merchant's resource become
--- 'expired' (0001's function, with the merchant, so the lookup uses holds_no_overlap's index).
+-- 'expired' (0001's function, with the merchant, so the lookup walks holds_no_overlap on all of its
+-- columns). The rows are locked in id order first, as before (two takers of overlapping slots must
+-- not lock the same stale rows in different orders), then each is updated by its primary key: as
+-- one `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE)` a generic plan built while the table's
+-- statistics lag behind (a table that filled fast) may walk every held hold instead.
 DROP FUNCTION booking_retire_stale(uuid, timestamptz, timestamptz, uuid);
 
 CREATE FUNCTION booking_retire_stale(p_merchant_id text, p_resource_id uuid, p_start timestamptz,
                                      p_end timestamptz, p_except uuid DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    n integer;
+    n    integer := 0;
+    v_id uuid;
 BEGIN
-    -- = ANY (ARRAY(...)): the locked ids are collected once, then each is updated by its primary
-    -- key. (As `id IN (...)` a generic plan built on lagging statistics may make it a semi join
-    -- that walks every held hold and repeats the locking scan for each.)
-    UPDATE holds SET status = 'expired', updated_at = clock_timestamp()
-     WHERE id = ANY (ARRAY(SELECT h.id FROM holds h
-                            WHERE h.merchant_id = p_merchant_id
-                              AND h.resource_id = p_resource_id
-                              AND h.status = 'held'
-                              AND h.during && tstzrange(p_start, p_end)
-                              AND h.expires_at <= clock_timestamp()
-                              AND h.id IS DISTINCT FROM p_except
-                            ORDER BY h.id
-                              FOR UPDATE))
-       AND status = 'held';
-    GET DIAGNOSTICS n = ROW_COUNT;
+    FOR v_id IN SELECT h.id FROM holds h
+                 WHERE h.merchant_id = p_merchant_id
+                   AND h.resource_id = p_resource_id
+                   AND h.status = 'held'
+                   AND h.during && tstzrange(p_start, p_end)
+                   AND h.expires_at <= clock_timestamp()
+                   AND h.id IS DISTINCT FROM p_except
+                 ORDER BY h.id
+                   FOR UPDATE
+    LOOP
+        UPDATE holds SET status = 'expired', updated_at = clock_timestamp() WHERE id = v_id AND status = 'held';
+        IF FOUND THEN
+            n := n + 1;
+        END IF;
+    END LOOP;
     RETURN n;
 END
 $$;
