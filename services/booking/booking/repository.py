@@ -187,7 +187,8 @@ GET_HOLD = ("SELECT h AS hold, clock_timestamp() AS db_now FROM holds h "
 SWEEP_EXPIRED = """
 WITH due AS (
     SELECT id FROM holds
-     WHERE status = 'held' AND expires_at <= clock_timestamp()
+     WHERE status = 'held' AND payment_ref IS NULL  -- always true of a held hold; names holds_held_expiry
+       AND expires_at <= clock_timestamp()
      ORDER BY expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED

@@ -73,6 +73,15 @@ ALTER TABLE holds
 -- holds on every HoldSlot. Dropped, so that lookup has one index to use.
 DROP INDEX holds_slot;
 
+-- The sweeper's index, now only for queries that say `payment_ref IS NULL` (always true of a held
+-- hold: CHECK ((status = 'confirmed') = (payment_ref IS NOT NULL))), i.e. the sweeper's. Any query
+-- with `status = 'held'` could use the old one, and a generic plan cached while the table was tiny
+-- (under ~300 held holds, before autovacuum's first ANALYZE) took it for HoldSlot's per-customer
+-- count, which then walked every held hold on every call; the count now has holds_customer_held
+-- to itself. Still global: the sweeper works for every merchant.
+DROP INDEX holds_held_expiry;
+CREATE INDEX holds_held_expiry ON holds (expires_at) WHERE status = 'held' AND payment_ref IS NULL;
+
 SELECT cuty_tenant_table('salons');
 SELECT cuty_tenant_table('resources');
 SELECT cuty_tenant_table('slots');
