@@ -30,7 +30,7 @@ from cuty.booking.v1 import booking_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cutylib.config import Settings, with_database
 from cutylib.grpc_errors import unpack_detail
-from cutylib.testing.trust import dev_pki, user
+from cutylib.testing.trust import TEST_MERCHANT, dev_pki, user
 from cutylib.tls import Transport
 from cutylib.testing.procs import ServiceProcess, base_env, free_port
 
@@ -44,25 +44,27 @@ CHANNELS = 2
 
 RAW_INSERT = """
 INSERT INTO holds (id, slot_id, salon_id, resource_id, customer_id, request_id, start_time, end_time,
-                   price_minor, currency, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, clock_timestamp() + interval '300 seconds')
+                   price_minor, currency, merchant_id, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, clock_timestamp() + interval '300 seconds')
 ON CONFLICT DO NOTHING
 RETURNING id
 """
 TAKE_HOLD = "SELECT outcome, hold, alternatives, time_zone, db_now FROM booking_take_hold($1, $2, $3, $4, 300, 3, 3)"
 # The pessimistic way: lock the slot row, look for an overlapping active hold, insert. The lock is
 # held across the round trips, so every racer queues behind the one in front.
-LOCK_SLOT = "SELECT id, salon_id, resource_id, start_time, end_time, price_minor, currency FROM slots WHERE id = $1 FOR UPDATE"
+LOCK_SLOT = ("SELECT id, salon_id, resource_id, start_time, end_time, price_minor, currency, merchant_id "
+             "FROM slots WHERE id = $1 FOR UPDATE")
 BUSY = """
 SELECT EXISTS (SELECT 1 FROM holds h
-                WHERE h.resource_id = $1 AND h.status IN ('held', 'confirmed') AND h.during && tstzrange($2, $3)
+                WHERE h.merchant_id = $4 AND h.resource_id = $1 AND h.status IN ('held', 'confirmed') AND h.during && tstzrange($2, $3)
                   AND (h.status = 'confirmed' OR h.expires_at > clock_timestamp()))"""
 # Losers of (c) get alternatives too, so both sides give the same answer (same length, same chair
 # first, nearest; without the same-day tier).
 ALTERNATIVES = """
 SELECT s.id FROM slots s
- WHERE s.salon_id = $1 AND s.id <> $2 AND s.start_time > clock_timestamp() AND s.end_time - s.start_time = $4::timestamptz - $3::timestamptz
-   AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.resource_id = s.resource_id AND h.status IN ('held', 'confirmed')
+ WHERE s.merchant_id = $6 AND s.salon_id = $1 AND s.id <> $2 AND s.start_time > clock_timestamp()
+   AND s.end_time - s.start_time = $4::timestamptz - $3::timestamptz
+   AND NOT EXISTS (SELECT 1 FROM holds h WHERE h.merchant_id = s.merchant_id AND h.resource_id = s.resource_id AND h.status IN ('held', 'confirmed')
                       AND h.during && tstzrange(s.start_time, s.end_time)
                       AND (h.status = 'confirmed' OR h.expires_at > clock_timestamp()))
  ORDER BY s.resource_id <> $5::uuid, abs(extract(epoch FROM s.start_time - $3::timestamptz)), s.start_time
@@ -113,7 +115,7 @@ def raw_inserter(pool, slots: list[pb.Slot], tag: str):
     async def op(i: int) -> None:
         slot_id, salon_id, resource_id, start, end = rows[i]
         got = await pool.fetchval(RAW_INSERT, uuid.uuid4(), slot_id, salon_id, resource_id, f"{tag}-{i}", f"{tag}-{i}",
-                                  start, end, 50000, "TRY")
+                                  start, end, 50000, "TRY", TEST_MERCHANT)
         assert got is not None
     return op
 
@@ -262,15 +264,15 @@ async def hot_slot_db(stubs, pool, results: list[Result]) -> None:
         async with pool.acquire() as conn:
             async with conn.transaction():
                 s = await conn.fetchrow(LOCK_SLOT, phot)
-                lost = await conn.fetchval(BUSY, s["resource_id"], s["start_time"], s["end_time"])
+                lost = await conn.fetchval(BUSY, s["resource_id"], s["start_time"], s["end_time"], s["merchant_id"])
                 if not lost:
                     await conn.execute(RAW_INSERT, uuid.uuid4(), s["id"], s["salon_id"], s["resource_id"],
                                        f"pes-{i}", f"pes-{i}", s["start_time"], s["end_time"], s["price_minor"],
-                                       s["currency"])
+                                       s["currency"], s["merchant_id"])
                     won["pessimistic"] += 1
             if lost:
                 alts = await conn.fetch(ALTERNATIVES, s["salon_id"], s["id"], s["start_time"], s["end_time"],
-                                        s["resource_id"])
+                                        s["resource_id"], s["merchant_id"])
                 assert alts
 
     opt = await closed_loop(optimistic, concurrency=HOT, total=HOT)

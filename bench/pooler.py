@@ -41,11 +41,14 @@ async def seed(dsn: str, n: int) -> list[uuid.UUID]:
     conn = await asyncpg.connect(dsn)
     try:
         salon, resource = uuid.uuid4(), uuid.uuid4()
-        await conn.execute("INSERT INTO salons (id, name, time_zone) VALUES ($1, 'bench', 'UTC')", salon)
-        await conn.execute("INSERT INTO resources (id, salon_id, name) VALUES ($1, $2, 'chair')", resource, salon)
+        # booking's tables belong to a merchant (issue 14): the children name their salon's
+        await conn.execute("INSERT INTO salons (id, merchant_id, name, time_zone) VALUES ($1, 'bench', 'bench', 'UTC')",
+                           salon)
+        await conn.execute("INSERT INTO resources (id, merchant_id, salon_id, name) VALUES ($1, 'bench', $2, 'chair')",
+                           resource, salon)
         rows = await conn.fetch(
-            "INSERT INTO slots (id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
-            "SELECT gen_random_uuid(), $1, $2, t, t + interval '30 minutes', 100, 'TRY' "
+            "INSERT INTO slots (id, merchant_id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
+            "SELECT gen_random_uuid(), 'bench', $1, $2, t, t + interval '30 minutes', 100, 'TRY' "
             "FROM generate_series(date_trunc('hour', now()) + interval '1 day', "
             "                     date_trunc('hour', now()) + interval '1 day' + ($3 - 1) * interval '30 minutes', "
             "                     interval '30 minutes') t RETURNING id", salon, resource, n)

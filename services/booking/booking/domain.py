@@ -15,7 +15,7 @@ import zoneinfo
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 
-from cutylib import paging
+from cutylib import paging, tenancy
 from cutylib.errors import InvalidArgument, PermissionDenied
 from cutylib.fields import parse_uuid
 from cutylib.money import require_money
@@ -41,6 +41,7 @@ class Salon:
     id: uuid.UUID
     name: str
     time_zone: str
+    merchant_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class Hold:
     extended: bool
     payment_ref: str
     created_at: datetime
+    merchant_id: str = ""  # the slot's merchant (docs/tenancy-booking.md)
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,8 @@ def extension_seconds(requested: int, maximum: int) -> int:
 # --- who may act ---------------------------------------------------------------------------------
 
 def require_admin(caller: Principal) -> None:
+    # A merchant's user without its merchant is UNAUTHENTICATED whatever the RPC, as at the gateway.
+    tenancy.merchant_filter(caller)
     caller.require_role(*ADMIN_ROLES)
 
 

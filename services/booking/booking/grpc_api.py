@@ -24,6 +24,8 @@ from .service import BookingService, SlotTaken
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
 # The catalogue is the gateway's (admins and signed-in users); holds are the orchestrator's alone.
+# Roles are checked here too (require_admin); which merchant's rows a user sees is the service's
+# (issue 14): staff and admins their own merchant's, customers and the operator (ListSlots) any.
 CALLERS = {
     "CreateSalon": {GATEWAY}, "CreateResource": {GATEWAY}, "BatchCreateSlots": {GATEWAY},
     "ListSlots": {GATEWAY}, "GetSlot": {GATEWAY, PAYMENTS},
@@ -62,7 +64,7 @@ def hold_pb(h: Hold) -> pb.Hold:
                    status=_STATUS[h.status], expire_time=to_timestamp(h.expires_at), start_time=to_timestamp(h.start_time),
                    end_time=to_timestamp(h.end_time), price=common_pb2.Money(currency_code=h.currency, amount_minor=h.price_minor),
                    payment_ref=h.payment_ref, extended=h.extended, create_time=to_timestamp(h.created_at),
-                   request_id=h.request_id)
+                   request_id=h.request_id, merchant_id=h.merchant_id)
 
 
 class BookingApi(booking_pb2_grpc.BookingServiceServicer):
@@ -72,21 +74,24 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
     # --- catalog ---------------------------------------------------------------------------------
 
     async def CreateSalon(self, request: pb.CreateSalonRequest, context: grpc.aio.ServicerContext) -> pb.Salon:
-        domain.require_admin(principal.current())
-        salon = await self.service.create_salon(domain.require_name("name", request.name),
+        caller = principal.current()
+        domain.require_admin(caller)
+        salon = await self.service.create_salon(caller, domain.require_name("name", request.name),
                                                 domain.require_time_zone("time_zone", request.time_zone))
-        return pb.Salon(id=str(salon.id), name=salon.name, time_zone=salon.time_zone)
+        return pb.Salon(id=str(salon.id), name=salon.name, time_zone=salon.time_zone, merchant_id=salon.merchant_id)
 
     async def CreateResource(self, request: pb.CreateResourceRequest,
                              context: grpc.aio.ServicerContext) -> pb.Resource:
-        domain.require_admin(principal.current())
-        resource = await self.service.create_resource(parse_uuid("salon_id", request.salon_id),
+        caller = principal.current()
+        domain.require_admin(caller)
+        resource = await self.service.create_resource(caller, parse_uuid("salon_id", request.salon_id),
                                                       domain.require_name("name", request.name))
         return pb.Resource(id=str(resource.id), salon_id=str(resource.salon_id), name=resource.name)
 
     async def BatchCreateSlots(self, request: pb.BatchCreateSlotsRequest,
                                context: grpc.aio.ServicerContext) -> pb.BatchCreateSlotsResponse:
-        domain.require_admin(principal.current())
+        caller = principal.current()
+        domain.require_admin(caller)
         salon_id = parse_uuid("salon_id", request.salon_id)
         drafts = []
         for i, s in enumerate(request.slots):
@@ -95,28 +100,30 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
                 i, s.resource_id, _instant(s, "start_time", f"slots[{i}].start_time"),
                 _instant(s, "end_time", f"slots[{i}].end_time"),
                 price.currency_code if price else None, price.amount_minor if price else None))
-        slots = await self.service.create_slots(salon_id, drafts)
+        slots = await self.service.create_slots(caller, salon_id, drafts)
         return pb.BatchCreateSlotsResponse(slots=[slot_pb(s) for s in slots])
 
     async def ListSlots(self, request: pb.ListSlotsRequest, context: grpc.aio.ServicerContext) -> pb.ListSlotsResponse:
         salon_id = parse_uuid("salon_id", request.salon_id)
         start = domain.require_instant("start_time", _instant(request, "start_time"))
         end = domain.require_instant("end_time", _instant(request, "end_time"))
-        slots, next_token = await self.service.list_slots(salon_id, start, end, request.available_only,
+        slots, next_token = await self.service.list_slots(principal.current(), salon_id, start, end,
+                                                          request.available_only,
                                                           request.page_size, request.page_token)
         return pb.ListSlotsResponse(slots=[slot_pb(s) for s in slots], next_page_token=next_token)
 
     async def GetSlot(self, request: pb.GetSlotRequest, context: grpc.aio.ServicerContext) -> pb.Slot:
-        return slot_pb(await self.service.get_slot(parse_uuid("slot_id", request.slot_id)))
+        return slot_pb(await self.service.get_slot(principal.current(), parse_uuid("slot_id", request.slot_id)))
 
     # --- holds -----------------------------------------------------------------------------------
 
     async def HoldSlot(self, request: pb.HoldSlotRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         slot_id = parse_uuid("slot_id", request.slot_id)
-        customer_id = domain.hold_customer(principal.current(), request.customer_id)
+        caller = principal.current()
+        customer_id = domain.hold_customer(caller, request.customer_id)
         request_id = domain.require_key("request_id", request.request_id)
         try:
-            hold = await self.service.hold_slot(slot_id, customer_id, request_id)
+            hold = await self.service.hold_slot(caller, slot_id, customer_id, request_id)
         except SlotTaken as e:
             raise AlreadyExists(e.message, reason=e.reason, detail=pb.SlotUnavailable(
                 slot_id=str(e.slot_id), alternatives=[slot_pb(s) for s in e.alternatives])) from None

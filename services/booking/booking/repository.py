@@ -21,14 +21,23 @@ log = logging.getLogger("booking.repository")
 
 Db = Union[asyncpg.Connection, asyncpg.Pool]
 
+# Merchants (issue 14, docs/tenancy-booking.md): every table carries merchant_id. A query a staff or
+# admin user runs takes the merchant as a parameter (`$n::text IS NULL OR ... = $n`, NULL: any
+# merchant, for customers, the operator and the system) besides running in a narrowed transaction
+# (cutylib.tenancy.scoped, Row-Level Security). Joins between the tables match on merchant_id too,
+# so they walk the keys that lead with it.
+
 # --- salons and resources ------------------------------------------------------------------------
 
-INSERT_SALON = "INSERT INTO salons (id, name, time_zone) VALUES ($1, $2, $3) RETURNING id, name, time_zone"
-GET_SALON = "SELECT id, name, time_zone FROM salons WHERE id = $1"
-# Inserts nothing when the salon does not exist, so the caller can answer NOT_FOUND.
+INSERT_SALON = ("INSERT INTO salons (id, merchant_id, name, time_zone) VALUES ($1, $2, $3, $4) "
+                "RETURNING id, name, time_zone, merchant_id")
+GET_SALON = ("SELECT id, name, time_zone, merchant_id FROM salons "
+             "WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
+# Inserts nothing when the salon does not exist (or is another merchant's), so the caller can
+# answer NOT_FOUND. The resource's merchant is the salon's.
 INSERT_RESOURCE = """
-INSERT INTO resources (id, salon_id, name)
-SELECT $1, sa.id, $3 FROM salons sa WHERE sa.id = $2
+INSERT INTO resources (id, merchant_id, salon_id, name)
+SELECT $1, sa.merchant_id, sa.id, $3 FROM salons sa WHERE sa.id = $2 AND ($4::text IS NULL OR sa.merchant_id = $4)
 RETURNING id, salon_id, name
 """
 
@@ -37,21 +46,23 @@ class Salons:
     def __init__(self, db: Db):
         self.db = db
 
-    async def add(self, name: str, time_zone: str) -> Salon:
-        r = await self.db.fetchrow(INSERT_SALON, uuid.uuid4(), name, time_zone)
-        return Salon(r["id"], r["name"], r["time_zone"])
+    async def add(self, merchant_id: str, name: str, time_zone: str) -> Salon:
+        r = await self.db.fetchrow(INSERT_SALON, uuid.uuid4(), merchant_id, name, time_zone)
+        return Salon(r["id"], r["name"], r["time_zone"], r["merchant_id"])
 
-    async def get(self, salon_id: uuid.UUID) -> Salon | None:
-        r = await self.db.fetchrow(GET_SALON, salon_id)
-        return Salon(r["id"], r["name"], r["time_zone"]) if r else None
+    async def get(self, salon_id: uuid.UUID, merchant_id: str | None) -> Salon | None:
+        """The salon, if it is `merchant_id`'s (None: any merchant's)."""
+        r = await self.db.fetchrow(GET_SALON, salon_id, merchant_id)
+        return Salon(r["id"], r["name"], r["time_zone"], r["merchant_id"]) if r else None
 
 
 class Resources:
     def __init__(self, db: Db):
         self.db = db
 
-    async def add(self, salon_id: uuid.UUID, name: str) -> Resource | None:
-        r = await self.db.fetchrow(INSERT_RESOURCE, uuid.uuid4(), salon_id, name)
+    async def add(self, salon_id: uuid.UUID, name: str, merchant_id: str | None) -> Resource | None:
+        """None when the salon does not exist or is not `merchant_id`'s (None: any merchant's)."""
+        r = await self.db.fetchrow(INSERT_RESOURCE, uuid.uuid4(), salon_id, name, merchant_id)
         return Resource(r["id"], r["salon_id"], r["name"]) if r else None
 
 
@@ -61,25 +72,26 @@ class Resources:
 # it has not started. The `status IN` term lets the planner use the exclusion constraint's index.
 SLOT_AVAILABLE = """(s.start_time > clock_timestamp() AND NOT EXISTS (
     SELECT 1 FROM holds h
-     WHERE h.resource_id = s.resource_id AND h.status IN ('held', 'confirmed')
+     WHERE h.merchant_id = s.merchant_id AND h.resource_id = s.resource_id AND h.status IN ('held', 'confirmed')
        AND h.during && tstzrange(s.start_time, s.end_time)
        AND (h.status = 'confirmed' OR h.expires_at > clock_timestamp())))"""
 
 SLOT_COLUMNS = "s.id, s.salon_id, s.resource_id, s.start_time, s.end_time, s.price_minor, s.currency"
 
-# Only slots whose resource belongs to the salon are inserted; the caller compares counts. A new
-# slot may overlap a hold of an existing, longer one on its chair, hence `available`.
+# Only slots whose resource belongs to the salon ($8 is its merchant) are inserted; the caller
+# compares counts. A new slot may overlap a hold of an existing, longer one on its chair, hence
+# `available`.
 INSERT_SLOTS = f"""
-INSERT INTO slots AS s (id, salon_id, resource_id, start_time, end_time, price_minor, currency)
-SELECT i.id, r.salon_id, r.id, i.start_time, i.end_time, i.price_minor, i.currency
+INSERT INTO slots AS s (id, merchant_id, salon_id, resource_id, start_time, end_time, price_minor, currency)
+SELECT i.id, r.merchant_id, r.salon_id, r.id, i.start_time, i.end_time, i.price_minor, i.currency
   FROM unnest($2::uuid[], $3::uuid[], $4::timestamptz[], $5::timestamptz[], $6::bigint[], $7::text[])
        AS i(id, resource_id, start_time, end_time, price_minor, currency)
-  JOIN resources r ON r.id = i.resource_id AND r.salon_id = $1
+  JOIN resources r ON r.merchant_id = $8 AND r.salon_id = $1 AND r.id = i.resource_id
 RETURNING {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
 """
 
 # One row per slot; one row with NULL slot columns when the salon exists but has none in range;
-# no row at all when the salon does not exist.
+# no row at all when the salon does not exist or is not merchant $9's ($9 NULL: any merchant).
 LIST_SLOTS = f"""
 SELECT sa.time_zone, sl.*
   FROM salons sa
@@ -87,7 +99,7 @@ SELECT sa.time_zone, sl.*
       SELECT * FROM (
           SELECT {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
             FROM slots s
-           WHERE s.salon_id = sa.id AND s.start_time >= $2 AND s.start_time < $3
+           WHERE s.merchant_id = sa.merchant_id AND s.salon_id = sa.id AND s.start_time >= $2 AND s.start_time < $3
              -- keyset paging: after the previous page's last slot ($5 NULL: the first page)
              AND ($5::timestamptz IS NULL OR (s.start_time, s.resource_id, s.id) > ($5, $6::uuid, $7::uuid))
       ) x
@@ -95,13 +107,13 @@ SELECT sa.time_zone, sl.*
        ORDER BY x.start_time, x.resource_id, x.id
        LIMIT $8
   ) sl ON true
- WHERE sa.id = $1
+ WHERE sa.id = $1 AND ($9::text IS NULL OR sa.merchant_id = $9)
 """
 
 GET_SLOT = f"""
 SELECT sa.time_zone, {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
-  FROM slots s JOIN salons sa ON sa.id = s.salon_id
- WHERE s.id = $1
+  FROM slots s JOIN salons sa ON sa.merchant_id = s.merchant_id AND sa.id = s.salon_id
+ WHERE s.id = $1 AND ($2::text IS NULL OR s.merchant_id = $2)
 """
 
 
@@ -120,7 +132,8 @@ class Slots:
         try:
             rows = await self.db.fetch(
                 INSERT_SLOTS, salon.id, ids, [d.resource_id for d in drafts], [d.start_time for d in drafts],
-                [d.end_time for d in drafts], [d.price_minor for d in drafts], [d.currency for d in drafts])
+                [d.end_time for d in drafts], [d.price_minor for d in drafts], [d.currency for d in drafts],
+                salon.merchant_id)
         except asyncpg.UniqueViolationError as e:
             # The constraint's own text (key columns and values) is for the log, not the caller.
             log.info("slot exists", extra={"salon_id": str(salon.id), "error": e.detail})
@@ -130,25 +143,25 @@ class Slots:
         return {d.index: by_id[i] for d, i in zip(drafts, ids) if i in by_id}
 
     async def list(self, salon_id: uuid.UUID, start: datetime, end: datetime, available_only: bool,
-                   after=None, limit: int = 500) -> list[Slot] | None:
+                   after=None, limit: int = 500, merchant_id: str | None = None) -> list[Slot] | None:
         """Slots in list order after the cursor `after` (a domain.SlotCursor), at most `limit`;
-        None when the salon does not exist."""
+        None when the salon does not exist or is not `merchant_id`'s (None: any merchant's)."""
         rows = await self.db.fetch(LIST_SLOTS, salon_id, start, end, available_only,
                                    after.start_time if after else None, after.resource_id if after else None,
-                                   after.id if after else None, limit)
+                                   after.id if after else None, limit, merchant_id)
         if not rows:
             return None
         return [slot_from(r, r["time_zone"], r["available"]) for r in rows if r["id"] is not None]
 
-    async def get(self, slot_id: uuid.UUID) -> Slot | None:
-        r = await self.db.fetchrow(GET_SLOT, slot_id)
+    async def get(self, slot_id: uuid.UUID, merchant_id: str | None = None) -> Slot | None:
+        r = await self.db.fetchrow(GET_SLOT, slot_id, merchant_id)
         return slot_from(r, r["time_zone"], r["available"]) if r else None
 
 
 # --- holds ---------------------------------------------------------------------------------------
 
-# migrations/0001_init.sql (booking_take_hold) and 0002_confirm_started.sql (booking_confirm_hold)
-# decide in one round trip.
+# migrations/0006_merchants.sql (booking_take_hold, booking_confirm_hold; first written in 0001,
+# 0002 and 0005) decide in one round trip.
 TAKE_HOLD = ("SELECT outcome, hold, alternatives, time_zone, db_now, taken_over "
              "FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)")
 CONFIRM_HOLD = "SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2, $3)"
@@ -167,13 +180,15 @@ UPDATE holds SET expires_at = expires_at + $2::integer * interval '1 second', ex
  WHERE id = $1 AND status = 'held' AND NOT extended AND expires_at > clock_timestamp()
 RETURNING holds AS hold, clock_timestamp() AS db_now
 """
-GET_HOLD = "SELECT h AS hold, clock_timestamp() AS db_now FROM holds h WHERE h.id = $1"
+GET_HOLD = ("SELECT h AS hold, clock_timestamp() AS db_now FROM holds h "
+            "WHERE h.id = $1 AND ($2::text IS NULL OR h.merchant_id = $2)")
 # Several sweepers (replicas) at once: SKIP LOCKED hands each a disjoint batch; a row a HoldSlot
 # or ConfirmHold is changing right now is skipped and left to that statement.
 SWEEP_EXPIRED = """
 WITH due AS (
     SELECT id FROM holds
-     WHERE status = 'held' AND expires_at <= clock_timestamp()
+     WHERE status = 'held' AND payment_ref IS NULL  -- always true of a held hold; names holds_held_expiry
+       AND expires_at <= clock_timestamp()
      ORDER BY expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -189,7 +204,7 @@ def hold_from(r: Any, now: datetime) -> Hold:
     return Hold(r["id"], r["slot_id"], r["salon_id"], r["resource_id"], r["customer_id"], r["request_id"],
                 effective_status(r["status"], r["expires_at"], now), r["start_time"], r["end_time"],
                 r["price_minor"], r["currency"], r["expires_at"], r["extended"], r["payment_ref"] or "",
-                r["created_at"])
+                r["created_at"], r["merchant_id"])
 
 
 class Holds:
@@ -219,8 +234,9 @@ class Holds:
         r = await self.db.fetchrow(EXTEND_HOLD, hold_id, seconds)
         return hold_from(r["hold"], r["db_now"]) if r else None
 
-    async def get(self, hold_id: uuid.UUID) -> Hold | None:
-        r = await self.db.fetchrow(GET_HOLD, hold_id)
+    async def get(self, hold_id: uuid.UUID, merchant_id: str | None = None) -> Hold | None:
+        """The hold, if it is `merchant_id`'s (None: any merchant's)."""
+        r = await self.db.fetchrow(GET_HOLD, hold_id, merchant_id)
         return hold_from(r["hold"], r["db_now"]) if r else None
 
     async def sweep(self, batch: int) -> list[uuid.UUID]:

@@ -2,15 +2,23 @@
 
 Use cases that are one statement (all the hold ones) run it straight on the pool: the statement is
 its own transaction, and HoldSlot's single round trip is the point (docs/booking.md).
+
+Merchants (issue 14, docs/tenancy-booking.md): a staff or admin caller works in its merchant's
+transaction (`scoped`: Row-Level Security) and every query filters by its merchant
+(`tenancy.merchant_filter`); another merchant's salon, slot or hold answers NOT_FOUND like a
+missing one. Customers, the operator and the system see every merchant and keep their paths.
 """
 from __future__ import annotations
 
 import logging
 import uuid
+from contextlib import asynccontextmanager
 from datetime import datetime
+from typing import AsyncIterator
 
 import asyncpg
 
+from cutylib import tenancy
 from cutylib.config import Settings
 from cutylib.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from cutylib.principal import Principal
@@ -19,7 +27,7 @@ from cutylib.telemetry import set_span_attributes
 from . import domain, metrics
 from .domain import Hold, Resource, Salon, Slot, SlotDraft
 from .repository import Holds, Slots
-from .unit_of_work import BookingUnitOfWork
+from .unit_of_work import BookingUnitOfWork, db_now, scoped
 
 log = logging.getLogger(__name__)
 
@@ -46,27 +54,41 @@ class BookingService:
     def uow(self) -> BookingUnitOfWork:
         return BookingUnitOfWork(self.pool)
 
+    @asynccontextmanager
+    async def _reading(self, caller: Principal) -> AsyncIterator[tuple[Slots, Holds, str | None]]:
+        """Repositories for one read and the caller's merchant filter: straight on the pool for
+        callers not bound to a merchant (no extra round trip), in a scoped transaction otherwise."""
+        merchant = tenancy.merchant_filter(caller)
+        if merchant is None:
+            yield self.slots, self.holds, None
+            return
+        async with scoped(self.pool, caller) as uow:
+            yield uow.slots, uow.holds, merchant
+
     # --- catalog (admin) -------------------------------------------------------------------------
 
-    async def create_salon(self, name: str, time_zone: str) -> Salon:
-        async with self.uow() as uow:
-            salon = await uow.salons.add(name, time_zone)
+    async def create_salon(self, caller: Principal, name: str, time_zone: str) -> Salon:
+        """In the admin's own merchant."""
+        merchant = tenancy.owning_merchant(caller)
+        async with scoped(self.pool, caller) as uow:
+            salon = await uow.salons.add(merchant, name, time_zone)
             await uow.commit()
         return salon
 
-    async def create_resource(self, salon_id: uuid.UUID, name: str) -> Resource:
-        async with self.uow() as uow:
-            resource = await uow.resources.add(salon_id, name)
+    async def create_resource(self, caller: Principal, salon_id: uuid.UUID, name: str) -> Resource:
+        async with scoped(self.pool, caller) as uow:
+            resource = await uow.resources.add(salon_id, name, tenancy.merchant_filter(caller))
             if resource is None:
                 raise NotFound(f"salon {salon_id} not found")
             await uow.commit()
         return resource
 
-    async def create_slots(self, salon_id: uuid.UUID, drafts: list[SlotDraft]) -> list[Slot]:
+    async def create_slots(self, caller: Principal, salon_id: uuid.UUID, drafts: list[SlotDraft]) -> list[Slot]:
         """All or nothing: one bad slot and the batch is refused."""
-        async with self.uow() as uow:
-            domain.check_slot_batch(drafts, await uow.now())
-            salon = await uow.salons.get(salon_id)
+        merchant = tenancy.merchant_filter(caller)
+        async with scoped(self.pool, caller) as uow:
+            domain.check_slot_batch(drafts, await db_now(uow.conn))
+            salon = await uow.salons.get(salon_id, merchant)
             if salon is None:
                 raise NotFound(f"salon {salon_id} not found")
             created = await uow.slots.add_batch(salon, drafts)
@@ -77,13 +99,15 @@ class BookingService:
             await uow.commit()
         return [created[d.index] for d in drafts]
 
-    async def list_slots(self, salon_id: uuid.UUID, start: datetime, end: datetime, available_only: bool,
-                         page_size: int = 0, page_token: str = "") -> tuple[list[Slot], str]:
-        """One page of the salon's slots and the next page's token ("" on the last page)."""
+    async def list_slots(self, caller: Principal, salon_id: uuid.UUID, start: datetime, end: datetime,
+                         available_only: bool, page_size: int = 0, page_token: str = "") -> tuple[list[Slot], str]:
+        """One page of the salon's slots and the next page's token ("" on the last page). Staff and
+        admins list only their merchant's salons; customers and the operator any salon."""
         domain.check_window(start, end)
         size = domain.page_size(page_size)
         after = domain.decode_page_token(page_token)
-        slots = await self.slots.list(salon_id, start, end, available_only, after, size + 1)
+        async with self._reading(caller) as (repo, _, merchant):
+            slots = await repo.list(salon_id, start, end, available_only, after, size + 1, merchant)
         if slots is None:
             raise NotFound(f"salon {salon_id} not found")
         if len(slots) <= size:
@@ -91,15 +115,20 @@ class BookingService:
         last = slots[size - 1]
         return slots[:size], domain.encode_page_token(domain.SlotCursor(last.start_time, last.resource_id, last.id))
 
-    async def get_slot(self, slot_id: uuid.UUID) -> Slot:
-        slot = await self.slots.get(slot_id)
+    async def get_slot(self, caller: Principal, slot_id: uuid.UUID) -> Slot:
+        async with self._reading(caller) as (repo, _, merchant):
+            slot = await repo.get(slot_id, merchant)
         if slot is None:
             raise NotFound(f"slot {slot_id} not found")
         return slot
 
     # --- holds -----------------------------------------------------------------------------------
 
-    async def hold_slot(self, slot_id: uuid.UUID, customer_id: str, request_id: str) -> Hold:
+    async def hold_slot(self, caller: Principal, slot_id: uuid.UUID, customer_id: str, request_id: str) -> Hold:
+        if caller.role in tenancy.MERCHANT_ROLES:
+            # Not a path of the checkout (the orchestrator holds as `system`), but a merchant's
+            # user holds only its merchant's slots. A slot's merchant never changes.
+            await self.get_slot(caller, slot_id)
         outcome, hold, alternatives, taken_over = await self.holds.take(
             slot_id, customer_id, request_id, ttl_seconds=self.settings.hold_ttl_seconds,
             max_active=self.settings.max_active_holds, max_alternatives=MAX_ALTERNATIVES)
@@ -187,8 +216,9 @@ class BookingService:
                                  reason=f"hold-{hold.status}")
 
     async def get_hold(self, caller: Principal, hold_id: uuid.UUID) -> Hold:
-        hold = await self._get(hold_id)
-        if not domain.may_act_on(caller, hold.customer_id):
+        async with self._reading(caller) as (_, holds, merchant):
+            hold = await holds.get(hold_id, merchant)
+        if hold is None or not domain.may_act_on(caller, hold.customer_id):
             raise NotFound(f"hold {hold_id} not found")
         return hold
 
@@ -199,7 +229,8 @@ class BookingService:
         return hold
 
     async def _check_owner(self, caller: Principal, hold_id: uuid.UUID) -> None:
-        """Customers act only on their own holds. Reading first is safe here: a hold's customer
-        never changes, so nothing can slip in between this check and the write."""
-        if caller.role == "customer":
+        """Customers act only on their own holds, a merchant's users only on its holds. Reading
+        first is safe here: a hold's customer and merchant never change, so nothing can slip in
+        between this check and the write."""
+        if caller.role == "customer" or caller.role in tenancy.MERCHANT_ROLES:
             await self.get_hold(caller, hold_id)

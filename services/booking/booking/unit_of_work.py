@@ -1,9 +1,15 @@
 """Booking's unit of work: one transaction, its repositories bound to it, rolled back unless committed."""
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from datetime import datetime
+from typing import AsyncIterator
 
+import asyncpg
+
+from cutylib import tenancy
 from cutylib.db import UnitOfWork
+from cutylib.principal import Principal
 
 from .repository import Holds, Resources, Salons, Slots
 
@@ -19,12 +25,30 @@ class BookingUnitOfWork(UnitOfWork):
 
     async def __aenter__(self) -> "BookingUnitOfWork":
         await super().__aenter__()
-        self.salons = Salons(self.conn)
-        self.resources = Resources(self.conn)
-        self.slots = Slots(self.conn)
-        self.holds = Holds(self.conn)
+        _bind(self)
         return self
 
     async def now(self) -> datetime:
-        """The database clock, the only clock booking decisions use (DESIGN.md, "Time")."""
-        return await self.conn.fetchval("SELECT clock_timestamp()")
+        return await db_now(self.conn)
+
+
+async def db_now(conn: asyncpg.Connection) -> datetime:
+    """The database clock, the only clock booking decisions use (DESIGN.md, "Time")."""
+    return await conn.fetchval("SELECT clock_timestamp()")
+
+
+def _bind(uow: UnitOfWork) -> None:
+    uow.salons = Salons(uow.conn)
+    uow.resources = Resources(uow.conn)
+    uow.slots = Slots(uow.conn)
+    uow.holds = Holds(uow.conn)
+
+
+@asynccontextmanager
+async def scoped(pool: asyncpg.Pool, caller: Principal) -> AsyncIterator[UnitOfWork]:
+    """A unit of work (with booking's repositories) that sees only the caller's merchant's rows:
+    cutylib.tenancy.scoped, i.e. SET LOCAL cuty.merchant for staff and admins (Row-Level
+    Security), unchanged for everyone else. The queries filter by the merchant themselves too."""
+    async with tenancy.scoped(pool, caller) as uow:
+        _bind(uow)
+        yield uow

@@ -105,9 +105,10 @@ async def test_a_started_slot_cannot_be_held(booking, booking_pool):
     slot_id = new_id()
     # The API refuses to create past slots, so this one is written directly.
     await booking_pool.execute(
-        "INSERT INTO slots (id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
-        "VALUES ($1, $2, $3, clock_timestamp() - interval '10 minutes', clock_timestamp() + interval '20 minutes', 1, 'TRY')",
-        slot_id, salon, r1)
+        "INSERT INTO slots (id, merchant_id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
+        "SELECT $1, r.merchant_id, r.salon_id, r.id, clock_timestamp() - interval '10 minutes', "
+        "       clock_timestamp() + interval '20 minutes', 1, 'TRY' FROM resources r WHERE r.id = $2",
+        slot_id, r1)
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await booking.hold(slot_id)
     assert (_code(e), error_reason(e.value)) == (grpc.StatusCode.FAILED_PRECONDITION, "slot-started")

@@ -7,17 +7,23 @@ from booking_harness import tomorrow
 from cutylib.testing.ids import new_id
 
 
-async def _catalog(pool):
+M = "m-schema"
+
+
+async def _catalog(pool, merchant: str = M):
     salon, resource = new_id(), new_id()
-    await pool.execute("INSERT INTO salons (id, name, time_zone) VALUES ($1, 's', 'Europe/Istanbul')", salon)
-    await pool.execute("INSERT INTO resources (id, salon_id, name) VALUES ($1, $2, 'r')", resource, salon)
+    await pool.execute("INSERT INTO salons (id, merchant_id, name, time_zone) VALUES ($1, $2, 's', 'Europe/Istanbul')",
+                       salon, merchant)
+    await pool.execute("INSERT INTO resources (id, merchant_id, salon_id, name) VALUES ($1, $2, $3, 'r')",
+                       resource, merchant, salon)
     return salon, resource
 
 
 @pytest.mark.parametrize("tz", ["+03", "Mars/Base", "localtime", "EST5EDTX"])
 async def test_salon_zone_must_be_iana(booking_pool, tz):
     with pytest.raises(asyncpg.CheckViolationError):
-        await booking_pool.execute("INSERT INTO salons (id, name, time_zone) VALUES ($1, 's', $2)", new_id(), tz)
+        await booking_pool.execute("INSERT INTO salons (id, merchant_id, name, time_zone) VALUES ($1, $2, 's', $3)",
+                                   new_id(), M, tz)
 
 
 @pytest.mark.parametrize("start_h, end_h, price, currency", [(10, 10, 1, "TRY"), (10, 11, -1, "TRY"), (10, 11, 1, "try")])
@@ -25,8 +31,8 @@ async def test_slot_checks(booking_pool, start_h, end_h, price, currency):
     salon, resource = await _catalog(booking_pool)
     with pytest.raises(asyncpg.CheckViolationError):
         await booking_pool.execute(
-            "INSERT INTO slots (id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7)", new_id(), salon, resource, tomorrow(start_h), tomorrow(end_h),
+            "INSERT INTO slots (id, merchant_id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
+            "VALUES ($1, 'm-schema', $2, $3, $4, $5, $6, $7)", new_id(), salon, resource, tomorrow(start_h), tomorrow(end_h),
             price, currency)
 
 
@@ -35,21 +41,21 @@ async def test_slot_resource_must_belong_to_its_salon(booking_pool):
     _, foreign = await _catalog(booking_pool)
     with pytest.raises(asyncpg.ForeignKeyViolationError):
         await booking_pool.execute(
-            "INSERT INTO slots (id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
-            "VALUES ($1, $2, $3, $4, $5, 1, 'TRY')", new_id(), salon, foreign, tomorrow(10), tomorrow(11))
+            "INSERT INTO slots (id, merchant_id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
+            "VALUES ($1, 'm-schema', $2, $3, $4, $5, 1, 'TRY')", new_id(), salon, foreign, tomorrow(10), tomorrow(11))
 
 
 async def test_active_holds_cannot_overlap_on_a_resource(booking_pool):
     salon, resource = await _catalog(booking_pool)
     slot_a, slot_b = new_id(), new_id()
-    insert_slot = ("INSERT INTO slots (id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
-                   "VALUES ($1, $2, $3, $4, $5, 1, 'TRY')")
+    insert_slot = ("INSERT INTO slots (id, merchant_id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
+                   "VALUES ($1, 'm-schema', $2, $3, $4, $5, 1, 'TRY')")
     await booking_pool.execute(insert_slot, slot_a, salon, resource, tomorrow(10), tomorrow(12))
     await booking_pool.execute(insert_slot, slot_b, salon, resource, tomorrow(11), tomorrow(13))
     insert_hold = """
-        INSERT INTO holds (id, slot_id, salon_id, resource_id, customer_id, request_id, status, start_time, end_time,
-                           price_minor, currency, expires_at, payment_ref)
-        SELECT $1, s.id, s.salon_id, s.resource_id, $3, $6, $4, s.start_time, s.end_time, 1, 'TRY',
+        INSERT INTO holds (id, merchant_id, slot_id, salon_id, resource_id, customer_id, request_id, status, start_time,
+                           end_time, price_minor, currency, expires_at, payment_ref)
+        SELECT $1, s.merchant_id, s.id, s.salon_id, s.resource_id, $3, $6, $4, s.start_time, s.end_time, 1, 'TRY',
                clock_timestamp() + interval '5 minutes', $5
           FROM slots s WHERE s.id = $2"""
     await booking_pool.execute(insert_hold, new_id(), slot_a, "c1", "confirmed", "pay", new_id())

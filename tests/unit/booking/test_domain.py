@@ -122,10 +122,13 @@ def test_extension_length():
 
 
 def test_only_admins_and_internal_callers_run_admin_calls():
-    domain.require_admin(Principal("u", "admin"))
+    domain.require_admin(Principal("u", "admin", "m-1"))
     domain.require_admin(SYSTEM)
-    for role in ("customer", "staff"):
+    for p in (Principal("u", "customer"), Principal("u", "staff", "m-1"), Principal("u", "operator")):
         with pytest.raises(PermissionDenied):
+            domain.require_admin(p)
+    for role in ("staff", "admin"):  # a merchant's user without its merchant (the token's org)
+        with pytest.raises(Unauthenticated):
             domain.require_admin(Principal("u", role))
 
 
