@@ -85,7 +85,7 @@ class Hold:
     extended: bool
     payment_ref: str
     created_at: datetime
-    merchant_id: str = ""  # the slot's merchant (docs/tenancy-booking.md)
+    merchant_id: str = ""  # the slot's merchant (docs/tenancy.md, "Booking")
 
 
 @dataclass(frozen=True)

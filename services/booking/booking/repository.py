@@ -21,7 +21,7 @@ log = logging.getLogger("booking.repository")
 
 Db = Union[asyncpg.Connection, asyncpg.Pool]
 
-# Merchants (issue 14, docs/tenancy-booking.md): every table carries merchant_id. A query a staff or
+# Merchants (issue 14, docs/tenancy.md, "Booking"): every table carries merchant_id. A query a staff or
 # admin user runs takes the merchant as a parameter (`$n::text IS NULL OR ... = $n`, NULL: any
 # merchant, for customers, the operator and the system) besides running in a narrowed transaction
 # (cutylib.tenancy.scoped, Row-Level Security). Joins between the tables match on merchant_id too,

@@ -3,7 +3,7 @@
 Use cases that are one statement (all the hold ones) run it straight on the pool: the statement is
 its own transaction, and HoldSlot's single round trip is the point (docs/booking.md).
 
-Merchants (issue 14, docs/tenancy-booking.md): a staff or admin caller works in its merchant's
+Merchants (issue 14, docs/tenancy.md, "Booking"): a staff or admin caller works in its merchant's
 transaction (`scoped`: Row-Level Security) and every query filters by its merchant
 (`tenancy.merchant_filter`); another merchant's salon, slot or hold answers NOT_FOUND like a
 missing one. Customers, the operator and the system see every merchant and keep their paths.

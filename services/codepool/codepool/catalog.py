@@ -1,7 +1,7 @@
 """Products, stock and reading codes: the staff list (masked), the admin reveal (audited, counted)
 and the buyer's own delivered codes (issue 3, "Reading codes").
 
-Merchants (issue 14, docs/tenancy-codepool.md): a staff or admin caller reads and writes only its
+Merchants (issue 14, docs/tenancy.md, "The code pool"): a staff or admin caller reads and writes only its
 own merchant's products and codes, filtered in SQL (`merchant` parameters: the caller's merchant,
 or NULL for any) inside `tenancy.scoped` (Row-Level Security as the second line); another
 merchant's product or code is NOT_FOUND, worded as a missing one. The platform's operator reads

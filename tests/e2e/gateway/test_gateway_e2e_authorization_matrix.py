@@ -25,7 +25,8 @@ from tests.e2e.gateway.conftest import make_token, state_of
 ROLES = ("customer", "staff", "admin", "operator")
 OTHER_MERCHANT = "merchant-other-" + uuid.uuid4().hex[:6]
 NO_ORG_CHECKED = ("staff", "admin")  # roles whose token must name a merchant
-_HOURS = itertools.count(1)  # every new slot of the test an hour later than the last: never a duplicate
+_HOURS = itertools.count(1)
+WINDOW = {"startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-08T00:00:00Z"}  # ListSlots' required window  # every new slot of the test an hour later than the last: never a duplicate
 
 
 def row(ok: int = 200, *, roles: tuple[str, ...], other: int = 404, denied: int = 403, public: int | None = None):
@@ -179,6 +180,8 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         body = {}
     elif template == "/v1/payments:lookup":
         params = {"pspIntentId": w.intent}
+    elif template.endswith("/slots"):
+        params = WINDOW
     elif template == "/v1/psp/webhooks":
         body = {"id": "evt_matrix", "type": "payment_intent.succeeded"}
     path = template.format(**ids)
@@ -214,7 +217,7 @@ async def test_an_org_that_owns_nothing_sees_nothing(http, world):
     for path in (f"/v1/checkouts/{world.checkout}", f"/v1/products/{world.product}/stock",
                  f"/v1/products/{world.product}/codes", f"/v1/payments/{world.payment}/events",
                  f"/v1/salons/{world.salon}/slots"):
-        r = await http.get(path, headers=staff)
+        r = await http.get(path, headers=staff, params=WINDOW if path.endswith("/slots") else None)
         assert r.status_code == 404, (path, r.text)
     # ... and what it creates is its own, invisible to the first merchant's staff
     mine = (await http.post("/v1/products", json={"sku": "MX-SAME", "name": "same sku elsewhere",

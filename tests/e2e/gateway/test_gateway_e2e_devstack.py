@@ -49,7 +49,9 @@ async def test_devstack_lifecycle(devstack_at, tmp_path, auth):
     assert demo["slots"] == 126 and demo["codes"] == 200
     assert await demo_counts(first.url, demo, auth("operator")) == (126, "200")
     out = first.output()
-    assert "customer " in out and "admin " in out and "staff " in out  # a token per role is printed
+    # a token per role is printed, staff and admins one per demo merchant (issue 14)
+    assert all(f"{role} " in out for role in ("customer", "operator"))
+    assert all(f"{role}@{m} " in out for role in ("staff", "admin") for m in ("demo-salons", "demo-shop"))
 
     # A crashed service is reported and restarted.
     old = state["children"]["booking"]

@@ -29,7 +29,7 @@ from cutylib.config import DEV_JWT_SECRET, with_database
 from cutylib.demo import _auth
 from cutylib.testing.procs import wait_for
 from cutylib.testing.stack import Stack
-from cutylib.testing.trust import acting_channel
+from cutylib.testing.trust import TEST_MERCHANT, acting_channel
 from observability_names import RULES
 from test_one_trace_per_checkout import slot_checkout_paid
 
@@ -197,7 +197,7 @@ async def test_incident_drill(drill, tmp_path):
     assert ("CONFIRMING", "REFUNDING") in {(e["from_status"], e["to_status"]) for e in data["timeline"]}
 
     # ...and staff over HTTP: the payment by its intent id, the checkout with attempts and last error.
-    staff = _auth(DEV_JWT_SECRET, "drill-staff", "staff")
+    staff = _auth(DEV_JWT_SECRET, "drill-staff", "staff", merchant=TEST_MERCHANT)
     async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=10) as c:
         found = await c.get("/v1/payments:lookup", params={"pspIntentId": co["intent"]}, headers=staff)
         assert found.status_code == 200, found.text

@@ -9,6 +9,7 @@ import uuid
 import httpx
 
 from cutylib.demo import _auth
+from cutylib.testing.trust import TEST_MERCHANT
 from cutylib.testing.procs import wait_for
 
 SERVER, CLIENT = 2, 3  # OTLP Span.SpanKind
@@ -17,7 +18,7 @@ SERVER, CLIENT = 2, 3  # OTLP Span.SpanKind
 async def slot_checkout_paid(c: httpx.AsyncClient, secret: str, me: dict, method: str):
     """Through the gateway: an admin's salon with one slot; `me` checks it out and pays with
     `method`. Returns (slot, the create response, the pay response)."""
-    admin = _auth(secret, "obs-admin", "admin")
+    admin = _auth(secret, "obs-admin", "admin", merchant=TEST_MERCHANT)
     salon = (await c.post("/v1/salons", json={"name": "Obs", "timeZone": "Europe/Istanbul"}, headers=admin)).json()
     res = (await c.post(f"/v1/salons/{salon['id']}/resources", json={"name": "Chair"}, headers=admin)).json()
     start = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
