@@ -46,6 +46,10 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# The salon of every fake slot unless add_slot names another.
+FAKE_SALON = "5a10f000-0000-4000-8000-000000000001"
+
+
 class Faults:
     def __init__(self):
         self.fail_next: dict[str, list[str]] = defaultdict(list)
@@ -77,14 +81,17 @@ class FakeBooking(Faults):
         self.hold_ttl = hold_ttl
         self.extension = extension
         self.slots: dict[str, int] = {}
+        self.salon_of: dict[str, str] = {}  # slot -> salon (FAKE_SALON unless add_slot names one)
         self.holds: dict[str, dict] = {}
         self.by_request: dict[tuple[str, str], str] = {}
         self.effects: Counter[str] = Counter()
         self.started: set[str] = set()  # slots whose appointment has started: never confirmed (issue 10)
 
-    def add_slot(self, price: int = 15000) -> str:
+    def add_slot(self, price: int = 15000, salon_id: str | None = None) -> str:
         sid = str(uuid.uuid4())
         self.slots[sid] = price
+        if salon_id:
+            self.salon_of[sid] = salon_id
         return sid
 
     def _active(self, slot_id: str):
@@ -102,6 +109,7 @@ class FakeBooking(Faults):
         return booking_pb2.Hold(id=h["id"], slot_id=h["slot_id"], customer_id=h["customer"], status=status,
                                 expire_time=ts(h["expire"]), extended=h["extended"],
                                 payment_ref=h.get("payment_ref", ""), merchant_id=TEST_MERCHANT,
+                                salon_id=self.salon_of.get(h["slot_id"], FAKE_SALON),
                                 price=common_pb2.Money(currency_code="TRY", amount_minor=self.slots[h["slot_id"]]))
 
     def take(self, slot_id: str, customer: str = "someone-else") -> None:
