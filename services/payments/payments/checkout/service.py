@@ -242,7 +242,7 @@ class CheckoutService:
                                                 ",".join(s.id for s, _ in page) or "(none)", None)
         out = checkout_pb2.ListCheckoutsResponse(checkouts=[views.in_list(s, status) for s, status in page])
         if len(rows) > size:
-            last = page[-1]
+            last, _ = page[-1]
             out.next_page_token = paging.encode_keyset(fingerprint, last.created_at, uuid.UUID(last.id))
         return out
 
