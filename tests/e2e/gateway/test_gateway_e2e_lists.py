@@ -41,6 +41,8 @@ async def test_a_customers_list_after_two_purchases_and_the_staffs_agenda(http, 
     bad = await http.get("/v1/checkouts", params={"createdAfter": "2026-02-01T00:00:00Z",
                                                   "createdBefore": "2026-01-01T00:00:00Z"}, headers=me)
     assert bad.status_code == 400 and bad.json()["field"] == "createdBefore", bad.text
+    unknown = await http.get("/v1/checkouts", params={"state": "CHECKOUT_STATE_BOGUS"}, headers=me)
+    assert unknown.status_code == 400 and unknown.json()["field"] == "state", unknown.text
     # the merchant's staff find it in their list, filtered by the salon
     staff = auth("staff")
     mine = (await http.get("/v1/checkouts", params={"salonId": salon, "pageSize": 500}, headers=staff)).json()
