@@ -1,11 +1,15 @@
 """List paging shared by the services: `page_size` (0: the default, at most MAX) and opaque page
-tokens over a monotonic key (a sequence number). A token a service did not issue is
+tokens over a monotonic key (a sequence number), or over a keyset (an instant and ids) bound to the
+query that issued it. A token a service did not issue is
 INVALID_ARGUMENT naming `page_token`."""
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import struct
+import uuid
+from datetime import datetime, timedelta, timezone
 
 from .errors import InvalidArgument
 
@@ -38,3 +42,44 @@ def decode_seq(token: str) -> int:
     if seq < 0:
         raise InvalidArgument("page_token", "page_token is not one this service issued")
     return seq
+
+
+# --- keyset tokens (issue 12: lists ordered by an instant and ids) --------------------------------
+# A token carries the last row's key (an instant in microseconds and its uuids) and a fingerprint of
+# the query it belongs to (the caller and the filters), so a token replayed with another query is
+# refused (INVALID_ARGUMENT naming `page_token`) instead of silently paging something else.
+_KEYSET_TAG = b"ks1"
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def query_fingerprint(*parts: object) -> bytes:
+    """8 bytes naming a query: its caller and filters, in a fixed order."""
+    return hashlib.sha256("\x1f".join("" if p is None else str(p) for p in parts).encode()).digest()[:8]
+
+
+def encode_keyset(query: bytes, at: datetime, *ids: uuid.UUID) -> str:
+    micros = (at - _EPOCH) // timedelta(microseconds=1)
+    raw = _KEYSET_TAG + query + struct.pack(">q", micros) + b"".join(i.bytes for i in ids)
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_keyset(token: str, query: bytes, n_ids: int) -> tuple[datetime, tuple[uuid.UUID, ...]] | None:
+    """The key after which the page starts (None for the first page); a token that was not issued
+    for this same query is INVALID_ARGUMENT naming `page_token`."""
+    if not token:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != 19 + 16 * n_ids or not raw.startswith(_KEYSET_TAG):
+        raise InvalidArgument("page_token", "page_token is not one this service issued")
+    if raw[3:11] != query:
+        raise InvalidArgument("page_token", "page_token belongs to another query (the filters changed); "
+                                            "start again without it")
+    (micros,) = struct.unpack(">q", raw[11:19])
+    try:
+        at = _EPOCH + timedelta(microseconds=micros)
+    except OverflowError:
+        raise InvalidArgument("page_token", "page_token is not one this service issued") from None
+    return at, tuple(uuid.UUID(bytes=raw[19 + 16 * i:35 + 16 * i]) for i in range(n_ids))

@@ -209,6 +209,17 @@ def hold_customer(caller: Principal, requested: str) -> str:
     return require_key("customer_id", requested)
 
 
+# Issue 12: who reads a salon's agenda (customers' ids and payment refs): its merchant's staff and
+# admins (the services confine them to their merchant) and the system; not the operator (booking
+# keeps no read audit, and every operator read must be audited: issue 14).
+AGENDA_ROLES = ("staff", "admin", "system")
+
+
+def require_agenda_reader(caller: Principal) -> None:
+    tenancy.merchant_filter(caller)  # a merchant's user without its merchant: UNAUTHENTICATED
+    caller.require_role(*AGENDA_ROLES)
+
+
 def may_act_on(caller: Principal, customer_id: str) -> bool:
     """Customers see and change only their own holds (others' read as NOT_FOUND)."""
     return caller.role != "customer" or caller.subject == customer_id
@@ -282,3 +293,32 @@ def decode_page_token(token: str) -> SlotCursor | None:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+# --- the agenda (issue 12: ListBookings) -----------------------------------------------------------
+
+def require_day(field: str, value: str) -> date:
+    """A calendar day, YYYY-MM-DD (the salon's wall-clock day)."""
+    if not value:
+        raise InvalidArgument(field, f"{field} is required (YYYY-MM-DD, the salon's local day)")
+    try:
+        if len(value) != 10:
+            raise ValueError
+        return date.fromisoformat(value)
+    except ValueError:
+        raise InvalidArgument(field, f"{field} must be a day as YYYY-MM-DD, got {value[:40]!r}") from None
+
+
+def agenda_query(salon_id: uuid.UUID, day: date, include_held: bool) -> bytes:
+    return paging.query_fingerprint("agenda", salon_id, day.isoformat(), include_held)
+
+
+def encode_agenda_token(query: bytes, c: SlotCursor) -> str:
+    return paging.encode_keyset(query, c.start_time, c.resource_id, c.id)
+
+
+def decode_agenda_token(token: str, query: bytes) -> SlotCursor | None:
+    """The agenda entry after which the page starts; None for the first page. A token of another
+    query (another salon, day or include_held) is INVALID_ARGUMENT naming `page_token`."""
+    key = paging.decode_keyset(token, query, 2)
+    return None if key is None else SlotCursor(key[0], key[1][0], key[1][1])

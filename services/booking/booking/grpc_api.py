@@ -28,7 +28,7 @@ from .service import BookingService, SlotTaken
 # (issue 14): staff and admins their own merchant's, customers and the operator (ListSlots) any.
 CALLERS = {
     "CreateSalon": {GATEWAY}, "CreateResource": {GATEWAY}, "BatchCreateSlots": {GATEWAY},
-    "ListSlots": {GATEWAY}, "GetSlot": {GATEWAY, PAYMENTS},
+    "ListSlots": {GATEWAY}, "GetSlot": {GATEWAY, PAYMENTS}, "ListBookings": {GATEWAY},
     "HoldSlot": {PAYMENTS}, "ConfirmHold": {PAYMENTS}, "ReleaseHold": {PAYMENTS}, "ExtendHold": {PAYMENTS},
     "GetHold": {PAYMENTS},
 }
@@ -64,7 +64,15 @@ def hold_pb(h: Hold) -> pb.Hold:
                    status=_STATUS[h.status], expire_time=to_timestamp(h.expires_at), start_time=to_timestamp(h.start_time),
                    end_time=to_timestamp(h.end_time), price=common_pb2.Money(currency_code=h.currency, amount_minor=h.price_minor),
                    payment_ref=h.payment_ref, extended=h.extended, create_time=to_timestamp(h.created_at),
-                   request_id=h.request_id, merchant_id=h.merchant_id)
+                   request_id=h.request_id, merchant_id=h.merchant_id, salon_id=str(h.salon_id))
+
+
+def booking_pb(h: Hold, time_zone: str) -> pb.Booking:
+    """One agenda entry (issue 12)."""
+    return pb.Booking(hold_id=str(h.id), slot_id=str(h.slot_id), resource_id=str(h.resource_id),
+                      start_time=to_timestamp(h.start_time), end_time=to_timestamp(h.end_time),
+                      local_start_time=domain.local_time(h.start_time, time_zone), status=_STATUS[h.status],
+                      customer_id=h.customer_id, payment_ref=h.payment_ref)
 
 
 class BookingApi(booking_pb2_grpc.BookingServiceServicer):
@@ -114,6 +122,14 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
 
     async def GetSlot(self, request: pb.GetSlotRequest, context: grpc.aio.ServicerContext) -> pb.Slot:
         return slot_pb(await self.service.get_slot(principal.current(), parse_uuid("slot_id", request.slot_id)))
+
+    async def ListBookings(self, request: pb.ListBookingsRequest,
+                           context: grpc.aio.ServicerContext) -> pb.ListBookingsResponse:
+        salon_id = parse_uuid("salon_id", request.salon_id)
+        day = domain.require_day("day", request.day)
+        time_zone, holds, next_token = await self.service.list_bookings(
+            principal.current(), salon_id, day, request.include_held, request.page_size, request.page_token)
+        return pb.ListBookingsResponse(bookings=[booking_pb(h, time_zone) for h in holds], next_page_token=next_token)
 
     # --- holds -----------------------------------------------------------------------------------
 

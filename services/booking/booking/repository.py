@@ -200,6 +200,32 @@ RETURNING h.id
 """
 
 
+# Issue 12: a salon's agenda for the local day $2 (midnight to midnight on the salon's wall clock,
+# so 23 or 25 hours on a DST day): its confirmed bookings, and with $3 its live holds, in
+# (start_time, resource_id, id) order after the cursor ($4..$6), at most $7. One row with NULL
+# hold columns when the salon exists but has nothing that day; no row when the salon does not
+# exist or is not merchant $8's ($8 NULL: any merchant).
+LIST_BOOKINGS = """
+SELECT sa.time_zone, b.*
+  FROM salons sa
+  LEFT JOIN LATERAL (
+      SELECT h.id, h.slot_id, h.salon_id, h.resource_id, h.customer_id, h.request_id, h.status, h.start_time,
+             h.end_time, h.price_minor, h.currency, h.expires_at, h.extended, h.payment_ref, h.created_at,
+             h.merchant_id, clock_timestamp() AS db_now
+        FROM holds h
+       WHERE h.merchant_id = sa.merchant_id AND h.salon_id = sa.id
+         AND h.status IN ('held', 'confirmed')
+         AND h.start_time >= ($2::date)::timestamp AT TIME ZONE sa.time_zone
+         AND h.start_time < ($2::date + 1)::timestamp AT TIME ZONE sa.time_zone
+         AND (h.status = 'confirmed' OR ($3 AND h.expires_at > clock_timestamp()))
+         AND ($4::timestamptz IS NULL OR (h.start_time, h.resource_id, h.id) > ($4, $5::uuid, $6::uuid))
+       ORDER BY h.start_time, h.resource_id, h.id
+       LIMIT $7
+  ) b ON true
+ WHERE sa.id = $1 AND ($8::text IS NULL OR sa.merchant_id = $8)
+"""
+
+
 def hold_from(r: Any, now: datetime) -> Hold:
     return Hold(r["id"], r["slot_id"], r["salon_id"], r["resource_id"], r["customer_id"], r["request_id"],
                 effective_status(r["status"], r["expires_at"], now), r["start_time"], r["end_time"],
@@ -238,6 +264,18 @@ class Holds:
         """The hold, if it is `merchant_id`'s (None: any merchant's)."""
         r = await self.db.fetchrow(GET_HOLD, hold_id, merchant_id)
         return hold_from(r["hold"], r["db_now"]) if r else None
+
+    async def agenda(self, salon_id: uuid.UUID, day, include_held: bool, after=None, limit: int = 500,
+                     merchant_id: str | None = None) -> tuple[str, list[Hold]] | None:
+        """(the salon's time zone, its holds of the local `day` in agenda order after the cursor
+        `after`, a domain.SlotCursor over holds); None when the salon does not exist or is not
+        `merchant_id`'s (None: any merchant's)."""
+        rows = await self.db.fetch(LIST_BOOKINGS, salon_id, day, include_held,
+                                   after.start_time if after else None, after.resource_id if after else None,
+                                   after.id if after else None, limit, merchant_id)
+        if not rows:
+            return None
+        return rows[0]["time_zone"], [hold_from(r, r["db_now"]) for r in rows if r["id"] is not None]
 
     async def sweep(self, batch: int) -> list[uuid.UUID]:
         return [r["id"] for r in await self.db.fetch(SWEEP_EXPIRED, batch)]

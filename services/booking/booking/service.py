@@ -122,6 +122,26 @@ class BookingService:
             raise NotFound(f"slot {slot_id} not found")
         return slot
 
+    async def list_bookings(self, caller: Principal, salon_id: uuid.UUID, day, include_held: bool,
+                            page_size: int = 0, page_token: str = "") -> tuple[str, list[Hold], str]:
+        """Issue 12: one page of the salon's agenda for its local `day` (time zone, holds, next
+        token). Staff and admins only of their merchant's salons (another's: NOT_FOUND); neither
+        customers nor the operator (unaudited here)."""
+        domain.require_agenda_reader(caller)
+        size = domain.page_size(page_size)
+        query = domain.agenda_query(salon_id, day, include_held)
+        after = domain.decode_agenda_token(page_token, query)
+        async with self._reading(caller) as (_, holds, merchant):
+            found = await holds.agenda(salon_id, day, include_held, after, size + 1, merchant)
+        if found is None:
+            raise NotFound(f"salon {salon_id} not found")
+        time_zone, entries = found
+        if len(entries) <= size:
+            return time_zone, entries, ""
+        last = entries[size - 1]
+        return time_zone, entries[:size], domain.encode_agenda_token(
+            query, domain.SlotCursor(last.start_time, last.resource_id, last.id))
+
     # --- holds -----------------------------------------------------------------------------------
 
     async def hold_slot(self, caller: Principal, slot_id: uuid.UUID, customer_id: str, request_id: str) -> Hold:

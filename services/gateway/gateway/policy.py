@@ -38,6 +38,10 @@ POLICY: dict[str, Access] = {
     "cuty.booking.v1.BookingService.CreateResource": Access(_roles(ADMIN)),
     "cuty.booking.v1.BookingService.BatchCreateSlots": Access(_roles(ADMIN)),
     "cuty.booking.v1.BookingService.ListSlots": Access(SIGNED_IN),
+    # Issue 12: a salon's agenda (customers' ids): its merchant's staff and admins, the operator.
+    # A day's agenda names customers: the salon's merchant only (the operator's reads must be
+    # audited, issue 14, and booking keeps no read audit).
+    "cuty.booking.v1.BookingService.ListBookings": Access(_roles(STAFF, ADMIN)),
     "cuty.codepool.v1.CodePoolService.CreateProduct": Access(_roles(ADMIN)),
     "cuty.codepool.v1.CodePoolService.ImportCodeBatch": Access(_roles(ADMIN)),
     "cuty.codepool.v1.CodePoolService.GetStock": Access(READERS),
@@ -48,6 +52,8 @@ POLICY: dict[str, Access] = {
     # DESIGN.md says "its customer, staff"; an admin can do what staff can.
     "cuty.payments.v1.CheckoutService.GetCheckout": Access(READERS | {CUSTOMER}),
     "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER)),
+    # Issue 12: a customer's own checkouts; staff and admins their merchant's; the operator all (audited).
+    "cuty.payments.v1.CheckoutService.ListCheckouts": Access(READERS | {CUSTOMER}),
     # Issue 10: the merchant's admin, or the platform's operator, retries a NEEDS_ATTENTION checkout.
     "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN, OPERATOR)),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(READERS),

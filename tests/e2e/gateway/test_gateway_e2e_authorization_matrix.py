@@ -53,12 +53,18 @@ MATRIX = {
     ("POST", "/v1/salons/{salon_id}/slots:batchCreate"): row(roles=("admin",)),
     # Customers browse every salon; staff and admins only their merchant's; the operator all.
     ("GET", "/v1/salons/{salon_id}/slots"): row(roles=("customer", "staff", "admin", "operator")),
+    # Issue 12: a salon's agenda; another merchant's salon does not exist for its staff.
+    ("GET", "/v1/salons/{salon_id}/bookings"): row(roles=("staff", "admin")),
     ("POST", "/v1/products"): row(roles=("admin",), other=200),
     ("POST", "/v1/products/{product_id}/codes:import"): row(roles=("admin",)),
     ("GET", "/v1/products/{product_id}/stock"): row(roles=("staff", "admin", "operator")),
     ("GET", "/v1/products/{product_id}/codes"): row(roles=("staff", "admin", "operator")),
     ("POST", "/v1/codes/{code_id}:reveal"): row(roles=("admin",)),
     ("POST", "/v1/checkouts"): row(roles=("customer",)),
+    # Issue 12: a list is filtered to the caller (a customer's own, a merchant's own): another
+    # merchant's staff get 200 and none of this merchant's checkouts
+    # (test_another_merchants_list_is_empty_of_ours).
+    ("GET", "/v1/checkouts"): row(roles=("customer", "staff", "admin", "operator"), other=200),
     ("POST", "/v1/checkouts/{checkout_id}:pay"): row(roles=("customer",)),
     ("GET", "/v1/checkouts/{checkout_id}"): row(roles=("customer", "staff", "admin", "operator")),
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): row(roles=("customer",)),
@@ -166,6 +172,8 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         body = {"sku": f"MX-{uuid.uuid4().hex[:8]}", "name": "card", "price": {"currencyCode": "TRY", "amountMinor": "1"}}
     elif template.endswith("codes:import"):
         body = {"batchRef": uuid.uuid4().hex, "codes": [f"MX-{uuid.uuid4().hex}"]}
+    elif template == "/v1/checkouts" and method == "GET":
+        params = {"pageSize": 10}
     elif template == "/v1/checkouts":
         body = {"productId": w.product, "quantity": 1}
         h.update(key)
@@ -182,6 +190,8 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         params = {"pspIntentId": w.intent}
     elif template.endswith("/slots"):
         params = WINDOW
+    elif template.endswith("/bookings"):
+        params = {"day": "2026-01-01"}
     elif template == "/v1/psp/webhooks":
         body = {"id": "evt_matrix", "type": "payment_intent.succeeded"}
     path = template.format(**ids)
@@ -204,6 +214,22 @@ async def test_the_authorization_matrix(http, world):
     assert not failures, "\n".join(f"{m} {t} as {r} ({w}): expected {e}, got {g}" for m, t, r, w, e, g in failures)
 
 
+async def test_another_merchants_list_is_empty_of_ours(http, world):
+    """ListCheckouts answers 200 to every reader: what differs is whose checkouts are in it."""
+    ours = {world.checkout}
+    for role in ("staff", "admin"):
+        got = await http.get("/v1/checkouts", params={"pageSize": 500}, headers=headers(role, OTHER_MERCHANT))
+        assert got.status_code == 200, got.text
+        assert not ours & {c["id"] for c in got.json()["checkouts"]}, role
+        assert all(c["merchantId"] == OTHER_MERCHANT for c in got.json()["checkouts"]), role
+        own = await http.get("/v1/checkouts", params={"productId": world.product}, headers=headers(role, TEST_MERCHANT))
+        assert ours <= {c["id"] for c in own.json()["checkouts"]}, role
+    mine = await http.get("/v1/checkouts", headers=headers("customer", "", world.customer))
+    assert ours <= {c["id"] for c in mine.json()["checkouts"]}
+    stranger = await http.get("/v1/checkouts", headers=headers("customer", "", "stranger-" + uuid.uuid4().hex[:6]))
+    assert stranger.json()["checkouts"] == []
+
+
 @pytest.mark.parametrize("role", NO_ORG_CHECKED)
 async def test_a_staff_or_admin_token_without_org_is_401(http, world, role):
     r = await http.get(f"/v1/checkouts/{world.checkout}",
@@ -216,9 +242,12 @@ async def test_an_org_that_owns_nothing_sees_nothing(http, world):
     staff, admin = headers("staff", nobody), headers("admin", nobody)
     for path in (f"/v1/checkouts/{world.checkout}", f"/v1/products/{world.product}/stock",
                  f"/v1/products/{world.product}/codes", f"/v1/payments/{world.payment}/events",
-                 f"/v1/salons/{world.salon}/slots"):
-        r = await http.get(path, headers=staff, params=WINDOW if path.endswith("/slots") else None)
+                 f"/v1/salons/{world.salon}/slots", f"/v1/salons/{world.salon}/bookings"):
+        params = WINDOW if path.endswith("/slots") else {"day": "2026-01-01"} if path.endswith("/bookings") else None
+        r = await http.get(path, headers=staff, params=params)
         assert r.status_code == 404, (path, r.text)
+    listed = await http.get("/v1/checkouts", headers=staff)
+    assert listed.status_code == 200 and listed.json()["checkouts"] == [], listed.text
     # ... and what it creates is its own, invisible to the first merchant's staff
     mine = (await http.post("/v1/products", json={"sku": "MX-SAME", "name": "same sku elsewhere",
                                                   "price": {"currencyCode": "TRY", "amountMinor": "1"}},

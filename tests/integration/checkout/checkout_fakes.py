@@ -46,6 +46,10 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# The salon of every fake slot unless add_slot names another.
+FAKE_SALON = "5a10f000-0000-4000-8000-000000000001"
+
+
 class Faults:
     def __init__(self):
         self.fail_next: dict[str, list[str]] = defaultdict(list)
@@ -77,14 +81,20 @@ class FakeBooking(Faults):
         self.hold_ttl = hold_ttl
         self.extension = extension
         self.slots: dict[str, int] = {}
+        self.salon_of: dict[str, str] = {}  # slot -> salon (FAKE_SALON unless add_slot names one)
+        self.merchant_of: dict[str, str] = {}  # slot -> merchant (TEST_MERCHANT unless add_slot names one)
         self.holds: dict[str, dict] = {}
         self.by_request: dict[tuple[str, str], str] = {}
         self.effects: Counter[str] = Counter()
         self.started: set[str] = set()  # slots whose appointment has started: never confirmed (issue 10)
 
-    def add_slot(self, price: int = 15000) -> str:
+    def add_slot(self, price: int = 15000, salon_id: str | None = None, merchant_id: str | None = None) -> str:
         sid = str(uuid.uuid4())
         self.slots[sid] = price
+        if salon_id:
+            self.salon_of[sid] = salon_id
+        if merchant_id:
+            self.merchant_of[sid] = merchant_id
         return sid
 
     def _active(self, slot_id: str):
@@ -101,7 +111,9 @@ class FakeBooking(Faults):
             status = booking_pb2.HOLD_STATUS_EXPIRED
         return booking_pb2.Hold(id=h["id"], slot_id=h["slot_id"], customer_id=h["customer"], status=status,
                                 expire_time=ts(h["expire"]), extended=h["extended"],
-                                payment_ref=h.get("payment_ref", ""), merchant_id=TEST_MERCHANT,
+                                payment_ref=h.get("payment_ref", ""),
+                                merchant_id=self.merchant_of.get(h["slot_id"], TEST_MERCHANT),
+                                salon_id=self.salon_of.get(h["slot_id"], FAKE_SALON),
                                 price=common_pb2.Money(currency_code="TRY", amount_minor=self.slots[h["slot_id"]]))
 
     def take(self, slot_id: str, customer: str = "someone-else") -> None:
@@ -195,9 +207,10 @@ class FakeCodePool(Faults):
         self.orders: dict[str, dict] = {}
         self.effects: Counter[str] = Counter()
 
-    def add_product(self, price: int = 2500, stock: int = 10) -> str:
+    def add_product(self, price: int = 2500, stock: int = 10, merchant_id: str = TEST_MERCHANT) -> str:
         pid = str(uuid.uuid4())
-        self.products[pid] = {"price": price, "stock": [f"code-{secrets.token_hex(4)}" for _ in range(stock)]}
+        self.products[pid] = {"price": price, "stock": [f"code-{secrets.token_hex(4)}" for _ in range(stock)],
+                              "merchant": merchant_id}
         return pid
 
     def _msg(self, o) -> codepool_pb2.Reservation:
@@ -207,7 +220,7 @@ class FakeCodePool(Faults):
         return codepool_pb2.Reservation(order_id=o["id"], product_id=o["product"], customer_id=o["customer"],
                                         status=st, quantity=len(o["codes"]), expire_time=ts(o["expire"]),
                                         code_ids=o["codes"], payment_transaction_id=o.get("txn", ""),
-                                        merchant_id=TEST_MERCHANT,
+                                        merchant_id=p.get("merchant", TEST_MERCHANT),
                                         unit_price=common_pb2.Money(currency_code="TRY", amount_minor=p["price"]))
 
     async def ReserveCodes(self, req, timeout=None):

@@ -18,6 +18,11 @@ def test_every_route_is_documented(routes):
     slots = doc["paths"]["/v1/salons/{salon_id}/slots"]["get"]
     assert {p["name"] for p in slots["parameters"]} == {"salon_id", "startTime", "endTime", "availableOnly",
                                                          "pageSize", "pageToken"}
+    lists = doc["paths"]["/v1/checkouts"]["get"]  # issue 12
+    assert {p["name"] for p in lists["parameters"]} == {"salonId", "productId", "state", "createdAfter",
+                                                         "createdBefore", "pageSize", "pageToken"}
+    agenda = doc["paths"]["/v1/salons/{salon_id}/bookings"]["get"]
+    assert {p["name"] for p in agenda["parameters"]} == {"salon_id", "day", "includeHeld", "pageSize", "pageToken"}
     money = doc["components"]["schemas"]["cuty.common.v1.Money"]["properties"]
     assert money["amountMinor"] == {"type": "string", "format": "int64", "default": "0"}
     # the path variable is not repeated in the request body schema

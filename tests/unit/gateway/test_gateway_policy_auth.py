@@ -18,6 +18,7 @@ DESIGN_TABLE = {
     ("POST", "/v1/salons/{salon_id}/resources"): {"admin"},
     ("POST", "/v1/salons/{salon_id}/slots:batchCreate"): {"admin"},
     ("GET", "/v1/salons/{salon_id}/slots"): {"customer", "staff", "admin", "operator"},
+    ("GET", "/v1/salons/{salon_id}/bookings"): {"staff", "admin"},  # issue 12: a day's agenda
     ("POST", "/v1/products"): {"admin"},
     ("POST", "/v1/products/{product_id}/codes:import"): {"admin"},
     ("GET", "/v1/products/{product_id}/stock"): {"staff", "admin", "operator"},
@@ -27,6 +28,7 @@ DESIGN_TABLE = {
     ("POST", "/v1/checkouts/{checkout_id}:pay"): {"customer"},
     ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff", "admin", "operator"},  # admin can do what staff can
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer"},
+    ("GET", "/v1/checkouts"): {"customer", "staff", "admin", "operator"},  # issue 12: lists
     ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # issue 10: retry of NEEDS_ATTENTION
     ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin", "operator"},
     ("GET", "/v1/payments:lookup"): {"staff", "admin", "operator"},  # issue 15: a payment by its PSP intent id

@@ -98,7 +98,7 @@ def test_response_json_is_proto3_mapping_and_deterministic():
     assert out == (b'{"id":"c1","kind":"CHECKOUT_KIND_CODES","state":"CHECKOUT_STATE_HELD","holdId":"","orderId":"",'
                    b'"expireTime":"2026-03-08T09:00:00Z",'
                    b'"amount":{"currencyCode":"TRY","amountMinor":"10000"},"codes":[],"slotId":"","productId":"",'
-                   b'"quantity":2,"failureReason":"","merchantId":""}')
+                   b'"quantity":2,"failureReason":"","merchantId":"","salonId":""}')
     assert to_json(checkout_pb2.Checkout.FromString(c.SerializeToString())) == out
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
+from cutylib.errors import InvalidArgument
 from cutylib.fields import canonical_uuid
 
 # -- states ----------------------------------------------------------------------------------------
@@ -140,6 +141,8 @@ class Saga:
     traceparent: str | None = None
     # Issue 14: the merchant of what is bought, from the hold or reservation (None before).
     merchant_id: str | None = None
+    # Issue 12: a booking's salon, from the hold (None for code purchases and older checkouts).
+    salon_id: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -158,6 +161,7 @@ class Saga:
             failure_reason=row["failure_reason"], attempts=row["attempts"], lease_owner=row["lease_owner"],
             created_at=row["created_at"], updated_at=row["updated_at"], read_at=row["db_now"],
             traceparent=row.get("traceparent"), merchant_id=row.get("merchant_id"),
+            salon_id=s(row.get("salon_id")),
         )
 
 
@@ -291,3 +295,34 @@ def validate_create(slot_id: str, product_id: str, quantity: int) -> CreateReque
     if not 1 <= quantity <= MAX_QUANTITY:
         raise InvalidArgument("quantity", f"quantity must be between 1 and {MAX_QUANTITY}, got {quantity!r}")
     return CreateRequest(CODES, None, canonical_uuid("product_id", product_id), quantity)
+
+
+# -- ListCheckouts' filters (issue 12) ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ListFilters:
+    """The filters of a ListCheckouts request, checked (None: not filtered by it)."""
+    salon_id: str | None = None
+    product_id: str | None = None
+    state: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+    @property
+    def created_after_key(self) -> str:
+        return self.created_after.isoformat() if self.created_after else ""
+
+    @property
+    def created_before_key(self) -> str:
+        return self.created_before.isoformat() if self.created_before else ""
+
+
+def list_filters(*, salon_id: str, product_id: str, state: str | None, created_after: datetime | None,
+                 created_before: datetime | None) -> ListFilters:
+    """Ids are canonical uuids; the time window is created_after <= t < created_before."""
+    if created_after is not None and created_before is not None and created_before <= created_after:
+        raise InvalidArgument("created_before", f"created_before ({created_before.isoformat()}) must be after "
+                                                f"created_after ({created_after.isoformat()})")
+    return ListFilters(salon_id=canonical_uuid("salon_id", salon_id) if salon_id else None,
+                       product_id=canonical_uuid("product_id", product_id) if product_id else None,
+                       state=state, created_after=created_after, created_before=created_before)

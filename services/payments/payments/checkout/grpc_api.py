@@ -9,11 +9,12 @@ import grpc
 from grpc_status import rpc_status
 
 from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
-from cutylib import principal
+from cutylib import errors, principal
+from cutylib.timestamps import from_timestamp
 from cutylib.tls import GATEWAY, PAYMENTS
 
 from .. import operator
-from . import domain
+from . import domain, views
 from .idempotency import Replay
 from .service import CheckoutService
 
@@ -21,7 +22,7 @@ IDEMPOTENCY_KEY = "idempotency-key"
 # Which service may call each RPC (its certificate's identity): checkouts are the gateway's; an
 # operator's retry also comes from the payments service's own tooling.
 CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout": {GATEWAY},
-           "CancelCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}}
+           "CancelCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY}}
 # Who may put a NEEDS_ATTENTION checkout back to work (issue 10, item 8).
 OPERATOR_ROLES = ("operator", "admin", "system")
 
@@ -35,6 +36,27 @@ async def _replay(context: grpc.aio.ServicerContext, replay: Replay) -> checkout
     if replay.is_error:
         await context.abort_with_status(rpc_status.to_status(replay.status()))
     return checkout_pb2.Checkout.FromString(replay.response)
+
+
+def _instant(msg, name: str):
+    """The Timestamp field `name` as an aware UTC datetime; None when unset."""
+    if not msg.HasField(name):
+        return None
+    try:
+        return from_timestamp(getattr(msg, name))
+    except (ValueError, OverflowError) as e:
+        raise errors.InvalidArgument(name, f"{name} is not a valid instant: {e}") from None
+
+
+def _state(value: int) -> str | None:
+    """The saga state named by a CheckoutState (None: unset, any state)."""
+    if value == checkout_pb2.CHECKOUT_STATE_UNSPECIFIED:
+        return None
+    try:
+        name = checkout_pb2.CheckoutState.Name(value)
+    except ValueError:
+        raise errors.InvalidArgument("state", f"state must be a CheckoutState, got {value}") from None
+    return name.removeprefix(views.STATE_PREFIX)
 
 
 class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
@@ -69,6 +91,16 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                              context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         customer = principal.current().require_subject()
         return await self.service.cancel(customer, request.checkout_id)
+
+    async def ListCheckouts(self, request: checkout_pb2.ListCheckoutsRequest,
+                            context: grpc.aio.ServicerContext) -> checkout_pb2.ListCheckoutsResponse:
+        caller = principal.current()
+        caller.require_subject()
+        after = _instant(request, "created_after")
+        before = _instant(request, "created_before")
+        filters = domain.list_filters(salon_id=request.salon_id, product_id=request.product_id,
+                                      state=_state(request.state), created_after=after, created_before=before)
+        return await self.service.list(caller, filters, request.page_size, request.page_token)
 
     async def RetryCheckout(self, request: checkout_pb2.RetryCheckoutRequest,
                             context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:

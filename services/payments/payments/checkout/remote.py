@@ -107,6 +107,7 @@ class Held:
     amount_minor: int
     currency: str
     merchant_id: str  # issue 14: whose slot or product it is; the checkout records it
+    salon_id: str | None = None  # issue 12: a booking's salon (ListCheckouts' filter); the checkout records it
 
 
 @contextlib.contextmanager
@@ -158,7 +159,8 @@ class BookingHolds:
                 raise Rejected(errors.AlreadyExists(e.details() or "the slot is taken", reason="slot-unavailable",
                                                     detail=detail)) from None
             raise _refused(e) from None
-        return Held(h.id, from_timestamp(h.expire_time), h.price.amount_minor, h.price.currency_code, h.merchant_id)
+        return Held(h.id, from_timestamp(h.expire_time), h.price.amount_minor, h.price.currency_code, h.merchant_id,
+                    h.salon_id or None)
 
     async def extend(self, saga: Saga) -> datetime | None:
         """The hold's expiry after the one extension; None when it can no longer be extended

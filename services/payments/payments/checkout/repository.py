@@ -70,6 +70,7 @@ WITH upd AS (
         extended = extended OR $10,
         payment_id = COALESCE(payment_id, $11::uuid),
         merchant_id = COALESCE(merchant_id, $18),
+        salon_id = COALESCE(salon_id, $19::uuid),
         failure_reason = CASE WHEN $12 = '' THEN failure_reason ELSE $12 END,
         attempts = 0, last_error = '', failing_since = NULL, updated_at = clock_timestamp(),
         -- Terminal: nothing left to do. $16: the saga waits now, so give the lease back and sleep
@@ -238,6 +239,61 @@ WITH upd AS (
 SELECT upd.* FROM upd LEFT JOIN (SELECT count(*) FROM n) notified ON true
 """
 
+# ListCheckouts (issue 12): newest first, (created_at, id) descending as the keyset. The WHERE is
+# built from the filters the request has (LIST_FILTERS, in this order), so each combination is its
+# own prepared statement whose plan walks the index that leads with its columns (migration 0140):
+# the customer's `(customer_id, created_at DESC, id DESC)`, a merchant's `(merchant_id, [salon_id |
+# product_id,] created_at DESC, id DESC)`, the operator's `(created_at DESC, id DESC)`. The payment's
+# status comes with the row (one statement per page, no read per checkout).
+LIST_CHECKOUTS = """
+SELECT c.*, clock_timestamp() AS db_now, p.status AS payment_status
+  FROM checkouts c
+  LEFT JOIN payments p ON p.id = c.payment_id
+ WHERE {where}
+ ORDER BY c.created_at DESC, c.id DESC
+ LIMIT {limit}
+"""
+LIST_FILTERS = {
+    "customer_id": "c.customer_id = ${}::text",
+    "merchant_id": "c.merchant_id = ${}::text",
+    "salon_id": "c.salon_id = ${}::uuid",
+    "product_id": "c.product_id = ${}::uuid",
+    "state": "c.state = ${}::text",
+    "created_after": "c.created_at >= ${}::timestamptz",
+    "created_before": "c.created_at < ${}::timestamptz",
+}
+# After the previous page's last row.
+LIST_AFTER = "(c.created_at, c.id) < (${}::timestamptz, ${}::uuid)"
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    """What a ListCheckouts page reads: who (customer_id for a customer, merchant_id for staff and
+    admins, neither for the operator) and the filters; None = not filtered by it."""
+    customer_id: str | None = None
+    merchant_id: str | None = None
+    salon_id: str | None = None
+    product_id: str | None = None
+    state: str | None = None
+    created_after: object | None = None
+    created_before: object | None = None
+
+
+def list_statement(q: ListQuery, after: tuple | None, limit: int) -> tuple[str, list]:
+    """The statement and arguments of one page (`after`: (created_at, id) of the previous page's last)."""
+    where, args = [], []
+    for name, fragment in LIST_FILTERS.items():
+        value = getattr(q, name)
+        if value is not None:
+            args.append(value)
+            where.append(fragment.format(len(args)))
+    if after is not None:
+        args.extend(after)
+        where.append(LIST_AFTER.format(len(args) - 1, len(args)))
+    args.append(limit)
+    return LIST_CHECKOUTS.format(where=" AND ".join(where) or "true", limit=f"${len(args)}"), args
+
+
 @dataclass(frozen=True)
 class Fields:
     """What a transition may record besides the state."""
@@ -250,6 +306,7 @@ class Fields:
     payment_id: str | None = None
     failure_reason: str = ""
     merchant_id: str | None = None  # recorded once, with the hold (issue 14)
+    salon_id: str | None = None  # a booking's salon, recorded once with the hold (issue 12)
 
 
 def saga_of(row) -> Saga | None:
@@ -297,7 +354,7 @@ class Sagas:
         return saga_of(await self.db.fetchrow(
             TRANSITION, saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
             fields.currency, fields.expire_time, fields.extended, fields.payment_id, fields.failure_reason,
-            saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id))
+            saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id, fields.salon_id))
 
     async def start_cancel(self, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
         return saga_of(await self.db.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,
@@ -336,6 +393,12 @@ class Sagas:
         inside tenancy.scoped (Row-Level Security narrows it too). `self.db` must be the pool."""
         return saga_of(await tenancy.fetchrow(self.db, GET_SEEN_BY, checkout_id, tenancy.merchant_filter(caller),
                                               principal=caller))
+
+    async def list(self, q: ListQuery, after: tuple | None, limit: int) -> list[tuple[Saga, str | None]]:
+        """One page of checkouts, newest first, each with its payment's status (None: no payment).
+        `self.db` is the caller's connection (inside tenancy.scoped for staff and admins)."""
+        query, args = list_statement(q, after, limit)
+        return [(Saga.from_row(r), r["payment_status"]) for r in await self.db.fetch(query, *args)]
 
     async def hand_back(self, checkout_id: str, owner: str) -> None:
         await self.db.execute(HAND_BACK, checkout_id, owner)

@@ -6,12 +6,14 @@ run, so a request that dies half-way is finished by a worker exactly as if it ha
 """
 from __future__ import annotations
 
+import dataclasses
 import secrets
+import uuid
 
 import asyncpg
 
 from cuty.payments.v1 import checkout_pb2
-from cutylib import errors, tenancy
+from cutylib import errors, paging, tenancy
 from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
@@ -211,6 +213,38 @@ class CheckoutService:
                                             f"is {current.state}", reason="checkout-not-needing-attention")
         self.core.metrics.operator_retries.inc()
         return await self.view(saga)
+
+    # -- ListCheckouts (issue 12) -----------------------------------------------------------------
+    async def list(self, caller: Principal, filters: domain.ListFilters, page_size: int,
+                   page_token: str) -> checkout_pb2.ListCheckoutsResponse:
+        """One page, newest first. A customer's own checkouts across merchants (the filters narrow
+        only their own); staff and admins their merchant's, filtered in SQL and inside
+        tenancy.scoped; the operator every merchant's, each page audited. The token is bound to
+        the caller and the filters: replayed with another query it is INVALID_ARGUMENT."""
+        size = paging.page_size(page_size)
+        if caller.role in STAFF_ROLES:
+            scope = repo.ListQuery(merchant_id=tenancy.merchant_filter(caller))
+        else:
+            scope = repo.ListQuery(customer_id=caller.require_subject())
+        q = dataclasses.replace(scope, salon_id=filters.salon_id, product_id=filters.product_id,
+                                state=filters.state, created_after=filters.created_after,
+                                created_before=filters.created_before)
+        fingerprint = paging.query_fingerprint("checkouts", caller.role, q.customer_id, q.merchant_id, q.salon_id,
+                                               q.product_id, q.state, filters.created_after_key,
+                                               filters.created_before_key)
+        key = paging.decode_keyset(page_token, fingerprint, 1)
+        after = None if key is None else (key[0], key[1][0])
+        async with tenancy.scoped(self.pool, caller) as uow:
+            rows = await repo.Sagas(uow.conn).list(q, after, size + 1)
+        page = rows[:size]
+        if caller.role == tenancy.OPERATOR_ROLE:
+            await self.core.audit_operator_read(caller, "ListCheckouts",
+                                                ",".join(s.id for s, _ in page) or "(none)", None)
+        out = checkout_pb2.ListCheckoutsResponse(checkouts=[views.in_list(s, status) for s, status in page])
+        if len(rows) > size:
+            last, _ = page[-1]
+            out.next_page_token = paging.encode_keyset(fingerprint, last.created_at, uuid.UUID(last.id))
+        return out
 
     # -- helpers (reads) --------------------------------------------------------------------------
     async def _owned(self, customer: str, checkout_id: str) -> Saga:

@@ -77,7 +77,7 @@ class Steps:
             return Outcome(Move(domain.REJECTED, reason=rej.error.reason), raise_after=rej)
         return Outcome(Move(domain.HELD), repo.Fields(hold_id=held.hold_id, expire_time=held.expire_time,
                                                       amount_minor=held.amount_minor, currency=held.currency,
-                                                      merchant_id=held.merchant_id))
+                                                      merchant_id=held.merchant_id, salon_id=held.salon_id))
 
     async def _expire(self, saga: Saga, payment, status) -> Outcome:
         return Outcome(Move(domain.RELEASING, domain.EXPIRED, "hold-expired-unpaid"))

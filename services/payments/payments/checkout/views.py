@@ -35,6 +35,7 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
         quantity=saga.quantity,
         failure_reason=saga.failure_reason,
         merchant_id=saga.merchant_id or "",
+        salon_id=saga.salon_id or "",
     )
     if saga.amount_minor is not None:
         c.amount.CopyFrom(common_pb2.Money(currency_code=saga.currency or "", amount_minor=saga.amount_minor))
@@ -48,6 +49,16 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
                 c.payment.client_secret = payment.client_secret
     for code_id, value in codes:
         c.codes.add(id=code_id, value=value)
+    return c
+
+
+def in_list(saga: Saga, payment_status: str | None) -> checkout_pb2.Checkout:
+    """A checkout as a list shows it (issue 12): the state, amounts and ids, the payment's id and
+    status, never a client secret, redirect URL or code value (GetCheckout has them for the buyer)."""
+    c = to_proto(saga)
+    if saga.payment_id and payment_status:
+        c.payment.id = saga.payment_id
+        c.payment.status = payments_pb2.PaymentStatus.Value(f"PAYMENT_STATUS_{payment_status.upper()}")
     return c
 
 
