@@ -11,6 +11,7 @@ wake-up of its saga is not here: the database does it (trigger `payments_wake_ch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Union
 
 import asyncpg
@@ -22,6 +23,9 @@ from .domain import Saga
 
 # NOTIFY channel of wake-ups; the payments trigger (migration 0103) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
+# NOTIFY channel of live updates: every change of a checkout's state or version (trigger
+# checkouts_notify_watchers, migration 0135), payload the checkout id (payments/checkout/live.py).
+WATCH_CHANNEL = "cuty_checkout_events"
 
 _TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED')"
 # Nothing for a worker to do: terminal, or waiting for an operator (issue 10, item 8).
@@ -46,6 +50,17 @@ first AS (
 """
 
 GET = "SELECT *, clock_timestamp() AS db_now FROM checkouts WHERE id = $1"
+# A checkout's transitions (the saga's events in the payment event log) after an event id, oldest
+# first: what a watcher has not been sent yet (payment_events_checkout serves it).
+EVENTS_AFTER = """
+SELECT seq, to_status, created_at FROM payment_events
+WHERE checkout_id = $1 AND source = 'saga' AND seq > $2 ORDER BY seq
+"""
+# Its latest transition: the id a watch starting without Last-Event-ID starts from.
+LAST_EVENT = """
+SELECT seq, to_status, created_at FROM payment_events
+WHERE checkout_id = $1 AND source = 'saga' ORDER BY seq DESC LIMIT 1
+"""
 # A staff or admin read (issue 14): $2 the caller's merchant, NULL for any.
 GET_SEEN_BY = ("SELECT *, clock_timestamp() AS db_now FROM checkouts "
                "WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
@@ -252,6 +267,14 @@ class Fields:
     merchant_id: str | None = None  # recorded once, with the hold (issue 14)
 
 
+@dataclass(frozen=True)
+class CheckoutEvent:
+    """One transition of a checkout as the event log has it (a live update's id and state)."""
+    seq: int
+    state: str
+    at: datetime
+
+
 def saga_of(row) -> Saga | None:
     return None if row is None else Saga.from_row(row)
 
@@ -336,6 +359,16 @@ class Sagas:
         inside tenancy.scoped (Row-Level Security narrows it too). `self.db` must be the pool."""
         return saga_of(await tenancy.fetchrow(self.db, GET_SEEN_BY, checkout_id, tenancy.merchant_filter(caller),
                                               principal=caller))
+
+    async def events_after(self, checkout_id: str, after: int, caller) -> list[CheckoutEvent]:
+        """The checkout's transitions after event `after`, as `caller` may read them (inside
+        tenancy.scoped for staff and admins). `self.db` must be the pool."""
+        rows = await tenancy.fetch(self.db, EVENTS_AFTER, checkout_id, after, principal=caller)
+        return [CheckoutEvent(r["seq"], r["to_status"], r["created_at"]) for r in rows]
+
+    async def last_event(self, checkout_id: str, caller) -> CheckoutEvent | None:
+        row = await tenancy.fetchrow(self.db, LAST_EVENT, checkout_id, principal=caller)
+        return None if row is None else CheckoutEvent(row["seq"], row["to_status"], row["created_at"])
 
     async def hand_back(self, checkout_id: str, owner: str) -> None:
         await self.db.execute(HAND_BACK, checkout_id, owner)
