@@ -48,6 +48,10 @@ POLICY: dict[str, Access] = {
     # DESIGN.md says "its customer, staff"; an admin can do what staff can.
     "cuty.payments.v1.CheckoutService.GetCheckout": Access(READERS | {CUSTOMER}),
     "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER)),
+    # Issue 12: live updates as Server-Sent Events, for whoever may GetCheckout it; the SSE
+    # Last-Event-ID header goes to the service, which resumes after that event.
+    "cuty.payments.v1.CheckoutService.WatchCheckout": Access(
+        READERS | {CUSTOMER}, forward_headers=(("last-event-id", "last-event-id"),)),
     # Issue 10: the merchant's admin, or the platform's operator, retries a NEEDS_ATTENTION checkout.
     "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN, OPERATOR)),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(READERS),

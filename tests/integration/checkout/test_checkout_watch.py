@@ -12,6 +12,7 @@ import grpc
 import pytest_asyncio
 
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
+from cutylib import errors
 from cutylib.principal import Principal
 from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import TEST_MERCHANT, user
@@ -132,8 +133,9 @@ async def test_hold_expiring_is_sent_once_at_ttl_minus_the_warning(live):
 
 async def test_open_streams_per_user_are_capped(live):
     h, stub = await live(max_watch_streams_per_user=2)
-    created = await create(h)
-    md = user(C, "customer")
+    me = "capped-" + uuid.uuid4().hex[:8]
+    created = await create(h, me)
+    md = user(me, "customer")
     open_ = [watch(stub, created.id, md) for _ in range(2)]
     for call in open_:
         await asyncio.wait_for(call.read(), 5)
@@ -143,10 +145,18 @@ async def test_open_streams_per_user_are_capped(live):
         raise AssertionError("a third stream was admitted")
     except grpc.aio.AioRpcError as e:
         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # The cap holds across replicas: a second payments process (its own Watchers) refuses too.
+    from payments.checkout.live import Watchers
+    other = Watchers(h.pool, h.options)
+    try:
+        async with other.admitted(me):
+            raise AssertionError("another process admitted a third stream")
+    except errors.ResourceExhausted as e:
+        assert e.reason == "too-many-watch-streams"
     # Another user is not counted against this one; a closed stream frees its place.
     assert (await asyncio.wait_for(watch(stub, created.id, user("staff-1", "staff")).read(), 5)).id
     open_[0].cancel()
-    await wait_for(lambda: _open_below(h, 2), timeout=5)
+    await wait_for(lambda: _places_below(h, me, 2), timeout=5)
     again = watch(stub, created.id, md)
     assert (await asyncio.wait_for(again.read(), 5)).id
     again.cancel()
@@ -196,9 +206,26 @@ async def _state_is(h, checkout_id, state):
     return (await h.row(checkout_id))["state"] == state
 
 
-async def _open_below(h, n):
-    return h.service.watchers.streams_of(C) < n
+async def _places_below(h, subject, n):
+    return await h.pool.fetchval("SELECT count(*) FROM watch_streams WHERE subject = $1", subject) < n
 
 
 async def _reconnected(h, before):
     return h.service.watchers.reconnects > before and h.service.watchers.connected.is_set()
+
+
+async def test_a_place_left_by_a_dead_process_is_free_once_its_lease_runs_out(live):
+    h, _stub = await live(max_watch_streams_per_user=1)
+    me = "orphaned-" + uuid.uuid4().hex[:8]
+    await h.pool.execute("INSERT INTO watch_streams (subject, slot, process, stream, lease_until) "
+                         "VALUES ($1, 0, 'watch:dead', 's', clock_timestamp() + interval '1 hour')", me)
+    try:
+        async with h.service.watchers.admitted(me):
+            raise AssertionError("admitted over a live place")
+    except errors.ResourceExhausted:
+        pass
+    await h.pool.execute("UPDATE watch_streams SET lease_until = clock_timestamp() WHERE subject = $1", me)
+    async with h.service.watchers.admitted(me):
+        row = await h.pool.fetchrow("SELECT process FROM watch_streams WHERE subject = $1", me)
+        assert row["process"] == h.service.watchers.process
+    assert await h.pool.fetchval("SELECT count(*) FROM watch_streams WHERE subject = $1", me) == 0

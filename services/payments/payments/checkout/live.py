@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -44,6 +45,7 @@ ACTION_REQUIRED = "payment-action-required"
 HOLD_EXPIRING = "hold-expiring"
 # States in which a hold can still run out under the buyer (the warning is only sent in these).
 _HOLDING = frozenset({domain.HELD, domain.AWAITING_ACTION})
+CLAIM_ROUNDS = 3
 
 
 def event_type(state: str) -> str:
@@ -58,33 +60,45 @@ class Watchers:
         self.pool = pool
         self.options = options
         self._subs: dict[str, set[asyncio.Event]] = defaultdict(set)
-        self._per_user: dict[str, int] = defaultdict(int)
+        # This process's name on its streams' places, renewed together while the listener runs.
+        self.process = f"watch:{secrets.token_hex(8)}"
+        self.lease_seconds = max(30.0, 3 * options.watch_check_seconds)
         self._open = 0
         self.connected = asyncio.Event()  # set while the LISTEN connection is up (tests wait on it)
         self.reconnects = 0
         self._conn: asyncpg.Connection | None = None
 
     # -- the streams' side ------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def admitted(self, user: str):
-        """One open stream of `user`, refused beyond the caps (RESOURCE_EXHAUSTED)."""
-        if self._per_user[user] >= self.options.max_watch_streams_per_user:
-            raise errors.ResourceExhausted(
-                f"at most {self.options.max_watch_streams_per_user} open watch streams per user; close one first")
+    @contextlib.asynccontextmanager
+    async def admitted(self, user: str):
+        """One open stream of `user`, refused beyond the caps (RESOURCE_EXHAUSTED): the per-user one
+        across every replica (a leased place in watch_streams, migration 0136), and this process's."""
         if self._open >= self.options.max_watch_streams:
-            raise errors.ResourceExhausted("this server has as many open watch streams as it takes; retry later")
-        self._per_user[user] += 1
+            raise errors.ResourceExhausted("this server has as many open watch streams as it takes; retry later",
+                                           reason="too-many-watch-streams")
+        stream = secrets.token_hex(8)
+        place = None
+        for _ in range(CLAIM_ROUNDS):  # a lost race for one place tries the next free one
+            place = await self.pool.fetchval(repo.CLAIM_WATCH_PLACE, user, self.process, stream,
+                                             self.options.max_watch_streams_per_user, self.lease_seconds)
+            if place is not None:
+                break
+        if place is None:
+            raise errors.ResourceExhausted(
+                f"at most {self.options.max_watch_streams_per_user} open watch streams per user; close one first",
+                reason="too-many-watch-streams")
         self._open += 1
         try:
             yield
         finally:
             self._open -= 1
-            self._per_user[user] -= 1
-            if not self._per_user[user]:
-                del self._per_user[user]
+            try:  # shielded: a stream ends by cancellation when its client goes away
+                await asyncio.shield(self.pool.execute(repo.RELEASE_WATCH_PLACE, user, place, stream))
+            except Exception:  # noqa: BLE001 - the lease runs out instead
+                log.warning("watch stream place not released; its lease frees it", exc_info=True)
 
-    @contextlib.contextmanager
-    def subscribed(self, checkout_id: str):
+    @contextlib.asynccontextmanager
+    async def subscribed(self, checkout_id: str):
         """A flag set whenever `checkout_id` changes (or the listener reconnected)."""
         flag = asyncio.Event()
         self._subs[checkout_id].add(flag)
@@ -101,8 +115,6 @@ class Watchers:
     def open_streams(self) -> int:
         return self._open
 
-    def streams_of(self, user: str) -> int:
-        return self._per_user.get(user, 0)
 
     def _notify(self, _conn, _pid, _channel, payload: str) -> None:
         for flag in self._subs.get(payload, ()):
@@ -143,8 +155,11 @@ class Watchers:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(lost.wait(), self.options.watch_check_seconds)
                 if not lost.is_set():
-                    with quiet():  # a connection lost without a FIN fails this check
-                        await asyncio.wait_for(conn.execute("SELECT 1"), self.options.watch_check_seconds)
+                    # Renew this process's places (per-user cap) on the listening connection: one
+                    # statement per period, which also finds a connection lost without a FIN.
+                    with quiet():
+                        await asyncio.wait_for(conn.execute(repo.RENEW_WATCH_PLACES, self.process, self.lease_seconds),
+                                               self.options.watch_check_seconds)
             raise ConnectionError("the LISTEN connection was closed")
         finally:
             self._conn = None
@@ -169,7 +184,7 @@ async def watch(service, watchers: Watchers, caller: Principal, checkout_id: str
         raise errors.InvalidArgument("after_event_id", f"after_event_id must be 0 or an event id, got {after_event_id}")
     saga = await service.seen(caller, checkout_id)
     sagas = repo.Sagas(service.pool)
-    with watchers.admitted(caller.subject or caller.role), watchers.subscribed(checkout_id) as changed:
+    async with watchers.admitted(caller.subject), watchers.subscribed(checkout_id) as changed:
         await service.core.audit_operator_read(caller, "WatchCheckout", checkout_id, saga.merchant_id)
         yield None  # admitted: the caller may now be told the stream is open
         loop = asyncio.get_running_loop()

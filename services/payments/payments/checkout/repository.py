@@ -56,6 +56,29 @@ EVENTS_AFTER = """
 SELECT seq, to_status, created_at FROM payment_events
 WHERE checkout_id = $1 AND source = 'saga' AND seq > $2 ORDER BY seq
 """
+# WatchCheckout's per-user cap (migration 0136): the lowest place of $1 below the cap $4 that is
+# free or whose lease ran out. Two streams racing for one place: the primary key lets one in, the
+# other gets no row (and tries the next free place). Returns the place, or nothing when all are held.
+CLAIM_WATCH_PLACE = """
+INSERT INTO watch_streams AS w (subject, slot, process, stream, lease_until)
+SELECT $1, s, $2, $3, clock_timestamp() + make_interval(secs => $5::float8)
+FROM generate_series(0, $4::int - 1) AS s
+WHERE NOT EXISTS (SELECT 1 FROM watch_streams x
+                  WHERE x.subject = $1 AND x.slot = s AND x.lease_until > clock_timestamp())
+ORDER BY s LIMIT 1
+ON CONFLICT (subject, slot) DO UPDATE SET
+    process = EXCLUDED.process, stream = EXCLUDED.stream, lease_until = EXCLUDED.lease_until,
+    opened_at = clock_timestamp()
+WHERE w.lease_until <= clock_timestamp()
+RETURNING slot
+"""
+RELEASE_WATCH_PLACE = "DELETE FROM watch_streams WHERE subject = $1 AND slot = $2 AND stream = $3"
+# One statement per process and lease period, whatever the number of its streams.
+RENEW_WATCH_PLACES = """
+UPDATE watch_streams SET lease_until = clock_timestamp() + make_interval(secs => $2::float8)
+WHERE process = $1
+"""
+
 # Its latest transition: the id a watch starting without Last-Event-ID starts from.
 LAST_EVENT = """
 SELECT seq, to_status, created_at FROM payment_events
