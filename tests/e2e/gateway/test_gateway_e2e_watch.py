@@ -93,12 +93,13 @@ async def test_the_per_user_cap_and_a_closed_client_frees_its_stream(http, auth,
     me = auth("customer")
     co = (await http.post("/v1/checkouts", json={"slotId": slot["id"]}, headers={**me, **fresh_key()})).json()
     async with httpx.AsyncClient(base_url=str(http.base_url), timeout=30) as c:
-        streams = []
+        streams, readers = [], []  # (a reader dropped closes its response: keep them)
         for _ in range(5):  # CUTY_MAX_WATCH_STREAMS_PER_USER's default
             cm = watch(c, co["id"], me)
             resp = await cm.__aenter__()
             assert resp.status_code == 200
-            await anext(sse(resp))
+            readers.append(sse(resp))
+            await anext(readers[-1])
             streams.append(cm)
         # The cap holds across the payments replicas (a leased place per stream in the database).
         async with watch(c, co["id"], me) as over:
