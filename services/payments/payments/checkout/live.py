@@ -53,8 +53,9 @@ def event_type(state: str) -> str:
 
 
 class Watchers:
-    """The process's listener and the open streams: checkout id -> the flags of its watchers,
-    and the counts behind the caps (per user, per process)."""
+    """The process's listener and the open streams: checkout id -> the flags of its watchers, this
+    process's count of streams (its own cap) and its leased places under the per-user cap (in the
+    database, migration 0136, so the cap holds across replicas)."""
 
     def __init__(self, pool: asyncpg.Pool, options: CheckoutOptions):
         self.pool = pool
