@@ -5,6 +5,9 @@
     (400) -> gRPC call over mutual TLS, the user as a signed assertion, with a deadline
     -> JSON answer, or the gRPC status as an RFC 9457 problem
 
+A server-streaming RPC takes the same steps up to the call, and is then answered as Server-Sent
+Events (sse.py): a refusal before the stream opens is still a problem.
+
 There is no per-route code: the route table comes from the protos (descriptors.py), who may call
 what from policy.py. Plain ASGI rather than a framework router: the routes are not known until
 the descriptors are read, and the hot path stays short (see bench/gateway.py).
@@ -16,6 +19,7 @@ import logging
 import time
 
 import grpc
+from starlette.responses import StreamingResponse
 
 from cutylib.identity import AssertionSigner
 from cutylib.tls import GATEWAY, Transport
@@ -27,6 +31,7 @@ from .policy import Access, access_for
 from .problems import Problem, bad_request
 from .ratelimit import RateLimiter, retry_after_header
 from .settings import GatewaySettings
+from . import sse
 from .transcode import TranscodeError, build_request, dumps, to_json
 
 log = logging.getLogger("gateway")
@@ -105,8 +110,12 @@ class Gateway:
         with (tracing.passive_span(headers) if raw_path == "/healthz" else tracing.start_server_span(name, headers)) as span:
             tp, trace_id = tracing.traceparent(span)
             extra: dict[str, str] = {}
+            stream: StreamingResponse | None = None
             try:
-                if route is not None:
+                if route is not None and route.server_streaming:
+                    stream = await self._stream(route, bound, query, headers, receive, trace_id)
+                    status, body, ctype = 200, b"", sse.MEDIA_TYPE
+                elif route is not None:
                     status, body, ctype = 200, await self._rpc(route, bound, query, headers, receive), JSON
                 elif raw_path in _OWN and method == "GET":
                     status, body, ctype = await _OWN[raw_path](self)
@@ -126,6 +135,15 @@ class Gateway:
             span.set_attribute("http.response.status_code", status)
             if status >= 500 and route is not None:
                 log.warning("request failed", extra={"route": name, "status": status})
+        if stream is not None:
+            if tp:
+                stream.headers["traceparent"], stream.headers["x-trace-id"] = tp, trace_id
+            try:
+                await stream(scope, receive, send)
+            finally:
+                access_log.record(method, route_name, status, time.perf_counter() - t0, trace_id,
+                                  log_line=self.settings.access_log)
+            return
         out = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode()),
                (b"cache-control", b"no-store")]
         if tp:
@@ -138,6 +156,31 @@ class Gateway:
 
     # The one generic route handler ---------------------------------------------------------------
     async def _rpc(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive) -> bytes:
+        request, metadata = await self._prepare(route, bound, query, headers, receive)
+        deadline = self.settings.deadline_seconds
+        try:
+            response = await self.backends.call(route, request, metadata=metadata, timeout=deadline)
+        except grpc.aio.AioRpcError as e:
+            raise problems.from_rpc_error(e, service=route.owner, deadline=deadline) from None
+        return to_json(response)
+
+    async def _stream(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
+                      trace_id: str) -> StreamingResponse:
+        """A server-streaming route: the call opened (or its refusal as a problem), then its
+        messages as Server-Sent Events (sse.py); the call is cancelled when the client leaves."""
+        request, metadata = await self._prepare(route, bound, query, headers, receive)
+        s = self.settings
+        call = self.backends.stream(route, request, metadata=metadata, timeout=s.sse_max_seconds)
+        first = await sse.opened(call, service=route.owner, deadline=s.sse_max_seconds)
+        body = sse.events(call, first, heartbeat=s.sse_heartbeat_seconds, service=route.owner,
+                          deadline=s.sse_max_seconds, trace_id=trace_id)
+        # no-transform / X-Accel-Buffering: proxies must pass each event on as it comes.
+        return StreamingResponse(body, media_type=sse.MEDIA_TYPE, headers={
+            "cache-control": "no-store, no-transform", "x-accel-buffering": "no"})
+
+    async def _prepare(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str],
+                       receive) -> tuple[object, tuple]:
+        """Every check of a route up to the call: the request message and the call's metadata."""
         access = self.access[route.rpc]
         limit = self.settings.max_body_bytes
         declared = headers.get("content-length")
@@ -173,12 +216,7 @@ class Gateway:
         except TranscodeError as e:
             raise bad_request(e.field, e.message) from None
         metadata += tracing.inject()
-        deadline = self.settings.deadline_seconds
-        try:
-            response = await self.backends.call(route, request, metadata=tuple(metadata), timeout=deadline)
-        except grpc.aio.AioRpcError as e:
-            raise problems.from_rpc_error(e, service=route.owner, deadline=deadline) from None
-        return to_json(response)
+        return request, tuple(metadata)
 
     # The gateway's own routes --------------------------------------------------------------------
     async def healthz(self) -> tuple[int, bytes, str]:

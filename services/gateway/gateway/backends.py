@@ -1,4 +1,5 @@
-"""One grpc.aio channel per service process, and a generic unary call per route.
+"""One grpc.aio channel per service process, and a generic call per route (unary, or
+server-streaming for the routes answered as Server-Sent Events).
 
 Calls use `channel.unary_unary(path, serializer, deserializer)` built from the route's message
 classes, so no generated stub is needed and every annotated RPC is callable the same way.
@@ -25,6 +26,7 @@ class Backends:
         self.transport = transport
         self.channels: dict[str, grpc.aio.Channel] = {}
         self._calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._streams: dict[str, grpc.aio.UnaryStreamMultiCallable] = {}
 
     async def start(self) -> None:
         for owner, addr in self.addrs.items():
@@ -39,6 +41,7 @@ class Backends:
         await asyncio.gather(*(ch.close() for ch in self.channels.values()), return_exceptions=True)
         self.channels.clear()
         self._calls.clear()
+        self._streams.clear()
 
     def _callable(self, route: Route) -> grpc.aio.UnaryUnaryMultiCallable:
         fn = self._calls.get(route.grpc_path)
@@ -51,6 +54,16 @@ class Backends:
 
     async def call(self, route: Route, request, *, metadata: tuple, timeout: float):
         return await self._callable(route)(request, metadata=metadata, timeout=timeout)
+
+    def stream(self, route: Route, request, *, metadata: tuple, timeout: float | None) -> grpc.aio.UnaryStreamCall:
+        """A server-streaming call, started (the caller reads it and cancels it when done)."""
+        fn = self._streams.get(route.grpc_path)
+        if fn is None:
+            fn = self.channels[route.owner].unary_stream(
+                route.grpc_path, request_serializer=route.input_type.SerializeToString,
+                response_deserializer=route.output_type.FromString)
+            self._streams[route.grpc_path] = fn
+        return fn(request, metadata=metadata, timeout=timeout)
 
     async def health(self, timeout: float) -> dict[str, str]:
         """owner -> SERVING | NOT_SERVING | UNAVAILABLE ... (the overall server status, service "")."""

@@ -35,6 +35,8 @@ class Route:
     input_type: type[Message] = field(repr=False)
     output_type: type[Message] = field(repr=False)
     comment: str = ""
+    # A server-streaming RPC: answered as Server-Sent Events (app.py, sse.py), never as one JSON.
+    server_streaming: bool = False
 
     @property
     def method_descriptor(self) -> MethodDescriptor:
@@ -115,8 +117,8 @@ def routes_from(fds: descriptor_pb2.FileDescriptorSet) -> list[Route]:
             for mi, m in enumerate(svc.method):
                 if not m.options.HasExtension(annotations_pb2.http):
                     continue
-                if m.client_streaming or m.server_streaming:
-                    raise ValueError(f"{svc_name}.{m.name}: streaming RPCs cannot be transcoded")
+                if m.client_streaming:
+                    raise ValueError(f"{svc_name}.{m.name}: client-streaming RPCs cannot be transcoded")
                 method = pool.FindMethodByName(f"{svc_name}.{m.name}")
                 in_cls = message_factory.GetMessageClass(method.input_type)
                 out_cls = message_factory.GetMessageClass(method.output_type)
@@ -128,7 +130,7 @@ def routes_from(fds: descriptor_pb2.FileDescriptorSet) -> list[Route]:
                         grpc_path=f"/{svc_name}/{m.name}", owner=owner_of(svc_name),
                         input_type=in_cls, output_type=out_cls,
                         # path 6 = FileDescriptorProto.service, 2 = ServiceDescriptorProto.method
-                        comment=comments.get((6, si, 2, mi), ""),
+                        comment=comments.get((6, si, 2, mi), ""), server_streaming=m.server_streaming,
                     ))
     routes.sort(key=lambda r: r.template.specificity, reverse=True)
     return routes

@@ -149,8 +149,14 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
     else:
         op["security"] = [{"bearerAuth": []}]
         op["x-cuty-roles"] = sorted(access.roles or ())
+    ok = {"description": "the resource", "content": {"application/json": {"schema": s.ref(r.output_type.DESCRIPTOR)}}}
+    if r.server_streaming:
+        ok = {"description": "Server-Sent Events, one per message (`id:` its id, `event:` its type, `data:` the JSON "
+                             "of its resource), `: keep-alive` comments between them; reconnect with Last-Event-ID",
+              "content": {"text/event-stream": {"schema": {"type": "string"},
+                                                "x-cuty-event-schema": s.ref(r.output_type.DESCRIPTOR)}}}
     op["responses"] = {
-        "200": {"description": "the resource", "content": {"application/json": {"schema": s.ref(r.output_type.DESCRIPTOR)}}},
+        "200": ok,
         **{str(status): _problem(why) for status, why in problem_responses(r, access)},
         "default": _problem("any other failure (5xx: quote the traceId)"),
     }

@@ -54,6 +54,10 @@ POLICY: dict[str, Access] = {
     "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER)),
     # Issue 12: a customer's own checkouts; staff and admins their merchant's; the operator all (audited).
     "cuty.payments.v1.CheckoutService.ListCheckouts": Access(READERS | {CUSTOMER}),
+    # Issue 12: live updates as Server-Sent Events, for whoever may GetCheckout it; the SSE
+    # Last-Event-ID header goes to the service, which resumes after that event.
+    "cuty.payments.v1.CheckoutService.WatchCheckout": Access(
+        READERS | {CUSTOMER}, forward_headers=(("last-event-id", "last-event-id"),)),
     # Issue 10: the merchant's admin, or the platform's operator, retries a NEEDS_ATTENTION checkout.
     "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN, OPERATOR)),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(READERS),

@@ -35,6 +35,11 @@ class GatewaySettings:
     # Longer than a load balancer's idle timeout (often 60 s), so the balancer closes idle
     # connections first and never sends a request on a connection the gateway is closing.
     keepalive_seconds: float = env_field(env_float, "CUTY_GATEWAY_KEEPALIVE_SECONDS", 75.0)
+    # Server-Sent Events (streaming routes): a comment line (`: keep-alive`) this often, so proxies
+    # keep an idle stream open; and the longest a stream lives (the client reconnects with
+    # Last-Event-ID and misses nothing).
+    sse_heartbeat_seconds: float = env_field(env_float, "CUTY_SSE_HEARTBEAT_SECONDS", 15.0)
+    sse_max_seconds: float = env_field(env_float, "CUTY_SSE_MAX_SECONDS", 3600.0)
     # owner -> address; empty means "from the environment" (CUTY_<SVC>_ADDR / _GRPC_PORT).
     backends: dict[str, str] = field(default_factory=dict)
     # Tests: the gateway's mutual-TLS identity and assertion signer (default: from the environment).

@@ -68,6 +68,8 @@ MATRIX = {
     ("POST", "/v1/checkouts/{checkout_id}:pay"): row(roles=("customer",)),
     ("GET", "/v1/checkouts/{checkout_id}"): row(roles=("customer", "staff", "admin", "operator")),
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): row(roles=("customer",)),
+    # Issue 12: Server-Sent Events; the world's COMPLETED checkout ends its stream after one event.
+    ("GET", "/v1/checkouts/{checkout_id}:watch"): row(roles=("customer", "staff", "admin", "operator")),
     # Allowed, and then refused by the saga (409): the checkout does not need attention.
     ("POST", "/v1/checkouts/{checkout_id}:retry"): row(409, roles=("admin", "operator")),
     ("GET", "/v1/payments/{payment_id}/events"): row(roles=("staff", "admin", "operator")),
@@ -195,6 +197,9 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
     elif template == "/v1/psp/webhooks":
         body = {"id": "evt_matrix", "type": "payment_intent.succeeded"}
     path = template.format(**ids)
+    if template.endswith(":watch"):  # a stream: the status of the response head is the answer
+        async with http.stream(method, path, headers=h) as r:
+            return r.status_code
     r = await http.request(method, path, json=body if method == "POST" else None, params=params, headers=h)
     return r.status_code
 

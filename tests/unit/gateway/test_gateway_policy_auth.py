@@ -29,6 +29,7 @@ DESIGN_TABLE = {
     ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff", "admin", "operator"},  # admin can do what staff can
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer"},
     ("GET", "/v1/checkouts"): {"customer", "staff", "admin", "operator"},  # issue 12: lists
+    ("GET", "/v1/checkouts/{checkout_id}:watch"): {"customer", "staff", "admin", "operator"},  # issue 12: SSE
     ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # issue 10: retry of NEEDS_ATTENTION
     ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin", "operator"},
     ("GET", "/v1/payments:lookup"): {"staff", "admin", "operator"},  # issue 15: a payment by its PSP intent id

@@ -14,15 +14,21 @@ from cutylib.timestamps import from_timestamp
 from cutylib.tls import GATEWAY, PAYMENTS
 
 from .. import operator
-from . import domain, views
+from . import domain, live, views
 from .idempotency import Replay
 from .service import CheckoutService
 
 IDEMPOTENCY_KEY = "idempotency-key"
+# WatchCheckout: the SSE Last-Event-ID header, forwarded by the gateway (used when the request's
+# after_event_id is 0), and the initial metadata telling the gateway the stream is open (so a
+# refusal before it is an HTTP error, not an event stream).
+LAST_EVENT_ID = "last-event-id"
+STREAM_OPEN = ("cuty-stream", "open")
 # Which service may call each RPC (its certificate's identity): checkouts are the gateway's; an
 # operator's retry also comes from the payments service's own tooling.
 CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout": {GATEWAY},
-           "CancelCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY}}
+           "CancelCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY},
+           "WatchCheckout": {GATEWAY}}
 # Who may put a NEEDS_ATTENTION checkout back to work (issue 10, item 8).
 OPERATOR_ROLES = ("operator", "admin", "system")
 
@@ -107,3 +113,26 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
         caller = principal.current()
         caller.require_role(*OPERATOR_ROLES)
         return await self.service.retry(caller, operator.who(caller, context.invocation_metadata()), request.checkout_id)
+
+    async def WatchCheckout(self, request: checkout_pb2.WatchCheckoutRequest, context: grpc.aio.ServicerContext):
+        caller = principal.current()
+        caller.require_subject()
+        after = request.after_event_id or _last_event_id(context)
+        events = live.watch(self.service, self.service.watchers, caller, request.checkout_id, after)
+        try:
+            async for event in events:
+                if event is None:
+                    await context.send_initial_metadata((STREAM_OPEN,))
+                    continue
+                yield event
+        finally:
+            await events.aclose()
+
+
+def _last_event_id(context: grpc.aio.ServicerContext) -> int:
+    raw = principal.metadata_value(context.invocation_metadata(), LAST_EVENT_ID).strip()
+    if not raw:
+        return 0
+    if not raw.isdigit() or len(raw) > 18:
+        raise errors.InvalidArgument("Last-Event-ID", f"Last-Event-ID must be an event id (digits), got {raw[:40]!r}")
+    return int(raw)

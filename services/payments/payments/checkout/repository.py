@@ -11,6 +11,7 @@ wake-up of its saga is not here: the database does it (trigger `payments_wake_ch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Union
 
 import asyncpg
@@ -22,6 +23,9 @@ from .domain import Saga
 
 # NOTIFY channel of wake-ups; the payments trigger (migration 0103) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
+# NOTIFY channel of live updates: every change of a checkout's state or version (trigger
+# checkouts_notify_watchers, migration 0135), payload the checkout id (payments/checkout/live.py).
+WATCH_CHANNEL = "cuty_checkout_events"
 
 _TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED')"
 # Nothing for a worker to do: terminal, or waiting for an operator (issue 10, item 8).
@@ -46,6 +50,40 @@ first AS (
 """
 
 GET = "SELECT *, clock_timestamp() AS db_now FROM checkouts WHERE id = $1"
+# A checkout's transitions (the saga's events in the payment event log) after an event id, oldest
+# first: what a watcher has not been sent yet (payment_events_checkout serves it).
+EVENTS_AFTER = """
+SELECT seq, to_status, created_at FROM payment_events
+WHERE checkout_id = $1 AND source = 'saga' AND seq > $2 ORDER BY seq
+"""
+# WatchCheckout's per-user cap (migration 0136): the lowest place of $1 below the cap $4 that is
+# free or whose lease ran out. Two streams racing for one place: the primary key lets one in, the
+# other gets no row (and tries the next free place). Returns the place, or nothing when all are held.
+CLAIM_WATCH_PLACE = """
+INSERT INTO watch_streams AS w (subject, slot, process, stream, lease_until)
+SELECT $1, s, $2, $3, clock_timestamp() + make_interval(secs => $5::float8)
+FROM generate_series(0, $4::int - 1) AS s
+WHERE NOT EXISTS (SELECT 1 FROM watch_streams x
+                  WHERE x.subject = $1 AND x.slot = s AND x.lease_until > clock_timestamp())
+ORDER BY s LIMIT 1
+ON CONFLICT (subject, slot) DO UPDATE SET
+    process = EXCLUDED.process, stream = EXCLUDED.stream, lease_until = EXCLUDED.lease_until,
+    opened_at = clock_timestamp()
+WHERE w.lease_until <= clock_timestamp()
+RETURNING slot
+"""
+RELEASE_WATCH_PLACE = "DELETE FROM watch_streams WHERE subject = $1 AND slot = $2 AND stream = $3"
+# One statement per process and lease period, whatever the number of its streams.
+RENEW_WATCH_PLACES = """
+UPDATE watch_streams SET lease_until = clock_timestamp() + make_interval(secs => $2::float8)
+WHERE process = $1
+"""
+
+# Its latest transition: the id a watch starting without Last-Event-ID starts from.
+LAST_EVENT = """
+SELECT seq, to_status, created_at FROM payment_events
+WHERE checkout_id = $1 AND source = 'saga' ORDER BY seq DESC LIMIT 1
+"""
 # A staff or admin read (issue 14): $2 the caller's merchant, NULL for any.
 GET_SEEN_BY = ("SELECT *, clock_timestamp() AS db_now FROM checkouts "
                "WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
@@ -309,6 +347,14 @@ class Fields:
     salon_id: str | None = None  # a booking's salon, recorded once with the hold (issue 12)
 
 
+@dataclass(frozen=True)
+class CheckoutEvent:
+    """One transition of a checkout as the event log has it (a live update's id and state)."""
+    seq: int
+    state: str
+    at: datetime
+
+
 def saga_of(row) -> Saga | None:
     return None if row is None else Saga.from_row(row)
 
@@ -399,6 +445,15 @@ class Sagas:
         `self.db` is the caller's connection (inside tenancy.scoped for staff and admins)."""
         query, args = list_statement(q, after, limit)
         return [(Saga.from_row(r), r["payment_status"]) for r in await self.db.fetch(query, *args)]
+    async def events_after(self, checkout_id: str, after: int, caller) -> list[CheckoutEvent]:
+        """The checkout's transitions after event `after`, as `caller` may read them (inside
+        tenancy.scoped for staff and admins). `self.db` must be the pool."""
+        rows = await tenancy.fetch(self.db, EVENTS_AFTER, checkout_id, after, principal=caller)
+        return [CheckoutEvent(r["seq"], r["to_status"], r["created_at"]) for r in rows]
+
+    async def last_event(self, checkout_id: str, caller) -> CheckoutEvent | None:
+        row = await tenancy.fetchrow(self.db, LAST_EVENT, checkout_id, principal=caller)
+        return None if row is None else CheckoutEvent(row["seq"], row["to_status"], row["created_at"])
 
     async def hand_back(self, checkout_id: str, owner: str) -> None:
         await self.db.execute(HAND_BACK, checkout_id, owner)

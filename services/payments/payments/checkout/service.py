@@ -22,6 +22,7 @@ from . import diagnostics, domain, repository as repo, views
 from .domain import Saga
 from .engine import Engine
 from .idempotency import IdempotencyStore, Replay, request_hash
+from .live import Watchers
 from .remote import Inventory, Refused, Rejected
 
 # Callers who may read any checkout (staff see it without the buyer's action or codes).
@@ -41,8 +42,10 @@ def new_owner(kind: str) -> str:
 
 class CheckoutService:
     def __init__(self, pool: asyncpg.Pool, engine: Engine, holds: Inventory, core, keys: IdempotencyStore,
-                 lease_seconds: float):
+                 lease_seconds: float, watchers: Watchers | None = None):
         self.pool = pool
+        # WatchCheckout's listener and open streams (checkout/live.py); its `run` is a background task.
+        self.watchers = watchers
         self.sagas = repo.Sagas(pool)
         self.engine = engine
         self.holds = holds
@@ -156,6 +159,13 @@ class CheckoutService:
     # -- GetCheckout ------------------------------------------------------------------------------
     async def get(self, caller: Principal, checkout_id: str) -> checkout_pb2.Checkout:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
+        saga = await self.seen(caller, checkout_id)
+        await self.core.audit_operator_read(caller, "GetCheckout", checkout_id, saga.merchant_id)
+        return await self.view_for(caller, saga)
+
+    async def seen(self, caller: Principal, checkout_id: str) -> Saga:
+        """The checkout as `caller` may see it: staff and admins their merchant's, a customer their
+        own; anyone else's does not exist for them (NOT_FOUND)."""
         if caller.role in STAFF_ROLES:
             saga = await self.sagas.get_seen_by(checkout_id, caller)  # another merchant's: not found
         else:
@@ -164,7 +174,11 @@ class CheckoutService:
                 saga = None  # another customer's checkout does not exist for this caller
         if saga is None:
             raise errors.NotFound(f"checkout {checkout_id} not found")
-        await self.core.audit_operator_read(caller, "GetCheckout", checkout_id, saga.merchant_id)
+        return saga
+
+    async def view_for(self, caller: Principal, saga: Saga) -> checkout_pb2.Checkout:
+        """GetCheckout's answer to `caller` (who may see `saga`): codes, the redirect URL and the
+        client secret for the buyer only; the diagnostics for staff only."""
         owner = caller.subject == saga.customer_id
         answer = await self.view(saga, with_codes=owner)
         if not owner:
@@ -172,7 +186,7 @@ class CheckoutService:
             answer.payment.ClearField("next_action")
             answer.payment.client_secret = ""
         if caller.role in STAFF_ROLES:  # attempts, last error, trace id: never the customer's
-            found = await diagnostics.read(self.pool, checkout_id)
+            found = await diagnostics.read(self.pool, saga.id)
             if found is not None:
                 answer.diagnostics.CopyFrom(found)
         return answer

@@ -29,3 +29,10 @@ class CheckoutOptions:
     attention_after_seconds: float = env_field(env_float, "CUTY_SAGA_ATTENTION_AFTER_SECONDS", 3600.0)
     # Crash injection for the crash-matrix test: "<step>:before" / "<step>:after" (comma separated).
     crash_at: str = env_field(env_str, "CUTY_CRASH_AT", "")
+    # Issue 12, live updates (WatchCheckout): open streams per user and per process, the warning
+    # before a hold runs out (hold-expiring at TTL - this), and how often the one LISTEN connection
+    # of the process is checked (a connection lost without a FIN is found within this).
+    max_watch_streams_per_user: int = env_field(env_int, "CUTY_MAX_WATCH_STREAMS_PER_USER", 5)
+    max_watch_streams: int = env_field(env_int, "CUTY_MAX_WATCH_STREAMS", 2000)
+    hold_warning_seconds: float = env_field(env_float, "CUTY_HOLD_EXPIRING_WARNING_SECONDS", 60.0)
+    watch_check_seconds: float = env_field(env_float, "CUTY_WATCH_LISTENER_CHECK_SECONDS", 10.0)

@@ -12,6 +12,7 @@ from . import crash
 from .engine import Engine
 from .grpc_api import CALLERS, CheckoutApi
 from .idempotency import IdempotencyStore
+from .live import Watchers
 from .remote import Inventory
 from .service import CheckoutService
 from .settings import CheckoutOptions
@@ -42,7 +43,7 @@ def build(settings, pool, core, *, options: CheckoutOptions | None = None, booki
     holds = Inventory(booking_stub, codepool_stub)
     engine = Engine(pool, holds, core, options, lease)
     keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds)
-    service = CheckoutService(pool, engine, holds, core, keys, lease)
+    service = CheckoutService(pool, engine, holds, core, keys, lease, Watchers(pool, options))
     worker = SagaWorker(pool, engine, keys, options, lease, f"saga:{core.worker_id}")
     return service, engine, worker, channels
 
@@ -55,6 +56,8 @@ def register(server, settings, pool, core) -> None:
     checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(service), server.server)
     server.add_service(SERVICE, CALLERS)
     server.add_background(worker.run)
+    # One LISTEN connection per process for WatchCheckout's streams (checkout/live.py).
+    server.add_background(service.watchers.run)
     # A payment's status change wakes its saga in the database (migration 0103), not through core.
 
     async def close_channels() -> None:

@@ -1,0 +1,86 @@
+"""Server-streaming RPCs as Server-Sent Events (issue 12: `GET /v1/checkouts/{id}:watch`).
+
+One mechanism for any server-streaming route:
+
+1. The call is started with the same checks, metadata and request as a unary route (app.py).
+2. Before the response head, the gateway waits for the backend's initial metadata: a backend
+   sends it (`cuty-stream: open`) once it has accepted the call, and refuses a call with a status
+   and no message (trailers only). A refusal is an RFC 9457 problem like every route's (404, 429...).
+3. Then `text/event-stream` through starlette's StreamingResponse: each message as
+   `id: <its id>\\nevent: <its type>\\ndata: <JSON of its resource>\\n\\n` (the resource: the
+   message's one field of a `cuty.*` message type; without one, the whole message), and a
+   comment line `: keep-alive` after every CUTY_SSE_HEARTBEAT_SECONDS of silence, so proxies keep
+   the connection. A failure after the head is one `event: error` with the problem as data.
+4. When the client goes away (starlette cancels the body) or the stream ends, the gRPC call is
+   cancelled: the backend's stream (and its place under the per-user cap) is freed at once.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from . import problems
+from .transcode import dumps, to_dict, to_json
+
+STREAM_OPEN = ("cuty-stream", "open")
+MEDIA_TYPE = "text/event-stream"
+KEEP_ALIVE = b": keep-alive\n\n"
+
+
+async def opened(call: grpc.aio.UnaryStreamCall, *, service: str, deadline: float) -> Message | None:
+    """Wait until the backend accepted the call; returns a first message if it sent one instead
+    of its initial metadata. A refusal raises the route's Problem (nothing has been sent yet)."""
+    try:
+        md = await call.initial_metadata()
+        if md is not None and STREAM_OPEN in tuple(md):
+            return None
+        first = await call.read()  # a refused call raises its status here
+        return None if first is grpc.aio.EOF else first
+    except grpc.aio.AioRpcError as e:
+        call.cancel()
+        raise problems.from_rpc_error(e, service=service, deadline=deadline) from None
+
+
+def frame(msg: Message) -> bytes:
+    d = msg.DESCRIPTOR
+    out = []
+    if "id" in d.fields_by_name:
+        out.append(f"id: {msg.id}\n")
+    if "type" in d.fields_by_name and msg.type:
+        out.append(f"event: {msg.type}\n")
+    resource = [f for f in d.fields if f.type == FieldDescriptor.TYPE_MESSAGE and not f.is_repeated
+                and f.message_type.full_name.startswith("cuty.")]
+    data = dumps(to_dict(getattr(msg, resource[0].name))) if len(resource) == 1 else to_json(msg)
+    return "".join(out).encode() + b"data: " + data + b"\n\n"
+
+
+async def events(call: grpc.aio.UnaryStreamCall, first: Message | None, *, heartbeat: float, service: str,
+                 deadline: float, trace_id: str) -> AsyncIterator[bytes]:
+    """The response body: frames and keep-alives until the stream ends or the client leaves."""
+    read: asyncio.Future | None = None
+    try:
+        if first is not None:
+            yield frame(first)
+        while True:
+            read = asyncio.ensure_future(call.read())
+            while not read.done():
+                done, _ = await asyncio.wait({read}, timeout=heartbeat)
+                if not done:
+                    yield KEEP_ALIVE
+            msg, read = read.result(), None
+            if msg is grpc.aio.EOF:
+                return
+            yield frame(msg)
+    except grpc.aio.AioRpcError as e:
+        if e.code() == grpc.StatusCode.CANCELLED:
+            return
+        p = problems.from_rpc_error(e, service=service, deadline=deadline)
+        yield b"event: error\ndata: " + p.body(trace_id) + b"\n\n"
+    finally:
+        if read is not None:
+            read.cancel()
+        call.cancel()
