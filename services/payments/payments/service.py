@@ -411,7 +411,7 @@ class PaymentsCore:
                                       f"merchant's admin may refund it, with an explicit amount",
                                       reason="codes-delivered")
         left = row["amount_minor"] - row["refunded_minor"]
-        if amount_minor is None or left <= 0:
+        if amount_minor is None:
             return FailedPrecondition(f"payment {pid} has nothing left to refund ({row['refunded_minor']} of "
                                       f"{row['amount_minor']} {row['currency']} refunded or pending)",
                                       reason="nothing-to-refund")
