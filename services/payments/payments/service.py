@@ -421,7 +421,7 @@ class PaymentsCore:
     async def _complete(self, refund: RefundView, *, source: str = "sync") -> RefundView:
         """Ask the PSP for a pending refund (its Idempotency-Key is the refund's id, so asking again
         never refunds twice) and record the answer. A PSP timeout leaves it pending: Unavailable."""
-        crash.point("refund:before")
+        crash.point("psp_refund:before")
         payment = await self.pool.fetchrow(sql.GET_PAYMENT, uuid.UUID(refund.payment_id))
         try:
             answer = await self.psp.create_refund(refund.id, payment["psp_intent_id"],
@@ -437,7 +437,7 @@ class PaymentsCore:
             m.count_refund(self.metrics, "failed")
             raise FailedPrecondition(f"the PSP refused refund {refund.id} of payment {refund.payment_id}: "
                                      f"{exc.code}", reason="psp-refused") from exc
-        crash.point("refund:after")
+        crash.point("psp_refund:after")
         row = await self.pool.fetchrow(sql.SETTLE_REFUND, uuid.UUID(refund.id), str(answer.get("id") or ""),
                                        current_trace_id(), source)
         if row is None:  # settled meanwhile by another retry (or reconciliation): the same answer

@@ -253,13 +253,13 @@ async def test_a_refund_the_psp_refuses_gives_its_amount_back(harness):
     assert (await refund(h, pid, None, key="f-2")).amount_minor == 10_000
 
 
-@pytest.mark.parametrize("point", ["refund:before", "refund:after"])
+@pytest.mark.parametrize("point", ["psp_refund:before", "psp_refund:after"])
 async def test_a_crash_around_the_psp_call_is_finished_by_the_retry_without_a_double_refund(harness, monkeypatch,
                                                                                             point):
     """The process dies between the database write and the PSP call (or between the PSP's answer
     and its record): the refund stays pending with its amount counted; the retry with the same key
     asks the PSP with the same Idempotency-Key (the refund id), so the money goes back once. (The
-    real SIGKILL at these points is CUTY_CRASH_AT=refund:before / refund:after.)"""
+    real SIGKILL at these points is CUTY_CRASH_AT=psp_refund:before / psp_refund:after.)"""
     h = harness
     pid = await booked(h)
 
@@ -275,7 +275,7 @@ async def test_a_crash_around_the_psp_call_is_finished_by_the_retry_without_a_do
         await refund(h, pid, 2_000, key="c-1")
     (row,) = await refunds_of(h, pid)
     assert row["status"] == "pending"
-    assert len(h.psp.refunds) == (1 if point == "refund:after" else 0)
+    assert len(h.psp.refunds) == (1 if point == "psp_refund:after" else 0)
     monkeypatch.undo()
     done = await refund(h, pid, 2_000, key="c-1")
     assert done.status == "succeeded" and len(h.psp.refunds) == 1
