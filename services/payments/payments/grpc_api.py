@@ -113,7 +113,7 @@ class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
         actor = operator.who(caller, context.invocation_metadata())
         refund = await self.core.issue_refund(merchant, pid, key, amount_minor=amount, currency=currency,
                                               reason=reason, actor=actor, codes_delivered_ok=codes_ok,
-                                              note=refund_note(actor, reason))
+                                              note=refund_note(actor, reason), seen_by=caller)
         set_span_attributes(payment_id=pid)
         return refund.to_proto(await self.core.get(pid))
 

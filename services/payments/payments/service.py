@@ -356,7 +356,8 @@ class PaymentsCore:
 
     async def issue_refund(self, merchant_id: str, payment_id: str, idempotency_key: str, *,
                            amount_minor: int | None, currency: str | None, reason: str, actor: str,
-                           codes_delivered_ok: bool, note: str | None = None) -> RefundView:
+                           codes_delivered_ok: bool, note: str | None = None,
+                           seen_by: Principal | None = None) -> RefundView:
         """Issue 12: refund `amount_minor` (None: the rest of what was captured) of a captured payment
         of `merchant_id`. Idempotent on (merchant, payment, key): the same key and body answer the same
         refund (finishing it at the PSP if it was left pending); another body is refused. The running
@@ -366,15 +367,20 @@ class PaymentsCore:
                 f"idempotency_key must be 1..{MAX_REFUND_KEY} characters (the Idempotency-Key header)")
         refund_id = uuid.uuid4()
         try:
-            row = await self.pool.fetchrow(sql.RESERVE_REFUND, refund_id, merchant_id, pid, idempotency_key,
-                                           amount_minor, reason, actor, codes_delivered_ok, current_trace_id(),
-                                           note or f"refund requested by {actor}: {reason}", currency)
+            # A staff or admin user's write runs confined to their merchant (RLS, the second line
+            # behind `merchant_id = $2`).
+            async with tenancy.scoped(self.pool, seen_by) as uow:
+                row = await uow.conn.fetchrow(sql.RESERVE_REFUND, refund_id, merchant_id, pid, idempotency_key,
+                                              amount_minor, reason, actor, codes_delivered_ok, current_trace_id(),
+                                              note or f"refund requested by {actor}: {reason}", currency)
+                await uow.commit()
         except asyncpg.UniqueViolationError:
             row = None
         if row is None:
             # Nothing written: the key was used before (a replay, answered as the first time), or
             # the refund does not fit (asked again, a replay's "rest" is 0 once its refund counts).
-            first = await self.pool.fetchrow(sql.GET_REFUND_BY_KEY, merchant_id, pid, idempotency_key)
+            first = await tenancy.fetchrow(self.pool, sql.GET_REFUND_BY_KEY, merchant_id, pid, idempotency_key,
+                                           principal=seen_by)
             if first is not None:
                 return await self._replay(first, idempotency_key, amount_minor, currency, reason)
             raise await self._refusal(merchant_id, pid, amount_minor, currency)

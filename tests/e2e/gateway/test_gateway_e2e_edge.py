@@ -90,8 +90,9 @@ async def test_openapi_lists_every_route(http):
     ops = {(m.upper(), p) for p, item in doc["paths"].items() for m in item}
     assert {("POST", "/v1/checkouts"), ("POST", "/v1/checkouts/{checkout_id}:pay"), ("GET", "/v1/salons/{salon_id}/slots"),
             ("POST", "/v1/psp/webhooks"), ("GET", "/v1/payments/{payment_id}/events"),
-            ("POST", "/v1/products/{product_id}/codes:import"), ("GET", "/v1/payments:lookup")} <= ops
-    assert len(ops) == 19  # 17 annotated RPCs + /healthz + /openapi.json
+            ("POST", "/v1/products/{product_id}/codes:import"), ("GET", "/v1/payments:lookup"),
+            ("POST", "/v1/payments/{payment_id}:refund")} <= ops
+    assert len(ops) == 20  # 18 annotated RPCs + /healthz + /openapi.json
 
 
 async def test_the_psps_own_webhooks_arrive_through_the_gateway(http, auth, fresh_key, new_product, until_state):
