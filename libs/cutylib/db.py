@@ -30,7 +30,8 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
-# The Row-Level Security key of every merchant's table (libs/cutylib/migrations/0000_cuty_tenancy.sql).
+# The Row-Level Security key of every merchant's table (libs/cutylib/migrations/0000_cuty_tenancy.sql):
+# unset or ALL_MERCHANTS sees every merchant; cutylib.tenancy.scoped narrows a transaction to one.
 MERCHANT_SETTING = "cuty.merchant"
 ALL_MERCHANTS = "*"
 
@@ -45,10 +46,7 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
                       acquire_timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECONDS, **kwargs: Any) -> asyncpg.Pool:
     """A pool whose sessions run in UTC with JSON codecs and no per-release reset round trip, and
     whose acquire gives up after `acquire_timeout` seconds (None: waits for ever)."""
-    server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty"),
-                       # Row-Level Security: a service's session sees every merchant; a staff or
-                       # admin unit of work narrows it with SET LOCAL (cutylib.tenancy.scoped).
-                       MERCHANT_SETTING: ALL_MERCHANTS}
+    server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty")}
     server_settings.update(kwargs.pop("server_settings", {}))
     kwargs.setdefault("reset", _keep_session)
     kwargs.setdefault("timeout", 5)  # connect timeout: a database that does not answer is UNAVAILABLE soon
@@ -177,7 +175,7 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     if create:
         await ensure_database(dsn)
     files = _migration_files(migrations_dir, shared)
-    conn = await asyncpg.connect(dsn, server_settings={MERCHANT_SETTING: ALL_MERCHANTS})
+    conn = await asyncpg.connect(dsn)
     applied_now: list[str] = []
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)

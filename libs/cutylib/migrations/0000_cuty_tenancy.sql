@@ -1,15 +1,17 @@
 -- Merchants as tenants (issue 14, docs/tenancy.md): the functions every service database shares.
 -- cutylib.db.migrate applies this file with each service's own migrations, in name order.
 
--- The Row-Level Security key. A session of a service starts with cuty.merchant = '*' (every
--- merchant: the orchestrator, and customers' paths, which filter by customer); a unit of work of a
--- staff or admin user sets it to that user's merchant with SET LOCAL (cutylib.tenancy.scoped), so
--- a query that forgot its `WHERE merchant_id = $n` still sees only that merchant's rows. Unset or
--- empty sees nothing: a session that did not say whose it is, is no one's. A row whose merchant is
--- not known yet (NULL) is visible only to '*'.
+-- The Row-Level Security key. A unit of work of a staff or admin user sets cuty.merchant to that
+-- user's merchant with SET LOCAL (cutylib.tenancy.scoped), so a query that forgot its
+-- `WHERE merchant_id = $n` still sees only that merchant's rows. Unset (or '*') is every merchant:
+-- the orchestrator's and customers' paths (which filter by customer) never set it, so they pay no
+-- extra round trip. Unset rather than a session default set at connect time, because a session
+-- parameter does not survive PgBouncer in transaction mode (deploy/k8s/overlays/prod/poolers.yaml),
+-- while SET LOCAL lives exactly as long as the transaction, which the pooler keeps on one server
+-- connection. A row whose merchant is not known yet (NULL) is visible to "every merchant" only.
 CREATE FUNCTION cuty_merchant_visible(m text) RETURNS boolean
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT coalesce(current_setting('cuty.merchant', true), '') IN ('*', m)
+    SELECT coalesce(nullif(current_setting('cuty.merchant', true), ''), '*') IN ('*', m)
 $$;
 
 -- A row's merchant is set when the row is created and never changes. A row that learns its

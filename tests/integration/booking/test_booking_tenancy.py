@@ -222,7 +222,7 @@ async def test_a_child_cannot_take_another_merchant_than_its_parents(booking, bo
 
 
 async def test_row_level_security_bites(booking, booking_dsn):
-    """A non-superuser session set to the wrong merchant (or to none) reads nothing of any table;
+    """A non-superuser session set to the wrong merchant reads nothing of any table (unset: all);
     set to the merchant, it reads that merchant's rows (superusers bypass RLS, hence SET ROLE)."""
     org = "m-" + new_id()
     _, _, slot = await _merchant_salon(booking, org)
@@ -235,11 +235,13 @@ async def test_row_level_security_bites(booking, booking_dsn):
         await conn.execute(f"GRANT SELECT ON {', '.join(TABLES)} TO {role}")
         await conn.execute(f"SET ROLE {role}")
         counts = {}
-        for setting in ("wrong", org, ""):
+        for setting in ("wrong", org, "", "*"):
             await conn.execute("SELECT set_config('cuty.merchant', $1, false)", setting)
             counts[setting] = [await conn.fetchval(f"SELECT count(*) FROM {t}") for t in TABLES]
         # a forgotten WHERE still sees only the merchant: the whole table is its 1 + 1 + 1 + 1 rows
-        assert counts == {"wrong": [0, 0, 0, 0], org: [1, 1, 1, 1], "": [0, 0, 0, 0]}
+        assert {s: counts[s] for s in ("wrong", org)} == {"wrong": [0, 0, 0, 0], org: [1, 1, 1, 1]}
+        # unset is every merchant (the saga's and customers' sessions never set it)
+        assert counts[""] == counts["*"] and all(n >= 1 for n in counts[""])
     finally:
         await conn.execute("RESET ROLE")
         await conn.execute(f"DROP OWNED BY {role}")
@@ -283,7 +285,7 @@ async def test_rows_from_before_merchants_move_to_the_default_merchant(scratch_d
         assert outcome == "held"
         await conn.close()
         assert await migrate(scratch_db, MIGRATIONS) == ["0006_merchants"]
-        conn = await asyncpg.connect(scratch_db, server_settings={"cuty.merchant": "*"})
+        conn = await asyncpg.connect(scratch_db)
         merchants = [await conn.fetchval(f"SELECT merchant_id FROM {t} WHERE id = $1", i)
                      for t, i in zip(TABLES, (salon, chair, slot, hold))]
         assert merchants == ["default"] * 4
