@@ -8,6 +8,7 @@ payments and checkout tests); no service imports it.
     psp = FakePsp()
     psp.unavailable["create"] = 2     # the next two creates answer "unknown" (a timeout)
     psp.refusing["refund"] = 1        # the next refund is refused (4xx)
+    psp.unavailable["refund-answer"] = 1  # the next refund happens but its answer is lost
     psp.set_status(intent_id, "succeeded")   # the customer finished 3-D Secure, or a charge settled
     psp.charges[key]                  # captures per Idempotency-Key (never more than one)
 """
@@ -85,7 +86,9 @@ class FakePsp:
             raise PspError(409, {"code": "payment_intent_unexpected_state", "payment_intent": dict(intent)})
         return self.set_status(intent_id, "canceled")
 
-    async def create_refund(self, idempotency_key: str, intent_id: str, metadata: dict[str, str]) -> dict[str, Any]:
+    async def create_refund(self, idempotency_key: str, intent_id: str, metadata: dict[str, str],
+                            amount: int | None = None) -> dict[str, Any]:
+        """As the simulator: `amount` None refunds what is left; never more than captured in total."""
         self._enter("refund")
         if self.refusing["refund"] > 0:
             self.refusing["refund"] -= 1
@@ -95,11 +98,24 @@ class FakePsp:
         intent = self.intents[intent_id]
         if intent["status"] != "succeeded":
             raise PspError(400, {"code": "payment_intent_unexpected_state"})
-        intent["amount_refunded"] = intent["amount"]
+        left = intent["amount"] - intent["amount_refunded"]
+        if left <= 0:
+            raise PspError(400, {"code": "charge_already_refunded"})
+        amount = left if amount is None else amount
+        if amount > left:
+            raise PspError(400, {"code": "amount_too_large"})
+        intent["amount_refunded"] += amount
         refund = {"id": f"re_{secrets.token_hex(8)}", "object": "refund", "payment_intent": intent_id,
-                  "amount": intent["amount"], "status": "succeeded", "metadata": metadata}
+                  "amount": amount, "status": "succeeded", "metadata": metadata}
         self.refunds[idempotency_key] = refund
+        if self.unavailable["refund-answer"] > 0:  # refunded, but the answer is lost (a timeout)
+            self.unavailable["refund-answer"] -= 1
+            raise PspUnavailable("fake PSP: refund answer lost")
         return dict(refund)
+
+    def refunded(self, intent_id: str) -> int:
+        """What the PSP refunded of the intent, in minor units."""
+        return sum(r["amount"] for r in self.refunds.values() if r["payment_intent"] == intent_id)
 
     async def aclose(self) -> None:
         pass

@@ -63,6 +63,8 @@ POLICY: dict[str, Access] = {
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(READERS),
     # Issue 15: staff find the payment behind a PSP intent id (GET /v1/payments:lookup?pspIntentId=).
     "cuty.payments.v1.PaymentService.LookupPayment": Access(READERS),
+    # Issue 12: the merchant's staff (and admins) give money back; the operator reads, it does not refund.
+    "cuty.payments.v1.PaymentService.IssueRefund": Access(_roles(STAFF, ADMIN), idempotency_key=True),
     # The PSP has no token; the orchestrator verifies the HMAC over the raw body instead.
     "cuty.payments.v1.PaymentService.HandlePspWebhook": Access(
         None, forward_headers=(("cuty-signature", "cuty-signature"),)),

@@ -16,11 +16,17 @@ PROCESSING = "processing"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 CANCELED = "canceled"
+# Issue 12: part of the captured amount went back to the buyer (payments.refund_settled_minor), the
+# rest is still captured; a further refund may follow. Never set by a PSP observation: only by
+# the refund path (repository.SETTLE_REFUND), from the running totals.
+PARTIALLY_REFUNDED = "partially_refunded"
 REFUNDED = "refunded"
 
-STATUSES = (CREATED, REQUIRES_ACTION, PROCESSING, SUCCEEDED, FAILED, CANCELED, REFUNDED)
+STATUSES = (CREATED, REQUIRES_ACTION, PROCESSING, SUCCEEDED, FAILED, CANCELED, PARTIALLY_REFUNDED, REFUNDED)
 # No client secret or redirect URL is ever shown for these (DESIGN.md invariant 6).
-TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED, REFUNDED})
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED, PARTIALLY_REFUNDED, REFUNDED})
+# What a refund may start from: the captured payment, whole or partly refunded.
+REFUNDABLE = frozenset({SUCCEEDED, PARTIALLY_REFUNDED})
 # Reconciliation asks the PSP about payments stuck in one of these.
 NON_TERMINAL = (CREATED, REQUIRES_ACTION, PROCESSING)
 SOURCES = ("sync", "webhook", "reconcile", "saga")
@@ -29,16 +35,18 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     CREATED: frozenset({REQUIRES_ACTION, PROCESSING, SUCCEEDED, FAILED, CANCELED}),
     REQUIRES_ACTION: frozenset({PROCESSING, SUCCEEDED, FAILED, CANCELED}),
     PROCESSING: frozenset({SUCCEEDED, FAILED, CANCELED}),
-    SUCCEEDED: frozenset({REFUNDED}),
+    SUCCEEDED: frozenset({PARTIALLY_REFUNDED, REFUNDED}),
     FAILED: frozenset(),
     CANCELED: frozenset(),
+    PARTIALLY_REFUNDED: frozenset({REFUNDED}),
     REFUNDED: frozenset(),
 }
 
 # How far along the lifecycle a status is. An observation of a lower rank than the current status
 # is old news (a late `processing` after `succeeded`); the same rank but another status, or a higher
 # rank the table does not allow, contradicts what we know.
-_RANK = {CREATED: 0, REQUIRES_ACTION: 1, PROCESSING: 2, SUCCEEDED: 3, FAILED: 3, CANCELED: 3, REFUNDED: 4}
+_RANK = {CREATED: 0, REQUIRES_ACTION: 1, PROCESSING: 2, SUCCEEDED: 3, FAILED: 3, CANCELED: 3, PARTIALLY_REFUNDED: 4,
+         REFUNDED: 5}
 
 
 class Outcome(enum.Enum):

@@ -9,7 +9,8 @@ from cuty.payments.v1 import payments_pb2_grpc
 from cutylib import principal
 from cutylib.errors import InvalidArgument, NotFound
 from cutylib.fields import canonical_uuid
-from cutylib import paging
+from cutylib import paging, tenancy
+from cutylib.money import require_amount, require_currency
 from cutylib.telemetry import set_span_attributes
 from cutylib.tls import GATEWAY, PAYMENTS
 
@@ -25,6 +26,7 @@ CALLERS = {
     "CreatePayment": {PAYMENTS}, "GetPayment": {GATEWAY, PAYMENTS}, "CancelPayment": {PAYMENTS},
     "RefundPayment": {PAYMENTS}, "GetPaymentTimeline": {GATEWAY}, "HandlePspWebhook": {GATEWAY},
     "LookupPayment": {GATEWAY},  # issue 15: staff find a payment by the PSP's intent id
+    "IssueRefund": {GATEWAY, PAYMENTS},  # issue 12: the merchant's staff refund, fully or partly
 }
 
 SIGNATURE_KEY = "cuty-signature"
@@ -34,6 +36,11 @@ MONEY_ROLES = ("system", "admin")
 READ_ROLES = ("system", "staff", "admin", "operator")  # staff and admins within their merchant (issue 14)
 MAX_INTENT_ID = 255
 MAX_REASON = 200
+# Issue 12: who refunds through the API. The merchant's staff and admins (within their merchant),
+# and `system` (the service's own tooling). Not the operator: support reads across merchants, but
+# giving a merchant's money back is the merchant's decision (docs/payments.md, "Refunds").
+REFUND_ROLES = ("system", "staff", "admin")
+MAX_REFUND_REASON = 500
 
 
 def _payment_id(value: str) -> str:
@@ -78,8 +85,37 @@ class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
         if not key:
             raise InvalidArgument("idempotency_key", "idempotency_key is required for a refund")
         pid = _payment_id(request.payment_id)
-        note = refund_note(operator.who(principal.current(), context.invocation_metadata()), request.reason)
-        return (await self.core.refund(pid, key, note=note)).to_proto()
+        actor = operator.who(principal.current(), context.invocation_metadata())
+        note = refund_note(actor, request.reason)
+        return (await self.core.refund(pid, key, note=note, actor=actor)).to_proto()
+
+    async def IssueRefund(self, request: pb.IssueRefundRequest, context: grpc.aio.ServicerContext) -> pb.Refund:
+        caller = principal.current()
+        caller.require_role(*REFUND_ROLES)
+        pid = _payment_id(request.payment_id)
+        key = request.idempotency_key or principal.metadata_value(context.invocation_metadata(), IDEMPOTENCY_KEY)
+        if not key:
+            raise InvalidArgument("idempotency_key", "an Idempotency-Key is required for a refund")
+        reason = request.reason.strip()
+        if not reason or len(reason) > MAX_REFUND_REASON or not reason.isprintable():
+            raise InvalidArgument("reason", f"reason must be 1..{MAX_REFUND_REASON} printable characters (why the "
+                                            f"money goes back), got {len(reason)} characters")
+        amount = currency = None
+        if request.HasField("amount"):
+            amount = require_amount("amount.amount_minor", request.amount.amount_minor, positive=True)
+            currency = require_currency("amount.currency_code", request.amount.currency_code)
+        # Staff and admins act within their merchant; a payment of another merchant is not found.
+        merchant = tenancy.merchant_filter(caller)
+        if merchant is None:  # system: the payment's own merchant
+            merchant = (await self.core.get(pid)).merchant_id
+        # Delivered codes are not refundable by staff; the merchant's admin may, naming the amount.
+        codes_ok = caller.role == "system" or (caller.role == "admin" and amount is not None)
+        actor = operator.who(caller, context.invocation_metadata())
+        refund = await self.core.issue_refund(merchant, pid, key, amount_minor=amount, currency=currency,
+                                              reason=reason, actor=actor, codes_delivered_ok=codes_ok,
+                                              note=refund_note(actor, reason), seen_by=caller)
+        set_span_attributes(payment_id=pid)
+        return refund.to_proto(await self.core.get(pid))
 
     async def GetPaymentTimeline(self, request: pb.GetPaymentTimelineRequest,
                                  context: grpc.aio.ServicerContext) -> pb.PaymentTimeline:

@@ -49,6 +49,9 @@ class PaymentsMetrics(Metrics):
         self.webhook_lag = h("cuty_payments_webhook_lag_seconds",
                              "From the PSP event's creation to its change applied to the payment", buckets=LAG_BUCKETS)
         self.psp_events_purged = c(PSP_EVENTS_PURGED, "Handled PSP events purged after CUTY_PSP_EVENT_RETENTION_DAYS")
+        # issue 12; outcome: reserved | replayed | succeeded | failed | pending
+        self.refunds = c("cuty_payments_refunds_total", "Refunds by outcome (reserved in the database, settled "
+                         "or refused by the PSP, left pending by a PSP timeout, replayed by key)", ["outcome"])
         self.reconciled = c(RECONCILED_PAYMENTS, "Payments moved by the reconciliation poller")
         self.reconcile_backlog = g("cuty_payments_reconcile_backlog",
                                    "Non-terminal payments unchanged for longer than CUTY_RECONCILE_AFTER_SECONDS")
@@ -85,3 +88,7 @@ class PaymentsMetrics(Metrics):
 
 
 REGISTRY = PaymentsMetrics(prometheus_client.REGISTRY)
+
+
+def count_refund(metrics: "PaymentsMetrics", outcome: str) -> None:
+    metrics.refunds.labels(outcome).inc()

@@ -200,7 +200,7 @@ async def _story_of(conn, query: str, matched: list[str], checkout_id: str | Non
 
 def diagnose(checkout: dict | None, payments: list[dict]) -> tuple[str, str]:
     """(the step that is failing or '' , one paragraph: where it stands and what to do)."""
-    captured = [p for p in payments if p["status"] in ("succeeded", "refunded")]
+    captured = [p for p in payments if p["status"] in ("succeeded", "partially_refunded", "refunded")]
     if checkout is None:
         if not payments:
             return "", "nothing found"
@@ -216,7 +216,7 @@ def diagnose(checkout: dict | None, payments: list[dict]) -> tuple[str, str]:
     if state == "REFUNDED":
         return "", "refunded: the customer was charged and the money was returned (see the refund in the timeline)"
     if state in ("FAILED", "EXPIRED", "CANCELLED", "REJECTED"):
-        if any(p["status"] == "succeeded" for p in captured):
+        if any(p["status"] in ("succeeded", "partially_refunded") for p in captured):
             return "", (f"{state} but a payment is captured and not refunded: this breaks 'every capture ends as "
                         f"one completion or one refund'. Escalate; `ops refund <payment id> --by <you>` returns "
                         f"the money")

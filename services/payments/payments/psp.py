@@ -80,9 +80,14 @@ class PspClient:
     async def cancel_intent(self, intent_id: str) -> dict[str, Any]:
         return await self._call("POST", f"/v1/payment_intents/{intent_id}/cancel", body={})
 
-    async def create_refund(self, idempotency_key: str, intent_id: str, metadata: dict[str, str]) -> dict[str, Any]:
-        return await self._call("POST", "/v1/refunds", body={"payment_intent": intent_id, "metadata": metadata},
-                                key=idempotency_key)
+    async def create_refund(self, idempotency_key: str, intent_id: str, metadata: dict[str, str],
+                            amount: int | None = None) -> dict[str, Any]:
+        """Refund `amount` minor units of the intent (None: what is left). The same key and body
+        answer the same refund; the PSP never refunds more than it captured."""
+        body: dict[str, Any] = {"payment_intent": intent_id, "metadata": metadata}
+        if amount is not None:
+            body["amount"] = amount
+        return await self._call("POST", "/v1/refunds", body=body, key=idempotency_key)
 
     async def _call(self, method: str, path: str, *, body: dict | None = None, key: str | None = None) -> dict:
         headers: dict[str, str] = {}

@@ -41,7 +41,12 @@ class Reconciler:
                                          float(core.settings.lease_seconds), float(core.settings.reconcile_after_seconds))
         if rows:
             await asyncio.gather(*(self._one(r) for r in rows))
-        return len(rows)
+        # Issue 12: refunds left pending (a PSP timeout, a crash around the PSP call) are asked again
+        # with the same key once they are as old as a payment would be.
+        with quiet():
+            refunds = await core.finish_pending_refunds(float(core.settings.reconcile_after_seconds),
+                                                        core.options.batch_size)
+        return len(rows) + refunds
 
     async def _one(self, row: Any) -> None:
         core = self.core

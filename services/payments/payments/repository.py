@@ -4,7 +4,7 @@ from __future__ import annotations
 
 PAYMENT_COLUMNS = """id, checkout_id, customer_id, status, version, lease_owner, lease_until, psp_intent_id,
     psp_refund_id, amount_minor, currency, payment_method, idempotency_key, redirect_url, client_secret,
-    failure_reason, reconcile_at, created_at, updated_at, merchant_id"""
+    failure_reason, reconcile_at, created_at, updated_at, merchant_id, refunded_minor, refund_settled_minor"""
 
 GET_PAYMENT = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1"
 # A user's read (issue 14): $2 is the caller's merchant (staff, admin) or NULL (any merchant), so
@@ -59,6 +59,9 @@ WITH upd AS (
         client_secret = CASE WHEN $3 = 'requires_action' THEN COALESCE($6, client_secret) END,
         failure_reason = COALESCE($7, failure_reason),
         psp_refund_id = COALESCE($8, psp_refund_id),
+        -- The PSP says the whole charge went back (issue 12: the running totals follow).
+        refunded_minor = CASE WHEN $3 = 'refunded' THEN amount_minor ELSE refunded_minor END,
+        refund_settled_minor = CASE WHEN $3 = 'refunded' THEN amount_minor ELSE refund_settled_minor END,
         reconcile_at = CASE WHEN $3 IN ('succeeded', 'failed', 'canceled', 'refunded') THEN NULL ELSE reconcile_at END,
         updated_at = clock_timestamp()
     WHERE id = $1 AND version = $2
@@ -160,4 +163,140 @@ UPDATE psp_events e SET attempts = e.attempts + 1,
 FROM due
 WHERE e.event_id = due.event_id
 RETURNING e.event_id, e.type, e.payment_id, e.payload, e.attempts
+"""
+
+# -- refunds (issue 12, item 3; migration 0130) ------------------------------------------------------
+
+REFUND_COLUMNS = """id, merchant_id, payment_id, key, requested_minor, amount_minor, currency, reason, requested_by,
+    status, psp_refund_id, failure_reason, created_at, updated_at"""
+
+# The reservation: one statement locks the payment (the CTE's FOR UPDATE waits for a concurrent
+# refund and then reads its committed totals), adds the amount to the running total only if it
+# fits (the CHECK refunded_minor <= amount_minor backs it), inserts the refund `pending`, and
+# appends the timeline event with the amount, the reason and who. $5 NULL: the rest of what was
+# captured. $8: may refund a codes purchase whose codes were delivered (docs/payments.md, "Refunds").
+# A second refund with the same key fails on UNIQUE refunds_key and takes the whole statement back
+# with it (the running total included); the caller then answers the first one.
+# $1 refund id, $2 merchant, $3 payment, $4 key, $5 requested amount, $6 reason, $7 who, $8 codes
+# allowed, $9 trace id, $10 the note's start, $11 the currency asked (NULL: the payment's).
+RESERVE_REFUND = f"""
+WITH cur AS (
+    SELECT id, amount_minor, refunded_minor, version, status,
+           COALESCE($5::bigint, amount_minor - refunded_minor) AS amount
+    FROM payments WHERE id = $3 AND merchant_id = $2
+    FOR UPDATE
+), upd AS (
+    UPDATE payments p SET refunded_minor = cur.refunded_minor + cur.amount, version = cur.version + 1,
+                          updated_at = clock_timestamp()
+    FROM cur
+    WHERE p.id = cur.id
+      AND cur.status IN ('succeeded', 'partially_refunded')
+      AND cur.amount > 0 AND cur.refunded_minor + cur.amount <= cur.amount_minor
+      AND ($11::text IS NULL OR p.currency = $11)
+      AND ($8::boolean OR NOT EXISTS (
+            SELECT 1 FROM checkouts c
+            WHERE c.id = p.checkout_id AND c.kind = 'codes' AND c.state = 'COMPLETED'))
+    RETURNING p.id, p.merchant_id, p.checkout_id, p.currency, p.status, p.version, cur.amount
+), ins AS (
+    INSERT INTO refunds (id, merchant_id, payment_id, key, requested_minor, amount_minor, currency, reason,
+                         requested_by)
+    SELECT $1, merchant_id, id, $4, $5, amount, currency, $6, $7 FROM upd
+    RETURNING {REFUND_COLUMNS}
+), ev AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT id, checkout_id, 'sync', status, status, version, $9,
+           format('%s (refund %s of %s %s minor units, pending)', $10::text, $1::uuid, amount, currency), merchant_id
+    FROM upd
+)
+SELECT {REFUND_COLUMNS} FROM ins
+"""
+
+GET_REFUND_BY_KEY = f"SELECT {REFUND_COLUMNS} FROM refunds WHERE merchant_id = $1 AND payment_id = $2 AND key = $3"
+
+# Why a reservation wrote nothing (the message only: the decision was RESERVE_REFUND's).
+REFUND_REFUSAL = """
+SELECT p.status, p.amount_minor, p.refunded_minor, p.currency,
+       EXISTS (SELECT 1 FROM checkouts c WHERE c.id = p.checkout_id AND c.kind = 'codes'
+                                            AND c.state = 'COMPLETED') AS codes_delivered
+FROM payments p WHERE p.id = $1 AND p.merchant_id = $2
+"""
+
+# The PSP refunded: the refund succeeds and the settled total (which decides partially_refunded or
+# refunded) rises, with the timeline event, in one statement. Only a pending refund settles, once.
+# LEAST: the PSP may have reported the whole charge refunded (finalize) before this refund's answer.
+SETTLE_REFUND = f"""
+WITH r AS (
+    UPDATE refunds SET status = 'succeeded', psp_refund_id = $2, updated_at = clock_timestamp()
+    WHERE id = $1 AND status = 'pending'
+    RETURNING {REFUND_COLUMNS}
+), cur AS (
+    SELECT p.id, p.status, p.version, p.amount_minor, p.refund_settled_minor
+    FROM payments p WHERE p.id = (SELECT payment_id FROM r)
+    FOR UPDATE
+), upd AS (
+    UPDATE payments p SET
+        refund_settled_minor = LEAST(cur.amount_minor, cur.refund_settled_minor + r.amount_minor),
+        status = CASE WHEN LEAST(cur.amount_minor, cur.refund_settled_minor + r.amount_minor) = cur.amount_minor
+                      THEN 'refunded' ELSE 'partially_refunded' END,
+        psp_refund_id = COALESCE(p.psp_refund_id, $2),
+        version = cur.version + 1,
+        updated_at = clock_timestamp()
+    FROM cur, r
+    WHERE p.id = cur.id
+    RETURNING p.id, p.checkout_id, p.merchant_id, p.status, p.version, cur.status AS from_status
+), ev AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT upd.id, upd.checkout_id, $4, upd.from_status, upd.status, upd.version, $3,
+           format('refund %s of %s %s minor units succeeded at the PSP (%s); requested by %s: %s',
+                  r.id, r.amount_minor, r.currency, $2::text, r.requested_by, r.reason), upd.merchant_id
+    FROM upd, r
+)
+SELECT {REFUND_COLUMNS} FROM r
+"""
+
+# The PSP refused the refund for good: it fails and its amount leaves the running total.
+FAIL_REFUND = f"""
+WITH r AS (
+    UPDATE refunds SET status = 'failed', failure_reason = $2, updated_at = clock_timestamp()
+    WHERE id = $1 AND status = 'pending'
+    RETURNING {REFUND_COLUMNS}
+), cur AS (
+    SELECT p.id, p.status, p.version, p.refunded_minor, p.refund_settled_minor
+    FROM payments p WHERE p.id = (SELECT payment_id FROM r)
+    FOR UPDATE
+), upd AS (
+    UPDATE payments p SET
+        refunded_minor = GREATEST(cur.refund_settled_minor, cur.refunded_minor - r.amount_minor),
+        version = cur.version + 1, updated_at = clock_timestamp()
+    FROM cur, r
+    WHERE p.id = cur.id
+    RETURNING p.id, p.checkout_id, p.merchant_id, p.status, p.version
+), ev AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT upd.id, upd.checkout_id, 'sync', upd.status, upd.status, upd.version, $3,
+           format('refund %s of %s %s minor units refused by the PSP: %s', r.id, r.amount_minor, r.currency, $2::text),
+           upd.merchant_id
+    FROM upd, r
+)
+SELECT {REFUND_COLUMNS} FROM r
+"""
+
+GET_REFUND = f"SELECT {REFUND_COLUMNS} FROM refunds WHERE id = $1"
+PENDING_REFUNDS_OF = f"SELECT {REFUND_COLUMNS} FROM refunds WHERE payment_id = $1 AND status = 'pending' ORDER BY created_at"
+
+# Reconciliation of refunds left pending (a PSP timeout, a crash before or after the PSP call):
+# claiming moves updated_at forward, so another replica skips the refund until it is due again.
+CLAIM_PENDING_REFUNDS = f"""
+WITH due AS (
+    SELECT id FROM refunds
+    WHERE status = 'pending' AND updated_at < clock_timestamp() - make_interval(secs => $2::float8)
+    ORDER BY created_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE refunds r SET updated_at = clock_timestamp() FROM due WHERE r.id = due.id
+RETURNING {', '.join('r.' + c.strip() for c in REFUND_COLUMNS.split(','))}
 """

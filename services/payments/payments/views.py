@@ -35,6 +35,9 @@ class PaymentView:
     created_at: datetime
     updated_at: datetime
     merchant_id: str = ""  # issue 14: the merchant paid
+    # Issue 12: refunded or being refunded (pending and succeeded refunds), and what the PSP confirmed.
+    refunded_minor: int = 0
+    refund_settled_minor: int = 0
 
     def __post_init__(self) -> None:
         # Whoever builds a view (a row, a test, the saga), a payment that does not wait for the
@@ -55,7 +58,8 @@ class PaymentView:
             currency=row["currency"], psp_intent_id=row["psp_intent_id"], payment_method=row["payment_method"],
             redirect_url=row["redirect_url"], client_secret=row["client_secret"],
             failure_reason=row["failure_reason"], created_at=row["created_at"], updated_at=row["updated_at"],
-            merchant_id=row["merchant_id"],
+            merchant_id=row["merchant_id"], refunded_minor=row["refunded_minor"],
+            refund_settled_minor=row["refund_settled_minor"],
         )
 
     def to_proto(self) -> payments_pb2.Payment:
@@ -71,6 +75,7 @@ class PaymentView:
             create_time=to_timestamp(self.created_at),
             update_time=to_timestamp(self.updated_at),
             merchant_id=self.merchant_id,
+            refunded=common_pb2.Money(currency_code=self.currency, amount_minor=self.refund_settled_minor),
         )
         if self.redirect_url:
             p.next_action.redirect_url = self.redirect_url
@@ -102,3 +107,45 @@ class TimelineEvent:
         return payments_pb2.PaymentEvent(
             seq=self.seq, source=self.source, from_status=self.from_status or "", to_status=self.to_status,
             version=self.version or 0, trace_id=self.trace_id, create_time=to_timestamp(self.created_at), note=self.note)
+
+
+@dataclass(frozen=True)
+class RefundView:
+    """One refund of a payment (issue 12): pending until the PSP answers, then succeeded or failed."""
+    id: str
+    merchant_id: str
+    payment_id: str
+    key: str
+    requested_minor: int | None
+    amount_minor: int
+    currency: str
+    reason: str
+    requested_by: str
+    status: str
+    psp_refund_id: str | None
+    failure_reason: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "RefundView":
+        return cls(id=str(row["id"]), merchant_id=row["merchant_id"], payment_id=str(row["payment_id"]),
+                   key=row["key"], requested_minor=row["requested_minor"], amount_minor=row["amount_minor"],
+                   currency=row["currency"], reason=row["reason"], requested_by=row["requested_by"],
+                   status=row["status"], psp_refund_id=row["psp_refund_id"], failure_reason=row["failure_reason"],
+                   created_at=row["created_at"], updated_at=row["updated_at"])
+
+    def to_proto(self, payment: PaymentView | None = None) -> payments_pb2.Refund:
+        out = payments_pb2.Refund(
+            id=self.id, payment_id=self.payment_id,
+            amount=common_pb2.Money(currency_code=self.currency, amount_minor=self.amount_minor),
+            reason=self.reason, requested_by=self.requested_by,
+            status=payments_pb2.RefundStatus.Value(f"REFUND_STATUS_{self.status.upper()}"),
+            psp_refund_id=self.psp_refund_id or "", failure_reason=self.failure_reason or "",
+            create_time=to_timestamp(self.created_at), update_time=to_timestamp(self.updated_at))
+        if payment is not None:
+            p = payment.to_proto()
+            p.ClearField("next_action")
+            p.client_secret = ""
+            out.payment.CopyFrom(p)
+        return out

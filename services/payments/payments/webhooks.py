@@ -176,6 +176,12 @@ class WebhookInbox:
         set_span_attributes(payment_id=str(payment_id))
         observed = domain.EVENT_STATUS[event_type]
         try:
+            if event_type == "charge.refunded" and isinstance(obj.get("payment_intent"), str):
+                # Issue 12: a refund may be partial, and only the intent's totals say whether the whole
+                # charge went back (refunded) or not (succeeded: old news for a partly refunded payment,
+                # whose own refund path records it). Asking is idempotent; a failure retries below.
+                obj = await self.core.psp.get_intent(obj["payment_intent"])
+                observed = domain.status_of_intent(obj)
             view = await self.core.finalize_leased(str(payment_id), observed, "webhook", intent=obj,
                                                    note=f"{event_type} {event_id}")
         except asyncio.CancelledError:

@@ -74,6 +74,10 @@ MATRIX = {
     ("POST", "/v1/checkouts/{checkout_id}:retry"): row(409, roles=("admin", "operator")),
     ("GET", "/v1/payments/{payment_id}/events"): row(roles=("staff", "admin", "operator")),
     ("GET", "/v1/payments:lookup"): row(roles=("staff", "admin", "operator")),
+    # Issue 12: the world's payment bought codes that were delivered: staff are refused (409
+    # codes-delivered), the merchant's admin refunds 1 minor unit (the amount named); another
+    # merchant's payment does not exist for them; the operator reads but does not refund.
+    ("POST", "/v1/payments/{payment_id}:refund"): {**row(roles=("staff", "admin")), "staff": (409, 404)},
     # No token needed, and a token grants nothing: an unsigned webhook is refused as unsigned.
     ("POST", "/v1/psp/webhooks"): row(roles=(), public=401),
 }
@@ -188,6 +192,9 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         body = {}
     elif template.endswith(":retry") or template.endswith(":reveal"):
         body = {}
+    elif template.endswith(":refund"):
+        body = {"amount": {"currencyCode": "TRY", "amountMinor": "1"}, "reason": "authorization matrix"}
+        h.update(key)
     elif template == "/v1/payments:lookup":
         params = {"pspIntentId": w.intent}
     elif template.endswith("/slots"):

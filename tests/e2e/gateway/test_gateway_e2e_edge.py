@@ -90,9 +90,10 @@ async def test_openapi_lists_every_route(http):
     ops = {(m.upper(), p) for p, item in doc["paths"].items() for m in item}
     assert {("POST", "/v1/checkouts"), ("POST", "/v1/checkouts/{checkout_id}:pay"), ("GET", "/v1/salons/{salon_id}/slots"),
             ("POST", "/v1/psp/webhooks"), ("GET", "/v1/payments/{payment_id}/events"),
-            ("POST", "/v1/products/{product_id}/codes:import"), ("GET", "/v1/payments:lookup")} <= ops
+            ("POST", "/v1/products/{product_id}/codes:import"), ("GET", "/v1/payments:lookup"),
+            ("POST", "/v1/payments/{payment_id}:refund")} <= ops
     assert ("GET", "/v1/checkouts") in ops and ("GET", "/v1/salons/{salon_id}/bookings") in ops  # issue 12
-    assert len(ops) == 22  # 20 annotated RPCs (issue 12: lists, agenda, :watch) + /healthz + /openapi.json
+    assert len(ops) == 23  # 21 annotated RPCs (issue 12: lists, agenda, :watch, :refund) + /healthz + /openapi.json
     watch = doc["paths"]["/v1/checkouts/{checkout_id}:watch"]["get"]["responses"]["200"]["content"]
     assert set(watch) == {"text/event-stream"}
 

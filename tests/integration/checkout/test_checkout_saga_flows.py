@@ -381,7 +381,8 @@ async def test_a_refund_the_psp_keeps_refusing_needs_attention_and_an_operator_r
     async with h.pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
-        await conn.execute("UPDATE payments SET status = 'refunded', version = version + 1 WHERE id = $1",
+        await conn.execute("UPDATE payments SET status = 'refunded', version = version + 1, "
+                           "refunded_minor = amount_minor, refund_settled_minor = amount_minor WHERE id = $1",
                            uuid.UUID(paid.payment.id))
         assert (await conn.fetchval("SELECT next_run_at FROM checkouts WHERE id = $1", uuid.UUID(created.id))) is None
         await tx.rollback()  # the refund is the operator's retry's to make

@@ -33,6 +33,7 @@ DESIGN_TABLE = {
     ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # issue 10: retry of NEEDS_ATTENTION
     ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin", "operator"},
     ("GET", "/v1/payments:lookup"): {"staff", "admin", "operator"},  # issue 15: a payment by its PSP intent id
+    ("POST", "/v1/payments/{payment_id}:refund"): {"staff", "admin"},  # issue 12: the merchant's refunds
     ("POST", "/v1/psp/webhooks"): None,
 }
 
@@ -44,9 +45,9 @@ def test_every_annotated_route_has_the_designed_policy(routes):
         assert served[key].roles == (None if roles is None else frozenset(roles)), key
 
 
-def test_idempotency_key_required_exactly_on_create_and_pay(routes):
+def test_idempotency_key_required_exactly_on_create_pay_and_refund(routes):
     need = {r.template.source for r in routes.values() if access_for(r.rpc).idempotency_key}
-    assert need == {"/v1/checkouts", "/v1/checkouts/{checkout_id}:pay"}
+    assert need == {"/v1/checkouts", "/v1/checkouts/{checkout_id}:pay", "/v1/payments/{payment_id}:refund"}
 
 
 def test_unknown_rpc_is_denied_to_everyone():

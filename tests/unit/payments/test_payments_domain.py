@@ -38,13 +38,17 @@ def test_only_apply_moves_and_every_apply_is_forward():
         out = decide(current, observed)
         assert (out is Outcome.APPLY) == domain.can_transition(current, observed)
         if out is Outcome.APPLY:
-            assert current not in domain.TERMINAL - {"succeeded"}
+            assert current not in domain.TERMINAL - domain.REFUNDABLE
             assert rank[observed] > rank[current] or current == "created"
 
 
 def test_terminal_statuses_have_no_way_out_except_refund():
     for s in domain.TERMINAL:
-        assert domain.TRANSITIONS[s] <= {"refunded"}
+        assert domain.TRANSITIONS[s] <= {"partially_refunded", "refunded"}
+    # issue 12: a partly refunded payment may only be refunded further; a late "succeeded" is old news
+    assert domain.TRANSITIONS["partially_refunded"] == {"refunded"}
+    assert decide("partially_refunded", "succeeded") is Outcome.STALE
+    assert decide("partially_refunded", "refunded") is Outcome.APPLY
 
 
 def test_unknown_statuses_are_refused():

@@ -67,7 +67,13 @@ CODES = "codes"
 # Payment statuses (payments/domain.py), as far as the saga cares.
 P_CREATED, P_REQUIRES_ACTION, P_PROCESSING = "created", "requires_action", "processing"
 P_SUCCEEDED, P_FAILED, P_CANCELED, P_REFUNDED = "succeeded", "failed", "canceled", "refunded"
-P_TERMINAL = frozenset({P_SUCCEEDED, P_FAILED, P_CANCELED, P_REFUNDED})
+# Issue 12: staff refunded part of the payment; for the saga the rest is still captured (succeeded).
+P_PARTIALLY_REFUNDED = "partially_refunded"
+P_TERMINAL = frozenset({P_SUCCEEDED, P_FAILED, P_CANCELED, P_PARTIALLY_REFUNDED, P_REFUNDED})
+
+
+def _captured_as_succeeded(payment_status: str | None) -> str | None:
+    return P_SUCCEEDED if payment_status == P_PARTIALLY_REFUNDED else payment_status
 
 
 def can_transition(current: str, new: str) -> bool:
@@ -189,6 +195,7 @@ def is_expired(saga: Saga, now: datetime, grace_seconds: float = 0.0) -> bool:
 
 def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_seconds: float = 0.0) -> Step:
     """The next step of a leased saga. `payment_status` is None when no payment is known yet."""
+    payment_status = _captured_as_succeeded(payment_status)
     st = saga.state
     if st == PENDING:
         return Step.HOLD
@@ -227,6 +234,7 @@ class Move:
 
 def route_payment(saga: Saga, payment_status: str, now: datetime, grace_seconds: float = 0.0) -> Move | None:
     """CHARGING / AWAITING_ACTION: where the payment's status takes the saga (None: stay and wait)."""
+    payment_status = _captured_as_succeeded(payment_status)
     if payment_status == P_SUCCEEDED:
         return Move(CONFIRMING)
     if payment_status in (P_FAILED, P_CANCELED, P_REFUNDED):
