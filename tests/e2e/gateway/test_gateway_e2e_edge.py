@@ -92,7 +92,9 @@ async def test_openapi_lists_every_route(http):
             ("POST", "/v1/psp/webhooks"), ("GET", "/v1/payments/{payment_id}/events"),
             ("POST", "/v1/products/{product_id}/codes:import"), ("GET", "/v1/payments:lookup")} <= ops
     assert ("GET", "/v1/checkouts") in ops and ("GET", "/v1/salons/{salon_id}/bookings") in ops  # issue 12
-    assert len(ops) == 22  # 20 annotated RPCs (issue 12: lists, agenda, :watch) + /healthz + /openapi.json
+    assert ("POST", "/v1/webhookEndpoints") in ops  # issue 12, item 6
+    # 25 annotated RPCs (issue 12: lists, agenda, :watch, 5 webhook endpoint routes) + /healthz + /openapi.json
+    assert len(ops) == 27
     watch = doc["paths"]["/v1/checkouts/{checkout_id}:watch"]["get"]["responses"]["200"]["content"]
     assert set(watch) == {"text/event-stream"}
 
