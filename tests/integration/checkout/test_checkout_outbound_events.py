@@ -354,3 +354,32 @@ async def test_a_worker_that_dies_mid_post_leaves_the_delivery_to_be_sent_again(
                                             http_status=0, error="late", duration_ms=1) is None
     row = await h.pool.fetchrow("SELECT state, attempts FROM webhook_deliveries WHERE endpoint_id = $1", uuid.UUID(ep.id))
     assert row["state"] == "delivered" and row["attempts"] == 2
+
+
+async def test_row_level_security_on_the_outbound_tables(harness, endpoints):
+    """A forgotten `WHERE merchant_id = ...` still shows another merchant none of these rows."""
+    from cutylib.testing.tenancy import probe_role, rows_seen, tenant_tables
+
+    h = harness
+    async with Receiver() as rx:
+        ep = await endpoints.create(ADMIN, rx.url, ["checkout.completed"])
+        rx.secrets.append(ep.secret)
+        cid = await buy_codes(h)
+        _, tasks = await run_workers(h.pool, 1)
+        try:
+            await rx.until(lambda evs: len(evs) == 1)
+            await settled(h.pool)
+        finally:
+            await stop(tasks)
+    outbound = ("merchant_events", "webhook_endpoints", "webhook_deliveries", "webhook_attempts")
+    async with h.pool.acquire() as conn:
+        tables = {t["table"]: t for t in await tenant_tables(conn)}
+        assert set(outbound) <= set(tables)
+        assert all(tables[t]["enabled"] and tables[t]["forced"] and tables[t]["has_policy"] for t in outbound)
+        async with probe_role(conn) as role:
+            for table, where, arg in (("merchant_events", "checkout_id = $1", uuid.UUID(cid)),
+                                      ("webhook_endpoints", "id = $1", uuid.UUID(ep.id)),
+                                      ("webhook_deliveries", "endpoint_id = $1", uuid.UUID(ep.id)),
+                                      ("webhook_attempts", "true AND $1::text IS NOT NULL", "x")):
+                assert await rows_seen(conn, role, table, TEST_MERCHANT, where, arg) >= 1, table
+                assert await rows_seen(conn, role, table, OTHER_ADMIN.org, where, arg) == 0, table
