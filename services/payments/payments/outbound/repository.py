@@ -9,6 +9,7 @@ statement. Time is the database's.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -138,8 +139,6 @@ class Delivery:
 
     @classmethod
     def from_row(cls, row) -> "Delivery":
-        import json
-
         log = row["attempt_log"]
         log = json.loads(log) if isinstance(log, str) else (log or [])
         return cls(str(row["id"]), row["seq"], str(row["endpoint_id"]), str(row["event_id"]), row["event_type"],
