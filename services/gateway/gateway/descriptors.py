@@ -78,8 +78,18 @@ def register(fds: descriptor_pb2.FileDescriptorSet) -> None:
     for f in fds.file:
         try:
             pool.FindFileByName(f.name)
+            continue
         except KeyError:
-            pool.Add(f)
+            pass
+        # Prefer the generated module when there is one: importing it later, after the set's copy
+        # (which carries source info, so it differs) was added, would fail with "duplicate file name".
+        if f.name.startswith("cuty/") and f.name.endswith(".proto"):
+            try:
+                importlib.import_module(f.name[:-len(".proto")].replace("/", ".") + "_pb2")
+                continue
+            except ImportError:
+                pass
+        pool.Add(f)
 
 
 def _comments(fd: descriptor_pb2.FileDescriptorProto) -> dict[tuple[int, ...], str]:

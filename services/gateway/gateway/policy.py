@@ -65,6 +65,13 @@ POLICY: dict[str, Access] = {
     "cuty.payments.v1.PaymentService.LookupPayment": Access(READERS),
     # Issue 12: the merchant's staff (and admins) give money back; the operator reads, it does not refund.
     "cuty.payments.v1.PaymentService.IssueRefund": Access(_roles(STAFF, ADMIN), idempotency_key=True),
+    # Issue 12, item 6: a merchant's webhook endpoints and their delivery logs are its admins'
+    # (the endpoint secrets and the integration are theirs; the operator does not read them).
+    "cuty.payments.v1.WebhookEndpointService.CreateWebhookEndpoint": Access(_roles(ADMIN)),
+    "cuty.payments.v1.WebhookEndpointService.ListWebhookEndpoints": Access(_roles(ADMIN)),
+    "cuty.payments.v1.WebhookEndpointService.DeleteWebhookEndpoint": Access(_roles(ADMIN)),
+    "cuty.payments.v1.WebhookEndpointService.ListWebhookDeliveries": Access(_roles(ADMIN)),
+    "cuty.payments.v1.WebhookEndpointService.RedeliverWebhook": Access(_roles(ADMIN)),
     # The PSP has no token; the orchestrator verifies the HMAC over the raw body instead.
     "cuty.payments.v1.PaymentService.HandlePspWebhook": Access(
         None, forward_headers=(("cuty-signature", "cuty-signature"),)),

@@ -13,6 +13,7 @@ from cutylib.metrics import refresh_periodically
 
 from . import signature
 from .checkout import wiring
+from .outbound import wiring as outbound
 from .service import PaymentsCore
 from .grpc_api import CALLERS, PaymentApi
 from .psp import PspClient
@@ -58,6 +59,8 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
             lambda: core.metrics.refresh(pool, settings.reconcile_after_seconds)))
     if psp is None:
         server.on_stop(core.psp.aclose)
+    # Issue 12, item 6: merchants' webhook endpoints and the delivery workers of the outbox.
+    outbound.register(server, settings, pool, core.worker_id, workers=workers)
     registered = wiring.register(server, settings, pool, core)
     if inspect.isawaitable(registered):
         await registered

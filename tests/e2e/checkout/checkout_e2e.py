@@ -3,6 +3,7 @@ booking / code-pool databases and the PSP ledger, and the DESIGN.md invariants a
 from __future__ import annotations
 
 import itertools
+import json
 import secrets
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -161,6 +162,32 @@ class CheckoutStack:
             r.raise_for_status()
 
     # -- the oracle -------------------------------------------------------------------------------
+    async def check_outbox(self) -> int:
+        """Issue 12, item 6, over every checkout of the database: no state change without its event
+        and no event without its state change. A COMPLETED checkout has exactly one
+        checkout.completed and one booking.confirmed / codes.delivered, a REFUNDED one exactly one
+        checkout.refunded, any other none; every event is about a checkout in the state it
+        announces, of its merchant. Returns how many events were checked."""
+        want = {"COMPLETED": lambda kind: {"checkout.completed": 1,
+                                           "booking.confirmed" if kind == "booking" else "codes.delivered": 1},
+                "REFUNDED": lambda kind: {"checkout.refunded": 1}}
+        rows = await self.db["payments"].fetch(
+            "SELECT c.id, c.state, c.kind, "
+            "       COALESCE(jsonb_object_agg(e.type, e.n) FILTER (WHERE e.type IS NOT NULL), '{}') AS events "
+            "FROM checkouts c LEFT JOIN (SELECT checkout_id, type, count(*) AS n FROM merchant_events "
+            "                            GROUP BY checkout_id, type) e ON e.checkout_id = c.id "
+            "GROUP BY c.id, c.state, c.kind")
+        for r in rows:
+            events = r["events"] if isinstance(r["events"], dict) else json.loads(r["events"])
+            expected = want[r["state"]](r["kind"]) if r["state"] in want else {}
+            assert events == expected, (str(r["id"]), r["state"], events)
+        orphans = await self.db["payments"].fetch(
+            "SELECT e.id, e.type, c.state FROM merchant_events e LEFT JOIN checkouts c "
+            "ON c.id = e.checkout_id AND c.merchant_id = e.merchant_id "
+            "WHERE c.id IS NULL OR c.state <> CASE WHEN e.type = 'checkout.refunded' THEN 'REFUNDED' ELSE 'COMPLETED' END")
+        assert not orphans, [dict(o) for o in orphans]
+        return await self.db["payments"].fetchval("SELECT count(*) FROM merchant_events")
+
     async def check_invariants(self, checkout_ids: list[str]) -> dict[str, str]:
         """DESIGN.md invariants 4-6 over these checkouts, checked on the databases and the PSP:
         every captured payment is exactly one completed checkout or one refund; a finished saga holds

@@ -1,5 +1,5 @@
 """Crash matrix: the orchestrator SIGKILLs itself at every saga step, before and after the remote
-call (CUTY_CRASH_AT), and is restarted. Every saga must end COMPLETED or fully compensated (no held
+call (CUTY_CRASH_AT), and right after the move to COMPLETED committed, and is restarted. Every saga must end COMPLETED or fully compensated (no held
 slot, no reserved code, no un-refunded capture) and the PSP must have charged each attempt at most
 once. Clients behave like real ones: they retry with the same Idempotency-Key until answered.
 
@@ -75,6 +75,8 @@ MATRIX = [
     ("extend:before", happy), ("extend:after", happy),
     ("charge:before", happy), ("charge:after", happy),
     ("confirm:before", happy), ("confirm:after", happy),
+    # Issue 12, item 6: right after COMPLETED (and its outbox events) committed.
+    ("recorded:COMPLETED", happy),
     ("release:before", declined), ("release:after", declined),
     ("cancel_payment:before", cancel_during_3ds), ("cancel_payment:after", cancel_during_3ds),
     ("refund:before", hold_lost_then_captured), ("refund:after", hold_lost_then_captured),
@@ -115,3 +117,7 @@ async def test_sigkill_at_every_saga_step_then_recover(crashy):
     assert all(states[c] == "COMPLETED" for c in by_point["confirm:after"].result())
     assert all(states[c] == "FAILED" for c in by_point["release:before"].result())
     assert all(states[c] == "REFUNDED" for c in by_point["refund:after"].result())
+    assert all(states[c] == "COMPLETED" for c in by_point["recorded:COMPLETED"].result())
+    # Issue 12, item 6: whatever the crashes, every state change has its event and every event its
+    # state change (the outbox trigger writes them in one statement).
+    assert await shop.check_outbox() >= 2 * sum(s == "COMPLETED" for s in states.values())

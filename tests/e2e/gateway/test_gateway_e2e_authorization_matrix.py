@@ -8,6 +8,7 @@ fails the test, as does a row for a route that no longer exists.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 from dataclasses import dataclass
@@ -80,7 +81,16 @@ MATRIX = {
     ("POST", "/v1/payments/{payment_id}:refund"): {**row(roles=("staff", "admin")), "staff": (409, 404)},
     # No token needed, and a token grants nothing: an unsigned webhook is refused as unsigned.
     ("POST", "/v1/psp/webhooks"): row(roles=(), public=401),
+    # Issue 12, item 6: webhook endpoints are a merchant's admins'; an admin creates and lists in
+    # their own merchant (no "other" object), another merchant's endpoint does not exist for them.
+    ("POST", "/v1/webhookEndpoints"): row(roles=("admin",), other=200),
+    ("GET", "/v1/webhookEndpoints"): row(roles=("admin",), other=200),
+    ("DELETE", "/v1/webhookEndpoints/{endpoint_id}"): row(roles=("admin",)),
+    ("GET", "/v1/webhookEndpoints/{endpoint_id}/deliveries"): row(roles=("admin",)),
+    ("POST", "/v1/webhookEndpoints/{endpoint_id}/deliveries/{delivery_id}:redeliver"): row(roles=("admin",)),
 }
+# Where the matrix's webhook endpoints point: nothing listens (connection refused, retried later).
+NOWHERE = "http://127.0.0.1:9/hooks"
 
 
 def test_every_route_has_a_row_and_every_row_a_route():
@@ -100,6 +110,8 @@ class World:
     checkout: str  # COMPLETED, the customer's
     payment: str
     intent: str
+    endpoint: str  # a webhook endpoint of TEST_MERCHANT's, subscribed to checkout.completed
+    delivery: str  # its delivery of the checkout's checkout.completed
 
 
 def headers(role: str, merchant: str, sub: str | None = None, **extra) -> dict[str, str]:
@@ -129,6 +141,9 @@ async def world(http, stack, until_state) -> World:
                         headers=admin)
     assert r.status_code == 200, r.text
     codes = (await http.get(f"/v1/products/{product['id']}/codes", headers=admin)).json()["codes"]
+    endpoint = await http.post("/v1/webhookEndpoints", json={"url": NOWHERE, "events": ["checkout.completed"]},
+                               headers=admin)
+    assert endpoint.status_code == 200 and endpoint.json()["secret"], endpoint.text
     customer = "matrix-buyer-" + uuid.uuid4().hex[:6]
     me = headers("customer", "", customer)
     created = (await http.post("/v1/checkouts", json={"productId": product["id"], "quantity": 1},
@@ -142,8 +157,10 @@ async def world(http, stack, until_state) -> World:
         intent = await db.fetchval("SELECT psp_intent_id FROM payments WHERE id = $1::uuid", done["payment"]["id"])
     finally:
         await db.close()
+    log = (await http.get(f"/v1/webhookEndpoints/{endpoint.json()['id']}/deliveries", headers=admin)).json()
+    (delivery,) = [d for d in log["deliveries"] if d["eventType"] == "checkout.completed"]
     return World(salon["id"], resource["id"], product["id"], codes[0]["id"], customer, created["id"],
-                 done["payment"]["id"], intent)
+                 done["payment"]["id"], intent, endpoint.json()["id"], delivery["id"])
 
 
 async def held_checkout(http, w: World, customer: str) -> str:
@@ -166,7 +183,7 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
     h = headers(role, merchant, sub)
     key = {"Idempotency-Key": uuid.uuid4().hex}
     ids = {"salon_id": w.salon, "product_id": w.product, "code_id": w.code_id, "checkout_id": w.checkout,
-           "payment_id": w.payment}
+           "payment_id": w.payment, "endpoint_id": w.endpoint, "delivery_id": w.delivery}
     body, params = None, None
     if template == "/v1/salons":
         body = {"name": "Another", "timeZone": "Europe/Istanbul"}
@@ -201,6 +218,16 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         params = WINDOW
     elif template.endswith("/bookings"):
         params = {"day": "2026-01-01"}
+    elif template == "/v1/webhookEndpoints" and method == "POST":
+        body = {"url": NOWHERE, "events": ["booking.confirmed"]}
+    elif template == "/v1/webhookEndpoints/{endpoint_id}" and method == "DELETE":
+        # a fresh endpoint of TEST_MERCHANT's each time: the world's one must survive
+        made = await http.post("/v1/webhookEndpoints", json={"url": NOWHERE, "events": ["booking.confirmed"]},
+                               headers=headers("admin", TEST_MERCHANT))
+        assert made.status_code == 200, made.text
+        ids["endpoint_id"] = made.json()["id"]
+    elif template.endswith(":redeliver"):
+        body = {}
     elif template == "/v1/psp/webhooks":
         body = {"id": "evt_matrix", "type": "payment_intent.succeeded"}
     path = template.format(**ids)
@@ -208,6 +235,9 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         async with http.stream(method, path, headers=h) as r:
             return r.status_code
     r = await http.request(method, path, json=body if method == "POST" else None, params=params, headers=h)
+    if r.status_code == 409 and template.endswith(":redeliver"):  # an attempt was in flight: ask again
+        await asyncio.sleep(0.5)
+        r = await http.request(method, path, json=body, headers=h)
     return r.status_code
 
 

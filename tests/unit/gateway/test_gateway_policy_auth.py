@@ -35,6 +35,12 @@ DESIGN_TABLE = {
     ("GET", "/v1/payments:lookup"): {"staff", "admin", "operator"},  # issue 15: a payment by its PSP intent id
     ("POST", "/v1/payments/{payment_id}:refund"): {"staff", "admin"},  # issue 12: the merchant's refunds
     ("POST", "/v1/psp/webhooks"): None,
+    # Issue 12, item 6: a merchant's webhook endpoints and delivery log: its admins only.
+    ("POST", "/v1/webhookEndpoints"): {"admin"},
+    ("GET", "/v1/webhookEndpoints"): {"admin"},
+    ("DELETE", "/v1/webhookEndpoints/{endpoint_id}"): {"admin"},
+    ("GET", "/v1/webhookEndpoints/{endpoint_id}/deliveries"): {"admin"},
+    ("POST", "/v1/webhookEndpoints/{endpoint_id}/deliveries/{delivery_id}:redeliver"): {"admin"},
 }
 
 

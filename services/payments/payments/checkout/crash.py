@@ -2,7 +2,8 @@
 
 `CUTY_CRASH_AT=confirm:before` makes the orchestrator SIGKILL itself just before the saga's confirm
 step calls booking / the code pool; `confirm:after` just after the call answered and before the
-saga row records it. SIGKILL, not an exception: nothing gets to clean up, as in a real crash.
+saga row records it; `recorded:<STATE>` (e.g. `recorded:COMPLETED`) just after the saga row's move to
+that state committed (with the merchant events its trigger wrote, issue 12). SIGKILL, not an exception: nothing gets to clean up, as in a real crash.
 Unset in production; the check is one set lookup.
 """
 from __future__ import annotations

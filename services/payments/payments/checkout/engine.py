@@ -23,7 +23,7 @@ from opentelemetry import trace
 from cutylib import errors
 from cutylib.telemetry import context_of
 
-from . import domain, repository as repo
+from . import crash, domain, repository as repo
 from .domain import Move, Saga, Step
 from .remote import Inventory, Refused, Rejected, Retryable
 from .settings import CheckoutOptions
@@ -168,6 +168,9 @@ class Engine:
         if new is None:
             raise Fenced()
         if new.state != saga.state:
+            # Issue 12, item 6: e.g. `recorded:COMPLETED`, a crash right after the state change (and
+            # the outbox event its trigger wrote) committed, before anything else happens.
+            crash.point(f"recorded:{new.state}")
             if new.terminal:
                 self.core.metrics.sagas_finished.labels(new.state).inc()
             log.info("checkout %s -> %s", saga.state, new.state,

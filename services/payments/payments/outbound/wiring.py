@@ -1,0 +1,19 @@
+"""How outbound events plug into the payments server (payments/bootstrap.py calls `register`)."""
+from __future__ import annotations
+
+from cuty.payments.v1 import webhooks_pb2, webhooks_pb2_grpc
+
+from .grpc_api import CALLERS, WebhookEndpointApi
+from .repository import Endpoints
+from .service import WebhookEndpoints
+from .worker import DeliveryWorker
+
+SERVICE = webhooks_pb2.DESCRIPTOR.services_by_name["WebhookEndpointService"]
+
+
+def register(server, settings, pool, worker_id: str, *, workers: bool = True) -> None:
+    service = WebhookEndpoints(Endpoints(pool), settings.environment)
+    webhooks_pb2_grpc.add_WebhookEndpointServiceServicer_to_server(WebhookEndpointApi(service), server.server)
+    server.add_service(SERVICE, CALLERS)
+    if workers:
+        server.add_background(DeliveryWorker(pool, f"webhooks:{worker_id}").run)
