@@ -248,6 +248,10 @@ class CheckoutService:
         the policy recorded at purchase); None when the row moved meanwhile (read again)."""
         if current.kind != domain.BOOKING:
             self._refuse_cancel_after_purchase(current)
+        if current.start_time is None:
+            raise errors.FailedPrecondition(
+                f"checkout {current.id} was bought before cancellation policies; only the salon's staff can "
+                "cancel it", reason="no-cancellation-policy")
         saga = await self.sagas.start_cancel_after_purchase(current, owner, self.lease_seconds, customer=customer,
                                                             merchant=None, who=f"customer:{customer}", reason=None)
         if saga is not None:
