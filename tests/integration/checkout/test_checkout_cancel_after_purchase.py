@@ -272,3 +272,31 @@ async def test_a_failing_release_after_the_refund_is_finished_by_a_worker(harnes
     assert h.booking.status_of(paid.hold_id) == "HOLD_STATUS_RELEASED"
     again = await h.service.cancel(C, paid.id)
     assert again.state == pb.CHECKOUT_STATE_CANCELLED_AFTER_PURCHASE
+
+
+async def test_a_cancel_that_keeps_failing_needs_attention_and_an_operator_retries_it(make_harness):
+    """Booking keeps refusing the release (an unexpected answer): after the attempts allowed the
+    saga waits in NEEDS_ATTENTION (from CANCELLING), the refund done once; an operator's retry
+    puts it back to CANCELLING and it finishes."""
+    h = make_harness(max_attempts=2)
+    paid = await purchase(h, price=10_000)
+    h.booking.fail_next["CancelBooking"] = ["FAILED_PRECONDITION", "FAILED_PRECONDITION"]
+    out = await h.service.cancel(C, paid.id)
+    assert out.state == pb.CHECKOUT_STATE_CANCELLING
+    h.start_workers(1)
+
+    async def attention():
+        row = await h.row(paid.id)
+        return row["state"] == "NEEDS_ATTENTION" and row["attention_from"] == "CANCELLING"
+    await wait_for(attention, timeout=15, message="NEEDS_ATTENTION from CANCELLING")
+    assert await refunded_at_psp(h, paid) == 10_000
+    # The customer's repeat answers where it stands.
+    assert (await h.service.cancel(C, paid.id)).state == pb.CHECKOUT_STATE_NEEDS_ATTENTION
+    back = await h.service.retry(Principal("op-1", "operator"), "ops:op-1", paid.id)
+    assert back.state in (pb.CHECKOUT_STATE_CANCELLING, pb.CHECKOUT_STATE_CANCELLED_AFTER_PURCHASE)
+
+    async def done():
+        return (await h.row(paid.id))["state"] == "CANCELLED_AFTER_PURCHASE"
+    await wait_for(done, timeout=15, message="the retried cancel finished")
+    assert await refunded_at_psp(h, paid) == 10_000 and len(h.psp.refunds) == 1
+    assert h.booking.status_of(paid.hold_id) == "HOLD_STATUS_RELEASED"
