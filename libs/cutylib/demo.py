@@ -134,14 +134,15 @@ async def _until_terminal(c: httpx.AsyncClient, checkout_id: str, headers: dict,
     while True:
         co = _ok(await c.get(f"/v1/checkouts/{checkout_id}", headers=headers))
         if co["state"].removeprefix("CHECKOUT_STATE_") in ("COMPLETED", "FAILED", "REFUNDED", "EXPIRED", "CANCELLED",
-                                                           "REJECTED"):
+                                                           "REJECTED", "CANCELLED_AFTER_PURCHASE"):
             return co
         if time.monotonic() > deadline:
             raise TimeoutError(f"checkout {checkout_id} still {co['state']} after {timeout:g} s")
         await asyncio.sleep(0.2)
 
 
-async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) -> None:
+async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) -> tuple[dict, dict] | None:
+    """The race for one slot; the winner's (headers, completed checkout), None when nobody won."""
     admin = _admin(secret, SALON_MERCHANT)
     run = uuid.uuid4().hex[:6]
     # A chair of its own per run, so reruns never collide with an earlier race's booking.
@@ -163,13 +164,25 @@ async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) 
     for a in alts.values():
         print(f"   alternative offered: slot {a['id']} at {a.get('localStartTime')} (stylist {a.get('resourceId')})")
     if not won:
-        return
+        return None
     head, co = won[0]
     print(f"   winner: checkout {co['id']} {co['state']} until {co.get('expireTime')}, amount {co.get('amount')}")
     pay = {**head, "Idempotency-Key": uuid.uuid4().hex}
     _ok(await c.post(f"/v1/checkouts/{co['id']}:pay", json={"paymentMethod": "pm_card_ok"}, headers=pay))
     done = await _until_terminal(c, co["id"], head)
     print(f"   winner paid: checkout {done['state']}")
+    return head, done
+
+
+async def cancel_after_purchase(c: httpx.AsyncClient, head: dict, done: dict) -> None:
+    """Issue 12: the winner cancels the completed booking; its salon's policy decides the refund."""
+    print(f"\n1b) the winner cancels booking {done['id']} (policy at purchase: free until "
+          f"{done.get('freeCancellationHours', 0)} h before the start, then a {done.get('cancellationFeePercent', 0)} % fee; "
+          f"free until {done.get('freeCancellationDeadline', '-')})")
+    out = _ok(await c.post(f"/v1/checkouts/{done['id']}:cancel", json={}, headers=head))
+    refund = out.get("refundAmount") or {}
+    print(f"   {out['state']}: refunded {refund.get('amountMinor', '0')} {refund.get('currencyCode', '')} minor units; "
+          f"the slot is bookable again")
 
 
 async def buy_code(c: httpx.AsyncClient, secret: str, demo: dict) -> tuple[str, str]:
@@ -210,7 +223,9 @@ async def main_async() -> int:
         return 1
     demo = ensure_demo_data(base, secret, data_dir)
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64)) as c:
-        await race(c, secret, demo)
+        winner = await race(c, secret, demo)
+        if winner is not None:
+            await cancel_after_purchase(c, *winner)
         checkout_id, payment_id = await buy_code(c, secret, demo)
         if payment_id:
             await timeline(c, secret, payment_id)

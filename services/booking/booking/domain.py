@@ -42,6 +42,9 @@ class Salon:
     name: str
     time_zone: str
     merchant_id: str = ""
+    # Issue 12: the cancellation policy (docs/booking.md, "Cancellation policy").
+    free_cancellation_hours: int = 24
+    cancellation_fee_percent: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,11 @@ class Hold:
     payment_ref: str
     created_at: datetime
     merchant_id: str = ""  # the slot's merchant (docs/tenancy.md, "Booking")
+    # Issue 12: its salon's cancellation policy when the hold was taken.
+    free_cancellation_hours: int = 24
+    cancellation_fee_percent: int = 0
+    # Issue 12: the payment a booking cancelled after purchase had been confirmed with ("" if none).
+    cancelled_payment_ref: str = ""
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,32 @@ def effective_status(status: str, expires_at: datetime, now: datetime) -> str:
 
 
 # --- input ---------------------------------------------------------------------------------------
+
+# Issue 12: a salon's cancellation policy when CreateSalon does not give one (docs/booking.md).
+DEFAULT_FREE_CANCELLATION_HOURS, DEFAULT_CANCELLATION_FEE_PERCENT = 24, 0
+MAX_FREE_CANCELLATION_HOURS = 8760  # a year; the database's CHECK says the same
+
+
+@dataclass(frozen=True)
+class CancellationPolicy:
+    free_cancellation_hours: int = DEFAULT_FREE_CANCELLATION_HOURS
+    cancellation_fee_percent: int = DEFAULT_CANCELLATION_FEE_PERCENT
+
+
+def cancellation_policy(hours: int | None, fee_percent: int | None) -> CancellationPolicy:
+    """CreateSalon's policy fields, checked (None: the default)."""
+    if hours is None:
+        hours = DEFAULT_FREE_CANCELLATION_HOURS
+    if not 0 <= hours <= MAX_FREE_CANCELLATION_HOURS:
+        raise InvalidArgument("free_cancellation_hours", f"free_cancellation_hours must be between 0 and "
+                                                         f"{MAX_FREE_CANCELLATION_HOURS}, got {hours}")
+    if fee_percent is None:
+        fee_percent = DEFAULT_CANCELLATION_FEE_PERCENT
+    if not 0 <= fee_percent <= 100:
+        raise InvalidArgument("cancellation_fee_percent",
+                              f"cancellation_fee_percent must be between 0 and 100, got {fee_percent}")
+    return CancellationPolicy(hours, fee_percent)
+
 
 def require_name(field: str, value: str) -> str:
     name = value.strip()

@@ -30,7 +30,7 @@ CALLERS = {
     "CreateSalon": {GATEWAY}, "CreateResource": {GATEWAY}, "BatchCreateSlots": {GATEWAY},
     "ListSlots": {GATEWAY}, "GetSlot": {GATEWAY, PAYMENTS}, "ListBookings": {GATEWAY},
     "HoldSlot": {PAYMENTS}, "ConfirmHold": {PAYMENTS}, "ReleaseHold": {PAYMENTS}, "ExtendHold": {PAYMENTS},
-    "GetHold": {PAYMENTS},
+    "GetHold": {PAYMENTS}, "CancelBooking": {PAYMENTS},
 }
 
 _STATUS = {
@@ -64,7 +64,9 @@ def hold_pb(h: Hold) -> pb.Hold:
                    status=_STATUS[h.status], expire_time=to_timestamp(h.expires_at), start_time=to_timestamp(h.start_time),
                    end_time=to_timestamp(h.end_time), price=common_pb2.Money(currency_code=h.currency, amount_minor=h.price_minor),
                    payment_ref=h.payment_ref, extended=h.extended, create_time=to_timestamp(h.created_at),
-                   request_id=h.request_id, merchant_id=h.merchant_id, salon_id=str(h.salon_id))
+                   request_id=h.request_id, merchant_id=h.merchant_id, salon_id=str(h.salon_id),
+                   free_cancellation_hours=h.free_cancellation_hours,
+                   cancellation_fee_percent=h.cancellation_fee_percent)
 
 
 def booking_pb(h: Hold, time_zone: str) -> pb.Booking:
@@ -84,9 +86,14 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
     async def CreateSalon(self, request: pb.CreateSalonRequest, context: grpc.aio.ServicerContext) -> pb.Salon:
         caller = principal.current()
         domain.require_admin(caller)
+        policy = domain.cancellation_policy(
+            request.free_cancellation_hours if request.HasField("free_cancellation_hours") else None,
+            request.cancellation_fee_percent if request.HasField("cancellation_fee_percent") else None)
         salon = await self.service.create_salon(caller, domain.require_name("name", request.name),
-                                                domain.require_time_zone("time_zone", request.time_zone))
-        return pb.Salon(id=str(salon.id), name=salon.name, time_zone=salon.time_zone, merchant_id=salon.merchant_id)
+                                                domain.require_time_zone("time_zone", request.time_zone), policy)
+        return pb.Salon(id=str(salon.id), name=salon.name, time_zone=salon.time_zone, merchant_id=salon.merchant_id,
+                        free_cancellation_hours=salon.free_cancellation_hours,
+                        cancellation_fee_percent=salon.cancellation_fee_percent)
 
     async def CreateResource(self, request: pb.CreateResourceRequest,
                              context: grpc.aio.ServicerContext) -> pb.Resource:
@@ -155,6 +162,12 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         hold_id = parse_uuid("hold_id", request.hold_id)
         principal.current().require_role("system")  # releasing: the saga, never a user
         return hold_pb(await self.service.release_hold(principal.current(), hold_id))
+
+    async def CancelBooking(self, request: pb.CancelBookingRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
+        hold_id = parse_uuid("hold_id", request.hold_id)
+        payment_ref = domain.require_key("payment_ref", request.payment_ref)
+        principal.current().require_role("system")  # cancelling a purchase: the saga, never a user
+        return hold_pb(await self.service.cancel_booking(principal.current(), hold_id, payment_ref))
 
     async def ExtendHold(self, request: pb.ExtendHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         hold_id = parse_uuid("hold_id", request.hold_id)

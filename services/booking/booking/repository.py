@@ -15,7 +15,7 @@ import asyncpg
 
 from cutylib.errors import AlreadyExists
 
-from .domain import Hold, Resource, Salon, Slot, SlotDraft, effective_status
+from .domain import CancellationPolicy, Hold, Resource, Salon, Slot, SlotDraft, effective_status
 
 log = logging.getLogger("booking.repository")
 
@@ -29,9 +29,10 @@ Db = Union[asyncpg.Connection, asyncpg.Pool]
 
 # --- salons and resources ------------------------------------------------------------------------
 
-INSERT_SALON = ("INSERT INTO salons (id, merchant_id, name, time_zone) VALUES ($1, $2, $3, $4) "
-                "RETURNING id, name, time_zone, merchant_id")
-GET_SALON = ("SELECT id, name, time_zone, merchant_id FROM salons "
+_SALON_COLUMNS = "id, name, time_zone, merchant_id, free_cancellation_hours, cancellation_fee_percent"
+INSERT_SALON = ("INSERT INTO salons (id, merchant_id, name, time_zone, free_cancellation_hours, "
+                f"cancellation_fee_percent) VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_SALON_COLUMNS}")
+GET_SALON = (f"SELECT {_SALON_COLUMNS} FROM salons "
              "WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
 # Inserts nothing when the salon does not exist (or is another merchant's), so the caller can
 # answer NOT_FOUND. The resource's merchant is the salon's.
@@ -46,14 +47,21 @@ class Salons:
     def __init__(self, db: Db):
         self.db = db
 
-    async def add(self, merchant_id: str, name: str, time_zone: str) -> Salon:
-        r = await self.db.fetchrow(INSERT_SALON, uuid.uuid4(), merchant_id, name, time_zone)
-        return Salon(r["id"], r["name"], r["time_zone"], r["merchant_id"])
+    async def add(self, merchant_id: str, name: str, time_zone: str,
+                  policy: CancellationPolicy = CancellationPolicy()) -> Salon:
+        r = await self.db.fetchrow(INSERT_SALON, uuid.uuid4(), merchant_id, name, time_zone,
+                                   policy.free_cancellation_hours, policy.cancellation_fee_percent)
+        return salon_from(r)
 
     async def get(self, salon_id: uuid.UUID, merchant_id: str | None) -> Salon | None:
         """The salon, if it is `merchant_id`'s (None: any merchant's)."""
         r = await self.db.fetchrow(GET_SALON, salon_id, merchant_id)
-        return Salon(r["id"], r["name"], r["time_zone"], r["merchant_id"]) if r else None
+        return salon_from(r) if r else None
+
+
+def salon_from(r: Any) -> Salon:
+    return Salon(r["id"], r["name"], r["time_zone"], r["merchant_id"], r["free_cancellation_hours"],
+                 r["cancellation_fee_percent"])
 
 
 class Resources:
@@ -172,6 +180,15 @@ UPDATE holds SET status = 'released', updated_at = clock_timestamp()
  WHERE id = $1 AND status = 'held' AND expires_at > clock_timestamp()
 RETURNING holds AS hold, clock_timestamp() AS db_now
 """
+# Issue 12: a booking cancelled after purchase. Only the confirmed hold of that payment; it becomes
+# 'released' (out of the no-overlap constraint: the time is bookable again) and remembers when and
+# which payment it was confirmed with. Nothing when it is not (the caller then reads why).
+CANCEL_BOOKING = """
+UPDATE holds SET status = 'released', payment_ref = NULL, cancelled_at = clock_timestamp(),
+                 cancelled_payment_ref = payment_ref, updated_at = clock_timestamp()
+ WHERE id = $1 AND status = 'confirmed' AND payment_ref = $2
+RETURNING holds AS hold, clock_timestamp() AS db_now
+"""
 # Once (NOT extended), and only while the hold is still live: an expired hold may already be
 # someone else's time, so it is never revived by an extension.
 EXTEND_HOLD = """
@@ -230,7 +247,16 @@ def hold_from(r: Any, now: datetime) -> Hold:
     return Hold(r["id"], r["slot_id"], r["salon_id"], r["resource_id"], r["customer_id"], r["request_id"],
                 effective_status(r["status"], r["expires_at"], now), r["start_time"], r["end_time"],
                 r["price_minor"], r["currency"], r["expires_at"], r["extended"], r["payment_ref"] or "",
-                r["created_at"], r["merchant_id"])
+                r["created_at"], r["merchant_id"], _or(r, "free_cancellation_hours", 24),
+                _or(r, "cancellation_fee_percent", 0), _or(r, "cancelled_payment_ref", "") or "")
+
+
+def _or(r: Any, column: str, default):
+    """A column some reads do not select (the agenda's), as its default."""
+    try:
+        return r[column]
+    except KeyError:
+        return default
 
 
 class Holds:
@@ -253,6 +279,11 @@ class Holds:
     async def release(self, hold_id: uuid.UUID) -> Hold | None:
         """The released hold, or None when it was not live (or does not exist)."""
         r = await self.db.fetchrow(RELEASE_HOLD, hold_id)
+        return hold_from(r["hold"], r["db_now"]) if r else None
+
+    async def cancel_booking(self, hold_id: uuid.UUID, payment_ref: str) -> Hold | None:
+        """The cancelled (released) booking, or None when it was not confirmed with `payment_ref`."""
+        r = await self.db.fetchrow(CANCEL_BOOKING, hold_id, payment_ref)
         return hold_from(r["hold"], r["db_now"]) if r else None
 
     async def extend(self, hold_id: uuid.UUID, seconds: int) -> Hold | None:

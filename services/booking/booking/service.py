@@ -67,11 +67,12 @@ class BookingService:
 
     # --- catalog (admin) -------------------------------------------------------------------------
 
-    async def create_salon(self, caller: Principal, name: str, time_zone: str) -> Salon:
-        """In the admin's own merchant."""
+    async def create_salon(self, caller: Principal, name: str, time_zone: str,
+                           policy: domain.CancellationPolicy = domain.CancellationPolicy()) -> Salon:
+        """In the admin's own merchant, with its cancellation policy (issue 12)."""
         merchant = tenancy.owning_merchant(caller)
         async with scoped(self.pool, caller) as uow:
-            salon = await uow.salons.add(merchant, name, time_zone)
+            salon = await uow.salons.add(merchant, name, time_zone, policy)
             await uow.commit()
         return salon
 
@@ -219,6 +220,24 @@ class BookingService:
         if hold.status == domain.CONFIRMED:
             raise FailedPrecondition(f"hold {hold_id} is confirmed; a booking is not released", reason="hold-confirmed")
         return hold
+
+    async def cancel_booking(self, caller: Principal, hold_id: uuid.UUID, payment_ref: str) -> Hold:
+        """Issue 12: a booking cancelled after purchase (the saga's CANCELLING step): the confirmed
+        hold of `payment_ref` is released, so its time is bookable again. Idempotent: a repeat
+        answers the cancelled hold. The refund is the saga's, never booking's."""
+        await self._check_owner(caller, hold_id)
+        set_span_attributes(hold_id=str(hold_id))
+        cancelled = await self.holds.cancel_booking(hold_id, payment_ref)
+        if cancelled is not None:
+            return cancelled
+        hold = await self._get(hold_id)
+        if hold.status == domain.RELEASED and hold.cancelled_payment_ref == payment_ref:
+            return hold  # cancelled already: the same answer
+        if hold.status == domain.CONFIRMED:
+            raise FailedPrecondition(f"hold {hold_id} is confirmed by another payment",
+                                     reason="hold-confirmed-by-other-payment")
+        raise FailedPrecondition(f"hold {hold_id} is {hold.status}, not a confirmed booking",
+                                 reason=f"hold-{hold.status}")
 
     async def extend_hold(self, caller: Principal, hold_id: uuid.UUID, seconds: int) -> Hold:
         seconds = domain.extension_seconds(seconds, self.settings.hold_max_extension_seconds)

@@ -51,7 +51,10 @@ POLICY: dict[str, Access] = {
     "cuty.payments.v1.CheckoutService.PayCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
     # DESIGN.md says "its customer, staff"; an admin can do what staff can.
     "cuty.payments.v1.CheckoutService.GetCheckout": Access(READERS | {CUSTOMER}),
-    "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER)),
+    # Issue 12: the customer's own (before the purchase; after it, a booking per its cancellation
+    # policy); the merchant's staff and admins cancel a completed booking with a full refund and a
+    # reason (another merchant's: 404). The operator does not give a merchant's money back.
+    "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER, STAFF, ADMIN)),
     # Issue 12: a customer's own checkouts; staff and admins their merchant's; the operator all (audited).
     "cuty.payments.v1.CheckoutService.ListCheckouts": Access(READERS | {CUSTOMER}),
     # Issue 12: live updates as Server-Sent Events, for whoever may GetCheckout it; the SSE

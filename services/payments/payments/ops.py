@@ -88,7 +88,8 @@ SELECT c.id, c.kind, c.state, c.attention_from, c.attempts, c.last_error, c.fail
        c.created_at, c.payment_id, p.status AS payment_status, p.psp_intent_id,
        extract(epoch FROM clock_timestamp() - c.updated_at) AS age_seconds
 FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
-WHERE c.state NOT IN ('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED')
+WHERE c.state NOT IN ('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED',
+                      'CANCELLED_AFTER_PURCHASE')
   AND c.updated_at < clock_timestamp() - make_interval(secs => $1::float8)
 ORDER BY c.updated_at
 LIMIT $2
@@ -103,6 +104,7 @@ STEP_OF_STATE = {
     "CONFIRMING": "confirm (booking.ConfirmHold / codepool.DeliverCodes)",
     "RELEASING": "cancel the PSP intent, then release the hold / reservation",
     "REFUNDING": "refund (PSP refund), then release the hold / reservation",
+    "CANCELLING": "cancel after purchase: refund per the policy (PSP refund), then booking.CancelBooking",
 }
 _STEP_NOTE = re.compile(r"^(?P<step>[a-z_]+) (?P<ms>\d+(?:\.\d+)?)ms$")
 

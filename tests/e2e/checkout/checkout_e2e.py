@@ -26,7 +26,8 @@ from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS
 from payments.grpc_api import CALLERS as PAYMENT_CALLERS
 from cutylib.testing.stack import Stack
 
-TERMINAL = {pb.CHECKOUT_STATE_COMPLETED, pb.CHECKOUT_STATE_REJECTED, pb.CHECKOUT_STATE_FAILED, pb.CHECKOUT_STATE_EXPIRED, pb.CHECKOUT_STATE_CANCELLED, pb.CHECKOUT_STATE_REFUNDED}
+TERMINAL = {pb.CHECKOUT_STATE_COMPLETED, pb.CHECKOUT_STATE_REJECTED, pb.CHECKOUT_STATE_FAILED, pb.CHECKOUT_STATE_EXPIRED, pb.CHECKOUT_STATE_CANCELLED, pb.CHECKOUT_STATE_REFUNDED,
+            pb.CHECKOUT_STATE_CANCELLED_AFTER_PURCHASE}
 
 
 def name(state: int) -> str:
@@ -168,9 +169,14 @@ class CheckoutStack:
         checkout.completed and one booking.confirmed / codes.delivered, a REFUNDED one exactly one
         checkout.refunded, any other none; every event is about a checkout in the state it
         announces, of its merchant. Returns how many events were checked."""
-        want = {"COMPLETED": lambda kind: {"checkout.completed": 1,
-                                           "booking.confirmed" if kind == "booking" else "codes.delivered": 1},
-                "REFUNDED": lambda kind: {"checkout.refunded": 1}}
+        def completed(kind):
+            return {"checkout.completed": 1, "booking.confirmed" if kind == "booking" else "codes.delivered": 1}
+        want = {"COMPLETED": completed,
+                "REFUNDED": lambda kind: {"checkout.refunded": 1},
+                # a completed booking cancelled after purchase keeps its COMPLETED events (while it
+                # cancels too), and has booking.cancelled once it is cancelled
+                "CANCELLING": completed,
+                "CANCELLED_AFTER_PURCHASE": lambda kind: {**completed(kind), "booking.cancelled": 1}}
         rows = await self.db["payments"].fetch(
             "SELECT c.id, c.state, c.kind, "
             "       COALESCE(jsonb_object_agg(e.type, e.n) FILTER (WHERE e.type IS NOT NULL), '{}') AS events "
@@ -184,7 +190,9 @@ class CheckoutStack:
         orphans = await self.db["payments"].fetch(
             "SELECT e.id, e.type, c.state FROM merchant_events e LEFT JOIN checkouts c "
             "ON c.id = e.checkout_id AND c.merchant_id = e.merchant_id "
-            "WHERE c.id IS NULL OR c.state <> CASE WHEN e.type = 'checkout.refunded' THEN 'REFUNDED' ELSE 'COMPLETED' END")
+            "WHERE c.id IS NULL OR NOT (c.state = ANY (CASE e.type WHEN 'checkout.refunded' THEN ARRAY['REFUNDED'] "
+            "    WHEN 'booking.cancelled' THEN ARRAY['CANCELLED_AFTER_PURCHASE'] "
+            "    ELSE ARRAY['COMPLETED', 'CANCELLING', 'CANCELLED_AFTER_PURCHASE'] END))")
         assert not orphans, [dict(o) for o in orphans]
         return await self.db["payments"].fetchval("SELECT count(*) FROM merchant_events")
 
@@ -208,11 +216,17 @@ class CheckoutStack:
             key = r["idempotency_key"]
             captured = key is not None and charged.get(key, 0) > 0
             refunded = r["psp_intent_id"] in refunded_intents
-            assert captured == (st in ("COMPLETED", "REFUNDED")), (cid, st, "captured" if captured else "not captured")
-            assert refunded == (st == "REFUNDED"), (cid, st, refunded)
+            assert captured == (st in ("COMPLETED", "REFUNDED", "CANCELLED_AFTER_PURCHASE")), (
+                cid, st, "captured" if captured else "not captured")
+            # Issue 12: a booking cancelled after purchase is refunded what its cancel decided (if anything).
+            assert refunded == (st == "REFUNDED" or (st == "CANCELLED_AFTER_PURCHASE" and r["refund_amount_minor"] > 0)), (
+                cid, st, refunded)
+            if st == "CANCELLED_AFTER_PURCHASE":
+                back = sum(x["amount"] for x in ledger["refunds"] if x["intent_id"] == r["psp_intent_id"])
+                assert back == r["refund_amount_minor"], (cid, "refunded at the PSP", back, r["refund_amount_minor"])
             view = await self.get(cid)
             assert name(view.state) == st
-            if st in ("COMPLETED", "REFUNDED", "FAILED", "EXPIRED", "CANCELLED"):
+            if st in ("COMPLETED", "REFUNDED", "FAILED", "EXPIRED", "CANCELLED", "CANCELLED_AFTER_PURCHASE"):
                 assert not view.payment.client_secret and not view.payment.next_action.redirect_url
             if r["kind"] == "booking" and r["hold_id"]:
                 hold = await self.hold_status(r["hold_id"])

@@ -70,6 +70,20 @@ async def hold_lost_then_captured(shop):
     return [cid]
 
 
+async def cancel_after_purchase(shop):
+    """Issue 12: a completed booking cancelled by its customer (the salon's default policy: a full
+    refund): the crash lands on the refund or on booking's CancelBooking; the restarted process
+    finishes the cancel, refunding once."""
+    async def one():
+        cid = await buy(shop, method="pm_card_ok", kind="booking")
+        await shop.until(cid, timeout=30)
+        customer = (await shop.db["payments"].fetchval("SELECT customer_id FROM checkouts WHERE id = $1",
+                                                        uuid.UUID(cid)))
+        await persist(lambda: shop.cancel(customer, cid))
+        return cid
+    return [await one()]
+
+
 MATRIX = [
     ("hold:before", happy), ("hold:after", happy),
     ("extend:before", happy), ("extend:after", happy),
@@ -80,6 +94,9 @@ MATRIX = [
     ("release:before", declined), ("release:after", declined),
     ("cancel_payment:before", cancel_during_3ds), ("cancel_payment:after", cancel_during_3ds),
     ("refund:before", hold_lost_then_captured), ("refund:after", hold_lost_then_captured),
+    # Issue 12: cancel after purchase, refund first, then the slot.
+    ("cancel_refund:before", cancel_after_purchase), ("cancel_refund:after", cancel_after_purchase),
+    ("cancel_release:before", cancel_after_purchase), ("cancel_release:after", cancel_after_purchase),
 ]
 
 
@@ -112,7 +129,7 @@ async def test_sigkill_at_every_saga_step_then_recover(crashy):
     for cid in ids:
         await shop.until(cid, timeout=30)
     states = await shop.check_invariants(ids)
-    assert set(states.values()) <= {"COMPLETED", "FAILED", "CANCELLED", "REFUNDED"}, states
+    assert set(states.values()) <= {"COMPLETED", "FAILED", "CANCELLED", "REFUNDED", "CANCELLED_AFTER_PURCHASE"}, states
     by_point = dict(zip([p for p, _ in MATRIX], scenarios))
     assert all(states[c] == "COMPLETED" for c in by_point["confirm:after"].result())
     assert all(states[c] == "FAILED" for c in by_point["release:before"].result())
@@ -121,3 +138,5 @@ async def test_sigkill_at_every_saga_step_then_recover(crashy):
     # Issue 12, item 6: whatever the crashes, every state change has its event and every event its
     # state change (the outbox trigger writes them in one statement).
     assert await shop.check_outbox() >= 2 * sum(s == "COMPLETED" for s in states.values())
+    for point in ("cancel_refund:before", "cancel_refund:after", "cancel_release:before", "cancel_release:after"):
+        assert all(states[c] == "CANCELLED_AFTER_PURCHASE" for c in by_point[point].result()), point

@@ -68,7 +68,11 @@ MATRIX = {
     ("GET", "/v1/checkouts"): row(roles=("customer", "staff", "admin", "operator"), other=200),
     ("POST", "/v1/checkouts/{checkout_id}:pay"): row(roles=("customer",)),
     ("GET", "/v1/checkouts/{checkout_id}"): row(roles=("customer", "staff", "admin", "operator")),
-    ("POST", "/v1/checkouts/{checkout_id}:cancel"): row(roles=("customer",)),
+    # Issue 12: the customer cancels their own (a fresh HELD one here); the merchant's staff and
+    # admins cancel a completed booking with a full refund: the world's checkout bought codes, so
+    # they are refused (409 codes-delivered); another merchant's checkout does not exist for them.
+    ("POST", "/v1/checkouts/{checkout_id}:cancel"): {**row(roles=("customer", "staff", "admin")),
+                                                     "staff": (409, 404), "admin": (409, 404)},
     # Issue 12: Server-Sent Events; the world's COMPLETED checkout ends its stream after one event.
     ("GET", "/v1/checkouts/{checkout_id}:watch"): row(roles=("customer", "staff", "admin", "operator")),
     # Allowed, and then refused by the saga (409): the checkout does not need attention.
@@ -206,7 +210,7 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         h.update(key)
     elif template.endswith(":cancel"):
         ids["checkout_id"] = await held_checkout(http, w, w.customer) if role == "customer" else w.checkout
-        body = {}
+        body = {} if role == "customer" else {"reason": "authorization matrix"}
     elif template.endswith(":retry") or template.endswith(":reveal"):
         body = {}
     elif template.endswith(":refund"):

@@ -87,14 +87,20 @@ class FakeBooking(Faults):
         self.by_request: dict[tuple[str, str], str] = {}
         self.effects: Counter[str] = Counter()
         self.started: set[str] = set()  # slots whose appointment has started: never confirmed (issue 10)
+        # Issue 12: slot -> its start and its salon's cancellation policy (hours, fee %) at hold time.
+        self.start_of: dict[str, datetime] = {}
+        self.policy_of: dict[str, tuple[int, int]] = {}
 
-    def add_slot(self, price: int = 15000, salon_id: str | None = None, merchant_id: str | None = None) -> str:
+    def add_slot(self, price: int = 15000, salon_id: str | None = None, merchant_id: str | None = None, *,
+                 start: datetime | None = None, free_hours: int = 24, fee_percent: int = 0) -> str:
         sid = str(uuid.uuid4())
         self.slots[sid] = price
         if salon_id:
             self.salon_of[sid] = salon_id
         if merchant_id:
             self.merchant_of[sid] = merchant_id
+        self.start_of[sid] = start or now() + timedelta(days=7)
+        self.policy_of[sid] = (free_hours, fee_percent)
         return sid
 
     def _active(self, slot_id: str):
@@ -114,7 +120,10 @@ class FakeBooking(Faults):
                                 payment_ref=h.get("payment_ref", ""),
                                 merchant_id=self.merchant_of.get(h["slot_id"], TEST_MERCHANT),
                                 salon_id=self.salon_of.get(h["slot_id"], FAKE_SALON),
-                                price=common_pb2.Money(currency_code="TRY", amount_minor=self.slots[h["slot_id"]]))
+                                price=common_pb2.Money(currency_code="TRY", amount_minor=self.slots[h["slot_id"]]),
+                                start_time=ts(self.start_of[h["slot_id"]]),
+                                free_cancellation_hours=self.policy_of[h["slot_id"]][0],
+                                cancellation_fee_percent=self.policy_of[h["slot_id"]][1])
 
     def take(self, slot_id: str, customer: str = "someone-else") -> None:
         """Another buyer takes the slot (only possible once our hold is inactive)."""
@@ -192,6 +201,18 @@ class FakeBooking(Faults):
         if h["status"] == "held":
             h["status"] = "released"
             self.effects["release"] += 1
+        self.leave(mode)
+        return self._msg(h)
+
+    async def CancelBooking(self, req, timeout=None):
+        """Issue 12: a confirmed hold cancelled after purchase: released; idempotent on the payment ref."""
+        mode = await self.enter("CancelBooking")
+        h = self.holds[req.hold_id]
+        if h["status"] == "confirmed" and h["payment_ref"] == req.payment_ref:
+            h["status"], h["cancelled_ref"] = "released", h.pop("payment_ref")
+            self.effects["cancel_booking"] += 1
+        elif not (h["status"] == "released" and h.get("cancelled_ref") == req.payment_ref):
+            raise rpc_error(grpc.StatusCode.FAILED_PRECONDITION, f"hold is {h['status']}, not a confirmed booking")
         self.leave(mode)
         return self._msg(h)
 

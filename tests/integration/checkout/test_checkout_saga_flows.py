@@ -249,12 +249,15 @@ async def test_cancel_after_capture_refunds(harness):
     assert len(h.psp.refunds) == 1
 
 
-async def test_completed_cannot_be_cancelled(harness):
+async def test_completed_codes_cannot_be_cancelled(harness):
+    """A completed code purchase is delivered: not cancelled (a completed booking is cancelled
+    after purchase, issue 12: test_checkout_cancel_after_purchase.py)."""
     h = harness
-    created = await h.service.create(C, booking_req(h), "")
+    created = await h.service.create(C, validate_create("", h.codepool.add_product(), 1), "")
     await h.service.pay(C, created.id, "pm_card_ok", "")
-    with pytest.raises(errors.FailedPrecondition):
+    with pytest.raises(errors.FailedPrecondition) as e:
         await h.service.cancel(C, created.id)
+    assert e.value.reason == "codes-delivered"
 
 
 @pytest.mark.parametrize("mode", ["UNAVAILABLE", "DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED_AFTER"])

@@ -35,7 +35,7 @@ async def test_bad_signature_and_expired_token_are_401(client, untouched, bearer
     ("POST", "/v1/salons", "customer"), ("POST", "/v1/salons", "staff"),
     ("GET", "/v1/products/p1/stock", "customer"), ("POST", "/v1/codes/c1:reveal", "staff"),
     ("POST", "/v1/checkouts", "staff"), ("POST", "/v1/checkouts", "admin"),
-    ("POST", "/v1/checkouts/ck1:cancel", "staff"), ("GET", "/v1/payments/p/events", "customer"),
+    ("POST", "/v1/checkouts/ck1:cancel", "operator"), ("GET", "/v1/payments/p/events", "customer"),
 ])
 async def test_wrong_role_is_403(client, untouched, bearer, method, path, role):
     r = await client.request(method, path, headers={**bearer(role), "Idempotency-Key": "k"}, json={})

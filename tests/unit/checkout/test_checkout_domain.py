@@ -14,7 +14,8 @@ from payments.checkout import domain as d
 from payments.checkout.domain import Saga, Step
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
-ATTENTION_MIGRATION = pathlib.Path(__file__).resolve().parents[3] / "services/payments/migrations/0101_needs_attention.sql"
+# The migration that last replaced the transition trigger (0160: issue 12's cancel after purchase).
+ATTENTION_MIGRATION = pathlib.Path(__file__).resolve().parents[3] / "services/payments/migrations/0160_cancel_after_purchase.sql"
 
 
 def saga(state=d.HELD, **kw) -> Saga:
@@ -29,7 +30,7 @@ def saga(state=d.HELD, **kw) -> Saga:
 
 def test_transition_table_matches_the_database_trigger():
     """The Python table and the SQL trigger must say the same thing, or one of them is lying."""
-    # The trigger function as last replaced (0101 added NEEDS_ATTENTION, issue 10).
+    # The trigger function as last replaced (0101 added NEEDS_ATTENTION, issue 10; 0160 CANCELLING, issue 12).
     sql = ATTENTION_MIGRATION.read_text()
     pairs = re.findall(r"\(OLD\.state = '(\w+)' AND NEW\.state (?:IN \(([^)]*)\)|= '(\w+)')\)", sql)
     from_sql = {}
@@ -45,8 +46,10 @@ def test_transition_table_matches_the_database_trigger():
 
 
 def test_terminal_states_go_nowhere():
-    for s in d.TERMINAL:
+    for s in d.TERMINAL - {d.COMPLETED}:
         assert not d.TRANSITIONS[s]
+    # Issue 12: a completed purchase's one way on is a cancel after purchase.
+    assert d.TRANSITIONS[d.COMPLETED] == {d.CANCELLING}
     assert not d.can_transition(d.COMPLETED, d.REFUNDING)
     assert d.can_transition(d.RELEASING, d.CONFIRMING)  # late capture
 

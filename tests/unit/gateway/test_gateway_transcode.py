@@ -98,13 +98,15 @@ def test_response_json_is_proto3_mapping_and_deterministic():
     assert out == (b'{"id":"c1","kind":"CHECKOUT_KIND_CODES","state":"CHECKOUT_STATE_HELD","holdId":"","orderId":"",'
                    b'"expireTime":"2026-03-08T09:00:00Z",'
                    b'"amount":{"currencyCode":"TRY","amountMinor":"10000"},"codes":[],"slotId":"","productId":"",'
-                   b'"quantity":2,"failureReason":"","merchantId":"","salonId":""}')
+                   b'"quantity":2,"failureReason":"","merchantId":"","salonId":"","freeCancellationHours":0,'
+                   b'"cancellationFeePercent":0,"cancelledBy":"","cancelReason":""}')
     assert to_json(checkout_pb2.Checkout.FromString(c.SerializeToString())) == out
 
 
 def test_response_keeps_non_ascii_and_injection_strings_verbatim():
     s = booking_pb2.Salon(name="Kuaför 'Ayşe'; DROP TABLE salons;-- <script>")
-    assert to_json(s).decode() == '{"id":"","name":"Kuaför \'Ayşe\'; DROP TABLE salons;-- <script>","timeZone":"","merchantId":""}'
+    assert to_json(s).decode() == ('{"id":"","name":"Kuaför \'Ayşe\'; DROP TABLE salons;-- <script>","timeZone":"",'
+                                   '"merchantId":"","freeCancellationHours":0,"cancellationFeePercent":0}')
 
 
 def test_field_of_parse_error_variants():

@@ -34,8 +34,11 @@ REFUNDING = "REFUNDING"
 REFUNDED = "REFUNDED"
 # A finishing step (confirm, release, refund) that kept failing: waits for an operator (issue 10).
 NEEDS_ATTENTION = "NEEDS_ATTENTION"
+# Issue 12: a COMPLETED booking cancelled after purchase: refund per its policy, free the slot, end.
+CANCELLING = "CANCELLING"
+CANCELLED_AFTER_PURCHASE = "CANCELLED_AFTER_PURCHASE"
 
-TERMINAL = frozenset({COMPLETED, REJECTED, FAILED, EXPIRED, CANCELLED, REFUNDED})
+TERMINAL = frozenset({COMPLETED, REJECTED, FAILED, EXPIRED, CANCELLED, REFUNDED, CANCELLED_AFTER_PURCHASE})
 RELEASE_OUTCOMES = frozenset({FAILED, EXPIRED, CANCELLED})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -48,13 +51,17 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RELEASING: frozenset({FAILED, EXPIRED, CANCELLED, CONFIRMING, REFUNDING, NEEDS_ATTENTION}),
     REFUNDING: frozenset({REFUNDED, NEEDS_ATTENTION}),
     # An operator's retry goes back to the state it left (checkouts.attention_from).
-    NEEDS_ATTENTION: frozenset({CONFIRMING, RELEASING, REFUNDING}),
+    NEEDS_ATTENTION: frozenset({CONFIRMING, RELEASING, REFUNDING, CANCELLING}),
+    CANCELLING: frozenset({CANCELLED_AFTER_PURCHASE, NEEDS_ATTENTION}),
     **{s: frozenset() for s in TERMINAL},
+    # Issue 12: a purchase is finished when COMPLETED; its one way on is a cancel after purchase
+    # (a booking's customer per its policy, or the merchant's staff), which starts a new saga leg.
+    COMPLETED: frozenset({CANCELLING}),
 }
 
 # States whose step, failing too long, hands the saga to an operator (NEEDS_ATTENTION) instead of
 # retrying forever: the money is taken or the hold is going back, and only a person can decide.
-ATTENTION_STATES = frozenset({CONFIRMING, RELEASING, REFUNDING})
+ATTENTION_STATES = frozenset({CONFIRMING, RELEASING, REFUNDING, CANCELLING})
 
 # The customer may cancel while nothing irrevocable is under way. CHARGING only once the payment
 # is known: before that the charge request may be on its way to the PSP and there is no intent to
@@ -108,6 +115,11 @@ def refund_key(checkout_id) -> str:
     return step_key(checkout_id, "refund")
 
 
+def cancel_refund_key(checkout_id) -> str:
+    """Issue 12: the refund of a cancel after purchase (one per checkout: a cancel happens once)."""
+    return step_key(checkout_id, "cancel-refund")
+
+
 def payment_ref(saga: "Saga") -> str | None:
     """What confirms the purchase at booking / the code pool: the payment, or for a free item
     (no payment, issue 10) the payment attempt key, equally stable across retries."""
@@ -149,6 +161,14 @@ class Saga:
     merchant_id: str | None = None
     # Issue 12: a booking's salon, from the hold (None for code purchases and older checkouts).
     salon_id: str | None = None
+    # Issue 12: a booking's cancellation policy and start, from the hold (None for code purchases
+    # and older checkouts); a cancel after purchase: the refund it decided, who and why.
+    free_cancellation_hours: int | None = None
+    cancellation_fee_percent: int | None = None
+    start_time: datetime | None = None
+    refund_amount_minor: int | None = None
+    cancelled_by: str | None = None
+    cancel_reason: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -167,8 +187,18 @@ class Saga:
             failure_reason=row["failure_reason"], attempts=row["attempts"], lease_owner=row["lease_owner"],
             created_at=row["created_at"], updated_at=row["updated_at"], read_at=row["db_now"],
             traceparent=row.get("traceparent"), merchant_id=row.get("merchant_id"),
-            salon_id=s(row.get("salon_id")),
+            salon_id=s(row.get("salon_id")), free_cancellation_hours=row.get("free_cancellation_hours"),
+            cancellation_fee_percent=row.get("cancellation_fee_percent"), start_time=row.get("start_time"),
+            refund_amount_minor=row.get("refund_amount_minor"), cancelled_by=row.get("cancelled_by"),
+            cancel_reason=row.get("cancel_reason"),
         )
+
+    @property
+    def free_cancellation_deadline(self) -> datetime | None:
+        """Issue 12: until when a cancel is free: N elapsed hours before the start (not wall-clock)."""
+        if self.start_time is None:
+            return None
+        return self.start_time - timedelta(hours=self.free_cancellation_hours or 0)
 
 
 # -- what to do next ------------------------------------------------------------------------------
@@ -182,6 +212,7 @@ class Step(enum.Enum):
     CANCEL_PAYMENT = "cancel_payment"  # core.cancel of a payment that is not terminal
     RELEASE = "release"                # booking.ReleaseHold | codepool.ReleaseReservation
     REFUND = "refund"                  # core.refund, then release
+    CANCEL_PURCHASE = "cancel_purchase"  # issue 12: core.issue_refund (the policy's amount), then booking.CancelBooking
     EXPIRE = "expire"                  # a local transition: the hold ran out unpaid
     LATE_CAPTURE = "late_capture"      # a local transition: RELEASING, but the money arrived
     WAIT = "wait"                      # nothing to do until next_run_at / a wake-up
@@ -221,6 +252,8 @@ def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_secon
         return Step.RELEASE
     if st == REFUNDING:
         return Step.REFUND
+    if st == CANCELLING:
+        return Step.CANCEL_PURCHASE
     return Step.WAIT
 
 
@@ -264,6 +297,31 @@ def wait_until(saga: Saga, grace_seconds: float = 0.0) -> datetime | None:
     if saga.state in (HELD, CHARGING, AWAITING_ACTION) and saga.expire_time is not None:
         return saga.expire_time + timedelta(seconds=grace_seconds)
     return None
+
+
+# -- cancel after purchase (issue 12) ----------------------------------------------------------------
+
+# Defaults for a booking held before policies existed (docs/booking.md, "Cancellation policy").
+DEFAULT_FREE_CANCELLATION_HOURS, DEFAULT_CANCELLATION_FEE_PERCENT = 24, 0
+MAX_CANCEL_REASON = 500
+
+
+def policy_refund(captured_minor: int, fee_percent: int, free: bool) -> int:
+    """What a customer's cancel refunds: everything before the cutoff, else (100 - fee) % of what
+    was captured, rounded down to minor units (the same rule as the START_CANCEL_AFTER_PURCHASE
+    statement, which decides it with the database clock)."""
+    if free:
+        return captured_minor
+    return captured_minor * (100 - fee_percent) // 100
+
+
+def cancel_reason(reason: str) -> str:
+    """Staff's reason for cancelling a booking: required, 1..500 printable characters."""
+    reason = reason.strip()
+    if not reason or len(reason) > MAX_CANCEL_REASON or not reason.isprintable():
+        raise InvalidArgument("reason", f"reason must be 1..{MAX_CANCEL_REASON} printable characters when staff "
+                                        f"cancel a booking, got {reason!r}")
+    return reason
 
 
 # -- retries --------------------------------------------------------------------------------------

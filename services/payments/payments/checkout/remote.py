@@ -108,6 +108,10 @@ class Held:
     currency: str
     merchant_id: str  # issue 14: whose slot or product it is; the checkout records it
     salon_id: str | None = None  # issue 12: a booking's salon (ListCheckouts' filter); the checkout records it
+    # Issue 12: a booking's start and its salon's cancellation policy at purchase; the checkout records them.
+    start_time: datetime | None = None
+    free_cancellation_hours: int | None = None
+    cancellation_fee_percent: int | None = None
 
 
 @contextlib.contextmanager
@@ -160,7 +164,8 @@ class BookingHolds:
                                                     detail=detail)) from None
             raise _refused(e) from None
         return Held(h.id, from_timestamp(h.expire_time), h.price.amount_minor, h.price.currency_code, h.merchant_id,
-                    h.salon_id or None)
+                    h.salon_id or None, from_timestamp(h.start_time), h.free_cancellation_hours,
+                    h.cancellation_fee_percent)
 
     async def extend(self, saga: Saga) -> datetime | None:
         """The hold's expiry after the one extension; None when it can no longer be extended
@@ -196,6 +201,18 @@ class BookingHolds:
     async def release(self, saga: Saga) -> None:
         req = booking_pb2.ReleaseHoldRequest(hold_id=saga.hold_id)
         await _release(lambda: self.stub.ReleaseHold(req), "booking.ReleaseHold", saga)
+
+    async def cancel_booking(self, saga: Saga) -> None:
+        """Issue 12: the confirmed booking cancelled after purchase (its time bookable again);
+        idempotent on (hold, payment ref). Any refusal is retried and ends in NEEDS_ATTENTION."""
+        req = booking_pb2.CancelBookingRequest(hold_id=saga.hold_id, payment_ref=domain.payment_ref(saga))
+        try:
+            with _as_system():
+                await self.stub.CancelBooking(req)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise _retryable(e, "booking.CancelBooking") from None
+            raise
 
 
 # The code pool's per-customer caps (issue 10): the buyer's own doing, not the product's stock.

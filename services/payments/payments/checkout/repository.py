@@ -19,7 +19,7 @@ import asyncpg
 from cutylib import tenancy
 from cutylib.telemetry import current_trace_id, current_traceparent
 
-from .domain import Saga
+from .domain import DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS, Saga
 
 # NOTIFY channel of wake-ups; the payments trigger (migration 0103) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
@@ -27,9 +27,10 @@ WAKE_CHANNEL = "cuty_checkout_wake"
 # checkouts_notify_watchers, migration 0135), payload the checkout id (payments/checkout/live.py).
 WATCH_CHANNEL = "cuty_checkout_events"
 
-_TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED')"
+_TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE')"
 # Nothing for a worker to do: terminal, or waiting for an operator (issue 10, item 8).
-_IDLE = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'NEEDS_ATTENTION')"
+_IDLE = ("('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE', "
+         "'NEEDS_ATTENTION')")
 _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
 
 # CreateCheckout's first write, the PENDING row with the request's saga lease, as part of its
@@ -109,6 +110,9 @@ WITH upd AS (
         payment_id = COALESCE(payment_id, $11::uuid),
         merchant_id = COALESCE(merchant_id, $18),
         salon_id = COALESCE(salon_id, $19::uuid),
+        free_cancellation_hours = COALESCE(free_cancellation_hours, $20::int),
+        cancellation_fee_percent = COALESCE(cancellation_fee_percent, $21::int),
+        start_time = COALESCE(start_time, $22::timestamptz),
         failure_reason = CASE WHEN $12 = '' THEN failure_reason ELSE $12 END,
         attempts = 0, last_error = '', failing_since = NULL, updated_at = clock_timestamp(),
         -- Terminal: nothing left to do. $16: the saga waits now, so give the lease back and sleep
@@ -167,6 +171,48 @@ WITH upd AS (
 ), ev AS (
     INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
     SELECT payment_id, id, 'saga', $5, state, version, $6, 'cancel' FROM upd
+)
+SELECT * FROM upd
+"""
+
+# docs/booking.md's policy defaults (domain.DEFAULT_*), for bookings held before policies existed.
+DEFAULT_FREE_HOURS, DEFAULT_FEE_PERCENT = DEFAULT_FREE_CANCELLATION_HOURS, DEFAULT_CANCELLATION_FEE_PERCENT
+# Issue 12: a COMPLETED booking cancelled after purchase: -> CANCELLING with the request's lease,
+# the refund decided here with the database clock and never changed after. $2: the customer (their
+# own checkout, refund per the policy recorded at purchase: everything before start - N hours, else
+# (100 - fee) % of what was captured, rounded down), or NULL for staff ($3 their merchant: a full
+# refund, the reason $9 required). Never more than what the merchant's own refunds left. Refused
+# (no row) once the appointment has started (a customer's), and for a code purchase; the caller
+# reads why. The policy defaults (24 h, 0 %) stand in for checkouts held before policies existed.
+START_CANCEL_AFTER_PURCHASE = f"""
+WITH upd AS (
+    UPDATE checkouts c SET
+        state = 'CANCELLING', version = c.version + 1,
+        refund_amount_minor = LEAST(
+            CASE WHEN $2::text IS NULL
+                   OR clock_timestamp() < c.start_time
+                        - make_interval(hours => COALESCE(c.free_cancellation_hours, {DEFAULT_FREE_HOURS}))
+                 THEN COALESCE(c.amount_minor, 0)
+                 ELSE COALESCE(c.amount_minor, 0)
+                      * (100 - COALESCE(c.cancellation_fee_percent, {DEFAULT_FEE_PERCENT})) / 100 END,
+            COALESCE((SELECT p.amount_minor - p.refunded_minor FROM payments p WHERE p.id = c.payment_id), 0)),
+        cancelled_by = $8, cancel_reason = $9,
+        failure_reason = CASE WHEN $2::text IS NULL THEN 'cancelled-by-staff' ELSE 'cancelled-by-customer' END,
+        lease_owner = $4,
+        lease_until = clock_timestamp() + make_interval(secs => $5::float8),
+        next_run_at = clock_timestamp() + make_interval(secs => $5::float8),
+        wakeup = false, attempts = 0, last_error = '', failing_since = NULL, updated_at = clock_timestamp()
+    WHERE c.id = $1 AND c.version = $6 AND c.state = 'COMPLETED' AND c.kind = 'booking'
+      AND ($2::text IS NULL OR (c.customer_id = $2 AND c.start_time > clock_timestamp()))
+      AND ($3::text IS NULL OR c.merchant_id = $3)
+    {_RETURNING}
+), ev AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT payment_id, id, 'saga', 'COMPLETED', state, version, $7,
+           'cancel after purchase by ' || cancelled_by || ': refund ' || refund_amount_minor || ' '
+           || COALESCE(currency, '') || ' minor units' || COALESCE('; reason: ' || cancel_reason, ''), merchant_id
+    FROM upd
 )
 SELECT * FROM upd
 """
@@ -233,7 +279,7 @@ WHERE id = $1 AND lease_owner = $2 AND state NOT IN {_IDLE}
 RETRY_LATER = """
 WITH g AS (
     SELECT id, state AS from_state,
-           state IN ('CONFIRMING', 'RELEASING', 'REFUNDING')
+           state IN ('CONFIRMING', 'RELEASING', 'REFUNDING', 'CANCELLING')
            AND (attempts + 1 >= $5
                 OR COALESCE(failing_since, clock_timestamp()) <= clock_timestamp() - make_interval(secs => $6::float8))
            AS give_up
@@ -345,6 +391,10 @@ class Fields:
     failure_reason: str = ""
     merchant_id: str | None = None  # recorded once, with the hold (issue 14)
     salon_id: str | None = None  # a booking's salon, recorded once with the hold (issue 12)
+    # A booking's cancellation policy and start, recorded once with the hold (issue 12).
+    free_cancellation_hours: int | None = None
+    cancellation_fee_percent: int | None = None
+    start_time: object | None = None
 
 
 @dataclass(frozen=True)
@@ -400,11 +450,19 @@ class Sagas:
         return saga_of(await self.db.fetchrow(
             TRANSITION, saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
             fields.currency, fields.expire_time, fields.extended, fields.payment_id, fields.failure_reason,
-            saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id, fields.salon_id))
+            saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id, fields.salon_id,
+            fields.free_cancellation_hours, fields.cancellation_fee_percent, fields.start_time))
 
     async def start_cancel(self, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
         return saga_of(await self.db.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,
                                               saga.state, current_trace_id(), saga.version))
+
+    async def start_cancel_after_purchase(self, saga: Saga, owner: str, lease_seconds: float, *,
+                                          customer: str | None, merchant: str | None, who: str,
+                                          reason: str | None) -> Saga | None:
+        """COMPLETED -> CANCELLING (issue 12), None when refused or the row moved since `saga` was read."""
+        return saga_of(await self.db.fetchrow(START_CANCEL_AFTER_PURCHASE, saga.id, customer, merchant, owner,
+                                              lease_seconds, saga.version, current_trace_id(), who, reason))
 
     async def claim_due(self, worker_id: str, limit: int, lease_seconds: float) -> list[Saga]:
         return [Saga.from_row(r) for r in await self.db.fetch(CLAIM_DUE, worker_id, limit, lease_seconds)]

@@ -35,6 +35,11 @@ MAX_PAYMENT_METHOD = 64
 CANCEL_ROUNDS = 5
 
 
+def _cancelled_after_purchase(saga: Saga) -> bool:
+    """A cancel after purchase has begun (a repeat answers where it stands, issue 12)."""
+    return saga.refund_amount_minor is not None
+
+
 def new_owner(kind: str) -> str:
     """A lease owner token: unique per request, so two requests never mistake each other's lease."""
     return f"{kind}:{secrets.token_hex(8)}"
@@ -193,23 +198,81 @@ class CheckoutService:
 
     # -- CancelCheckout ---------------------------------------------------------------------------
     async def cancel(self, customer: str, checkout_id: str) -> checkout_pb2.Checkout:
+        """The customer's cancel: before the purchase, the hold goes back (nothing was taken or
+        the intent is cancelled); a COMPLETED booking is cancelled after purchase (issue 12)."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         owner = new_owner("cancel")
         for _ in range(CANCEL_ROUNDS):
             current = await self._owned(customer, checkout_id)
-            if current.outcome == domain.CANCELLED:
+            if current.outcome == domain.CANCELLED or _cancelled_after_purchase(current):
                 return await self.view(current)  # cancelling twice is not an error
-            if current.state not in domain.CANCELLABLE or (
-                    current.state == domain.CHARGING and current.payment_id is None):
-                raise errors.FailedPrecondition(
-                    f"checkout {checkout_id} is {current.state} and can no longer be cancelled",
-                    reason="checkout-not-cancellable")
-            # Version-guarded: if a step moved the saga since our read, read again and re-decide.
-            saga = await self.sagas.start_cancel(current, owner, self.lease_seconds)
+            if current.state == domain.COMPLETED:
+                saga = await self._start_cancel_after_purchase(current, owner, customer=customer)
+            else:
+                if current.state not in domain.CANCELLABLE or (
+                        current.state == domain.CHARGING and current.payment_id is None):
+                    raise errors.FailedPrecondition(
+                        f"checkout {checkout_id} is {current.state} and can no longer be cancelled",
+                        reason="checkout-not-cancellable")
+                # Version-guarded: if a step moved the saga since our read, read again and re-decide.
+                saga = await self.sagas.start_cancel(current, owner, self.lease_seconds)
             if saga is not None:
                 saga, payment = await self.engine.drive(saga, owner)
                 return await self.view(saga, payment=payment)
         raise errors.Aborted(f"checkout {checkout_id} kept changing; retry", reason="version-conflict")
+
+    async def cancel_by_staff(self, caller: Principal, checkout_id: str, reason: str) -> checkout_pb2.Checkout:
+        """Issue 12: the merchant's staff or admin cancel a COMPLETED booking of their merchant
+        (another merchant's: NOT_FOUND) with a full refund and a reason, whenever it starts."""
+        checkout_id = canonical_uuid("checkout_id", checkout_id)
+        reason = domain.cancel_reason(reason)
+        owner = new_owner("cancel")
+        for _ in range(CANCEL_ROUNDS):
+            current = await self.seen(caller, checkout_id)
+            if _cancelled_after_purchase(current):
+                return await self.view_for(caller, current)
+            if current.state != domain.COMPLETED or current.kind != domain.BOOKING:
+                self._refuse_cancel_after_purchase(current)
+            async with tenancy.scoped(self.pool, caller) as uow:
+                saga = await repo.Sagas(uow.conn).start_cancel_after_purchase(
+                    current, owner, self.lease_seconds, customer=None, merchant=tenancy.merchant_filter(caller),
+                    who=f"{caller.role}:{caller.subject}", reason=reason)
+                await uow.commit()
+            if saga is not None:
+                saga, _ = await self.engine.drive(saga, owner)
+                return await self.view_for(caller, saga)
+        raise errors.Aborted(f"checkout {checkout_id} kept changing; retry", reason="version-conflict")
+
+    async def _start_cancel_after_purchase(self, current: Saga, owner: str, *, customer: str) -> Saga | None:
+        """COMPLETED -> CANCELLING for its customer, the refund decided by the database (its clock,
+        the policy recorded at purchase); None when the row moved meanwhile (read again)."""
+        if current.kind != domain.BOOKING:
+            self._refuse_cancel_after_purchase(current)
+        if current.start_time is None:
+            raise errors.FailedPrecondition(
+                f"checkout {current.id} was bought before cancellation policies; only the salon's staff can "
+                "cancel it", reason="no-cancellation-policy")
+        saga = await self.sagas.start_cancel_after_purchase(current, owner, self.lease_seconds, customer=customer,
+                                                            merchant=None, who=f"customer:{customer}", reason=None)
+        if saga is not None:
+            return saga
+        again = await self.sagas.get(current.id)
+        if again is not None and again.version == current.version:
+            # Nothing moved, so the statement refused: the appointment has started (database clock).
+            raise errors.FailedPrecondition(
+                f"the appointment of checkout {current.id} has started; it can no longer be cancelled",
+                reason="appointment-started")
+        return None
+
+    @staticmethod
+    def _refuse_cancel_after_purchase(current: Saga) -> None:
+        if current.kind == domain.CODES and current.state == domain.COMPLETED:
+            raise errors.FailedPrecondition(
+                f"checkout {current.id} bought codes that were delivered; a codes purchase is not cancelled",
+                reason="codes-delivered")
+        raise errors.FailedPrecondition(
+            f"only a COMPLETED booking is cancelled after purchase; checkout {current.id} is {current.state}",
+            reason="checkout-not-cancellable")
 
     # -- RetryCheckout (operators) -----------------------------------------------------------------
     async def retry(self, caller: Principal, operator: str, checkout_id: str) -> checkout_pb2.Checkout:

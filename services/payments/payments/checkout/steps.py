@@ -77,7 +77,10 @@ class Steps:
             return Outcome(Move(domain.REJECTED, reason=rej.error.reason), raise_after=rej)
         return Outcome(Move(domain.HELD), repo.Fields(hold_id=held.hold_id, expire_time=held.expire_time,
                                                       amount_minor=held.amount_minor, currency=held.currency,
-                                                      merchant_id=held.merchant_id, salon_id=held.salon_id))
+                                                      merchant_id=held.merchant_id, salon_id=held.salon_id,
+                                                      free_cancellation_hours=held.free_cancellation_hours,
+                                                      cancellation_fee_percent=held.cancellation_fee_percent,
+                                                      start_time=held.start_time))
 
     async def _expire(self, saga: Saga, payment, status) -> Outcome:
         return Outcome(Move(domain.RELEASING, domain.EXPIRED, "hold-expired-unpaid"))
@@ -146,3 +149,27 @@ class Steps:
         # Give back whatever is still held (a cancelled checkout's slot; a no-op when it was lost).
         await self._remote(Step.RELEASE, self.holds.of(saga).release(saga))
         return Outcome(Move(domain.REFUNDED), payment=payment)
+
+    async def _cancel_purchase(self, saga: Saga, payment, status) -> Outcome:
+        """Issue 12: a COMPLETED booking cancelled after purchase. The refund the cancel decided
+        (refund_amount_minor, fixed when CANCELLING began) through the payments core's refunds, on
+        the key of (checkout, cancel-refund), then booking's CancelBooking frees the slot. Both are
+        idempotent, so a crash between them (crash points cancel_refund:after, cancel_release:before)
+        repeats the refund as a replay and finishes the release."""
+        amount = saga.refund_amount_minor or 0
+        refunded = None
+        if amount > 0 and saga.payment_id is not None:
+            reason = saga.cancel_reason or "cancelled by the customer under the booking's cancellation policy"
+            crash.point("cancel_refund:before")
+            refunded = await self.core.issue_refund(
+                saga.merchant_id, saga.payment_id, domain.cancel_refund_key(saga.id), amount_minor=amount,
+                currency=None, reason=reason, actor=saga.cancelled_by or "system", codes_delivered_ok=True,
+                note=f"cancel after purchase by {saga.cancelled_by}: {reason}")
+            crash.point("cancel_refund:after")
+            if refunded.status != "succeeded":
+                raise Retryable(f"refund {refunded.id} of checkout {saga.id} is {refunded.status}")
+        crash.point("cancel_release:before")
+        await self.holds.booking.cancel_booking(saga)
+        crash.point("cancel_release:after")
+        note = f"refunded {amount} {saga.currency or ''} minor units" if refunded is not None else "nothing refunded"
+        return Outcome(Move(domain.CANCELLED_AFTER_PURCHASE), note=note)

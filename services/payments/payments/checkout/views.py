@@ -37,6 +37,17 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
         merchant_id=saga.merchant_id or "",
         salon_id=saga.salon_id or "",
     )
+    if saga.free_cancellation_hours is not None:
+        c.free_cancellation_hours = saga.free_cancellation_hours
+        c.cancellation_fee_percent = saga.cancellation_fee_percent or 0
+    if saga.start_time is not None:
+        c.start_time.CopyFrom(to_timestamp(saga.start_time))
+        c.free_cancellation_deadline.CopyFrom(to_timestamp(saga.free_cancellation_deadline))
+    if saga.refund_amount_minor is not None:
+        c.refund_amount.CopyFrom(common_pb2.Money(currency_code=saga.currency or "",
+                                                  amount_minor=saga.refund_amount_minor))
+        c.cancelled_by = saga.cancelled_by or ""
+        c.cancel_reason = saga.cancel_reason or ""
     if saga.amount_minor is not None:
         c.amount.CopyFrom(common_pb2.Money(currency_code=saga.currency or "", amount_minor=saga.amount_minor))
     if payment is not None:

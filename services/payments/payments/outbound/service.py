@@ -19,7 +19,8 @@ from cutylib.principal import Principal
 from .repository import Delivery, Endpoint, Endpoints
 
 # What the outbox produces today (trigger checkouts_merchant_events, migration 0150).
-EVENT_TYPES = ("checkout.completed", "booking.confirmed", "codes.delivered", "checkout.refunded")
+EVENT_TYPES = ("checkout.completed", "booking.confirmed", "codes.delivered", "checkout.refunded",
+               "booking.cancelled")
 MAX_ENDPOINTS_PER_MERCHANT = 16
 MAX_URL = 2048
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
