@@ -22,6 +22,7 @@ from cuty.booking.v1 import booking_pb2 as pb
 from cuty.common.v1 import common_pb2
 from cutylib.db import migrate
 from cutylib.testing.ids import new_id
+from cutylib.testing.tenancy import probe_role, rows_seen
 from cutylib.testing.trust import TEST_MERCHANT, user
 
 MIGRATIONS = pathlib.Path(__file__).resolve().parents[3] / "services" / "booking" / "migrations"
@@ -223,30 +224,20 @@ async def test_a_child_cannot_take_another_merchant_than_its_parents(booking, bo
 
 async def test_row_level_security_bites(booking, booking_dsn):
     """A non-superuser session set to the wrong merchant reads nothing of any table (unset: all);
-    set to the merchant, it reads that merchant's rows (superusers bypass RLS, hence SET ROLE)."""
+    set to the merchant, it reads that merchant's rows (superusers bypass RLS, hence a probe role)."""
     org = "m-" + new_id()
     _, _, slot = await _merchant_salon(booking, org)
     await booking.hold(slot.id)
-    role = "rls_" + uuid.uuid4().hex[:12]
     conn = await asyncpg.connect(booking_dsn)
     try:
-        await conn.execute(f"CREATE ROLE {role} NOLOGIN")
-        await conn.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
-        await conn.execute(f"GRANT SELECT ON {', '.join(TABLES)} TO {role}")
-        await conn.execute(f"SET ROLE {role}")
-        counts = {}
-        for setting in ("wrong", org, "", "*"):
-            await conn.execute("SELECT set_config('cuty.merchant', $1, false)", setting)
-            counts[setting] = [await conn.fetchval(f"SELECT count(*) FROM {t}") for t in TABLES]
-        # a forgotten WHERE still sees only the merchant: the whole table is its 1 + 1 + 1 + 1 rows
-        assert {s: counts[s] for s in ("wrong", org)} == {"wrong": [0, 0, 0, 0], org: [1, 1, 1, 1]}
-        # unset is every merchant (the saga's and customers' sessions never set it)
-        assert counts[""] == counts["*"] and all(n >= 1 for n in counts[""])
+        async with probe_role(conn) as role:
+            counts = {s: [await rows_seen(conn, role, t, s) for t in TABLES] for s in ("wrong", org, None, "*")}
     finally:
-        await conn.execute("RESET ROLE")
-        await conn.execute(f"DROP OWNED BY {role}")
-        await conn.execute(f"DROP ROLE {role}")
         await conn.close()
+    # a forgotten WHERE still sees only the merchant: the whole table is its 1 + 1 + 1 + 1 rows
+    assert {s: counts[s] for s in ("wrong", org)} == {"wrong": [0, 0, 0, 0], org: [1, 1, 1, 1]}
+    # unset is every merchant (the saga's and customers' sessions never set it)
+    assert counts[None] == counts["*"] and all(n >= 1 for n in counts[None])
 
 
 async def test_every_merchant_table_has_row_level_security_and_keys_lead_with_the_merchant(booking_pool):

@@ -17,9 +17,10 @@ from cuty.common.v1 import common_pb2
 from cutylib.db import migrate
 from cutylib.tenancy import DEFAULT_MERCHANT
 from cutylib.testing.ids import new_id
+from cutylib.testing.tenancy import probe_role, rows_seen
 from cutylib.testing.trust import TEST_MERCHANT, user
 
-from codepool_testkit import ADMIN, STAFF, make_codes, new_product, reserve_request, stocked_product
+from codepool_testkit import ADMIN, STAFF, make_codes, reserve_request, stocked_product
 
 MIGRATIONS = pathlib.Path(__file__).resolve().parents[3] / "services" / "codepool" / "migrations"
 # Every table of the code pool that belongs to a merchant; test_every_merchant_table_has_rls checks
@@ -293,32 +294,18 @@ async def test_a_child_cannot_name_another_merchant_than_its_parent(stub, cp_poo
 async def test_row_level_security_bites_a_query_without_where(stub, codepool_dsn):
     org = merchant()
     await _one_of_everything(stub, org)
-    role = "rls_" + uuid.uuid4().hex[:12]
     conn = await asyncpg.connect(codepool_dsn)
     try:
-        await conn.execute(f"CREATE ROLE {role} NOLOGIN")
-        await conn.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
-        await conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
-        await conn.execute(f"SET ROLE {role}")
-        counts = {}
-        for setting in ("wrong", org, "", "*"):
-            await conn.execute("SELECT set_config('cuty.merchant', $1, false)", setting)
-            counts[setting] = {t: await conn.fetchval(f"SELECT count(*) FROM {t}") for t in MERCHANT_TABLES}
-            if setting == org:
-                counts["own-only"] = {t: await conn.fetchval(f"SELECT count(*) FROM {t} WHERE merchant_id <> $1", org)
-                                      for t in MERCHANT_TABLES}
-        assert counts["wrong"] == {t: 0 for t in MERCHANT_TABLES}
-        assert counts[""] == counts["*"]  # unset: every merchant (the saga's sessions never set it)
-        assert all(n > 0 for n in counts[org].values()), counts[org]
-        assert counts["own-only"] == {t: 0 for t in MERCHANT_TABLES}
-        assert all(counts["*"][t] >= counts[org][t] for t in MERCHANT_TABLES)
-        await conn.execute("RESET ROLE")
+        async with probe_role(conn) as role:
+            counts = {s: {t: await rows_seen(conn, role, t, s) for t in MERCHANT_TABLES} for s in ("wrong", org, None, "*")}
+            own_only = {t: await rows_seen(conn, role, t, org, "merchant_id <> $1", org) for t in MERCHANT_TABLES}
     finally:
-        await conn.execute("RESET ROLE")
-        await conn.execute(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
-        await conn.execute(f"REVOKE ALL ON SCHEMA public FROM {role}")
-        await conn.execute(f"DROP ROLE {role}")
         await conn.close()
+    assert counts["wrong"] == {t: 0 for t in MERCHANT_TABLES}
+    assert counts[None] == counts["*"]  # unset: every merchant (the saga's sessions never set it)
+    assert all(n > 0 for n in counts[org].values()), counts[org]
+    assert own_only == {t: 0 for t in MERCHANT_TABLES}
+    assert all(counts["*"][t] >= counts[org][t] for t in MERCHANT_TABLES)
 
 
 async def test_every_merchant_table_has_forced_rls_and_a_policy(cp_pool):
