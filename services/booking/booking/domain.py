@@ -6,10 +6,7 @@ database's job (migrations/0001_init.sql); these rules only reject input before 
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
-import struct
 import uuid
 import zoneinfo
 from dataclasses import dataclass
@@ -30,7 +27,6 @@ MAX_KEY = 200  # customer ids, request ids, payment refs: opaque strings chosen 
 MAX_BATCH = 1000
 MAX_LIST_WINDOW = timedelta(days=93)
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 500
-_PAGE_TOKEN_TAG = b"bk1"
 ADMIN_ROLES = ("admin", "system")
 # Postgres and zoneinfo both list these, but none is a place: a salon's zone must be one.
 _NOT_PLACES = frozenset({"localtime", "posixrules", "Factory"})
@@ -302,31 +298,18 @@ def page_size(requested: int) -> int:
     return paging.page_size(requested, default=DEFAULT_PAGE_SIZE, maximum=MAX_PAGE_SIZE)
 
 
+# ListSlots' tokens are the same keyset tokens as the agenda's (cutylib.paging), under a query of
+# their own, so a ListSlots token is not accepted by the agenda and the other way round.
+_SLOTS_QUERY = paging.query_fingerprint("ListSlots")
+
+
 def encode_page_token(c: SlotCursor) -> str:
-    micros = (c.start_time - _EPOCH) // timedelta(microseconds=1)
-    raw = _PAGE_TOKEN_TAG + struct.pack(">q", micros) + c.resource_id.bytes + c.id.bytes
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return encode_agenda_token(_SLOTS_QUERY, c)
 
 
 def decode_page_token(token: str) -> SlotCursor | None:
     """The cursor after which the page starts; None for the first page."""
-    if not token:
-        return None
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 43 or not raw.startswith(_PAGE_TOKEN_TAG):
-        raise InvalidArgument("page_token", "page_token is not one this service issued")
-    (micros,) = struct.unpack(">q", raw[3:11])
-    try:
-        start = _EPOCH + timedelta(microseconds=micros)
-    except OverflowError:
-        raise InvalidArgument("page_token", "page_token is not one this service issued") from None
-    return SlotCursor(start, uuid.UUID(bytes=raw[11:27]), uuid.UUID(bytes=raw[27:43]))
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return decode_agenda_token(token, _SLOTS_QUERY)
 
 
 # --- the agenda (issue 12: ListBookings) -----------------------------------------------------------
