@@ -66,18 +66,19 @@ async def narrow(conn: asyncpg.Connection, principal: Principal | None = None) -
 
 async def fetchrow(pool: asyncpg.Pool, query: str, *args, principal: Principal | None = None):
     """`pool.fetchrow` for a caller not bound to a merchant; inside `scoped()` for one that is."""
-    if principal is None or merchant_filter(principal) is None:
-        return await pool.fetchrow(query, *args)
-    async with scoped(pool, principal) as uow:
-        return await uow.conn.fetchrow(query, *args)
+    return await _read("fetchrow", pool, query, args, principal)
 
 
 async def fetch(pool: asyncpg.Pool, query: str, *args, principal: Principal | None = None) -> list:
     """`pool.fetch` for a caller not bound to a merchant; inside `scoped()` for one that is."""
+    return await _read("fetch", pool, query, args, principal)
+
+
+async def _read(method: str, pool: asyncpg.Pool, query: str, args: tuple, principal: Principal | None):
     if principal is None or merchant_filter(principal) is None:
-        return await pool.fetch(query, *args)
+        return await getattr(pool, method)(query, *args)
     async with scoped(pool, principal) as uow:
-        return await uow.conn.fetch(query, *args)
+        return await getattr(uow.conn, method)(query, *args)
 
 
 @asynccontextmanager

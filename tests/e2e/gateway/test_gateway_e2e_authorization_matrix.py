@@ -8,7 +8,6 @@ fails the test, as does a row for a route that no longer exists.
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import uuid
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import pytest
 import pytest_asyncio
 
 from cutylib.config import with_database
+from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import TEST_MERCHANT
 from gateway.descriptors import load_routes
 
@@ -240,8 +240,11 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
             return r.status_code
     r = await http.request(method, path, json=body if method == "POST" else None, params=params, headers=h)
     if r.status_code == 409 and template.endswith(":redeliver"):  # an attempt was in flight: ask again
-        await asyncio.sleep(0.5)
-        r = await http.request(method, path, json=body, headers=h)
+        async def settled() -> bool:
+            nonlocal r
+            r = await http.request(method, path, json=body, headers=h)
+            return r.status_code != 409
+        await wait_for(settled, timeout=15, interval=0.2, message="the delivery's attempt in flight to end")
     return r.status_code
 
 
