@@ -8,25 +8,18 @@ may have happened, and reconciliation or a webhook will tell.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import json
 import logging
 import random
-import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 from opentelemetry import propagate, trace
 from prometheus_client import REGISTRY, Histogram
 
 from cutylib.metrics import DURATION_BUCKETS, observe
-
-# httpcore runs `import sniffio` on every request (its locks and cancellation shields ask which async
-# library runs them). sniffio is not installed here, and a failed import is not cached: each one walks
-# sys.path with stat calls (~2 % of the orchestrator's CPU under load). Record its absence once;
-# `import sniffio` then fails at once and httpcore falls back to asyncio, as it does now.
-if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
-    sys.modules["sniffio"] = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("cuty.payments.psp")
@@ -59,17 +52,31 @@ class PspUnavailable(Exception):
 
 
 class PspClient:
+    """One keep-alive aiohttp session per process (issue 11: httpx + httpcore cost about ten times
+    aiohttp's CPU per call under concurrency, docs/benchmarks.md), created on first use inside the
+    running event loop."""
+
     def __init__(self, base_url: str, *, timeout: float = 3.0, retries: int = 2, backoff: float = 0.1,
-                 client: httpx.AsyncClient | None = None):
+                 max_connections: int = 100):
         self.base_url = base_url.rstrip("/")
         self.retries = retries
         self.backoff = backoff
-        self._client = client or httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
-        url = httpx.URL(self.base_url)
-        self._host, self._port = url.host, url.port or (443 if url.scheme == "https" else 80)
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        url = urlsplit(self.base_url)
+        self._host, self._port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, connector=aiohttp.TCPConnector(limit=self._max_connections),
+                json_serialize=json.dumps, skip_auto_headers=("User-Agent",))
+        return self._session
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     async def create_intent(self, idempotency_key: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._call("POST", "/v1/payment_intents", body=body, key=idempotency_key)
@@ -106,27 +113,28 @@ class PspClient:
                     await asyncio.sleep(random.uniform(0, self.backoff * 2 ** attempt))
                 t0 = time.perf_counter()
                 try:
-                    resp = await self._client.request(method, path, json=body, headers=headers)
-                except httpx.HTTPError as exc:  # timeouts, refused connections, resets
+                    async with self._http().request(method, self.base_url + path, json=body, headers=headers) as resp:
+                        status, raw = resp.status, await resp.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:  # timeouts, refused connections, resets
                     observe(PSP_DURATION.labels("psp", method, template, "error"), time.perf_counter() - t0)
                     last = f"{type(exc).__name__}: {exc}"
                     log.warning("PSP call failed, outcome unknown", extra={"path": path, "attempt": attempt, "error": last})
                     continue
-                observe(PSP_DURATION.labels("psp", method, template, str(resp.status_code)), time.perf_counter() - t0)
-                span.set_attribute("http.response.status_code", resp.status_code)
-                if resp.status_code >= 500:
+                observe(PSP_DURATION.labels("psp", method, template, str(status)), time.perf_counter() - t0)
+                span.set_attribute("http.response.status_code", status)
+                if status >= 500:
                     span.set_status(trace.StatusCode.ERROR)
-                if resp.status_code < 300:
-                    return resp.json()
-                if resp.status_code >= 500 or resp.status_code == 429:
-                    last = f"HTTP {resp.status_code}"
-                    log.warning("PSP answered %s, retrying", resp.status_code, extra={"path": path, "attempt": attempt})
+                if status < 300:
+                    return json.loads(raw)
+                if status >= 500 or status == 429:
+                    last = f"HTTP {status}"
+                    log.warning("PSP answered %s, retrying", status, extra={"path": path, "attempt": attempt})
                     continue
                 try:
-                    error = resp.json().get("error") or {}
-                except ValueError:
-                    error = {"message": resp.text[:200]}
-                raise PspError(resp.status_code, error)
+                    error = json.loads(raw).get("error") or {}
+                except (ValueError, AttributeError):
+                    error = {"message": raw[:200].decode("utf-8", "replace")}
+                raise PspError(status, error)
             raise PspUnavailable(f"PSP {method} {path}: no answer after {self.retries + 1} attempts ({last})")
 
 

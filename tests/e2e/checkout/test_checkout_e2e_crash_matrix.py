@@ -102,7 +102,8 @@ MATRIX = [
 
 @pytest_asyncio.fixture(scope="module")
 async def crashy(pg, tmp_path_factory):
-    s = await start_stack(pg, tmp_path_factory.mktemp("checkout-crash"))
+    # Every payment extends its hold here (an infinite pay window), so extend:before|after are reached.
+    s = await start_stack(pg, tmp_path_factory.mktemp("checkout-crash"), CUTY_CHECKOUT_PAY_WINDOW_SECONDS="inf")
     yield s
     await s.close()
 

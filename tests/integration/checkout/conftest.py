@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 
 import grpc
 import pytest_asyncio
@@ -49,6 +50,8 @@ class Harness:
         self.codepool = FakeCodePool()
         self.psp = FakePsp()
         self.settings = dataclasses.replace(Settings(), lease_seconds=lease_seconds, reconcile_after_seconds=60)
+        # Every payment extends its hold unless a test sets a pay window (the steps are counted).
+        options.setdefault("pay_window_seconds", math.inf)
         self.options = dataclasses.replace(CheckoutOptions(), poll_seconds=0.05, retry_base_seconds=0.02,
                                            retry_cap_seconds=0.2, **options)
         self.core = self.new_core("core-0")

@@ -31,6 +31,28 @@ async def state(h, checkout_id):
     return (await h.row(checkout_id))["state"]
 
 
+async def test_a_hold_with_more_than_the_pay_window_left_is_charged_without_an_extension(make_harness):
+    """Issue 11: PayCheckout extends the hold only when less than the pay window is left of it; a
+    buyer paying early costs no ExtendHold call, and the hold keeps its own expiry."""
+    h = make_harness(hold_ttl=300, pay_window_seconds=120)
+    created = await h.service.create(C, booking_req(h), "")
+    expires = h.booking.holds[created.hold_id]["expire"]
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.CHECKOUT_STATE_COMPLETED
+    assert dict(h.booking.effects) == {"hold": 1, "confirm": 1}
+    hold = h.booking.holds[created.hold_id]
+    assert hold["status"] == "confirmed" and not hold["extended"] and hold["expire"] == expires
+
+
+async def test_a_hold_with_less_than_the_pay_window_left_is_extended_before_the_charge(make_harness):
+    h = make_harness(hold_ttl=60, pay_window_seconds=120)
+    created = await h.service.create(C, booking_req(h), "")
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.CHECKOUT_STATE_COMPLETED
+    assert dict(h.booking.effects) == {"hold": 1, "extend": 1, "confirm": 1}
+    assert h.booking.holds[created.hold_id]["extended"]
+
+
 async def test_booking_happy_path_completes_inside_pay(harness):
     h = harness
     created = await h.service.create(C, booking_req(h), "")

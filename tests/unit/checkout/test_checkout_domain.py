@@ -157,3 +157,14 @@ def test_validate_create_refuses_bad_input(slot, product, qty, field):
     with pytest.raises(InvalidArgument) as e:
         d.validate_create(slot, product, qty)
     assert e.value.field == field
+
+
+def test_a_payment_extends_the_hold_only_when_less_than_the_pay_window_is_left():
+    """Issue 11: the hold expires at NOW + 5 min in these sagas."""
+    paying = saga(d.CHARGING, payment_key="k")
+    assert d.next_step(paying, None, NOW, pay_window_seconds=120) is Step.CHARGE
+    assert d.next_step(paying, None, NOW + timedelta(minutes=3, seconds=1), pay_window_seconds=120) is Step.EXTEND
+    assert d.next_step(paying, None, NOW + timedelta(minutes=2, seconds=59), pay_window_seconds=120) is Step.CHARGE
+    assert d.next_step(paying, None, NOW) is Step.EXTEND  # no window given: always, as before
+    assert d.next_step(saga(d.CHARGING, payment_key="k", expire_time=None), None, NOW,
+                       pay_window_seconds=120) is Step.EXTEND  # expiry unknown: extend

@@ -8,6 +8,7 @@ decision from the same facts.
 from __future__ import annotations
 
 import enum
+import math
 import random
 import uuid
 from dataclasses import dataclass
@@ -224,8 +225,18 @@ def is_expired(saga: Saga, now: datetime, grace_seconds: float = 0.0) -> bool:
     return (now - saga.expire_time).total_seconds() >= grace_seconds
 
 
-def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_seconds: float = 0.0) -> Step:
-    """The next step of a leased saga. `payment_status` is None when no payment is known yet."""
+def needs_extension(saga: Saga, now: datetime, pay_window_seconds: float = math.inf) -> bool:
+    """A booking about to be charged whose hold has less than the pay window left (or an unknown
+    expiry): extend it once first. With more left the extension would only cost a call."""
+    if saga.kind != BOOKING or saga.extended or saga.payment_id is not None:
+        return False
+    return saga.expire_time is None or (saga.expire_time - now).total_seconds() < pay_window_seconds
+
+
+def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_seconds: float = 0.0,
+              pay_window_seconds: float = math.inf) -> Step:
+    """The next step of a leased saga. `payment_status` is None when no payment is known yet.
+    `pay_window_seconds`: CheckoutOptions.pay_window_seconds (infinite: always extend)."""
     payment_status = _captured_as_succeeded(payment_status)
     st = saga.state
     if st == PENDING:
@@ -235,7 +246,7 @@ def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_secon
     if st in (CHARGING, AWAITING_ACTION):
         # Once a payment exists the extension is moot (and failing it must not end the saga as
         # if nothing had been charged): the payment's outcome decides from there.
-        if saga.kind == BOOKING and not saga.extended and saga.payment_id is None:
+        if needs_extension(saga, now, pay_window_seconds):
             return Step.EXTEND
         if saga.payment_id is None:
             # Even past the hold's expiry: the charge may already be at the PSP, and only the

@@ -116,7 +116,8 @@ class Engine:
             if payment is None or payment.id != saga.payment_id:
                 payment = await self._payment(saga, payment)
             status = payment.status if payment is not None else None
-            step = domain.next_step(saga, status, saga.read_at, self.options.expiry_grace_seconds)
+            step = domain.next_step(saga, status, saga.read_at, self.options.expiry_grace_seconds,
+                                    self.options.pay_window_seconds)
             if self._waits(step, saga, status):
                 saga, again = await self._release(saga, owner, learned, status)
                 learned = _NOTHING
@@ -161,7 +162,8 @@ class Engine:
                                      failure_reason=move.reason or learned.failure_reason)
         after = dataclasses.replace(saga, state=move.state, outcome=move.outcome or saga.outcome)
         waits = not after.terminal and self._waits(
-            domain.next_step(after, status, saga.read_at, self.options.expiry_grace_seconds), after, status)
+            domain.next_step(after, status, saga.read_at, self.options.expiry_grace_seconds,
+                             self.options.pay_window_seconds), after, status)
         wake_at = domain.wait_until(dataclasses.replace(after, expire_time=fields.expire_time or saga.expire_time),
                                     self.options.expiry_grace_seconds)
         new = await self.sagas.transition(saga, owner, move.state, fields, note, release=waits, wake_at=wake_at)

@@ -19,6 +19,10 @@ class CheckoutOptions:
     # How long past the hold's expiry a payment still in flight (3-D Secure, processing) is waited
     # for before its intent is cancelled. 0: cancel as soon as the hold runs out.
     expiry_grace_seconds: float = env_field(env_float, "CUTY_CHECKOUT_EXPIRY_GRACE_SECONDS", 0.0)
+    # A booking's payment is given at least this long to finish (3-D Secure included): PayCheckout
+    # extends the hold (booking.ExtendHold, once, by CUTY_HOLD_MAX_EXTENSION_SECONDS) only when
+    # less is left of it. A buyer paying with more left costs no extension call (issue 11).
+    pay_window_seconds: float = env_field(env_float, "CUTY_CHECKOUT_PAY_WINDOW_SECONDS", 120.0)
     idempotency_ttl_seconds: float = env_field(env_float, "CUTY_IDEMPOTENCY_TTL_SECONDS", 24 * 3600.0)
     # Deadline of one call to booking / the code pool; DEADLINE_EXCEEDED means "unknown" and the
     # step is retried with the same idempotency key.
