@@ -7,27 +7,18 @@ same body), so receivers dedupe on it. Each attempt is signed afresh with the cu
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from . import signing
 from .settings import Settings
 from .state import new_id
-
-# httpcore runs `import sniffio` on every request (its locks and cancellation shields ask which async
-# library runs them). sniffio is not installed here, and a failed import is not cached: each one walks
-# sys.path with stat calls (~2 % of the orchestrator's CPU under load). Record its absence once;
-# `import sniffio` then fails at once and httpcore falls back to asyncio, as it does now.
-if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
-    sys.modules["sniffio"] = None  # type: ignore[assignment]
 
 log = logging.getLogger("pspsim.webhooks")
 
@@ -59,26 +50,25 @@ class Event:
 
 
 class WebhookDispatcher:
-    def __init__(self, settings: Settings, client: httpx.AsyncClient | None = None, rng: random.Random | None = None):
+    def __init__(self, settings: Settings, rng: random.Random | None = None):
         self.settings = settings
-        self._client = client
-        self._own_client = client is None
+        self._client: aiohttp.ClientSession | None = None
         self._rng = rng or random.Random()
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats: dict[str, DeliveryStats] = {}
 
     async def start(self) -> None:
         if self._client is None:
-            # As many connections as are kept alive: with httpx's default (100 open, 20 kept) a
-            # burst of deliveries opened and closed a TCP connection each, on both ends. Not more:
-            # httpcore scans every pooled connection for every request. A burst past 32 waits.
-            self._client = httpx.AsyncClient(timeout=self.settings.webhook_timeout_seconds,
-                                             limits=httpx.Limits(max_connections=32, max_keepalive_connections=32))
+            # aiohttp rather than httpx: about a tenth of the CPU per delivery (docs/benchmarks.md,
+            # issue 11). Connections are kept alive; a burst past 32 in flight waits for one.
+            self._client = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.settings.webhook_timeout_seconds),
+                connector=aiohttp.TCPConnector(limit=32), skip_auto_headers=("User-Agent",))
 
     async def aclose(self) -> None:
         await self.cancel_all()
-        if self._own_client and self._client is not None:
-            await self._client.aclose()
+        if self._client is not None:
+            await self._client.close()
             self._client = None
 
     async def cancel_all(self) -> None:
@@ -183,9 +173,10 @@ class WebhookDispatcher:
         status: int | None = None
         error: str | None = None
         try:
-            resp = await self._client.post(self.settings.webhook_url, content=event.body, headers=headers)
-            status = resp.status_code
-        except httpx.HTTPError as exc:
+            async with self._client.post(self.settings.webhook_url, data=event.body, headers=headers) as resp:
+                status = resp.status
+                await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         ok = status is not None and 200 <= status < 300
         if st is not None:

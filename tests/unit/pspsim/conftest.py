@@ -3,9 +3,10 @@ import json
 import time
 from collections.abc import Callable
 
-import httpx
 import pytest
 import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from pspsim.psp import Psp
 from pspsim.settings import Settings
@@ -31,21 +32,22 @@ def wait_for():
 
 
 class Hook:
-    """A fake webhook receiver behind httpx.MockTransport: records deliveries, answers ``status_for``."""
+    """A webhook receiver on a local HTTP server (aiohttp's test server): records deliveries,
+    answers ``status_for``."""
 
     def __init__(self):
         self.deliveries: list[dict] = []
         self.status_for: Callable[[dict, int], int] = lambda event, attempt: 200
         self._attempts: dict[str, int] = {}
 
-    async def handler(self, request: httpx.Request) -> httpx.Response:
-        body = request.content
+    async def handler(self, request: web.Request) -> web.Response:
+        body = await request.read()
         event = json.loads(body)
         n = self._attempts[event["id"]] = self._attempts.get(event["id"], 0) + 1
         status = self.status_for(event, n)
         self.deliveries.append({"event": event, "body": body, "signature": request.headers["Cuty-Signature"],
                                 "status": status, "at": time.monotonic()})
-        return httpx.Response(status)
+        return web.Response(status=status)
 
     def acked(self, object_id: str | None = None) -> list[dict]:
         return [d["event"] for d in self.deliveries
@@ -60,15 +62,21 @@ async def make_psp():
         base = dict(webhook_secrets=(SECRET,), webhook_delay_ms=0, webhook_retry_base_seconds=0.005,
                     webhook_retry_cap_seconds=0.02, sync_timeout_delay_seconds=0.05, settle_delay_ms=10,
                     port=8090)
-        settings = Settings(**{**base, **overrides})
         hook = Hook()
-        client = httpx.AsyncClient(transport=httpx.MockTransport(hook.handler))
-        psp = Psp(settings, WebhookDispatcher(settings, client=client))
+        app = web.Application()
+        app.router.add_post("/webhooks", hook.handler)
+        server = TestServer(app)
+        await server.start_server()
+        servers.append(server)
+        settings = Settings(**{**base, "webhook_url": str(server.make_url("/webhooks")), **overrides})
+        psp = Psp(settings, WebhookDispatcher(settings))
         await psp.start()
         created.append(psp)
         return psp, hook
 
+    servers: list[TestServer] = []
     yield make
     for psp in created:
         await psp.aclose()
-        await psp.webhooks._client.aclose()
+    for server in servers:
+        await server.close()

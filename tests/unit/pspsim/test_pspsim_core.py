@@ -1,4 +1,4 @@
-"""The PSP's operations, without HTTP: webhooks go to an httpx.MockTransport."""
+"""The PSP's operations, without its HTTP API: webhooks go to a local receiver (conftest.Hook)."""
 
 import asyncio
 import random
