@@ -1,9 +1,14 @@
 """How outbound events plug into the payments server (payments/bootstrap.py calls `register`)."""
 from __future__ import annotations
 
+from cuty.codepool.v1 import codepool_pb2_grpc
 from cuty.payments.v1 import webhooks_pb2, webhooks_pb2_grpc
+from cutylib.config import grpc_addr_for
+from cutylib.grpc_client import create_channel
+from cutylib.tls import CODEPOOL
 
 from .grpc_api import CALLERS, WebhookEndpointApi
+from .relay import StockEventRelay
 from .repository import Endpoints
 from .service import WebhookEndpoints
 from .worker import DeliveryWorker
@@ -17,3 +22,8 @@ def register(server, settings, pool, worker_id: str, *, workers: bool = True) ->
     server.add_service(SERVICE, CALLERS)
     if workers:
         server.add_background(DeliveryWorker(pool, f"webhooks:{worker_id}").run)
+        # `stock.low` comes from the code pool's outbox (relay.py).
+        channel = create_channel(grpc_addr_for("codepool"), CODEPOOL, server.transport, deadline_seconds=10.0)
+        relay = StockEventRelay(pool, codepool_pb2_grpc.CodePoolServiceStub(channel))
+        server.add_background(relay.run)
+        server.on_stop(channel.close)
