@@ -22,6 +22,7 @@ from cutylib.config import Settings
 from cutylib.db import create_pool
 from cutylib.principal import Principal
 from cutylib.testing.ids import new_id
+from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import TEST_MERCHANT, acting_channel, user
 from codepool.bootstrap import create_server as create_codepool
 from codepool.grpc_api import CALLERS as CODEPOOL_CALLERS
@@ -135,13 +136,24 @@ async def test_a_relay_crash_before_its_commit_stores_nothing_then_the_next_roun
     before = await cursor(checkout_pool)
     pid = await cross(codepool)
 
+    backends = []
+
     async def die(conn):
-        # the relay's process dies after it stored the page, before the commit: its connection goes
+        # the relay's process dies after it stored the page, before the commit: its socket closes
+        backends.append(conn.get_server_pid())
+        conn.terminate()
+
+    async def killed(conn):
+        # ... or the database kills its session (a failover, an operator)
+        backends.append(conn.get_server_pid())
         await checkout_pool.execute("SELECT pg_terminate_backend($1)", conn.get_server_pid())
 
-    with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, ConnectionError, OSError)):
-        await relay(checkout_pool, codepool).relay_page(before_commit=die)
-    assert await stored(checkout_pool, pid) == [] and await cursor(checkout_pool) == before
+    for crash in (die, killed):
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, OSError)):
+            await relay(checkout_pool, codepool).relay_page(before_commit=crash)
+        # until the server has ended the dead session, its lock keeps other replicas off the feed
+        await wait_for(lambda: _gone(checkout_pool, backends[-1]), timeout=10, message="the dead session to end")
+        assert await stored(checkout_pool, pid) == [] and await cursor(checkout_pool) == before
     # a crash in the relay's own code at the same point: rolled back the same way
     with pytest.raises(RuntimeError):
         await relay(checkout_pool, codepool).relay_page(before_commit=_raise)
@@ -199,6 +211,10 @@ async def test_replicas_relay_each_event_once_and_one_at_a_time(checkout_pool, c
     for p in pids:
         [ev] = await stored(checkout_pool, p)
         assert await checkout_pool.fetchval("SELECT count(*) FROM webhook_deliveries WHERE event_id = $1", ev["id"]) == 1
+
+
+async def _gone(pool, backend_pid: int) -> bool:
+    return await pool.fetchval("SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)", backend_pid)
 
 
 async def _raise(_conn):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import uuid
 
 import asyncpg
@@ -15,6 +14,7 @@ import pytest
 from cuty.codepool.v1 import codepool_pb2 as pb
 from cuty.common.v1 import common_pb2
 from cutylib.db import migrate
+from cutylib.testing.postgres import migrate_before
 from cutylib.tenancy import DEFAULT_MERCHANT
 from cutylib.testing.ids import new_id
 from cutylib.testing.tenancy import probe_role, rows_seen
@@ -322,12 +322,7 @@ async def test_every_merchant_table_has_forced_rls_and_a_policy(cp_pool):
 
 
 async def test_rows_from_before_the_migration_belong_to_the_default_merchant(scratch_db, tmp_path):
-    old = tmp_path / "migrations"
-    old.mkdir()
-    for f in sorted(MIGRATIONS.glob("*.sql")):
-        if f.name < "0004":
-            shutil.copy(f, old / f.name)
-    await migrate(scratch_db, old)
+    await migrate_before(scratch_db, MIGRATIONS, "0004", tmp_path)
     conn = await asyncpg.connect(scratch_db)
     try:
         pid, bid, cid = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()

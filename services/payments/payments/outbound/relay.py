@@ -19,6 +19,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+import asyncpg
 import grpc
 
 from cuty.codepool.v1 import codepool_pb2 as cp
@@ -119,5 +120,7 @@ class StockEventRelay:
                     return total
 
     async def run(self) -> None:
+        # A connection killed under the round can surface as asyncpg's InternalClientError (the
+        # server's goodbye racing the COMMIT): the round is lost (nothing committed), not the task.
         await periodic(self.relay_once, self.options.poll_seconds, what="stock event relay", log=log,
-                       retry_on=(*TRANSIENT, grpc.aio.AioRpcError, asyncio.TimeoutError))
+                       retry_on=(*TRANSIENT, asyncpg.InternalClientError, grpc.aio.AioRpcError, asyncio.TimeoutError))

@@ -9,6 +9,7 @@ from cutylib.tls import CODEPOOL
 
 from .grpc_api import CALLERS, WebhookEndpointApi
 from .relay import StockEventRelay
+from .secrets import SecretBox
 from .repository import Endpoints
 from .service import WebhookEndpoints
 from .worker import DeliveryWorker
@@ -17,11 +18,14 @@ SERVICE = webhooks_pb2.DESCRIPTOR.services_by_name["WebhookEndpointService"]
 
 
 def register(server, settings, pool, worker_id: str, *, workers: bool = True) -> None:
-    service = WebhookEndpoints(Endpoints(pool), settings.environment)
+    box = SecretBox.load(settings.webhook_secret_keys, settings.data_dir)
+    # Endpoint secrets stored before migration 0181 are sealed before this replica serves.
+    server.on_database_ready(lambda: box.encrypt_stored(pool))
+    service = WebhookEndpoints(Endpoints(pool, box), settings.environment)
     webhooks_pb2_grpc.add_WebhookEndpointServiceServicer_to_server(WebhookEndpointApi(service), server.server)
     server.add_service(SERVICE, CALLERS)
     if workers:
-        server.add_background(DeliveryWorker(pool, f"webhooks:{worker_id}").run)
+        server.add_background(DeliveryWorker(pool, f"webhooks:{worker_id}", box=box).run)
         # `stock.low` comes from the code pool's outbox (relay.py).
         channel = create_channel(grpc_addr_for("codepool"), CODEPOOL, server.transport, deadline_seconds=10.0)
         relay = StockEventRelay(pool, codepool_pb2_grpc.CodePoolServiceStub(channel))

@@ -26,6 +26,7 @@ from cutylib.telemetry import quiet
 
 from .. import signature
 from .repository import NOTIFY_CHANNEL, Claimed, Deliveries
+from .secrets import SecretBox
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ def headers(c: Claimed, t: int | None = None) -> dict[str, str]:
 
 class DeliveryWorker:
     def __init__(self, pool: asyncpg.Pool, worker_id: str, options: DeliveryOptions | None = None,
-                 client: httpx.AsyncClient | None = None):
+                 client: httpx.AsyncClient | None = None, box: SecretBox | None = None):
         self.pool = pool
-        self.deliveries = Deliveries(pool)
+        self.deliveries = Deliveries(pool, box)
         self.worker_id = worker_id
         self.options = options or DeliveryOptions()
         self._client = client
@@ -104,11 +105,14 @@ class DeliveryWorker:
         t0 = time.perf_counter()
         status, error = 0, ""
         try:
-            r = await client.post(c.url, content=c.payload, headers=headers(c),
-                                  timeout=self.options.timeout_seconds)
-            status = r.status_code
-            if not 200 <= status < 300:
-                error = f"HTTP {status}"
+            if c.secret is None:  # nothing is sent unsigned or signed with a wrong key: retried, logged
+                error = "the endpoint's stored secret failed its integrity check"
+            else:
+                r = await client.post(c.url, content=c.payload, headers=headers(c),
+                                      timeout=self.options.timeout_seconds)
+                status = r.status_code
+                if not 200 <= status < 300:
+                    error = f"HTTP {status}"
         except httpx.HTTPError as e:
             error = f"{type(e).__name__}: {e}"[:500] or type(e).__name__
         ok = 200 <= status < 300
