@@ -226,6 +226,6 @@ class _Rewinding:
     """A code pool answer that repeats the last event the relay already stored."""
     stub: object
 
-    async def ListStockEvents(self, request):
+    async def ListStockEvents(self, request, **kw):
         return await self.stub.ListStockEvents(cp.ListStockEventsRequest(after_seq=max(0, request.after_seq - 1),
-                                                                         page_size=request.page_size))
+                                                                         page_size=request.page_size), **kw)

@@ -26,7 +26,7 @@ from cuty.codepool.v1 import codepool_pb2 as cp
 from cutylib.config import env_field, env_float, env_int
 from cutylib.db import UnitOfWork
 from cutylib.periodic import TRANSIENT, periodic
-from cutylib.telemetry import quiet
+from cutylib.telemetry import quiet, untraced_call_metadata
 from cutylib.timestamps import from_timestamp
 
 from .repository import NOTIFY_CHANNEL
@@ -89,8 +89,9 @@ class StockEventRelay:
             after = await uow.conn.fetchval(CLAIM_FEED, FEED)
             if after is None:
                 return None
-            page = await self.stub.ListStockEvents(cp.ListStockEventsRequest(after_seq=after,
-                                                                            page_size=self.options.page_size))
+            page = await self.stub.ListStockEvents(
+                cp.ListStockEventsRequest(after_seq=after, page_size=self.options.page_size),
+                metadata=untraced_call_metadata())  # a poll: no trace in the code pool either
             events = list(page.events)
             if not events:
                 return 0, False
