@@ -109,6 +109,8 @@ class Settings:
     lease_seconds: float = env_field(env_float, "CUTY_LEASE_SECONDS", 30)
     reconcile_after_seconds: float = env_field(env_float, "CUTY_RECONCILE_AFTER_SECONDS", 60)
     code_keys: str = env_field(env_str, "CUTY_CODE_KEYS", "")
+    # Issue 12: payments' keyring for webhook endpoint secrets at rest (cutylib.keyring's forms).
+    webhook_secret_keys: str = env_field(env_str, "CUTY_WEBHOOK_SECRET_KEYS", "")
     otlp_endpoint: str = env_field(env_str, "OTEL_EXPORTER_OTLP_ENDPOINT", "")
     grpc_deadline_seconds: float = env_field(env_float, "CUTY_GRPC_DEADLINE_SECONDS", 5)
     db_pool_min: int = env_field(env_int, "CUTY_DB_POOL_MIN", 2)
@@ -146,6 +148,9 @@ class Settings:
             if service == "codepool" and not self.code_keys:
                 problems.append("CUTY_CODE_KEYS must be set (one keyring shared by every replica; a development "
                                 "keyring per pod could not read another pod's codes)")
+            if service == "payments" and not self.webhook_secret_keys:
+                problems.append("CUTY_WEBHOOK_SECRET_KEYS must be set (the webhook endpoint secrets' keyring, shared "
+                                "by every replica)")
             hooks = [name for name in TEST_HOOKS if os.environ.get(name, "") not in ("", "0")]
             if hooks:
                 problems.append(f"test hooks must be unset: {', '.join(hooks)}")

@@ -171,6 +171,14 @@ def quiet():
     return suppress_instrumentation()
 
 
+def untraced_call_metadata() -> tuple[tuple[str, str], ...]:
+    """gRPC metadata asking the callee not to trace this call: a W3C traceparent with the sampled
+    flag off. For a background loop that polls another service (the stock.low relay): quiet() only
+    silences this process, and the callee would otherwise start a trace of its own every round; its
+    parent-based sampler records nothing under an unsampled parent."""
+    return (("traceparent", f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-00"),)
+
+
 _tracer = trace.get_tracer("cuty.grpc")
 
 

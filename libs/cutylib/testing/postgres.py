@@ -52,3 +52,19 @@ def start_test_postgres() -> TestPostgres:
         return TestPostgres(dsn=cluster.dsn, cluster=cluster, workdir=base)
     except PostgresUnavailable as e:
         raise PostgresUnavailable(f"no PostgreSQL for tests: {e}\n{INSTALL_HINT}") from e
+
+
+async def migrate_before(dsn: str, migrations_dir, version: str, workdir) -> list[str]:
+    """Migrate `dsn` with the migrations of `migrations_dir` whose name sorts before `version` (the
+    database as it was before that migration, for tests of a migration's backfill); `workdir` is a
+    scratch folder (pytest's tmp_path). Returns the versions applied."""
+    import pathlib
+
+    from ..db import migrate
+
+    older = pathlib.Path(workdir) / f"migrations-before-{version}"
+    older.mkdir()
+    for f in sorted(pathlib.Path(migrations_dir).glob("*.sql")):
+        if f.name < version:
+            shutil.copy(f, older / f.name)
+    return await migrate(dsn, older)

@@ -125,17 +125,20 @@ class CancellationPolicy:
 
 def cancellation_policy(hours: int | None, fee_percent: int | None) -> CancellationPolicy:
     """CreateSalon's policy fields, checked (None: the default)."""
-    if hours is None:
-        hours = DEFAULT_FREE_CANCELLATION_HOURS
-    if not 0 <= hours <= MAX_FREE_CANCELLATION_HOURS:
+    hours, fee_percent = policy_change(hours, fee_percent)
+    return CancellationPolicy(DEFAULT_FREE_CANCELLATION_HOURS if hours is None else hours,
+                              DEFAULT_CANCELLATION_FEE_PERCENT if fee_percent is None else fee_percent)
+
+
+def policy_change(hours: int | None, fee_percent: int | None) -> tuple[int | None, int | None]:
+    """Policy fields as given, checked; None: not given."""
+    if hours is not None and not 0 <= hours <= MAX_FREE_CANCELLATION_HOURS:
         raise InvalidArgument("free_cancellation_hours", f"free_cancellation_hours must be between 0 and "
                                                          f"{MAX_FREE_CANCELLATION_HOURS}, got {hours}")
-    if fee_percent is None:
-        fee_percent = DEFAULT_CANCELLATION_FEE_PERCENT
-    if not 0 <= fee_percent <= 100:
+    if fee_percent is not None and not 0 <= fee_percent <= 100:
         raise InvalidArgument("cancellation_fee_percent",
                               f"cancellation_fee_percent must be between 0 and 100, got {fee_percent}")
-    return CancellationPolicy(hours, fee_percent)
+    return hours, fee_percent
 
 
 def require_name(field: str, value: str) -> str:

@@ -12,14 +12,14 @@ import grpc
 from cuty.booking.v1 import booking_pb2 as pb
 from cuty.booking.v1 import booking_pb2_grpc
 from cuty.common.v1 import common_pb2
-from cutylib import principal
+from cutylib import principal, tenancy
 from cutylib.errors import AlreadyExists, InvalidArgument
 from cutylib.fields import parse_uuid
 from cutylib.timestamps import from_timestamp, to_timestamp
 from cutylib.tls import GATEWAY, PAYMENTS
 
 from . import domain
-from .domain import Hold, Slot
+from .domain import Hold, Salon, Slot
 from .service import BookingService, SlotTaken
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
@@ -27,7 +27,7 @@ from .service import BookingService, SlotTaken
 # Roles are checked here too (require_admin); which merchant's rows a user sees is the service's
 # (issue 14): staff and admins their own merchant's, customers and the operator (ListSlots) any.
 CALLERS = {
-    "CreateSalon": {GATEWAY}, "CreateResource": {GATEWAY}, "BatchCreateSlots": {GATEWAY},
+    "CreateSalon": {GATEWAY}, "SetCancellationPolicy": {GATEWAY}, "CreateResource": {GATEWAY}, "BatchCreateSlots": {GATEWAY},
     "ListSlots": {GATEWAY}, "GetSlot": {GATEWAY, PAYMENTS}, "ListBookings": {GATEWAY},
     "HoldSlot": {PAYMENTS}, "ConfirmHold": {PAYMENTS}, "ReleaseHold": {PAYMENTS}, "ExtendHold": {PAYMENTS},
     "GetHold": {PAYMENTS}, "CancelBooking": {PAYMENTS},
@@ -69,6 +69,12 @@ def hold_pb(h: Hold) -> pb.Hold:
                    cancellation_fee_percent=h.cancellation_fee_percent)
 
 
+def salon_pb(salon: Salon) -> pb.Salon:
+    return pb.Salon(id=str(salon.id), name=salon.name, time_zone=salon.time_zone, merchant_id=salon.merchant_id,
+                    free_cancellation_hours=salon.free_cancellation_hours,
+                    cancellation_fee_percent=salon.cancellation_fee_percent)
+
+
 def booking_pb(h: Hold, time_zone: str) -> pb.Booking:
     """One agenda entry (issue 12)."""
     return pb.Booking(hold_id=str(h.id), slot_id=str(h.slot_id), resource_id=str(h.resource_id),
@@ -91,9 +97,21 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
             request.cancellation_fee_percent if request.HasField("cancellation_fee_percent") else None)
         salon = await self.service.create_salon(caller, domain.require_name("name", request.name),
                                                 domain.require_time_zone("time_zone", request.time_zone), policy)
-        return pb.Salon(id=str(salon.id), name=salon.name, time_zone=salon.time_zone, merchant_id=salon.merchant_id,
-                        free_cancellation_hours=salon.free_cancellation_hours,
-                        cancellation_fee_percent=salon.cancellation_fee_percent)
+        return salon_pb(salon)
+
+    async def SetCancellationPolicy(self, request: pb.SetCancellationPolicyRequest,
+                                    context: grpc.aio.ServicerContext) -> pb.Salon:
+        caller = principal.current()
+        caller.require_role("admin")  # of the salon's merchant (the update filters by it)
+        tenancy.owning_merchant(caller)
+        salon_id = parse_uuid("salon_id", request.salon_id)
+        if not (request.HasField("free_cancellation_hours") or request.HasField("cancellation_fee_percent")):
+            raise InvalidArgument("free_cancellation_hours", "give free_cancellation_hours, cancellation_fee_percent "
+                                                             "or both; got neither")
+        hours, fee = domain.policy_change(
+            request.free_cancellation_hours if request.HasField("free_cancellation_hours") else None,
+            request.cancellation_fee_percent if request.HasField("cancellation_fee_percent") else None)
+        return salon_pb(await self.service.set_cancellation_policy(caller, salon_id, hours, fee))
 
     async def CreateResource(self, request: pb.CreateResourceRequest,
                              context: grpc.aio.ServicerContext) -> pb.Resource:

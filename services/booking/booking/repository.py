@@ -34,6 +34,11 @@ INSERT_SALON = ("INSERT INTO salons (id, merchant_id, name, time_zone, free_canc
                 f"cancellation_fee_percent) VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_SALON_COLUMNS}")
 GET_SALON = (f"SELECT {_SALON_COLUMNS} FROM salons "
              "WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
+# Issue 12: a policy change, only of the merchant's own salon ($2); a field given as NULL keeps its
+# value. Holds copied the policy when they were taken (0008), so nothing else changes.
+SET_POLICY = (f"UPDATE salons SET free_cancellation_hours = coalesce($3, free_cancellation_hours), "
+              f"cancellation_fee_percent = coalesce($4, cancellation_fee_percent) "
+              f"WHERE id = $1 AND merchant_id = $2 RETURNING {_SALON_COLUMNS}")
 # Inserts nothing when the salon does not exist (or is another merchant's), so the caller can
 # answer NOT_FOUND. The resource's merchant is the salon's.
 INSERT_RESOURCE = """
@@ -52,6 +57,12 @@ class Salons:
         r = await self.db.fetchrow(INSERT_SALON, uuid.uuid4(), merchant_id, name, time_zone,
                                    policy.free_cancellation_hours, policy.cancellation_fee_percent)
         return salon_from(r)
+
+    async def set_policy(self, salon_id: uuid.UUID, merchant_id: str, hours: int | None,
+                         fee_percent: int | None) -> Salon | None:
+        """None when the salon does not exist or is not `merchant_id`'s."""
+        r = await self.db.fetchrow(SET_POLICY, salon_id, merchant_id, hours, fee_percent)
+        return salon_from(r) if r else None
 
     async def get(self, salon_id: uuid.UUID, merchant_id: str | None) -> Salon | None:
         """The salon, if it is `merchant_id`'s (None: any merchant's)."""

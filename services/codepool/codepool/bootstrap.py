@@ -17,6 +17,7 @@ from .grpc_api import CALLERS, CodePoolApi
 from .importer import Importer
 from .keys import Keyring, KeyringError
 from .service import ReservationService
+from .stock_events import StockEvents
 from .workers import Sweeper
 
 log = logging.getLogger("codepool")
@@ -52,7 +53,8 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                       Importer(pool, keyring, chunk_rows=env_int("CUTY_CODE_IMPORT_CHUNK", 5000),
                                concurrency=env_int("CUTY_CODE_IMPORT_CONCURRENCY", 4),
                                idle_seconds=env_float("CUTY_CODE_IMPORT_IDLE_SECONDS", 30),
-                               slot_wait_seconds=settings.db_acquire_timeout_seconds))
+                               slot_wait_seconds=settings.db_acquire_timeout_seconds),
+                      StockEvents(pool))
     server = GrpcServer("codepool", port, host=host)
     codepool_pb2_grpc.add_CodePoolServiceServicer_to_server(api, server.server)
     server.add_service(SERVICE, CALLERS)

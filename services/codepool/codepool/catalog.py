@@ -27,9 +27,10 @@ from .keys import CodeIntegrityError, Keyring
 
 log = logging.getLogger("codepool.catalog")
 
-PRODUCT_COLUMNS = "id, merchant_id, sku, name, price_minor, currency"
+PRODUCT_COLUMNS = "id, merchant_id, sku, name, price_minor, currency, low_stock_threshold"
 CREATE_PRODUCT = f"""
-INSERT INTO products (id, merchant_id, sku, name, price_minor, currency) VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO products (id, merchant_id, sku, name, price_minor, currency, low_stock_threshold)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 RETURNING {PRODUCT_COLUMNS}
 """
 # $2: the caller's merchant, NULL for any (tenancy.merchant_filter).
@@ -118,10 +119,12 @@ class Product:
     price_minor: int
     currency: str
     merchant_id: str = ""
+    low_stock_threshold: int = domain.DEFAULT_LOW_STOCK_THRESHOLD
 
     @classmethod
     def from_row(cls, r) -> "Product":
-        return cls(str(r["id"]), r["sku"], r["name"], r["price_minor"], r["currency"], r["merchant_id"])
+        return cls(str(r["id"]), r["sku"], r["name"], r["price_minor"], r["currency"], r["merchant_id"],
+                   r["low_stock_threshold"])
 
 
 def _is_operator(p: Principal) -> bool:
@@ -143,12 +146,14 @@ class Catalog:
             raise CodeDamaged(f"code {row['id']} failed its integrity check and is not served",
                               reason="code-integrity") from None
 
-    async def create_product(self, p: Principal, sku: str, name: str, currency: str, amount_minor: int) -> Product:
+    async def create_product(self, p: Principal, sku: str, name: str, currency: str, amount_minor: int,
+                             low_stock_threshold: int = domain.DEFAULT_LOW_STOCK_THRESHOLD) -> Product:
         """A product of the admin's own merchant; its sku is unique within that merchant."""
         merchant = tenancy.owning_merchant(p)
         try:
             async with tenancy.scoped(self.pool, p) as uow:
-                row = await uow.conn.fetchrow(CREATE_PRODUCT, uuid.uuid4(), merchant, sku, name, amount_minor, currency)
+                row = await uow.conn.fetchrow(CREATE_PRODUCT, uuid.uuid4(), merchant, sku, name, amount_minor, currency,
+                                              low_stock_threshold)
                 await uow.commit()
         except asyncpg.UniqueViolationError:
             raise AlreadyExists(f"a product with sku {sku!r} exists", reason="sku-taken") from None

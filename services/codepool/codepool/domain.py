@@ -54,6 +54,19 @@ def require_quantity(quantity: int) -> int:
     return quantity
 
 
+# Issue 12: `stock.low` when the available codes drop to or below a product's threshold
+# (migrations/0005_stock_low.sql); the default suits a product sold a few at a time.
+DEFAULT_LOW_STOCK_THRESHOLD = 10
+MAX_LOW_STOCK_THRESHOLD = 1_000_000
+
+
+def require_low_stock_threshold(value: int) -> int:
+    if not 0 <= value <= MAX_LOW_STOCK_THRESHOLD:
+        raise InvalidArgument("low_stock_threshold", f"low_stock_threshold must be between 0 and "
+                                                     f"{MAX_LOW_STOCK_THRESHOLD}, got {value!r}")
+    return value
+
+
 def code_problem(value: str) -> str | None:
     """Why `value` cannot be a code, or None. Never echoes the value (codes stay out of logs)."""
     if not value or not value.strip():

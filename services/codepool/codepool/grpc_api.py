@@ -6,7 +6,7 @@ import grpc
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cutylib import principal, tenancy
-from cutylib.errors import NotFound, PermissionDenied, ResourceExhausted
+from cutylib.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from cutylib.fields import parse_uuid
 from cutylib.money import require_money
 from cutylib.timestamps import to_timestamp
@@ -17,6 +17,7 @@ from .catalog import Catalog, Product
 from .domain import ReservationView, ReserveCommand
 from .importer import Chunk, Importer, ImportResult
 from .service import OutOfStock, ReservationService
+from .stock_events import StockEvents
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
 # Catalogue and stock are the gateway's; reservations and plaintext codes the orchestrator's alone;
@@ -28,7 +29,7 @@ CALLERS = {
     "CreateProduct": {GATEWAY}, "GetProduct": {GATEWAY, PAYMENTS}, "ImportCodes": {CODEPOOL},
     "ImportCodeBatch": {GATEWAY}, "GetStock": {GATEWAY}, "ListCodes": {GATEWAY}, "RevealCode": {GATEWAY},
     "ReserveCodes": {PAYMENTS}, "DeliverCodes": {PAYMENTS}, "ReleaseReservation": {PAYMENTS},
-    "GetReservation": {PAYMENTS}, "GetDeliveredCodes": {PAYMENTS},
+    "GetReservation": {PAYMENTS}, "GetDeliveredCodes": {PAYMENTS}, "ListStockEvents": {PAYMENTS},
 }
 
 STATUS = {domain.RESERVED: pb.RESERVATION_STATUS_RESERVED, domain.DELIVERED: pb.RESERVATION_STATUS_DELIVERED,
@@ -52,7 +53,8 @@ def _reservation(v: ReservationView) -> pb.Reservation:
 
 def _product(p: Product) -> pb.Product:
     return pb.Product(id=p.id, sku=p.sku, name=p.name, merchant_id=p.merchant_id,
-                      price=common_pb2.Money(currency_code=p.currency, amount_minor=p.price_minor))
+                      price=common_pb2.Money(currency_code=p.currency, amount_minor=p.price_minor),
+                      low_stock_threshold=p.low_stock_threshold)
 
 
 def _import_response(r: ImportResult) -> pb.ImportCodesResponse:
@@ -61,10 +63,12 @@ def _import_response(r: ImportResult) -> pb.ImportCodesResponse:
 
 
 class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
-    def __init__(self, reservations: ReservationService, catalog: Catalog, importer: Importer):
+    def __init__(self, reservations: ReservationService, catalog: Catalog, importer: Importer,
+                 stock_events: StockEvents):
         self.reservations = reservations
         self.catalog = catalog
         self.importer = importer
+        self.stock_events = stock_events
 
     @staticmethod
     def _visible(view: ReservationView) -> ReservationView:
@@ -84,7 +88,9 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         sku = domain.require_sku(request.sku)
         name = domain.require_id("name", request.name.strip(), max_length=200)
         currency, amount = require_money("price", request.price.currency_code, request.price.amount_minor)
-        return _product(await self.catalog.create_product(p, sku, name, currency, amount))
+        threshold = (domain.require_low_stock_threshold(request.low_stock_threshold)
+                     if request.HasField("low_stock_threshold") else domain.DEFAULT_LOW_STOCK_THRESHOLD)
+        return _product(await self.catalog.create_product(p, sku, name, currency, amount, threshold))
 
     async def GetProduct(self, request: pb.GetProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
         return _product(await self.catalog.get_product(principal.current(),
@@ -186,3 +192,14 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
             raise PermissionDenied(f"role {p.role!r} sees codes masked (ListCodes) or through RevealCode")
         codes = await self.catalog.delivered_codes(order_id, customer_id, actor())
         return pb.DeliveredCodes(order_id=order_id, codes=[pb.PlainCode(id=i, value=v) for i, v in codes])
+
+    # --- the outbox of merchant events ----------------------------------------------------------
+    async def ListStockEvents(self, request: pb.ListStockEventsRequest,
+                              context: grpc.aio.ServicerContext) -> pb.ListStockEventsResponse:
+        principal.current().require_role("system")  # the orchestrator's relay: every merchant's events
+        if request.after_seq < 0:
+            raise InvalidArgument("after_seq", f"after_seq must be 0 or more, got {request.after_seq!r}")
+        events = await self.stock_events.after(request.after_seq, domain.page_size(request.page_size or 100))
+        return pb.ListStockEventsResponse(events=[
+            pb.StockEvent(seq=e.seq, id=e.id, merchant_id=e.merchant_id, type=e.type, payload_json=e.payload_json,
+                          create_time=to_timestamp(e.created_at)) for e in events])

@@ -35,6 +35,8 @@ def _roles(*r: str) -> frozenset[str]:
 
 POLICY: dict[str, Access] = {
     "cuty.booking.v1.BookingService.CreateSalon": Access(_roles(ADMIN)),
+    # Issue 12: the salon's merchant's admins change its cancellation policy (another's: 404).
+    "cuty.booking.v1.BookingService.SetCancellationPolicy": Access(_roles(ADMIN)),
     "cuty.booking.v1.BookingService.CreateResource": Access(_roles(ADMIN)),
     "cuty.booking.v1.BookingService.BatchCreateSlots": Access(_roles(ADMIN)),
     "cuty.booking.v1.BookingService.ListSlots": Access(SIGNED_IN),

@@ -92,3 +92,35 @@ async def test_staff_cancel_with_a_full_refund_and_a_reason(http, auth, fresh_ke
     assert out["cancelledBy"].startswith("staff:")
     mine = (await http.get(f"/v1/checkouts/{done['id']}", headers=me)).json()
     assert state_of(mine) == "CANCELLED_AFTER_PURCHASE" and mine["payment"]["status"] == "PAYMENT_STATUS_REFUNDED"
+
+
+async def test_a_policy_change_applies_to_new_bookings_not_to_ones_already_bought(http, auth, fresh_key, until_state):
+    salon, chair = await _salon_with_policy(http, auth, freeCancellationHours=96, cancellationFeePercent=25)
+    bought_slot = await _slot(http, auth, salon, chair, days=2, hour=14)
+    held_slot = await _slot(http, auth, salon, chair, days=2, hour=15)
+    later_slot = await _slot(http, auth, salon, chair, days=2, hour=16)
+    me = auth("customer")
+    bought = await _bought(http, me, fresh_key, until_state, bought_slot)
+    held = await http.post("/v1/checkouts", json={"slotId": held_slot}, headers={**me, **fresh_key()})
+    assert held.status_code == 200 and state_of(held.json()) == "HELD", held.text
+
+    path = f"/v1/salons/{salon}:setCancellationPolicy"
+    bad = await http.post(path, json={"cancellationFeePercent": 150}, headers=auth("admin"))
+    assert bad.status_code == 400 and bad.json()["field"] == "cancellationFeePercent", bad.text
+    other = {"Authorization": f"Bearer {make_token('admin', org='merchant-other-' + uuid.uuid4().hex[:6])}"}
+    assert (await http.post(path, json={"cancellationFeePercent": 100}, headers=other)).status_code == 404
+    assert (await http.post(path, json={"cancellationFeePercent": 100}, headers=auth("staff"))).status_code == 403
+    r = await http.post(path, json={"freeCancellationHours": 0, "cancellationFeePercent": 0}, headers=auth("admin"))
+    assert r.status_code == 200, r.text
+    assert (r.json()["id"], r.json()["freeCancellationHours"], r.json()["cancellationFeePercent"]) == (salon, 0, 0)
+
+    # the held checkout still shows the policy it was held under
+    seen = (await http.get(f"/v1/checkouts/{held.json()['id']}", headers=me)).json()
+    assert (seen["freeCancellationHours"], seen["cancellationFeePercent"]) == (96, 25)
+    # the booking bought before the change is cancelled under its own policy: the 25 % fee is kept
+    out = await http.post(f"/v1/checkouts/{bought['id']}:cancel", json={}, headers=me)
+    assert out.status_code == 200 and state_of(out.json()) == "CANCELLED_AFTER_PURCHASE", out.text
+    assert out.json()["refundAmount"] == {"currencyCode": "EUR", "amountMinor": "5999"}
+    # one bought after the change gets the new policy: free until the start, a full refund
+    after = await _bought(http, auth("customer"), fresh_key, until_state, later_slot)
+    assert (after["freeCancellationHours"], after["cancellationFeePercent"]) == (0, 0)

@@ -9,7 +9,6 @@ to the wrong merchant.
 from __future__ import annotations
 
 import pathlib
-import shutil
 import uuid
 from datetime import timedelta
 
@@ -21,6 +20,7 @@ from booking_harness import at, tomorrow
 from cuty.booking.v1 import booking_pb2 as pb
 from cuty.common.v1 import common_pb2
 from cutylib.db import migrate
+from cutylib.testing.postgres import migrate_before
 from cutylib.testing.ids import new_id
 from cutylib.testing.tenancy import probe_role, rows_seen
 from cutylib.testing.trust import TEST_MERCHANT, user
@@ -259,12 +259,7 @@ async def test_every_merchant_table_has_row_level_security_and_keys_lead_with_th
 
 
 async def test_rows_from_before_merchants_move_to_the_default_merchant(scratch_db, tmp_path):
-    previous = tmp_path / "migrations"
-    previous.mkdir()
-    for f in sorted(MIGRATIONS.glob("*.sql")):
-        if f.stem < "0006":
-            shutil.copy(f, previous / f.name)
-    await migrate(scratch_db, previous)
+    await migrate_before(scratch_db, MIGRATIONS, "0006", tmp_path)
     conn = await asyncpg.connect(scratch_db)
     try:
         salon, chair, slot, hold = new_id(), new_id(), new_id(), new_id()

@@ -42,17 +42,79 @@ async def test_a_bad_policy_is_refused_naming_the_field(booking, policy, field):
     assert bad_field(e.value) == field
 
 
-async def test_the_hold_carries_the_policy_of_when_it_was_taken(booking, booking_pool):
+def _policy(salon_id: str, **policy) -> pb.SetCancellationPolicyRequest:
+    return pb.SetCancellationPolicyRequest(salon_id=salon_id, **policy)
+
+
+async def test_the_hold_carries_the_policy_of_when_it_was_taken(booking):
     salon, chair = await _salon(booking, free_cancellation_hours=12, cancellation_fee_percent=40)
     start = tomorrow(9)
-    (slot,) = await booking.slots(salon.id, [(chair, start, start.replace(hour=10))])
+    slot, later, booked_slot = await booking.slots(salon.id, [(chair, start, start.replace(hour=10)),
+                                                              (chair, start.replace(hour=10), start.replace(hour=11)),
+                                                              (chair, start.replace(hour=11), start.replace(hour=12))])
     hold = await booking.hold(slot.id)
+    bought = await booking.hold(booked_slot.id)
+    await booking.stub.ConfirmHold(pb.ConfirmHoldRequest(hold_id=bought.id, payment_ref="pay-" + new_id()))
     assert (hold.free_cancellation_hours, hold.cancellation_fee_percent) == (12, 40)
-    # The salon changes its policy later (no RPC for it yet: straight in the table); the hold keeps its own.
-    await booking_pool.execute("UPDATE salons SET free_cancellation_hours = 1, cancellation_fee_percent = 90 "
-                               "WHERE id = $1", salon.id)
-    again = await booking.stub.GetHold(pb.GetHoldRequest(hold_id=hold.id))
-    assert (again.free_cancellation_hours, again.cancellation_fee_percent) == (12, 40)
+    # The salon's admin changes its policy: the salon answers the new one ...
+    changed = await booking.stub.SetCancellationPolicy(_policy(salon.id, free_cancellation_hours=1,
+                                                               cancellation_fee_percent=90), metadata=ADMIN)
+    assert (changed.id, changed.free_cancellation_hours, changed.cancellation_fee_percent) == (salon.id, 1, 90)
+    # ... a held and a bought booking keep theirs ...
+    for h in (hold, bought):
+        again = await booking.stub.GetHold(pb.GetHoldRequest(hold_id=h.id))
+        assert (again.free_cancellation_hours, again.cancellation_fee_percent) == (12, 40)
+    # ... and a hold taken from now on carries the new one.
+    fresh = await booking.hold(later.id)
+    assert (fresh.free_cancellation_hours, fresh.cancellation_fee_percent) == (1, 90)
+
+
+async def test_a_policy_change_keeps_what_is_left_out(booking):
+    salon, _ = await _salon(booking, free_cancellation_hours=48, cancellation_fee_percent=35)
+    only_fee = await booking.stub.SetCancellationPolicy(_policy(salon.id, cancellation_fee_percent=0), metadata=ADMIN)
+    assert (only_fee.free_cancellation_hours, only_fee.cancellation_fee_percent) == (48, 0)
+    only_hours = await booking.stub.SetCancellationPolicy(_policy(salon.id, free_cancellation_hours=0), metadata=ADMIN)
+    assert (only_hours.free_cancellation_hours, only_hours.cancellation_fee_percent) == (0, 0)
+    assert (only_hours.name, only_hours.time_zone, only_hours.merchant_id) == (salon.name, salon.time_zone,
+                                                                              salon.merchant_id)
+
+
+@pytest.mark.parametrize("policy,field", [
+    (dict(free_cancellation_hours=-1), "free_cancellation_hours"),
+    (dict(free_cancellation_hours=8761, cancellation_fee_percent=10), "free_cancellation_hours"),
+    (dict(cancellation_fee_percent=101), "cancellation_fee_percent"),
+    (dict(free_cancellation_hours=2, cancellation_fee_percent=-5), "cancellation_fee_percent"),
+    (dict(), "free_cancellation_hours"),  # neither: nothing to change
+])
+async def test_a_bad_policy_change_is_refused_naming_the_field_and_changes_nothing(booking, policy, field):
+    salon, _ = await _salon(booking, free_cancellation_hours=6, cancellation_fee_percent=20)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await booking.stub.SetCancellationPolicy(_policy(salon.id, **policy), metadata=ADMIN)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_field(e.value) == field
+    same = await booking.stub.SetCancellationPolicy(_policy(salon.id, free_cancellation_hours=6), metadata=ADMIN)
+    assert (same.free_cancellation_hours, same.cancellation_fee_percent) == (6, 20)
+
+
+async def test_only_the_salons_merchants_admin_changes_its_policy(booking):
+    salon, _ = await _salon(booking, free_cancellation_hours=6, cancellation_fee_percent=20)
+    change = _policy(salon.id, cancellation_fee_percent=100)
+    other_admin = user(new_id(), "admin", "merchant-other-" + new_id()[:6])
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await booking.stub.SetCancellationPolicy(change, metadata=other_admin)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND  # another merchant's salon does not exist for them
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await booking.stub.SetCancellationPolicy(_policy(new_id(), cancellation_fee_percent=1), metadata=ADMIN)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    for who in (user(new_id(), "staff"), user(new_id(), "customer"), user(new_id(), "operator")):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await booking.stub.SetCancellationPolicy(change, metadata=who)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await booking.stub.SetCancellationPolicy(_policy("not-a-uuid", cancellation_fee_percent=1), metadata=ADMIN)
+    assert bad_field(e.value) == "salon_id"
+    unchanged = await booking.stub.SetCancellationPolicy(_policy(salon.id, free_cancellation_hours=6), metadata=ADMIN)
+    assert unchanged.cancellation_fee_percent == 20
 
 
 async def test_cancel_booking_frees_the_time_and_is_idempotent(booking):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import uuid
 
 import asyncpg
@@ -15,6 +14,7 @@ import pytest
 from cuty.codepool.v1 import codepool_pb2 as pb
 from cuty.common.v1 import common_pb2
 from cutylib.db import migrate
+from cutylib.testing.postgres import migrate_before
 from cutylib.tenancy import DEFAULT_MERCHANT
 from cutylib.testing.ids import new_id
 from cutylib.testing.tenancy import probe_role, rows_seen
@@ -26,7 +26,7 @@ MIGRATIONS = pathlib.Path(__file__).resolve().parents[3] / "services" / "codepoo
 # Every table of the code pool that belongs to a merchant; test_every_merchant_table_has_rls checks
 # the catalogue agrees (a new table with merchant_id must be added here and to the migration).
 MERCHANT_TABLES = ("products", "supplier_batches", "codes", "reservations", "deliveries", "payment_transactions",
-                   "code_views", "audit_log")
+                   "code_views", "audit_log", "stock_events")
 OPERATOR = user("op-1", "operator")
 
 
@@ -40,11 +40,11 @@ async def _rpc_error(call) -> grpc.aio.AioRpcError:
     return e.value
 
 
-async def _product_of(stub, org: str, n: int = 0, sku: str | None = None) -> str:
+async def _product_of(stub, org: str, n: int = 0, sku: str | None = None, low_stock_threshold: int = 10) -> str:
     admin = user("admin-" + org, "admin", org)
     p = await stub.CreateProduct(pb.CreateProductRequest(
-        sku=sku or "sku-" + new_id()[:12], name="Gift card", price=common_pb2.Money(currency_code="TRY", amount_minor=500)),
-        metadata=admin)
+        sku=sku or "sku-" + new_id()[:12], name="Gift card", price=common_pb2.Money(currency_code="TRY", amount_minor=500),
+        low_stock_threshold=low_stock_threshold), metadata=admin)
     assert p.merchant_id == org
     if n:
         resp = await stub.ImportCodeBatch(pb.ImportCodeBatchRequest(product_id=p.id, batch_ref="b-" + new_id(),
@@ -252,8 +252,8 @@ async def test_a_reservation_of_another_merchant_is_not_found_for_staff(stub):
 
 # --- the database --------------------------------------------------------------------------------
 async def _one_of_everything(stub, org: str) -> str:
-    """A product of `org` with a row in every merchant table."""
-    product_id = await _product_of(stub, org, n=3)
+    """A product of `org` with a row in every merchant table (the reservation is a stock.low crossing)."""
+    product_id = await _product_of(stub, org, n=3, low_stock_threshold=2)
     res = await stub.ReserveCodes(reserve_request(product_id, 1))
     await stub.DeliverCodes(pb.DeliverCodesRequest(order_id=res.order_id, payment_transaction_id="p-" + res.order_id))
     await stub.RevealCode(pb.RevealCodeRequest(code_id=res.code_ids[0]), metadata=user("a", "admin", org))
@@ -322,12 +322,7 @@ async def test_every_merchant_table_has_forced_rls_and_a_policy(cp_pool):
 
 
 async def test_rows_from_before_the_migration_belong_to_the_default_merchant(scratch_db, tmp_path):
-    old = tmp_path / "migrations"
-    old.mkdir()
-    for f in sorted(MIGRATIONS.glob("*.sql")):
-        if f.name < "0004":
-            shutil.copy(f, old / f.name)
-    await migrate(scratch_db, old)
+    await migrate_before(scratch_db, MIGRATIONS, "0004", tmp_path)
     conn = await asyncpg.connect(scratch_db)
     try:
         pid, bid, cid = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
@@ -350,10 +345,12 @@ async def test_rows_from_before_the_migration_belong_to_the_default_merchant(scr
         await conn.execute("INSERT INTO audit_log (actor, action, product_id) VALUES ('a', 'import', $1)", pid)
     finally:
         await conn.close()
-    assert await migrate(scratch_db, MIGRATIONS) == ["0004_merchants"]
+    assert await migrate(scratch_db, MIGRATIONS) == ["0004_merchants", "0005_stock_low"]
     conn = await asyncpg.connect(scratch_db)  # superuser: sees every row
     try:
         for table in MERCHANT_TABLES:
+            if table == "stock_events":  # newer than the merchants (0005): it has no rows from before
+                continue
             assert await conn.fetch(f"SELECT DISTINCT merchant_id FROM {table}") == [(DEFAULT_MERCHANT,)], table
         assert await conn.fetchval("SELECT product_id FROM code_views WHERE code_id = $1", cid) == pid
         # a new row names its merchant: there is no default to fall back on

@@ -15,6 +15,7 @@ SECRET = "unit-test-secret-of-at-least-32-bytes!"
 # Issue 14: staff and admins within their merchant (checked by the services), the operator across.
 DESIGN_TABLE = {
     ("POST", "/v1/salons"): {"admin"},
+    ("POST", "/v1/salons/{salon_id}:setCancellationPolicy"): {"admin"},  # issue 12: the salon's merchant's
     ("POST", "/v1/salons/{salon_id}/resources"): {"admin"},
     ("POST", "/v1/salons/{salon_id}/slots:batchCreate"): {"admin"},
     ("GET", "/v1/salons/{salon_id}/slots"): {"customer", "staff", "admin", "operator"},

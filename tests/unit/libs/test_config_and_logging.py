@@ -51,6 +51,7 @@ def test_json_logs_carry_trace_and_span_ids():
 def test_production_refuses_development_secrets(monkeypatch):
     monkeypatch.delenv("CUTY_JWT_SECRET", raising=False)
     monkeypatch.setenv("CUTY_PSP_WEBHOOK_SECRET", "a-real-webhook-secret-of-32-bytes-or-more")
+    monkeypatch.setenv("CUTY_WEBHOOK_SECRET_KEYS", "/secrets/webhook-secret-keys.json")
     monkeypatch.setenv("CUTY_ENV", "production")
     with pytest.raises(SystemExit, match="CUTY_JWT_SECRET"):
         Settings.from_env().check_secrets("gateway")
@@ -77,11 +78,14 @@ def test_production_refuses_unknown_environments_missing_code_keys_and_test_hook
     with pytest.raises(SystemExit, match="CUTY_ENV must be one of"):
         Settings.from_env().check_secrets("booking")
     monkeypatch.setenv("CUTY_ENV", "production")
-    monkeypatch.delenv("CUTY_CODE_KEYS", raising=False)
-    with pytest.raises(SystemExit, match="CUTY_CODE_KEYS"):
-        Settings.from_env().check_secrets("codepool")
-    monkeypatch.setenv("CUTY_CODE_KEYS", "/secrets/code-keys.json")
-    Settings.from_env().check_secrets("codepool")
+    monkeypatch.setenv("CUTY_PSP_WEBHOOK_SECRET", "a-real-webhook-secret-of-32-bytes-or-more")
+    # each service's keyring: the code pool's codes, payments' webhook endpoint secrets
+    for service, keys in (("codepool", "CUTY_CODE_KEYS"), ("payments", "CUTY_WEBHOOK_SECRET_KEYS")):
+        monkeypatch.delenv(keys, raising=False)
+        with pytest.raises(SystemExit, match=keys):
+            Settings.from_env().check_secrets(service)
+        monkeypatch.setenv(keys, "/secrets/keys.json")
+        Settings.from_env().check_secrets(service)
     for hook in ("CUTY_CRASH_AT", "CUTY_TEST_PAUSE_AFTER_LEASE_MS"):
         monkeypatch.setenv(hook, "1")
         with pytest.raises(SystemExit, match=hook):

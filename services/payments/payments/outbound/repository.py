@@ -10,6 +10,7 @@ statement. Time is the database's.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -18,9 +19,14 @@ import asyncpg
 from cutylib import tenancy
 from cutylib.principal import Principal
 
+from .secrets import SecretBox, SecretDamaged, default_box
+
+log = logging.getLogger(__name__)
+
+# The secret goes in sealed (secrets.py; migration 0181 refuses plaintext).
 INSERT_ENDPOINT = """
-INSERT INTO webhook_endpoints (merchant_id, id, url, events, secret, created_by)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO webhook_endpoints (merchant_id, id, url, events, secret_key_id, secret_nonce, secret_ciphertext, created_by)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 RETURNING merchant_id, id, url, events, created_at
 """
 LIST_ENDPOINTS = """
@@ -80,7 +86,8 @@ WITH due AS (
     FROM due WHERE d.merchant_id = due.merchant_id AND d.id = due.id
     RETURNING d.merchant_id, d.id, d.endpoint_id, d.event_id, d.attempts, d.give_up_at
 )
-SELECT c.*, w.url, w.secret, e.type AS event_type, e.payload::text AS payload, clock_timestamp() AS db_now
+SELECT c.*, w.url, w.secret, w.secret_key_id, w.secret_nonce, w.secret_ciphertext,
+       e.type AS event_type, e.payload::text AS payload, clock_timestamp() AS db_now
 FROM claimed c
 JOIN webhook_endpoints w ON w.merchant_id = c.merchant_id AND w.id = c.endpoint_id
 JOIN merchant_events e ON e.merchant_id = c.merchant_id AND e.id = c.event_id
@@ -156,7 +163,7 @@ class Claimed:
     event_type: str
     attempt: int
     url: str
-    secret: str
+    secret: str | None  # None: the stored secret did not open (SecretDamaged): never POSTed
     payload: bytes
     db_now: datetime
 
@@ -164,13 +171,16 @@ class Claimed:
 class Endpoints:
     """The admins' statements, each inside `tenancy.scoped` (RLS as the second line)."""
 
-    def __init__(self, pool: asyncpg.Pool):
+    def __init__(self, pool: asyncpg.Pool, box: SecretBox | None = None):
         self.pool = pool
+        self.box = box or default_box()
 
     async def insert(self, caller: Principal, merchant: str, endpoint_id: str, url: str, events: list[str],
                      secret: str) -> Endpoint:
+        key_id, nonce, sealed = self.box.seal(merchant, endpoint_id, secret)
         async with tenancy.scoped(self.pool, caller) as uow:
-            row = await uow.conn.fetchrow(INSERT_ENDPOINT, merchant, endpoint_id, url, events, secret, caller.subject)
+            row = await uow.conn.fetchrow(INSERT_ENDPOINT, merchant, endpoint_id, url, events, key_id, nonce, sealed,
+                                          caller.subject)
             await uow.commit()
         return Endpoint.from_row(row, secret)
 
@@ -209,13 +219,22 @@ class Endpoints:
 class Deliveries:
     """The workers' statements (the orchestrator's own unit of work: every merchant)."""
 
-    def __init__(self, pool: asyncpg.Pool):
+    def __init__(self, pool: asyncpg.Pool, box: SecretBox | None = None):
         self.pool = pool
+        self.box = box or default_box()
 
     async def claim_due(self, worker_id: str, limit: int, lease_seconds: float) -> list[Claimed]:
         rows = await self.pool.fetch(CLAIM_DUE, worker_id, limit, lease_seconds)
         return [Claimed(r["merchant_id"], str(r["id"]), str(r["endpoint_id"]), str(r["event_id"]), r["event_type"],
-                        r["attempts"], r["url"], r["secret"], r["payload"].encode(), r["db_now"]) for r in rows]
+                        r["attempts"], r["url"], self._secret(r), r["payload"].encode(), r["db_now"]) for r in rows]
+
+    def _secret(self, row) -> str | None:
+        try:
+            return self.box.secret_of(row)
+        except SecretDamaged as e:
+            log.error("webhook endpoint secret failed its integrity check",
+                      extra={"endpoint_id": str(row["endpoint_id"]), "error": str(e)})
+            return None
 
     async def finish(self, c: Claimed, worker_id: str, *, delivered: bool, retry_in: float, started_at: datetime,
                      http_status: int, error: str, duration_ms: int) -> str | None:

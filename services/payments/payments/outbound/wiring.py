@@ -1,9 +1,15 @@
 """How outbound events plug into the payments server (payments/bootstrap.py calls `register`)."""
 from __future__ import annotations
 
+from cuty.codepool.v1 import codepool_pb2_grpc
 from cuty.payments.v1 import webhooks_pb2, webhooks_pb2_grpc
+from cutylib.config import grpc_addr_for
+from cutylib.grpc_client import create_channel
+from cutylib.tls import CODEPOOL
 
 from .grpc_api import CALLERS, WebhookEndpointApi
+from .relay import StockEventRelay
+from .secrets import SecretBox
 from .repository import Endpoints
 from .service import WebhookEndpoints
 from .worker import DeliveryWorker
@@ -12,8 +18,16 @@ SERVICE = webhooks_pb2.DESCRIPTOR.services_by_name["WebhookEndpointService"]
 
 
 def register(server, settings, pool, worker_id: str, *, workers: bool = True) -> None:
-    service = WebhookEndpoints(Endpoints(pool), settings.environment)
+    box = SecretBox.load(settings.webhook_secret_keys, settings.data_dir)
+    # Endpoint secrets stored before migration 0181 are sealed before this replica serves.
+    server.on_database_ready(lambda: box.encrypt_stored(pool))
+    service = WebhookEndpoints(Endpoints(pool, box), settings.environment)
     webhooks_pb2_grpc.add_WebhookEndpointServiceServicer_to_server(WebhookEndpointApi(service), server.server)
     server.add_service(SERVICE, CALLERS)
     if workers:
-        server.add_background(DeliveryWorker(pool, f"webhooks:{worker_id}").run)
+        server.add_background(DeliveryWorker(pool, f"webhooks:{worker_id}", box=box).run)
+        # `stock.low` comes from the code pool's outbox (relay.py).
+        channel = create_channel(grpc_addr_for("codepool"), CODEPOOL, server.transport, deadline_seconds=10.0)
+        relay = StockEventRelay(pool, codepool_pb2_grpc.CodePoolServiceStub(channel))
+        server.add_background(relay.run)
+        server.on_stop(channel.close)

@@ -26,6 +26,7 @@ from cutylib.telemetry import quiet
 
 from .. import signature
 from .repository import NOTIFY_CHANNEL, Claimed, Deliveries
+from .secrets import SecretBox
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,9 @@ def headers(c: Claimed, t: int | None = None) -> dict[str, str]:
 
 class DeliveryWorker:
     def __init__(self, pool: asyncpg.Pool, worker_id: str, options: DeliveryOptions | None = None,
-                 client: aiohttp.ClientSession | None = None):
+                 client: aiohttp.ClientSession | None = None, box: SecretBox | None = None):
         self.pool = pool
-        self.deliveries = Deliveries(pool)
+        self.deliveries = Deliveries(pool, box)
         self.worker_id = worker_id
         self.options = options or DeliveryOptions()
         self._client = client
@@ -105,11 +106,14 @@ class DeliveryWorker:
         t0 = time.perf_counter()
         status, error = 0, ""
         try:
-            async with client.post(c.url, data=c.payload, headers=headers(c), allow_redirects=False) as r:
-                status = r.status
-                await r.read()
-            if not 200 <= status < 300:
-                error = f"HTTP {status}"
+            if c.secret is None:  # nothing is sent unsigned or signed with a wrong key: retried, logged
+                error = "the endpoint's stored secret failed its integrity check"
+            else:
+                async with client.post(c.url, data=c.payload, headers=headers(c), allow_redirects=False) as r:
+                    status = r.status
+                    await r.read()
+                if not 200 <= status < 300:
+                    error = f"HTTP {status}"
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             error = f"{type(e).__name__}: {e}"[:500] or type(e).__name__
         ok = 200 <= status < 300

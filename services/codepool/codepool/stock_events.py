@@ -1,0 +1,43 @@
+"""The code pool's outbox of merchant events (`stock.low`, issue 12 item 6; docs/codepool.md "Low stock").
+
+The events are written by the database, in the statement that changes a product's available stock
+(migrations/0005_stock_low.sql); this module only reads them out, oldest first after a cursor, for
+the orchestrator's relay. `seq` order is commit order (0005 says why), so a keyset read never skips
+an event that commits late.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+LIST_AFTER = """
+SELECT seq, merchant_id, id, type, payload, created_at FROM stock_events
+WHERE seq > $1 ORDER BY seq LIMIT $2
+"""
+
+
+@dataclass(frozen=True)
+class StockEvent:
+    seq: int
+    id: str
+    merchant_id: str
+    type: str
+    payload_json: str
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, r) -> "StockEvent":
+        payload = r["payload"] if isinstance(r["payload"], str) else json.dumps(r["payload"], separators=(",", ":"))
+        return cls(r["seq"], str(r["id"]), r["merchant_id"], r["type"], payload, r["created_at"])
+
+
+class StockEvents:
+    def __init__(self, pool: asyncpg.Pool):
+        self.pool = pool
+
+    async def after(self, after_seq: int, limit: int) -> list[StockEvent]:
+        """One statement, every merchant's events (the caller is the system's relay)."""
+        return [StockEvent.from_row(r) for r in await self.pool.fetch(LIST_AFTER, after_seq, limit)]
