@@ -49,12 +49,13 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     reservations = ReservationService(pool, ttl_seconds=settings.code_reservation_ttl_seconds,
                                       max_active=settings.max_active_reservations,
                                       max_quantity=settings.max_quantity_per_product)
+    stock_events = StockEvents(pool)
     api = CodePoolApi(reservations, Catalog(pool, keyring),
                       Importer(pool, keyring, chunk_rows=env_int("CUTY_CODE_IMPORT_CHUNK", 5000),
                                concurrency=env_int("CUTY_CODE_IMPORT_CONCURRENCY", 4),
                                idle_seconds=env_float("CUTY_CODE_IMPORT_IDLE_SECONDS", 30),
                                slot_wait_seconds=settings.db_acquire_timeout_seconds),
-                      StockEvents(pool))
+                      stock_events)
     server = GrpcServer("codepool", port, host=host)
     codepool_pb2_grpc.add_CodePoolServiceServicer_to_server(api, server.server)
     server.add_service(SERVICE, CALLERS)
@@ -62,6 +63,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server.on_database_ready(lambda: check_hash_key(pool, keyring))
     sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
     server.add_background(sweeper.run)
+    server.add_background(stock_events.run_recheck)
     server.add_background(lambda: refresh_periodically(lambda: metrics.REGISTRY.refresh_stock(pool)))
     server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters
     log.info("code pool wired", extra={"keys": sorted(keyring.keys), "active_key": keyring.active,

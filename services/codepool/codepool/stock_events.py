@@ -1,17 +1,28 @@
 """The code pool's outbox of merchant events (`stock.low`, issue 12 item 6; docs/codepool.md "Low stock").
 
 The events are written by the database, in the statement that changes a product's available stock
-(migrations/0005_stock_low.sql); this module only reads them out, oldest first after a cursor, for
-the orchestrator's relay. `seq` order is commit order (0005 says why), so a keyset read never skips
+(migrations/0005_stock_low.sql), or, when two reservations raced past the threshold on the lock-free
+fast path (0006), by the recheck this module runs every CUTY_STOCK_LOW_RECHECK_SECONDS. Otherwise it
+only reads them out, oldest first after a cursor, for the orchestrator's relay. `seq` order is commit order (0005 says why), so a keyset read never skips
 an event that commits late.
 """
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
+
+from cutylib.config import env_float
+from cutylib.periodic import periodic
+from cutylib.telemetry import quiet
+
+log = logging.getLogger("codepool.stock_events")
+
+# How often the products whose low-stock flag disagrees with their stock are re-decided (0006).
+RECHECK_SECONDS_DEFAULT = 5.0
 
 LIST_AFTER = """
 SELECT seq, merchant_id, id, type, payload, created_at FROM stock_events
@@ -41,3 +52,17 @@ class StockEvents:
     async def after(self, after_seq: int, limit: int) -> list[StockEvent]:
         """One statement, every merchant's events (the caller is the system's relay)."""
         return [StockEvent.from_row(r) for r in await self.pool.fetch(LIST_AFTER, after_seq, limit)]
+
+    async def recheck(self) -> int:
+        """Re-decide every product whose flag disagrees with its stock (a race on the fast path);
+        how many. One statement: its product locks are held until it commits."""
+        with quiet():  # an idle round starts no trace
+            n = await self.pool.fetchval("SELECT codepool_stock_recheck()")
+        if n:
+            log.info("low-stock flags re-decided", extra={"products": n})
+        return n
+
+    async def run_recheck(self, interval: float | None = None) -> None:
+        """Background task: recheck every CUTY_STOCK_LOW_RECHECK_SECONDS."""
+        every = interval if interval is not None else env_float("CUTY_STOCK_LOW_RECHECK_SECONDS", RECHECK_SECONDS_DEFAULT)
+        await periodic(self.recheck, every, what="stock.low recheck", log=log)

@@ -2,7 +2,8 @@
 its threshold writes one event into the code pool's outbox (stock_events), on the crossing only;
 stock coming back above the threshold re-arms it; concurrent reservations crossing together write
 one; a change rolled back or killed before its commit leaves no event; ListStockEvents reads them
-out after a cursor, for the orchestrator alone."""
+out after a cursor, for the orchestrator alone. A statement far from a decision takes the lock-free
+fast path (0006); the recheck re-decides what a race on it left behind."""
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +20,7 @@ from cutylib.grpc_errors import bad_field
 from cutylib.testing.ids import new_id
 
 from codepool.service import ReservationService
+from codepool.stock_events import StockEvents
 from codepool_testkit import ADMIN, STAFF, make_codes, reserve_request, stock_of
 
 
@@ -113,6 +115,11 @@ async def test_concurrent_reservations_crossing_together_write_one_event(stub, c
         # 40 buyers at once, one code each: the stock passes 20 while many are in flight
         got = await asyncio.gather(*(reserve(stub, pid, 1) for _ in range(40)))
         assert len({c for r in got for c in r.code_ids}) == 40
+        assert len(await events(cp_pool, pid)) <= 1  # never two for one crossing
+        # Racing reservations may all have seen "above" on the fast path: the recheck (run by the code
+        # pool every few seconds) announces then, once; a second recheck finds nothing to do.
+        await StockEvents(cp_pool).recheck()
+        assert await StockEvents(cp_pool).recheck() == 0
         [ev] = await events(cp_pool, pid)
         assert ev["data"]["product"]["available"] <= 20
         assert await cp_pool.fetchval("SELECT stock_low FROM products WHERE id = $1", uuid.UUID(pid)) is True
@@ -127,6 +134,7 @@ async def test_concurrent_releases_and_reservations_keep_the_flag_true_to_the_st
     held = [await reserve(stub, pid, 1) for _ in range(6)]       # 6 left: armed
     await asyncio.gather(*(reserve(stub, pid, 1) for _ in range(4)),
                          *(svc.release(r.order_id, "system") for r in held))
+    await StockEvents(cp_pool).recheck()
     available, _, _ = await stock_of(stub, pid)
     low = await cp_pool.fetchval("SELECT stock_low FROM products WHERE id = $1", uuid.UUID(pid))
     assert low == (available <= 5)
@@ -190,3 +198,27 @@ async def test_list_stock_events_is_a_cursor_feed_for_the_system_only(stub, cp_p
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.ListStockEvents(pb.ListStockEventsRequest(after_seq=-1))
     assert bad_field(e.value) == "after_seq"
+
+
+async def test_the_recheck_announces_a_crossing_the_fast_path_missed_and_re_arms_a_stale_flag(stub, cp_pool):
+    """What a race on the lock-free fast path can leave (both racers saw "above"): the flag armed while
+    the stock is low, or set while it is high. The recheck re-decides both, once."""
+    rechecks = StockEvents(cp_pool)
+    await rechecks.recheck()  # whatever earlier tests left
+    low_pid = await product(stub, 5, stock=8)
+    await reserve(stub, low_pid, 4)  # 4 left: announced by the statement
+    assert len(await events(cp_pool, low_pid)) == 1
+    high_pid = await product(stub, 5, stock=8)  # armed, 8 available
+    # The states a race leaves, written by hand (a products update fires no stock trigger):
+    await cp_pool.execute("UPDATE products SET stock_low = NOT stock_low WHERE id = ANY($1::uuid[])",
+                          [uuid.UUID(low_pid), uuid.UUID(high_pid)])
+    assert await rechecks.recheck() == 2
+    assert len(await events(cp_pool, low_pid)) == 2  # announced again: the flag said it was not
+    assert await events(cp_pool, high_pid) == []  # re-armed, nothing to announce
+    flags = dict(await cp_pool.fetch("SELECT id::text, stock_low FROM products WHERE id = ANY($1::uuid[])",
+                                     [uuid.UUID(low_pid), uuid.UUID(high_pid)]))
+    assert flags == {low_pid: True, high_pid: False}
+    assert await rechecks.recheck() == 0
+    # The fast path itself: far above the threshold, reservations change nothing but the stock.
+    await reserve(stub, high_pid, 2)
+    assert await events(cp_pool, high_pid) == [] and await rechecks.recheck() == 0

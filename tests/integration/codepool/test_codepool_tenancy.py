@@ -345,7 +345,7 @@ async def test_rows_from_before_the_migration_belong_to_the_default_merchant(scr
         await conn.execute("INSERT INTO audit_log (actor, action, product_id) VALUES ('a', 'import', $1)", pid)
     finally:
         await conn.close()
-    assert await migrate(scratch_db, MIGRATIONS) == ["0004_merchants", "0005_stock_low"]
+    assert await migrate(scratch_db, MIGRATIONS) == ["0004_merchants", "0005_stock_low", "0006_stock_low_fast_path"]
     conn = await asyncpg.connect(scratch_db)  # superuser: sees every row
     try:
         for table in MERCHANT_TABLES:

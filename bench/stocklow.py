@@ -1,0 +1,87 @@
+"""What deciding `stock.low` costs a hot product (`make bench-stocklow`; issue 12, item 6).
+
+32 reservations in flight on one product (the code pool's reserve statement, raw asyncpg), the
+decision function of each migration swapped in turn, back to back, BENCH_ROUNDS times:
+
+- `0005: lock always`: every statement that changes the stock takes the product's lock until commit;
+- `0006: fast path`: the lock only near a decision (flag set, or at or below the threshold as the
+  statement sees it), the recheck covering what a race on the fast path leaves;
+- `no decision`: the trigger still fires, decides nothing: the limit the ratio is taken against.
+
+The product holds 200,000 codes, far above its threshold (10): the hot path of a sale.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import uuid
+
+import asyncpg
+
+from _common import ROOT, bench_postgres, closed_loop, merged, report
+
+from cutylib.config import with_database
+from cutylib.db import migrate
+
+MIGRATIONS = ROOT / "services" / "codepool" / "migrations"
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
+CONCURRENCY = 32
+RESERVE = ("UPDATE codes SET status = 'reserved', reserved_at = clock_timestamp() WHERE id = ("
+           "SELECT id FROM codes WHERE merchant_id = 'm' AND product_id = $1 AND status = 'available' "
+           "ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED)")
+NO_DECISION = ("CREATE OR REPLACE FUNCTION codepool_stock_changed(p_changed jsonb) RETURNS void "
+               "LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$")
+
+
+def decision_functions() -> dict[str, str]:
+    v5 = (MIGRATIONS / "0005_stock_low.sql").read_text()
+    v6 = (MIGRATIONS / "0006_stock_low_fast_path.sql").read_text()
+    return {
+        "0005: lock always": v5[v5.index("CREATE FUNCTION codepool_stock_changed"):v5.index("-- Every statement that makes codes")]
+        .replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"),
+        "0006: fast path": v6[v6.index("CREATE OR REPLACE FUNCTION codepool_stock_changed"):v6.index("-- Every product whose flag")],
+        "no decision (the limit)": NO_DECISION,
+    }
+
+
+async def main() -> None:
+    server = bench_postgres()
+    dsn = with_database(server.dsn, f"cuty_stocklow_{uuid.uuid4().hex[:8]}")
+    await migrate(dsn, pathlib.Path(MIGRATIONS))
+    conn = await asyncpg.connect(dsn)
+    pid, bid = uuid.uuid4(), uuid.uuid4()
+    await conn.execute("INSERT INTO products (id, merchant_id, sku, name, price_minor, currency, low_stock_threshold) "
+                       "VALUES ($1, 'm', 'hot', 'Hot product', 100, 'TRY', 10)", pid)
+    await conn.execute("INSERT INTO supplier_batches (id, merchant_id, product_id, batch_ref, received, imported, "
+                       "content_digest, actor) VALUES ($1, 'm', $2, 'b', 1, 1, $3, 'bench')", bid, pid, os.urandom(32))
+    # Code rows as the importer writes them, with stand-in bytes (nothing is decrypted here).
+    await conn.execute(
+        "INSERT INTO codes (id, merchant_id, product_id, batch_id, key_id, nonce, ciphertext, code_hash) "
+        "SELECT gen_random_uuid(), 'm', $1, $2, 'k', substr(decode(md5(g::text), 'hex'), 1, 12), "
+        "decode(md5(g::text) || md5(g::text), 'hex'), decode(md5(g::text) || md5((g + 1)::text), 'hex') "
+        "FROM generate_series(1, 200000) g", pid, bid)
+    await conn.execute("UPDATE products SET stock_low = false WHERE id = $1", pid)
+    await conn.execute("VACUUM ANALYZE codes")
+    pool = await asyncpg.create_pool(dsn, min_size=CONCURRENCY, max_size=CONCURRENCY)
+    runs: dict[str, list] = {}
+    try:
+        for _ in range(ROUNDS):
+            for name, fn in decision_functions().items():
+                await conn.execute(fn)
+                runs.setdefault(name, []).append(
+                    await closed_loop(lambda i: pool.execute(RESERVE, pid), concurrency=CONCURRENCY, duration=SECONDS))
+    finally:
+        await pool.close()
+        await conn.close()
+        server.close()
+    limit = merged(runs["no decision (the limit)"])
+    results = [merged(rs).result(f"reserve 1 code, hot product: {name}", CONCURRENCY, limit=limit,
+                                 notes=f"{ROUNDS} rounds alternated: " + ", ".join(f"{r.ops_per_s:.0f}/s" for r in rs))
+               for name, rs in runs.items()]
+    report("stocklow", results)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
