@@ -7,6 +7,8 @@
 The server runs as a subprocess (`python -m booking`: its own event loop and GIL, as deployed, with
 OpenTelemetry instrumentation on); (a) is repeated with OTEL_SDK_DISABLED=true to show what the
 instrumentation costs. Figures on a shared 2-core machine are noisy; BENCH_SCALE=0.2 is a quick run.
+Beside each gRPC variant of (a), the booking process's own CPU per HoldSlot (from /proc,
+`server_cpu_ms_per_op`): steadier than throughput when other work shares the cores.
 """
 from __future__ import annotations
 
@@ -139,6 +141,13 @@ class Clients:
     admin: tuple = ()  # an admin user's signed assertion (+ the gateway's declared identity in plaintext)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process `pid` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Server:
     """A booking process; `secure=False` runs it on plaintext gRPC (CUTY_TLS=off) for comparison."""
 
@@ -184,9 +193,10 @@ async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Resul
     falls on all of them alike."""
     per_resource, rounds = 250, 5
     chunk = N // rounds
-    async with Server(dsn, workdir, "instrumented") as deployed, \
-            Server(dsn, workdir, "bare", OTEL_SDK_DISABLED="true", CUTY_METRICS="off") as bare, \
-            Server(dsn, workdir, "plaintext", secure=False) as plaintext:
+    deployed_server = Server(dsn, workdir, "instrumented")
+    bare_server = Server(dsn, workdir, "bare", OTEL_SDK_DISABLED="true", CUTY_METRICS="off")
+    plaintext_server = Server(dsn, workdir, "plaintext", secure=False)
+    async with deployed_server as deployed, bare_server as bare, plaintext_server as plaintext:
         slots = await seed(deployed, -(-(3 * WARMUP + 5 * N) // per_resource), per_resource, days_ahead(2))
         for k, stubs in enumerate((deployed, bare, plaintext)):
             await closed_loop(grpc_holder(stubs, slots[k * WARMUP:(k + 1) * WARMUP], f"warm{k}"),
@@ -199,21 +209,30 @@ async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Resul
             "function": lambda part, tag: fn_taker(pool, part, tag),
             "insert": lambda part, tag: raw_inserter(pool, part, tag),
         }
+        servers = {"deployed": deployed_server, "plaintext": plaintext_server, "bare": bare_server}
         runs: dict[str, list[Run]] = {v: [] for v in variants}
+        server_cpu = {v: 0.0 for v in servers}
         for r in range(rounds):
             for k, (name, make) in enumerate(variants.items()):
                 part = rest[(k * rounds + r) * chunk:(k * rounds + r + 1) * chunk]
+                pid = servers[name].proc.proc.pid if name in servers else None
+                cpu0 = cpu_seconds(pid) if pid else 0.0
                 runs[name].append(await closed_loop(make(part, f"{name}{r}"), concurrency=IN_FLIGHT, total=chunk))
+                if pid:
+                    server_cpu[name] += cpu_seconds(pid) - cpu0
     raw = merged(runs["insert"])
+
+    def cpu_ms(name: str) -> float:
+        return round(1000 * server_cpu[name] / max(1, merged(runs[name]).ops), 3)
     results.append(merged(runs["deployed"]).result(
         "a: HoldSlot over gRPC (as deployed)", IN_FLIGHT, limit=raw,
-        notes="target >= 2000/s, p99 <= 60 ms, ratio >= 0.3"))
+        notes="target >= 2000/s, p99 <= 60 ms, ratio >= 0.3", server_cpu_ms_per_op=cpu_ms("deployed")))
     results.append(merged(runs["plaintext"]).result(
         "a: HoldSlot over gRPC, plaintext (CUTY_TLS=off)", IN_FLIGHT, limit=raw,
-        notes="what mutual TLS costs: target deployed >= 0.85 x this"))
+        notes="what mutual TLS costs: target deployed >= 0.85 x this", server_cpu_ms_per_op=cpu_ms("plaintext")))
     results.append(merged(runs["bare"]).result(
         "a: HoldSlot over gRPC, OTEL_SDK_DISABLED + CUTY_METRICS=off", IN_FLIGHT, limit=raw,
-        notes="what metrics and tracing cost: target deployed >= 0.85 x this"))
+        notes="what metrics and tracing cost: target deployed >= 0.85 x this", server_cpu_ms_per_op=cpu_ms("bare")))
     results.append(merged(runs["function"]).result(
         "a: booking_take_hold() via raw asyncpg", IN_FLIGHT, limit=raw, notes="HoldSlot's statement without gRPC"))
     results.append(raw.result("a: the same INSERT via raw asyncpg", IN_FLIGHT, notes=f"pool of {POOL} connections"))

@@ -16,7 +16,7 @@ from .config import env_int, env_str
 from .dbwatch import UNREACHABLE, DatabaseWatch
 from .errors import PermissionDenied
 from .grpc_errors import status_for_exception
-from .grpc_metrics import GrpcMetricsInterceptor, rewrap, stream_of
+from .grpc_metrics import GrpcMetricsInterceptor, WrappedHandlers, rewrap, stream_of
 from .metrics import metrics_enabled
 from .identity import ASSERTION_KEY, AssertionVerifier
 from .tls import Transport, peer_service
@@ -83,11 +83,15 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, trust: Trust):
         self.trust = trust
+        self._handlers = WrappedHandlers(self._wrap)
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
+        return self._handlers.get(handler_call_details.method, handler)
+
+    def _wrap(self, method: str, handler):
         trust = self.trust
 
         async def _fail(exc: BaseException, context) -> None:
@@ -95,22 +99,20 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
             if status is None:
                 # The detail (exception, stack) goes to the log with the trace id; the caller gets a
                 # stable message that names nothing internal (issue 10, item 6).
-                log.exception("unhandled error in %s", handler_call_details.method)
+                log.exception("unhandled error in %s", method)
                 await context.abort(grpc.StatusCode.INTERNAL, "internal error; quote the trace id when reporting it")
             else:
                 if status.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED):
-                    log.warning("%s: %s", handler_call_details.method, status.details)
+                    log.warning("%s: %s", method, status.details)
                 await context.abort_with_status(status)
-
-        by_hand = telemetry.propagating_by_hand()
-        method, metadata = handler_call_details.method, handler_call_details.invocation_metadata
 
         def wrap_unary(behavior):
             async def wrapped(request_or_iterator, context):
                 token = None
+                metadata = context.invocation_metadata()
                 try:
                     token = principal.set_current(trust.principal(method, context, metadata))
-                    if by_hand:
+                    if telemetry.propagating_by_hand():
                         with telemetry.server_span(method, metadata):
                             return await behavior(request_or_iterator, context)
                     return await behavior(request_or_iterator, context)
@@ -126,6 +128,7 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
         def wrap_stream(behavior):
             async def wrapped(request_or_iterator, context):
                 token = None
+                metadata = context.invocation_metadata()
                 try:
                     token = principal.set_current(trust.principal(method, context, metadata))
                     async for item in stream_of(behavior(request_or_iterator, context)):

@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -14,6 +15,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 _initialised = False
+# The provider init_telemetry installed when no span can ever be recorded (no exporter: sampler
+# ALWAYS_OFF, SDK enabled); None otherwise. See current_span.
+_unsampled: TracerProvider | None = None
 # True when gRPC trace context is propagated by our own interceptors instead of OpenTelemetry's
 # instrumentation (see init_telemetry).
 _by_hand = False
@@ -78,6 +82,9 @@ def init_telemetry(service: str, *, instrument_grpc: bool = True, instrument_asy
     if endpoint:
         provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
     trace.set_tracer_provider(provider)
+    global _unsampled
+    disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+    _unsampled = provider if provider.sampler is ALWAYS_OFF and not disabled else None
     global _by_hand
     if instrument_grpc and endpoint:
         from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient, GrpcAioInstrumentorServer
@@ -191,8 +198,51 @@ def server_span(method: str, metadata) -> "trace.Span":
     carrier = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in (metadata or ())
                if k in ("traceparent", "tracestate")}
     ctx = propagate.extract(carrier) if carrier else None
-    return _tracer.start_as_current_span(method, context=ctx, kind=trace.SpanKind.SERVER,
-                                         record_exception=False, set_status_on_exception=False)
+    return current_span(_tracer, method, context=ctx, kind=trace.SpanKind.SERVER,
+                        record_exception=False, set_status_on_exception=False)
+
+
+def current_span(tracer: trace.Tracer, name: str, *, context=None, kind=trace.SpanKind.INTERNAL, **options):
+    """`tracer.start_as_current_span(name, context=context, kind=kind, **options)`, the same span
+    context made current, built directly when init_telemetry's provider records nothing.
+
+    Without an exporter every span is dropped (ALWAYS_OFF), and the SDK then returns a
+    NonRecordingSpan that only carries ids: the caller's trace id (or a new one), a new span id,
+    the caller's tracestate, trace flags "not sampled" (with the random-trace-id flag as the SDK
+    sets it). Going through the SDK for that (proxy tracer, sampler, attributes, two
+    context-manager layers) was ~20 µs of every RPC a server handled, the largest share of its
+    interceptors (docs/benchmarks.md, "Issue 11, part 2"). With an exporter, another provider
+    installed first (tests), or OTEL_SDK_DISABLED, the SDK decides as before."""
+    if _unsampled is None or trace.get_tracer_provider() is not _unsampled:
+        return tracer.start_as_current_span(name, context=context, kind=kind, **options)
+    parent = trace.get_current_span(context).get_span_context()
+    ids = _unsampled.id_generator
+    if parent.is_valid:
+        trace_id, state, random_id = parent.trace_id, parent.trace_state, parent.trace_flags.random_trace_id
+    else:
+        trace_id, state, random_id = ids.generate_trace_id(), None, ids.is_trace_id_random()
+    flags = trace.TraceFlags.RANDOM_TRACE_ID if random_id else trace.TraceFlags.DEFAULT
+    return _Current(trace.NonRecordingSpan(trace.SpanContext(
+        trace_id, ids.generate_span_id(), is_remote=False, trace_flags=trace.TraceFlags(flags), trace_state=state)))
+
+
+class _Current:
+    """`trace.use_span` for a span that records nothing: current within the block, in the context
+    current when the block starts (as start_as_current_span attaches it)."""
+
+    __slots__ = ("span", "_token")
+
+    def __init__(self, span: trace.Span):
+        self.span = span
+        self._token = None
+
+    def __enter__(self) -> trace.Span:
+        self._token = context_api.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, *exc) -> bool:
+        context_api.detach(self._token)
+        return False
 
 
 def inject_metadata() -> list[tuple[str, str]]:

@@ -34,8 +34,11 @@ def main() -> int:
     start_metrics_server("gateway")
     log.info("gateway listening", extra={"port": settings.port, "routes": len(app.routes),
                                          "backends": app.backends.addrs})
+    # proxy_headers off: the gateway reads neither the client address nor the scheme of a request
+    # (rate limits are per token, logs carry no address), so X-Forwarded-* rewriting is a wasted
+    # middleware layer per request.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, lifespan="on", access_log=False,
-                            log_config=None, server_header=False, timeout_graceful_shutdown=5,
+                            log_config=None, server_header=False, timeout_graceful_shutdown=5, proxy_headers=False,
                             timeout_keep_alive=settings.keepalive_seconds, backlog=2048)
     uvicorn.Server(config).run()  # handles SIGINT/SIGTERM: stops accepting, drains, runs shutdown
     return 0

@@ -27,6 +27,7 @@ from cutylib.tls import GATEWAY, Transport
 from . import access as access_log, auth, openapi, problems, tracing
 from .backends import Backends
 from .descriptors import Route, load_routes
+from .memo import Memo
 from .policy import Access, access_for
 from .problems import Problem, bad_request
 from .ratelimit import RateLimiter, retry_after_header
@@ -39,6 +40,11 @@ log = logging.getLogger("gateway")
 JSON = "application/json"
 PROBLEM_JSON = "application/problem+json"
 MAX_IDEMPOTENCY_KEY = 255
+# Memo bounds (memo.py): requests whose path, query and body together fit MEMO_MAX_INPUT are
+# transcoded once per distinct input; GET answers up to MEMO_MAX_ANSWER bytes are written as JSON
+# once per distinct answer.
+MEMO_MAX_INPUT = 2048
+MEMO_MAX_ANSWER = 64 * 1024
 
 
 class ClientGone(Exception):
@@ -59,6 +65,9 @@ class Gateway:
                                     audience=s.jwt_audience, leeway=s.jwt_leeway_seconds)
         self.signer = s.signer or AssertionSigner.from_env()
         self._openapi: bytes | None = None
+        self._matches = Memo(max_entries=4096, max_bytes=2 * 1024 * 1024)
+        self._requests = Memo(max_entries=4096, max_bytes=8 * 1024 * 1024)
+        self._answers = Memo(max_entries=1024, max_bytes=32 * 1024 * 1024)
         for rpc, a in self.access.items():
             if a.roles == frozenset():
                 log.warning("route has no access policy; refused to everyone", extra={"rpc": rpc})
@@ -86,6 +95,18 @@ class Gateway:
                 return
 
     def match(self, method: str, raw_path: str) -> tuple[Route | None, dict[str, str], list[str]]:
+        """The route of `method raw_path`, its bound path variables (never mutated by callers),
+        and, without a route, the methods the path allows; memoised per (method, path)."""
+        if len(raw_path) > MEMO_MAX_INPUT:
+            return self._match(method, raw_path)
+        key = (method, raw_path)
+        found = self._matches.get(key)
+        if found is None:
+            found = self._match(method, raw_path)
+            self._matches.put(key, found, 2 * len(raw_path) + 64)
+        return found
+
+    def _match(self, method: str, raw_path: str) -> tuple[Route | None, dict[str, str], list[str]]:
         allowed: list[str] = []
         for r in self.routes:
             bound = r.template.match(raw_path)
@@ -159,10 +180,20 @@ class Gateway:
         request, metadata = await self._prepare(route, bound, query, headers, receive)
         deadline = self.settings.deadline_seconds
         try:
-            response = await self.backends.call(route, request, metadata=metadata, timeout=deadline)
+            raw = await self.backends.call(route, request, metadata=metadata, timeout=deadline)
         except grpc.aio.AioRpcError as e:
             raise problems.from_rpc_error(e, service=route.owner, deadline=deadline) from None
-        return to_json(response)
+        if route.http_method != "GET" or len(raw) > MEMO_MAX_ANSWER:
+            # A write's answer is new every time (ids, states): nothing to reuse.
+            return to_json(route.output_type.FromString(raw))
+        # The same answer bytes of the same RPC are the same JSON: a read repeated by many
+        # clients (a salon's day, a product) is written once until its answer changes.
+        key = (route.rpc, raw)
+        body = self._answers.get(key)
+        if body is None:
+            body = to_json(route.output_type.FromString(raw))
+            self._answers.put(key, body, 2 * len(raw) + len(body))
+        return body
 
     async def _stream(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
                       trace_id: str) -> StreamingResponse:
@@ -179,8 +210,8 @@ class Gateway:
             "cache-control": "no-store, no-transform", "x-accel-buffering": "no"})
 
     async def _prepare(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str],
-                       receive) -> tuple[object, tuple]:
-        """Every check of a route up to the call: the request message and the call's metadata."""
+                       receive) -> tuple[bytes, tuple]:
+        """Every check of a route up to the call: the serialized request message and the call's metadata."""
         access = self.access[route.rpc]
         limit = self.settings.max_body_bytes
         declared = headers.get("content-length")
@@ -211,12 +242,25 @@ class Gateway:
         for header, key in access.forward_headers:
             if header in headers:
                 metadata.append((key, _forwarded(header, headers[header])))
+        metadata += tracing.inject()
+        return self._request(route, bound, query, body), tuple(metadata)
+
+    def _request(self, route: Route, bound: dict[str, str], query: str, body: bytes) -> bytes:
+        """The request message, serialized; memoised per distinct (RPC, path variables, query,
+        body) when they are small. A refused request (400) is never memoised."""
+        key = (route.rpc, tuple(bound.items()), query, body)
+        size = len(query) + len(body) + sum(len(k) + len(v) for k, v in bound.items())
+        if size <= MEMO_MAX_INPUT:
+            data = self._requests.get(key)
+            if data is not None:
+                return data
         try:
-            request = build_request(route, bound, query, body)
+            data = build_request(route, bound, query, body).SerializeToString()
         except TranscodeError as e:
             raise bad_request(e.field, e.message) from None
-        metadata += tracing.inject()
-        return request, tuple(metadata)
+        if size <= MEMO_MAX_INPUT:
+            self._requests.put(key, data, 2 * size + len(data) + 64)
+        return data
 
     # The gateway's own routes --------------------------------------------------------------------
     async def healthz(self) -> tuple[int, bytes, str]:

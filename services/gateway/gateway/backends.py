@@ -1,8 +1,10 @@
 """One grpc.aio channel per service process, and a generic call per route (unary, or
 server-streaming for the routes answered as Server-Sent Events).
 
-Calls use `channel.unary_unary(path, serializer, deserializer)` built from the route's message
-classes, so no generated stub is needed and every annotated RPC is callable the same way.
+Calls use `channel.unary_unary(path)` with the request already serialized (app.py transcodes
+into bytes, memoised) and, for unary calls, the answer's bytes as they came: the app decodes them
+(and reuses the JSON of a read's repeated answer). No generated stub is needed and every annotated
+RPC is callable the same way.
 Channels are created inside the running event loop (grpc.aio binds them to it).
 """
 from __future__ import annotations
@@ -46,22 +48,24 @@ class Backends:
     def _callable(self, route: Route) -> grpc.aio.UnaryUnaryMultiCallable:
         fn = self._calls.get(route.grpc_path)
         if fn is None:
-            fn = self.channels[route.owner].unary_unary(
-                route.grpc_path, request_serializer=route.input_type.SerializeToString,
-                response_deserializer=route.output_type.FromString)
+            # Bytes in, bytes out; registered with the channel as generated stubs do (no per-call
+            # method-path lookup in gRPC's core).
+            fn = self.channels[route.owner].unary_unary(route.grpc_path, _registered_method=True)
             self._calls[route.grpc_path] = fn
         return fn
 
-    async def call(self, route: Route, request, *, metadata: tuple, timeout: float):
+    async def call(self, route: Route, request: bytes, *, metadata: tuple, timeout: float) -> bytes:
+        """The serialized answer of a unary RPC to the serialized `request`."""
         return await self._callable(route)(request, metadata=metadata, timeout=timeout)
 
-    def stream(self, route: Route, request, *, metadata: tuple, timeout: float | None) -> grpc.aio.UnaryStreamCall:
-        """A server-streaming call, started (the caller reads it and cancels it when done)."""
+    def stream(self, route: Route, request: bytes, *, metadata: tuple,
+               timeout: float | None) -> grpc.aio.UnaryStreamCall:
+        """A server-streaming call (its messages decoded), started with the serialized `request`
+        (the caller reads it and cancels it when done)."""
         fn = self._streams.get(route.grpc_path)
         if fn is None:
-            fn = self.channels[route.owner].unary_stream(
-                route.grpc_path, request_serializer=route.input_type.SerializeToString,
-                response_deserializer=route.output_type.FromString)
+            fn = self.channels[route.owner].unary_stream(route.grpc_path, _registered_method=True,
+                                                          response_deserializer=route.output_type.FromString)
             self._streams[route.grpc_path] = fn
         return fn(request, metadata=metadata, timeout=timeout)
 

@@ -14,6 +14,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanKind
 
+from cutylib import telemetry
+
 _tracer = trace.get_tracer("cuty.gateway")
 
 
@@ -33,7 +35,7 @@ class _Headers:
 def start_server_span(name: str, headers: dict[str, str]):
     """A context manager for the request's span; `headers` are lower-cased str -> str."""
     ctx = propagate.extract(headers, getter=_Headers)
-    return _tracer.start_as_current_span(name, context=ctx, kind=SpanKind.SERVER)
+    return telemetry.current_span(_tracer, name, context=ctx, kind=SpanKind.SERVER)
 
 
 def passive_span(headers: dict[str, str]):
