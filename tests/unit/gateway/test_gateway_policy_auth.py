@@ -28,6 +28,7 @@ DESIGN_TABLE = {
     ("POST", "/v1/checkouts/{checkout_id}:pay"): {"customer"},
     ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff", "admin", "operator"},  # admin can do what staff can
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer", "staff", "admin"},  # issue 12: staff cancel
+    ("POST", "/v1/checkouts/{checkout_id}:reschedule"): {"customer", "staff", "admin"},  # issue 12, item 2
     ("GET", "/v1/checkouts"): {"customer", "staff", "admin", "operator"},  # issue 12: lists
     ("GET", "/v1/checkouts/{checkout_id}:watch"): {"customer", "staff", "admin", "operator"},  # issue 12: SSE
     ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # issue 10: retry of NEEDS_ATTENTION

@@ -18,9 +18,9 @@ from cutylib.principal import Principal
 
 from .repository import Delivery, Endpoint, Endpoints
 
-# What the outbox produces today (trigger checkouts_merchant_events, migration 0150).
+# What the outbox produces today (trigger checkouts_merchant_events, migrations 0150, 0161, 0170).
 EVENT_TYPES = ("checkout.completed", "booking.confirmed", "codes.delivered", "checkout.refunded",
-               "booking.cancelled")
+               "booking.cancelled", "booking.rescheduled")
 MAX_ENDPOINTS_PER_MERCHANT = 16
 MAX_URL = 2048
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
