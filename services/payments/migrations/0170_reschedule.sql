@@ -23,6 +23,11 @@ ALTER TABLE checkouts ADD CONSTRAINT checkouts_attention_from_check
     CHECK (attention_from IN ('CONFIRMING', 'RELEASING', 'REFUNDING', 'CANCELLING', 'RESCHEDULING',
                               'RESCHEDULE_CONFIRMING', 'RESCHEDULE_REVERTING'));
 
+-- RescheduleCheckout answers an Idempotency-Key like CreateCheckout and PayCheckout.
+ALTER TABLE checkout_idempotency_keys DROP CONSTRAINT checkout_idempotency_keys_operation_check;
+ALTER TABLE checkout_idempotency_keys ADD CONSTRAINT checkout_idempotency_keys_operation_check
+    CHECK (operation IN ('create', 'pay', 'reschedule'));
+
 -- The reschedule under way (or the last one): written by START_RESCHEDULE (which resets the facts of
 -- the previous one and numbers this one: its steps' idempotency keys carry the number), learned by
 -- its steps, and on success swapped into slot_id / hold_id / amount_minor / start_time.

@@ -52,9 +52,10 @@ def test_every_annotated_route_has_the_designed_policy(routes):
         assert served[key].roles == (None if roles is None else frozenset(roles)), key
 
 
-def test_idempotency_key_required_exactly_on_create_pay_and_refund(routes):
+def test_idempotency_key_required_exactly_on_create_pay_reschedule_and_refund(routes):
     need = {r.template.source for r in routes.values() if access_for(r.rpc).idempotency_key}
-    assert need == {"/v1/checkouts", "/v1/checkouts/{checkout_id}:pay", "/v1/payments/{payment_id}:refund"}
+    assert need == {"/v1/checkouts", "/v1/checkouts/{checkout_id}:pay", "/v1/payments/{payment_id}:refund",
+                    "/v1/checkouts/{checkout_id}:reschedule"}
 
 
 def test_unknown_rpc_is_denied_to_everyone():

@@ -283,6 +283,8 @@ class CheckoutService:
         are the engine's, driven here and, after a crash, by any worker."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         slot_id = canonical_uuid("slot_id", slot_id)
+        h = request_hash("reschedule", checkout_id, slot_id, payment_method)
+        await self.keys.replay_if_answered(caller.require_subject(), "reschedule", key, h)
         current = await self.seen(caller, checkout_id)
         staff = caller.role in STAFF_ROLES
         if current.kind != domain.BOOKING:
@@ -305,7 +307,6 @@ class CheckoutService:
                                       owner=owner, customer=None if staff else caller.subject,
                                       merchant=tenancy.merchant_filter(caller) if staff else None,
                                       lease_seconds=self.lease_seconds)
-        h = request_hash("reschedule", checkout_id, slot_id, payment_method)
         return await self.keys.run(
             caller.require_subject(), "reschedule", key, h, first,
             lambda _id, resumed, row: self._reschedule(caller, checkout_id, slot_id, resumed, owner, row),
