@@ -40,6 +40,10 @@ def _cancelled_after_purchase(saga: Saga) -> bool:
     return saga.refund_amount_minor is not None
 
 
+def _same_slot(slot_id: str) -> errors.InvalidArgument:
+    return errors.InvalidArgument("slot_id", f"slot_id must be another slot than the booking's own, got {slot_id}")
+
+
 def new_owner(kind: str) -> str:
     """A lease owner token: unique per request, so two requests never mistake each other's lease."""
     return f"{kind}:{secrets.token_hex(8)}"
@@ -290,8 +294,9 @@ class CheckoutService:
         if current.kind != domain.BOOKING:
             raise errors.FailedPrecondition(f"checkout {checkout_id} bought codes; only a booking is rescheduled",
                                             reason="not-a-booking")
-        if current.slot_id == slot_id:
-            raise errors.InvalidArgument("slot_id", f"slot_id must be another slot than the booking's own, got {slot_id}")
+        if current.slot_id == slot_id and current.reschedule_slot_id != slot_id:
+            # (A retry of the request that moved it there is answered by its key, below.)
+            raise _same_slot(slot_id)
         # Checked before anything is held (a slot never changes salon): the same salon and currency.
         slot = await self.holds.booking.get_slot(slot_id)
         if slot.salon_id != (current.salon_id or "") or slot.price.currency_code != (current.currency or ""):
@@ -332,6 +337,8 @@ class CheckoutService:
     @staticmethod
     def _not_reschedulable(current: Saga) -> errors.DomainError:
         """Why START_RESCHEDULE wrote nothing (this read decides no race, only the message)."""
+        if current.slot_id == current.reschedule_slot_id:
+            return _same_slot(current.slot_id)
         if current.state in domain.RESCHEDULE_STATES:
             return errors.FailedPrecondition(f"checkout {current.id} is being rescheduled already; wait for it",
                                              reason="reschedule-in-progress")
