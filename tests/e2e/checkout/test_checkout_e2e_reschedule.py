@@ -85,6 +85,12 @@ async def test_a_dearer_slot_charges_the_difference_with_the_purchase_card(shop)
     (charge,) = [c for c in ledger["charges"] if c["intent_id"] == (await intents_of(shop, done.id))[1]]
     assert (charge["amount"], charge["payment_method"]) == (15000, "pm_card_ok")
     await shop.check_reschedules([done.id])
+    # A cancel afterwards (the default policy: all of it) gives back both payments: the new price.
+    cancelled = await shop.cancel(me, done.id)
+    assert name(cancelled.state) == "CANCELLED_AFTER_PURCHASE" and cancelled.refund_amount.amount_minor == 90000
+    intents = await intents_of(shop, done.id)
+    refunds = sorted(x["amount"] for x in (await shop.ledger())["refunds"] if x["intent_id"] in intents)
+    assert refunds == [15000, 75000]
 
 
 async def test_a_cheaper_slot_refunds_the_difference(shop):

@@ -205,7 +205,10 @@ WITH upd AS (
                  THEN COALESCE(c.amount_minor, 0)
                  ELSE COALESCE(c.amount_minor, 0)
                       * (100 - COALESCE(c.cancellation_fee_percent, {DEFAULT_FEE_PERCENT})) / 100 END,
-            COALESCE((SELECT p.amount_minor - p.refunded_minor FROM payments p WHERE p.id = c.payment_id), 0)),
+            -- what is left of every captured payment of the checkout: the purchase's and the price
+            -- increases of its reschedules (issue 12, item 2)
+            COALESCE((SELECT sum(p.amount_minor - p.refunded_minor) FROM payments p
+                      WHERE p.checkout_id = c.id AND p.status IN ('succeeded', 'partially_refunded', 'refunded')), 0)),
         cancelled_by = $8, cancel_reason = $9,
         failure_reason = CASE WHEN $2::text IS NULL THEN 'cancelled-by-staff' ELSE 'cancelled-by-customer' END,
         lease_owner = $4,
@@ -289,6 +292,19 @@ WITH upd AS (
     SELECT payment_id, id, 'saga', $6, state, version, $7, $8, merchant_id FROM upd
 )
 SELECT * FROM upd
+"""
+
+# A cancel after purchase refunds across the checkout's captured payments (issue 12, item 2: a
+# reschedule to a dearer slot charged a second one): the purchase's first, then by time; what is
+# left of each, and what an earlier attempt of this cancel asked of it ($2: the purchase's refund
+# key; $3: the prefix of the others', completed by the payment id).
+CAPTURED_PAYMENTS = """
+SELECT p.id::text AS id, p.amount_minor - p.refunded_minor AS left_minor, r.requested_minor AS asked_minor
+FROM payments p
+LEFT JOIN refunds r ON r.merchant_id = p.merchant_id AND r.payment_id = p.id
+     AND r.key = CASE WHEN p.id = $4::uuid THEN $2::text ELSE $3::text || p.id::text END
+WHERE p.checkout_id = $1 AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+ORDER BY p.id = $4::uuid DESC, p.created_at, p.id
 """
 
 # Workers claim due sagas: SKIP LOCKED so replicas never wait on or double-claim a row; the lease
@@ -558,6 +574,13 @@ class Sagas:
         """COMPLETED -> CANCELLING (issue 12), None when refused or the row moved since `saga` was read."""
         return saga_of(await self.db.fetchrow(START_CANCEL_AFTER_PURCHASE, saga.id, customer, merchant, owner,
                                               lease_seconds, saga.version, current_trace_id(), who, reason))
+
+    async def captured_payments(self, saga: Saga, purchase_key: str, other_key_prefix: str) -> list:
+        """(payment id, what is left of it, what this cancel asked of it before or None), the
+        purchase's payment first (CAPTURED_PAYMENTS)."""
+        rows = await self.db.fetch(CAPTURED_PAYMENTS, saga.id, purchase_key, other_key_prefix,
+                                   saga.payment_id or "00000000-0000-0000-0000-000000000000")
+        return [(r["id"], r["left_minor"], r["asked_minor"]) for r in rows]
 
     async def claim_due(self, worker_id: str, limit: int, lease_seconds: float) -> list[Saga]:
         return [Saga.from_row(r) for r in await self.db.fetch(CLAIM_DUE, worker_id, limit, lease_seconds)]

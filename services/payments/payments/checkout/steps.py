@@ -159,16 +159,30 @@ class Steps:
         repeats the refund as a replay and finishes the release."""
         amount = saga.refund_amount_minor or 0
         refunded = None
-        if amount > 0 and saga.payment_id is not None:
+        if amount > 0:
             reason = saga.cancel_reason or "cancelled by the customer under the booking's cancellation policy"
-            crash.point("cancel_refund:before")
-            refunded = await self.core.issue_refund(
-                saga.merchant_id, saga.payment_id, domain.cancel_refund_key(saga.id), amount_minor=amount,
-                currency=None, reason=reason, actor=saga.cancelled_by or "system", codes_delivered_ok=True,
-                note=f"cancel after purchase by {saga.cancelled_by}: {reason}")
-            crash.point("cancel_refund:after")
-            if refunded.status != "succeeded":
-                raise Retryable(f"refund {refunded.id} of checkout {saga.id} is {refunded.status}")
+            # The purchase's payment first, then what reschedules to dearer slots charged (issue 12,
+            # item 2), each on a key of its own; a repeat asks each what it asked the first time.
+            left = amount
+            for payment_id, remaining, asked in await repo.Sagas(self.core.pool).captured_payments(
+                    saga, domain.cancel_refund_key(saga.id), domain.cancel_refund_key(saga.id) + ":"):
+                take = asked if asked is not None else min(left, remaining)
+                if take <= 0:
+                    continue
+                key = domain.cancel_refund_key(saga.id)
+                if payment_id != saga.payment_id:
+                    key += f":{payment_id}"
+                crash.point("cancel_refund:before")
+                refunded = await self.core.issue_refund(
+                    saga.merchant_id, payment_id, key, amount_minor=take,
+                    currency=None, reason=reason, actor=saga.cancelled_by or "system", codes_delivered_ok=True,
+                    note=f"cancel after purchase by {saga.cancelled_by}: {reason}")
+                crash.point("cancel_refund:after")
+                if refunded.status != "succeeded":
+                    raise Retryable(f"refund {refunded.id} of checkout {saga.id} is {refunded.status}")
+                left -= take
+                if left <= 0:
+                    break
         crash.point("cancel_release:before")
         await self.holds.booking.cancel_booking(saga)
         crash.point("cancel_release:after")
