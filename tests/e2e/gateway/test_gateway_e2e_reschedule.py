@@ -114,7 +114,7 @@ async def test_a_taken_slot_is_409_with_alternatives_and_the_booking_stays(http,
 
 async def test_past_the_deadline_only_staff_reschedule(http, auth, fresh_key, until_state):
     salon, chair = await _salon(http, auth, freeCancellationHours=96)
-    a, b = await _slots(http, auth, salon, chair, 7999, 5999, days=2)  # within 96 h of the start
+    a, b, c = await _slots(http, auth, salon, chair, 7999, 5999, 5999, days=2)  # within 96 h of the start
     me = auth("customer")
     done = await _bought(http, me, fresh_key, until_state, a)
     path = f"/v1/checkouts/{done['id']}:reschedule"
@@ -126,3 +126,6 @@ async def test_past_the_deadline_only_staff_reschedule(http, auth, fresh_key, un
     assert out["slotId"] == b and out["reschedule"]["rescheduledBy"].startswith("staff:")
     assert out["reschedule"]["difference"]["amountMinor"] == "-2000"
     assert out["payment"]["status"] == "PAYMENT_STATUS_PARTIALLY_REFUNDED"
+    # Moved by the salon, the customer still may not move it again (and is told why).
+    again = await http.post(path, json={"slotId": c}, headers={**me, **fresh_key()})
+    assert again.status_code == 409 and again.json()["type"].endswith("reschedule-deadline-passed"), again.text

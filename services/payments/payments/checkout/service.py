@@ -326,7 +326,7 @@ class CheckoutService:
             if resumed and current.reschedule_slot_id == slot_id and current.reschedule_status is not None:
                 # The retry of a reschedule whose process died: a worker carried it on.
                 return await self.view_for(caller, current)
-            raise self._not_reschedulable(current)
+            raise self._not_reschedulable(current, slot_id)
         try:
             saga, _ = await self.engine.drive(saga, owner)
         except Rejected as rej:
@@ -335,10 +335,10 @@ class CheckoutService:
         return await self.view_for(caller, saga)
 
     @staticmethod
-    def _not_reschedulable(current: Saga) -> errors.DomainError:
+    def _not_reschedulable(current: Saga, slot_id: str) -> errors.DomainError:
         """Why START_RESCHEDULE wrote nothing (this read decides no race, only the message)."""
-        if current.slot_id == current.reschedule_slot_id:
-            return _same_slot(current.slot_id)
+        if current.slot_id == slot_id:
+            return _same_slot(slot_id)
         if current.state in domain.RESCHEDULE_STATES:
             return errors.FailedPrecondition(f"checkout {current.id} is being rescheduled already; wait for it",
                                              reason="reschedule-in-progress")
