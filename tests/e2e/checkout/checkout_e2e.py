@@ -320,16 +320,24 @@ BASE_ENV = {
 }
 
 
+# Ports are picked free (bind to 0, then let go) and another process on a busy shared machine may
+# take one before our process binds it: a stack that could not start for that is started again.
+PORT_TAKEN = "Address already in use"
+
+
 async def start_stack(pg, workdir, *, replicas: int = 1, **env) -> CheckoutStack:
-    suffix = uuid.uuid4().hex[:8]
-    dbs = {svc: with_database(pg.dsn, f"cuty_{svc}_co_{suffix}") for svc in ("booking", "codepool", "payments")}
-    full = {**BASE_ENV, **{f"CUTY_{svc.upper()}_DATABASE_URL": dsn for svc, dsn in dbs.items()}, **env}
-    stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full)
-    try:
-        await stack.start()
-    except BaseException:
-        await stack.stop()
-        raise
+    for attempt in range(3):
+        suffix = uuid.uuid4().hex[:8]
+        dbs = {svc: with_database(pg.dsn, f"cuty_{svc}_co_{suffix}") for svc in ("booking", "codepool", "payments")}
+        full = {**BASE_ENV, **{f"CUTY_{svc.upper()}_DATABASE_URL": dsn for svc, dsn in dbs.items()}, **env}
+        stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full)
+        try:
+            await stack.start()
+            break
+        except BaseException as exc:
+            await stack.stop()
+            if attempt == 2 or PORT_TAKEN not in str(exc):
+                raise
     pools = {svc: await asyncpg.create_pool(dsn, min_size=1, max_size=4) for svc, dsn in dbs.items()}
     return await CheckoutStack(stack, pools).open()
 
