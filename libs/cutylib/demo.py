@@ -174,9 +174,33 @@ async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) 
     return head, done
 
 
+async def reschedule(c: httpx.AsyncClient, secret: str, demo: dict, head: dict, done: dict) -> dict:
+    """Issue 12, item 2: the winner moves the booking to a dearer slot of the same salon an hour
+    later; the difference is charged with the card of the purchase, then the old slot is released."""
+    admin = _admin(secret, SALON_MERCHANT)
+    run = uuid.uuid4().hex[:6]
+    res = _ok(await c.post(f"/v1/salons/{demo['salon_id']}/resources", json={"name": f"Reschedule chair {run}"},
+                           headers=admin))
+    start = dt.datetime.combine(dt.datetime.now(ZoneInfo(ZONE)).date() + dt.timedelta(days=1), dt.time(11), ZoneInfo(ZONE))
+    dearer = {"currencyCode": PRICE["currencyCode"], "amountMinor": str(int(PRICE["amountMinor"]) + 2500)}
+    slot = _ok(await c.post(f"/v1/salons/{demo['salon_id']}/slots:batchCreate", headers=admin, json={"slots": [
+        {"resourceId": res["id"], "startTime": start.isoformat(), "endTime": (start + dt.timedelta(hours=1)).isoformat(),
+         "price": dearer}]}))["slots"][0]
+    print(f"\n1b) the winner reschedules booking {done['id']} from slot {done.get('slotId')} to slot {slot['id']} "
+          f"({slot.get('localStartTime', start.isoformat())}, {dearer['amountMinor']} {dearer['currencyCode']} minor units)")
+    out = _ok(await c.post(f"/v1/checkouts/{done['id']}:reschedule", json={"slotId": slot["id"]},
+                           headers={**head, "Idempotency-Key": uuid.uuid4().hex}))
+    moved = out.get("reschedule") or {}
+    diff = moved.get("difference") or {}
+    print(f"   {out['state']} on slot {out.get('slotId')} ({moved.get('status')}): difference {diff.get('amountMinor', '0')} "
+          f"{diff.get('currencyCode', '')} minor units charged (payment {moved.get('paymentId') or '-'}); the old slot "
+          f"is bookable again")
+    return out
+
+
 async def cancel_after_purchase(c: httpx.AsyncClient, head: dict, done: dict) -> None:
     """Issue 12: the winner cancels the completed booking; its salon's policy decides the refund."""
-    print(f"\n1b) the winner cancels booking {done['id']} (policy at purchase: free until "
+    print(f"\n1c) the winner cancels booking {done['id']} (policy at purchase: free until "
           f"{done.get('freeCancellationHours', 0)} h before the start, then a {done.get('cancellationFeePercent', 0)} % fee; "
           f"free until {done.get('freeCancellationDeadline', '-')})")
     out = _ok(await c.post(f"/v1/checkouts/{done['id']}:cancel", json={}, headers=head))
@@ -225,7 +249,9 @@ async def main_async() -> int:
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=httpx.Limits(max_connections=64)) as c:
         winner = await race(c, secret, demo)
         if winner is not None:
-            await cancel_after_purchase(c, *winner)
+            head, done = winner
+            moved = await reschedule(c, secret, demo, head, done)
+            await cancel_after_purchase(c, head, moved)
         checkout_id, payment_id = await buy_code(c, secret, demo)
         if payment_id:
             await timeline(c, secret, payment_id)

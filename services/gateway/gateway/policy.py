@@ -57,6 +57,10 @@ POLICY: dict[str, Access] = {
     # policy); the merchant's staff and admins cancel a completed booking with a full refund and a
     # reason (another merchant's: 404). The operator does not give a merchant's money back.
     "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER, STAFF, ADMIN)),
+    # Issue 12, item 2: the customer reschedules their own completed booking (until its free-cancellation
+    # deadline), the merchant's staff and admins any of theirs (another merchant's: 404); the operator
+    # does not move a merchant's bookings.
+    "cuty.payments.v1.CheckoutService.RescheduleCheckout": Access(_roles(CUSTOMER, STAFF, ADMIN), idempotency_key=True),
     # Issue 12: a customer's own checkouts; staff and admins their merchant's; the operator all (audited).
     "cuty.payments.v1.CheckoutService.ListCheckouts": Access(READERS | {CUSTOMER}),
     # Issue 12: live updates as Server-Sent Events, for whoever may GetCheckout it; the SSE

@@ -21,7 +21,7 @@ SAGAS_RETRIED_BY_OPERATOR = "cuty_checkout_sagas_retried_by_operator_total"
 
 # The saga states a checkout waits in (domain.TERMINAL's complement); the "stuck" gauges report each.
 NON_TERMINAL = ("PENDING", "HELD", "CHARGING", "AWAITING_ACTION", "CONFIRMING", "RELEASING", "REFUNDING",
-                "NEEDS_ATTENTION", "CANCELLING")
+                "NEEDS_ATTENTION", "CANCELLING", "RESCHEDULING", "RESCHEDULE_CONFIRMING", "RESCHEDULE_REVERTING")
 
 NON_TERMINAL_PAYMENTS = """
 SELECT count(*) FILTER (WHERE updated_at < clock_timestamp() - make_interval(secs => $1)) AS backlog,

@@ -105,6 +105,9 @@ STEP_OF_STATE = {
     "RELEASING": "cancel the PSP intent, then release the hold / reservation",
     "REFUNDING": "refund (PSP refund), then release the hold / reservation",
     "CANCELLING": "cancel after purchase: refund per the policy (PSP refund), then booking.CancelBooking",
+    "RESCHEDULING": "reschedule: booking.HoldSlot of the new slot, then the PSP charge of a price increase",
+    "RESCHEDULE_CONFIRMING": "reschedule: booking.ConfirmHold (new), booking.CancelBooking (old), refund a decrease",
+    "RESCHEDULE_REVERTING": "reschedule undone: cancel / refund the difference's payment, booking.ReleaseHold (new)",
 }
 _STEP_NOTE = re.compile(r"^(?P<step>[a-z_]+) (?P<ms>\d+(?:\.\d+)?)ms$")
 

@@ -122,6 +122,38 @@ class CheckoutStack:
         return await self.api(replica).CancelCheckout(pb.CancelCheckoutRequest(checkout_id=checkout_id),
                                                       metadata=md(customer), timeout=10)
 
+    async def reschedule(self, who: str, checkout_id: str, slot: str, *, method: str = "", key: str | None = None,
+                         role: str = "customer", replica: int = 0) -> pb.Checkout:
+        """Issue 12, item 2: RescheduleCheckout as `who` (a customer, or staff of the test merchant)."""
+        return await self.api(replica).RescheduleCheckout(
+            pb.RescheduleCheckoutRequest(checkout_id=checkout_id, slot_id=slot, payment_method=method),
+            metadata=md(who, key or str(uuid.uuid4()), role), timeout=10)
+
+    async def check_reschedules(self, checkout_ids: list[str]) -> dict[str, dict]:
+        """Issue 12, item 2's oracle over finished checkouts that were rescheduled (or tried to be):
+        never both lost, never both kept: the customer holds exactly one confirmed booking, the
+        checkout's, on its slot, and nothing else live; money consistent: what the PSP kept of all
+        the checkout's payments (charges minus refunds) is the booked slot's price, and each payment
+        attempt was charged once. Returns {checkout id: row}."""
+        ledger = await self.ledger()
+        assert all(n == 1 for n in ledger["charge_count_by_key"].values()), ledger["charge_count_by_key"]
+        out = {}
+        for cid in checkout_ids:
+            r = await self.db["payments"].fetchrow("SELECT * FROM checkouts WHERE id = $1", uuid.UUID(cid))
+            assert r["state"] == "COMPLETED", (cid, r["state"])
+            holds = await self.db["booking"].fetch(
+                "SELECT id::text, slot_id::text, status FROM holds WHERE customer_id = $1 AND (status = 'confirmed' "
+                "OR (status = 'held' AND expires_at > clock_timestamp()))", r["customer_id"])
+            assert [(h["id"], h["slot_id"], h["status"]) for h in holds] == [
+                (r["hold_id"], str(r["slot_id"]), "confirmed")], (cid, [dict(h) for h in holds])
+            intents = {x["psp_intent_id"] for x in await self.db["payments"].fetch(
+                "SELECT psp_intent_id FROM payments WHERE checkout_id = $1", uuid.UUID(cid))}
+            kept = sum(c["amount"] for c in ledger["charges"] if c["intent_id"] in intents) - sum(
+                x["amount"] for x in ledger["refunds"] if x["intent_id"] in intents and x["status"] == "succeeded")
+            assert kept == r["amount_minor"], (cid, "kept at the PSP", kept, "price", r["amount_minor"])
+            out[cid] = r
+        return out
+
     async def until(self, checkout_id: str, states=TERMINAL, timeout: float = 20, replica: int = 0) -> pb.Checkout:
         """Poll (as an internal caller) until the checkout is in one of `states`."""
         async def reached():
@@ -171,21 +203,26 @@ class CheckoutStack:
         announces, of its merchant. Returns how many events were checked."""
         def completed(kind):
             return {"checkout.completed": 1, "booking.confirmed" if kind == "booking" else "codes.delivered": 1}
-        want = {"COMPLETED": completed,
+        # Issue 12, item 2: a rescheduled booking has one booking.rescheduled per reschedule that
+        # succeeded (`reschedules`), whatever state it is in now; one under way has its COMPLETED events.
+        want = {"COMPLETED": completed, "RESCHEDULING": completed, "RESCHEDULE_CONFIRMING": completed,
+                "RESCHEDULE_REVERTING": completed,
                 "REFUNDED": lambda kind: {"checkout.refunded": 1},
                 # a completed booking cancelled after purchase keeps its COMPLETED events (while it
                 # cancels too), and has booking.cancelled once it is cancelled
                 "CANCELLING": completed,
                 "CANCELLED_AFTER_PURCHASE": lambda kind: {**completed(kind), "booking.cancelled": 1}}
         rows = await self.db["payments"].fetch(
-            "SELECT c.id, c.state, c.kind, "
+            "SELECT c.id, c.state, c.kind, c.reschedules, "
             "       COALESCE(jsonb_object_agg(e.type, e.n) FILTER (WHERE e.type IS NOT NULL), '{}') AS events "
             "FROM checkouts c LEFT JOIN (SELECT checkout_id, type, count(*) AS n FROM merchant_events "
             "                            GROUP BY checkout_id, type) e ON e.checkout_id = c.id "
-            "GROUP BY c.id, c.state, c.kind")
+            "GROUP BY c.id, c.state, c.kind, c.reschedules")
         for r in rows:
             events = r["events"] if isinstance(r["events"], dict) else json.loads(r["events"])
             expected = want[r["state"]](r["kind"]) if r["state"] in want else {}
+            if r["reschedules"]:
+                expected = {**expected, "booking.rescheduled": r["reschedules"]}
             assert events == expected, (str(r["id"]), r["state"], events)
         orphans = await self.db["payments"].fetch(
             "SELECT e.id, e.type, c.state FROM merchant_events e LEFT JOIN checkouts c "
@@ -194,7 +231,8 @@ class CheckoutStack:
             "WHERE CASE WHEN e.type = 'stock.low' THEN e.checkout_id IS NOT NULL ELSE "
             "c.id IS NULL OR NOT (c.state = ANY (CASE e.type WHEN 'checkout.refunded' THEN ARRAY['REFUNDED'] "
             "    WHEN 'booking.cancelled' THEN ARRAY['CANCELLED_AFTER_PURCHASE'] "
-            "    ELSE ARRAY['COMPLETED', 'CANCELLING', 'CANCELLED_AFTER_PURCHASE'] END)) END")
+            "    ELSE ARRAY['COMPLETED', 'CANCELLING', 'CANCELLED_AFTER_PURCHASE', 'RESCHEDULING', "
+            "               'RESCHEDULE_CONFIRMING', 'RESCHEDULE_REVERTING'] END)) END")
         assert not orphans, [dict(o) for o in orphans]
         return await self.db["payments"].fetchval("SELECT count(*) FROM merchant_events")
 
@@ -284,16 +322,24 @@ BASE_ENV = {
 }
 
 
+# Ports are picked free (bind to 0, then let go) and another process on a busy shared machine may
+# take one before our process binds it: a stack that could not start for that is started again.
+PORT_TAKEN = "Address already in use"
+
+
 async def start_stack(pg, workdir, *, replicas: int = 1, **env) -> CheckoutStack:
-    suffix = uuid.uuid4().hex[:8]
-    dbs = {svc: with_database(pg.dsn, f"cuty_{svc}_co_{suffix}") for svc in ("booking", "codepool", "payments")}
-    full = {**BASE_ENV, **{f"CUTY_{svc.upper()}_DATABASE_URL": dsn for svc, dsn in dbs.items()}, **env}
-    stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full)
-    try:
-        await stack.start()
-    except BaseException:
-        await stack.stop()
-        raise
+    for attempt in range(3):
+        suffix = uuid.uuid4().hex[:8]
+        dbs = {svc: with_database(pg.dsn, f"cuty_{svc}_co_{suffix}") for svc in ("booking", "codepool", "payments")}
+        full = {**BASE_ENV, **{f"CUTY_{svc.upper()}_DATABASE_URL": dsn for svc, dsn in dbs.items()}, **env}
+        stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full)
+        try:
+            await stack.start()
+            break
+        except BaseException as exc:
+            await stack.stop()
+            if attempt == 2 or PORT_TAKEN not in str(exc):
+                raise
     pools = {svc: await asyncpg.create_pool(dsn, min_size=1, max_size=4) for svc, dsn in dbs.items()}
     return await CheckoutStack(stack, pools).open()
 

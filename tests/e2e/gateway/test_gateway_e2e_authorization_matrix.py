@@ -75,6 +75,9 @@ MATRIX = {
     # they are refused (409 codes-delivered); another merchant's checkout does not exist for them.
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {**row(roles=("customer", "staff", "admin")),
                                                      "staff": (409, 404), "admin": (409, 404)},
+    # Issue 12, item 2: allowed, then refused by the saga (409 not-a-booking): the world's checkout
+    # bought codes; another merchant's checkout does not exist for its staff; the operator is refused.
+    ("POST", "/v1/checkouts/{checkout_id}:reschedule"): row(409, roles=("customer", "staff", "admin")),
     # Issue 12: Server-Sent Events; the world's COMPLETED checkout ends its stream after one event.
     ("GET", "/v1/checkouts/{checkout_id}:watch"): row(roles=("customer", "staff", "admin", "operator")),
     # Allowed, and then refused by the saga (409): the checkout does not need attention.
@@ -215,6 +218,9 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
     elif template.endswith(":cancel"):
         ids["checkout_id"] = await held_checkout(http, w, w.customer) if role == "customer" else w.checkout
         body = {} if role == "customer" else {"reason": "authorization matrix"}
+    elif template.endswith(":reschedule"):
+        body = {"slotId": str(uuid.uuid4())}
+        h.update(key)
     elif template.endswith(":retry") or template.endswith(":reveal"):
         body = {}
     elif template.endswith(":refund"):

@@ -166,6 +166,14 @@ class FakeBooking(Faults):
         self.leave(mode)
         return self._msg(h)
 
+    async def GetSlot(self, req, timeout=None):
+        """Issue 12, item 2: a reschedule checks the new slot's salon first."""
+        await self.enter("GetSlot")
+        if req.slot_id not in self.slots:
+            raise rpc_error(grpc.StatusCode.NOT_FOUND, f"slot {req.slot_id} not found")
+        return booking_pb2.Slot(id=req.slot_id, salon_id=self.salon_of.get(req.slot_id, FAKE_SALON),
+                                price=common_pb2.Money(currency_code="TRY", amount_minor=self.slots[req.slot_id]))
+
     async def GetHold(self, req, timeout=None):
         await self.enter("GetHold")
         return self._msg(self.holds[req.hold_id])

@@ -5,6 +5,7 @@ import pathlib
 import random
 import re
 import uuid
+from dataclasses import replace as dataclasses_replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -14,8 +15,8 @@ from payments.checkout import domain as d
 from payments.checkout.domain import Saga, Step
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
-# The migration that last replaced the transition trigger (0160: issue 12's cancel after purchase).
-ATTENTION_MIGRATION = pathlib.Path(__file__).resolve().parents[3] / "services/payments/migrations/0160_cancel_after_purchase.sql"
+# The migration that last replaced the transition trigger (0170: issue 12's reschedule).
+ATTENTION_MIGRATION = pathlib.Path(__file__).resolve().parents[3] / "services/payments/migrations/0170_reschedule.sql"
 
 
 def saga(state=d.HELD, **kw) -> Saga:
@@ -48,8 +49,8 @@ def test_transition_table_matches_the_database_trigger():
 def test_terminal_states_go_nowhere():
     for s in d.TERMINAL - {d.COMPLETED}:
         assert not d.TRANSITIONS[s]
-    # Issue 12: a completed purchase's one way on is a cancel after purchase.
-    assert d.TRANSITIONS[d.COMPLETED] == {d.CANCELLING}
+    # Issue 12: a completed purchase goes on only by a cancel after purchase or a reschedule.
+    assert d.TRANSITIONS[d.COMPLETED] == {d.CANCELLING, d.RESCHEDULING}
     assert not d.can_transition(d.COMPLETED, d.REFUNDING)
     assert d.can_transition(d.RELEASING, d.CONFIRMING)  # late capture
 
@@ -168,3 +169,60 @@ def test_a_payment_extends_the_hold_only_when_less_than_the_pay_window_is_left()
     assert d.next_step(paying, None, NOW) is Step.EXTEND  # no window given: always, as before
     assert d.next_step(saga(d.CHARGING, payment_key="k", expire_time=None), None, NOW,
                        pay_window_seconds=120) is Step.EXTEND  # expiry unknown: extend
+
+
+# -- reschedule (issue 12, item 2) --------------------------------------------------------------------
+
+def rescheduling(**kw) -> Saga:
+    base = dict(reschedule_seq=1, reschedule_status="in_progress", reschedule_slot_id=str(uuid.uuid4()),
+                reschedule_from_amount_minor=1000, payment_id=str(uuid.uuid4()))
+    base.update(kw)
+    return saga(d.RESCHEDULING, **base)
+
+
+def test_a_reschedule_holds_then_charges_a_price_increase_then_routes_on_that_payment():
+    assert d.next_step(rescheduling(), None, NOW) is Step.RESCHEDULE_HOLD
+    held = rescheduling(reschedule_hold_id="h2", reschedule_amount_minor=1500, reschedule_expire_time=NOW)
+    assert held.reschedule_difference == 500
+    assert d.next_step(held, None, NOW) is Step.RESCHEDULE_CHARGE
+    charged = dataclasses_replace(held, reschedule_payment_id=str(uuid.uuid4()))
+    assert d.next_step(charged, "processing", NOW) is Step.RESCHEDULE_OBSERVE
+    assert d.watched_payment_id(charged) == charged.reschedule_payment_id  # not the purchase's
+    assert d.next_step(dataclasses_replace(held, state=d.RESCHEDULE_CONFIRMING), None, NOW) is Step.RESCHEDULE_CONFIRM
+    assert d.next_step(dataclasses_replace(held, state=d.RESCHEDULE_REVERTING), None, NOW) is Step.RESCHEDULE_REVERT
+
+
+@pytest.mark.parametrize("status, expected", [
+    ("succeeded", d.RESCHEDULE_CONFIRMING), ("partially_refunded", d.RESCHEDULE_CONFIRMING),
+    ("failed", d.RESCHEDULE_REVERTING), ("canceled", d.RESCHEDULE_REVERTING),
+    ("requires_action", d.RESCHEDULE_REVERTING), ("processing", None), ("created", None)])
+def test_the_difference_payment_routes_the_reschedule(status, expected):
+    s = rescheduling(reschedule_hold_id="h2", reschedule_amount_minor=1500,
+                     reschedule_expire_time=NOW + timedelta(minutes=5), reschedule_payment_id=str(uuid.uuid4()))
+    move = d.route_reschedule_payment(s, status, NOW)
+    assert (move.state if move else None) == expected
+    # In flight past the new hold's expiry: undone (the new hold is no longer the customer's).
+    late = d.route_reschedule_payment(s, "processing", NOW + timedelta(minutes=6))
+    assert late.state == d.RESCHEDULE_REVERTING and late.reason == "hold-expired-unpaid"
+    assert d.wait_until(s) == s.reschedule_expire_time
+
+
+def test_reschedule_keys_differ_per_reschedule_and_step():
+    c = uuid.uuid4()
+    keys = {d.reschedule_key(c, n, step) for n in (1, 2) for step in ("hold", "payment", "refund", "revert-refund")}
+    assert len(keys) == 8 and d.reschedule_key(c, 1, "hold") == d.reschedule_key(str(c), 1, "hold")
+
+
+def test_every_reschedule_state_hands_a_failing_step_to_an_operator():
+    assert d.RESCHEDULE_STATES <= d.ATTENTION_STATES
+    for s in d.RESCHEDULE_STATES:
+        assert d.can_transition(s, d.NEEDS_ATTENTION) and d.can_transition(d.NEEDS_ATTENTION, s)
+
+
+def test_the_payment_method_of_a_price_increase():
+    s = saga(d.COMPLETED, payment_method="pm_card_ok")
+    assert d.reschedule_payment_method("", s) == "pm_card_ok"
+    assert d.reschedule_payment_method("pm_card_declined", s) == "pm_card_declined"
+    with pytest.raises(InvalidArgument) as e:
+        d.reschedule_payment_method("x" * 65, s)
+    assert e.value.field == "payment_method"

@@ -29,6 +29,7 @@ DESIGN_TABLE = {
     ("POST", "/v1/checkouts/{checkout_id}:pay"): {"customer"},
     ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff", "admin", "operator"},  # admin can do what staff can
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer", "staff", "admin"},  # issue 12: staff cancel
+    ("POST", "/v1/checkouts/{checkout_id}:reschedule"): {"customer", "staff", "admin"},  # issue 12, item 2
     ("GET", "/v1/checkouts"): {"customer", "staff", "admin", "operator"},  # issue 12: lists
     ("GET", "/v1/checkouts/{checkout_id}:watch"): {"customer", "staff", "admin", "operator"},  # issue 12: SSE
     ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # issue 10: retry of NEEDS_ATTENTION
@@ -52,9 +53,10 @@ def test_every_annotated_route_has_the_designed_policy(routes):
         assert served[key].roles == (None if roles is None else frozenset(roles)), key
 
 
-def test_idempotency_key_required_exactly_on_create_pay_and_refund(routes):
+def test_idempotency_key_required_exactly_on_create_pay_reschedule_and_refund(routes):
     need = {r.template.source for r in routes.values() if access_for(r.rpc).idempotency_key}
-    assert need == {"/v1/checkouts", "/v1/checkouts/{checkout_id}:pay", "/v1/payments/{payment_id}:refund"}
+    assert need == {"/v1/checkouts", "/v1/checkouts/{checkout_id}:pay", "/v1/payments/{payment_id}:refund",
+                    "/v1/checkouts/{checkout_id}:reschedule"}
 
 
 def test_unknown_rpc_is_denied_to_everyone():

@@ -38,6 +38,12 @@ NEEDS_ATTENTION = "NEEDS_ATTENTION"
 # Issue 12: a COMPLETED booking cancelled after purchase: refund per its policy, free the slot, end.
 CANCELLING = "CANCELLING"
 CANCELLED_AFTER_PURCHASE = "CANCELLED_AFTER_PURCHASE"
+# Issue 12, item 2: a COMPLETED booking moved to another slot (docs/checkout.md, "Reschedule"): the new
+# slot held (and a price increase charged), then confirmed and the old booking released; or undone.
+RESCHEDULING = "RESCHEDULING"
+RESCHEDULE_CONFIRMING = "RESCHEDULE_CONFIRMING"
+RESCHEDULE_REVERTING = "RESCHEDULE_REVERTING"
+RESCHEDULE_STATES = frozenset({RESCHEDULING, RESCHEDULE_CONFIRMING, RESCHEDULE_REVERTING})
 
 TERMINAL = frozenset({COMPLETED, REJECTED, FAILED, EXPIRED, CANCELLED, REFUNDED, CANCELLED_AFTER_PURCHASE})
 RELEASE_OUTCOMES = frozenset({FAILED, EXPIRED, CANCELLED})
@@ -52,17 +58,21 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RELEASING: frozenset({FAILED, EXPIRED, CANCELLED, CONFIRMING, REFUNDING, NEEDS_ATTENTION}),
     REFUNDING: frozenset({REFUNDED, NEEDS_ATTENTION}),
     # An operator's retry goes back to the state it left (checkouts.attention_from).
-    NEEDS_ATTENTION: frozenset({CONFIRMING, RELEASING, REFUNDING, CANCELLING}),
+    NEEDS_ATTENTION: frozenset({CONFIRMING, RELEASING, REFUNDING, CANCELLING, *RESCHEDULE_STATES}),
     CANCELLING: frozenset({CANCELLED_AFTER_PURCHASE, NEEDS_ATTENTION}),
+    RESCHEDULING: frozenset({RESCHEDULE_CONFIRMING, RESCHEDULE_REVERTING, COMPLETED, NEEDS_ATTENTION}),
+    RESCHEDULE_CONFIRMING: frozenset({COMPLETED, RESCHEDULE_REVERTING, NEEDS_ATTENTION}),
+    RESCHEDULE_REVERTING: frozenset({COMPLETED, NEEDS_ATTENTION}),
     **{s: frozenset() for s in TERMINAL},
     # Issue 12: a purchase is finished when COMPLETED; its one way on is a cancel after purchase
-    # (a booking's customer per its policy, or the merchant's staff), which starts a new saga leg.
-    COMPLETED: frozenset({CANCELLING}),
+    # (a booking's customer per its policy, or the merchant's staff), which starts a new saga leg,
+    # or a reschedule (item 2), which ends COMPLETED again (on the new slot, or unchanged).
+    COMPLETED: frozenset({CANCELLING, RESCHEDULING}),
 }
 
 # States whose step, failing too long, hands the saga to an operator (NEEDS_ATTENTION) instead of
 # retrying forever: the money is taken or the hold is going back, and only a person can decide.
-ATTENTION_STATES = frozenset({CONFIRMING, RELEASING, REFUNDING, CANCELLING})
+ATTENTION_STATES = frozenset({CONFIRMING, RELEASING, REFUNDING, CANCELLING, *RESCHEDULE_STATES})
 
 # The customer may cancel while nothing irrevocable is under way. CHARGING only once the payment
 # is known: before that the charge request may be on its way to the PSP and there is no intent to
@@ -121,6 +131,12 @@ def cancel_refund_key(checkout_id) -> str:
     return step_key(checkout_id, "cancel-refund")
 
 
+def reschedule_key(checkout_id, seq: int, step: str) -> str:
+    """Issue 12, item 2: the key of a step of the checkout's `seq`-th reschedule (hold, payment,
+    refund, revert-refund): repeated with the same key after a crash, distinct for the next reschedule."""
+    return step_key(checkout_id, f"reschedule:{seq}:{step}")
+
+
 def payment_ref(saga: "Saga") -> str | None:
     """What confirms the purchase at booking / the code pool: the payment, or for a free item
     (no payment, issue 10) the payment attempt key, equally stable across retries."""
@@ -170,6 +186,28 @@ class Saga:
     refund_amount_minor: int | None = None
     cancelled_by: str | None = None
     cancel_reason: str | None = None
+    # Issue 12, item 2: the reschedule under way (or the last one), see migration 0170.
+    reschedule_seq: int = 0
+    reschedules: int = 0
+    reschedule_status: str | None = None
+    reschedule_slot_id: str | None = None
+    reschedule_from_slot_id: str | None = None
+    reschedule_from_amount_minor: int | None = None  # what had been paid when it started
+    reschedule_hold_id: str | None = None
+    reschedule_amount_minor: int | None = None
+    reschedule_start_time: datetime | None = None
+    reschedule_expire_time: datetime | None = None
+    reschedule_payment_method: str | None = None
+    reschedule_payment_id: str | None = None
+    rescheduled_by: str | None = None
+    reschedule_failure: str = ""
+
+    @property
+    def reschedule_difference(self) -> int | None:
+        """The new slot's price minus what was paid (> 0 charged, < 0 refunded); None before the new hold."""
+        if self.reschedule_amount_minor is None:
+            return None
+        return self.reschedule_amount_minor - (self.reschedule_from_amount_minor or 0)
 
     @property
     def terminal(self) -> bool:
@@ -192,6 +230,17 @@ class Saga:
             cancellation_fee_percent=row.get("cancellation_fee_percent"), start_time=row.get("start_time"),
             refund_amount_minor=row.get("refund_amount_minor"), cancelled_by=row.get("cancelled_by"),
             cancel_reason=row.get("cancel_reason"),
+            reschedule_seq=row.get("reschedule_seq") or 0, reschedules=row.get("reschedules") or 0,
+            reschedule_status=row.get("reschedule_status"), reschedule_slot_id=s(row.get("reschedule_slot_id")),
+            reschedule_from_slot_id=s(row.get("reschedule_from_slot_id")),
+            reschedule_from_amount_minor=row.get("reschedule_from_amount_minor"),
+            reschedule_hold_id=row.get("reschedule_hold_id"),
+            reschedule_amount_minor=row.get("reschedule_amount_minor"),
+            reschedule_start_time=row.get("reschedule_start_time"),
+            reschedule_expire_time=row.get("reschedule_expire_time"),
+            reschedule_payment_method=row.get("reschedule_payment_method"),
+            reschedule_payment_id=s(row.get("reschedule_payment_id")), rescheduled_by=row.get("rescheduled_by"),
+            reschedule_failure=row.get("reschedule_failure") or "",
         )
 
     @property
@@ -214,6 +263,12 @@ class Step(enum.Enum):
     RELEASE = "release"                # booking.ReleaseHold | codepool.ReleaseReservation
     REFUND = "refund"                  # core.refund, then release
     CANCEL_PURCHASE = "cancel_purchase"  # issue 12: core.issue_refund (the policy's amount), then booking.CancelBooking
+    # Issue 12, item 2 (reschedule):
+    RESCHEDULE_HOLD = "reschedule_hold"        # booking.HoldSlot of the new slot
+    RESCHEDULE_CHARGE = "reschedule_charge"    # core.create_and_charge of a price increase
+    RESCHEDULE_OBSERVE = "reschedule_observe"  # route on the difference's payment
+    RESCHEDULE_CONFIRM = "reschedule_confirm"  # ConfirmHold (new), CancelBooking (old), refund a decrease
+    RESCHEDULE_REVERT = "reschedule_revert"    # cancel / refund the difference, release the new hold
     EXPIRE = "expire"                  # a local transition: the hold ran out unpaid
     LATE_CAPTURE = "late_capture"      # a local transition: RELEASING, but the money arrived
     WAIT = "wait"                      # nothing to do until next_run_at / a wake-up
@@ -265,6 +320,16 @@ def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_secon
         return Step.REFUND
     if st == CANCELLING:
         return Step.CANCEL_PURCHASE
+    if st == RESCHEDULING:
+        if saga.reschedule_hold_id is None:
+            return Step.RESCHEDULE_HOLD
+        if saga.reschedule_payment_id is None:
+            return Step.RESCHEDULE_CHARGE
+        return Step.RESCHEDULE_OBSERVE
+    if st == RESCHEDULE_CONFIRMING:
+        return Step.RESCHEDULE_CONFIRM
+    if st == RESCHEDULE_REVERTING:
+        return Step.RESCHEDULE_REVERT
     return Step.WAIT
 
 
@@ -294,6 +359,22 @@ def route_payment(saga: Saga, payment_status: str, now: datetime, grace_seconds:
     return None if saga.state == CHARGING else Move(CHARGING)
 
 
+def route_reschedule_payment(saga: Saga, payment_status: str | None, now: datetime) -> Move | None:
+    """RESCHEDULING with the difference's payment: captured -> confirm; declined, or asking for
+    3-D Secure (the difference is charged without the customer at hand) -> undo; still in flight ->
+    wait for its webhook / reconciliation (a wake-up), but not past the new hold's expiry."""
+    payment_status = _captured_as_succeeded(payment_status)
+    if payment_status == P_SUCCEEDED:
+        return Move(RESCHEDULE_CONFIRMING)
+    if payment_status in (P_FAILED, P_CANCELED, P_REFUNDED):
+        return Move(RESCHEDULE_REVERTING, reason="payment-" + payment_status)
+    if payment_status == P_REQUIRES_ACTION:
+        return Move(RESCHEDULE_REVERTING, reason="payment-requires-action")
+    if saga.reschedule_expire_time is not None and now >= saga.reschedule_expire_time:
+        return Move(RESCHEDULE_REVERTING, reason="hold-expired-unpaid")
+    return None
+
+
 def late_capture(saga: Saga) -> Move:
     """RELEASING, but the money arrived. A cancelled checkout is refunded (the buyer changed their
     mind); an expired one tries to confirm (ConfirmHold re-holds a still-free slot, DeliverCodes
@@ -307,7 +388,17 @@ def wait_until(saga: Saga, grace_seconds: float = 0.0) -> datetime | None:
     """When a waiting saga should be looked at again without any wake-up: its hold's expiry."""
     if saga.state in (HELD, CHARGING, AWAITING_ACTION) and saga.expire_time is not None:
         return saga.expire_time + timedelta(seconds=grace_seconds)
+    if saga.state == RESCHEDULING and saga.reschedule_expire_time is not None:
+        return saga.reschedule_expire_time
     return None
+
+
+def watched_payment_id(saga: Saga) -> str | None:
+    """The payment whose status the current step routes on: a reschedule's difference while it is
+    charged or undone, else the purchase's."""
+    if saga.state in (RESCHEDULING, RESCHEDULE_REVERTING):
+        return saga.reschedule_payment_id
+    return saga.payment_id
 
 
 # -- cancel after purchase (issue 12) ----------------------------------------------------------------
@@ -333,6 +424,17 @@ def cancel_reason(reason: str) -> str:
         raise InvalidArgument("reason", f"reason must be 1..{MAX_CANCEL_REASON} printable characters when staff "
                                         f"cancel a booking, got {reason!r}")
     return reason
+
+
+# -- reschedule (issue 12, item 2) ------------------------------------------------------------------
+
+def reschedule_payment_method(requested: str, saga: Saga) -> str | None:
+    """The card that pays a price increase: the request's, else the purchase's own (None: none)."""
+    if requested:
+        if len(requested) > 64 or not requested.isprintable():
+            raise InvalidArgument("payment_method", f"payment_method must be 1..64 printable characters, got {requested!r}")
+        return requested
+    return saga.payment_method
 
 
 # -- retries --------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ class Engine:
                     learned = _merge(learned, repo.Fields(payment_id=found.id))
                     saga = dataclasses.replace(saga, payment_id=found.id)
                     payment = found
-            if payment is None or payment.id != saga.payment_id:
+            if payment is None or payment.id != domain.watched_payment_id(saga):
                 payment = await self._payment(saga, payment)
             status = payment.status if payment is not None else None
             step = domain.next_step(saga, status, saga.read_at, self.options.expiry_grace_seconds,
@@ -145,10 +145,15 @@ class Engine:
         return saga, payment
 
     def _waits(self, step: Step, saga: Saga, status: str | None) -> bool:
+        if step is Step.RESCHEDULE_OBSERVE:
+            return domain.route_reschedule_payment(saga, status, saga.read_at) is None
         return step is Step.WAIT or (step is Step.OBSERVE and domain.route_payment(
             saga, status, saga.read_at, self.options.expiry_grace_seconds) is None)
 
     async def _payment(self, saga: Saga, current):
+        if saga.state in (domain.RESCHEDULING, domain.RESCHEDULE_REVERTING):
+            # A reschedule routes on its difference's payment (issue 12, item 2), when there is one.
+            return await self.core.get(saga.reschedule_payment_id) if saga.reschedule_payment_id else None
         if saga.payment_id is None or saga.state not in (
                 domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING, domain.REFUNDING):
             return current

@@ -27,7 +27,7 @@ STREAM_OPEN = ("cuty-stream", "open")
 # Which service may call each RPC (its certificate's identity): checkouts are the gateway's; an
 # operator's retry also comes from the payments service's own tooling.
 CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout": {GATEWAY},
-           "CancelCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY},
+           "CancelCheckout": {GATEWAY}, "RescheduleCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY},
            "WatchCheckout": {GATEWAY}}
 # Who may put a NEEDS_ATTENTION checkout back to work (issue 10, item 8).
 OPERATOR_ROLES = ("operator", "admin", "system")
@@ -102,6 +102,18 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
             return await self.service.cancel_by_staff(caller, request.checkout_id, request.reason)
         customer = caller.require_subject()
         return await self.service.cancel(customer, request.checkout_id)
+
+    async def RescheduleCheckout(self, request: checkout_pb2.RescheduleCheckoutRequest,
+                                 context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        caller = principal.current()
+        # The platform's operator looks, never changes a merchant's bookings.
+        caller.require_role("customer", "staff", "admin")
+        caller.require_subject()
+        try:
+            return await self.service.reschedule(caller, request.checkout_id, request.slot_id, request.payment_method,
+                                                 _key(context))
+        except Replay as r:
+            return await _replay(context, r)
 
     async def ListCheckouts(self, request: checkout_pb2.ListCheckoutsRequest,
                             context: grpc.aio.ServicerContext) -> checkout_pb2.ListCheckoutsResponse:

@@ -170,19 +170,33 @@ class IdempotencyStore:
             row = await self.pool.fetchrow(EXISTING, customer, operation, key)
             if row is None:
                 continue
-            if bytes(row["request_hash"]) != req_hash:
-                raise errors.InvalidArgument(
-                    "idempotency-key", f"Idempotency-Key {key!r} was already used with a different {operation} "
-                                       "request", reason="idempotency-key-reused")
-            if row["state"] == "done":
-                raise Replay(bytes(row["response"]), row["response_is_error"])
+            _answer_of(row, operation, key, req_hash)
             raise errors.Aborted(f"a {operation} request with Idempotency-Key {key!r} is still running; "
                                  "retry shortly", reason="idempotency-key-in-flight")
         raise errors.Aborted(f"Idempotency-Key {key!r} is contended; retry", reason="idempotency-key-in-flight")
 
+    async def replay_if_answered(self, customer: str, operation: str, key: str, req_hash: bytes) -> None:
+        """Raise Replay when `key` already has its answer (or the reuse error for another request).
+        A request whose checks read other services before its first write (RescheduleCheckout) asks
+        this first, so a replay gets the first answer even where the checks would now refuse."""
+        if key:
+            row = await self.pool.fetchrow(EXISTING, customer, operation, key)
+            if row is not None:
+                _answer_of(row, operation, key, req_hash)
+
     async def purge_expired(self, limit: int = 500) -> int:
         done = await self.pool.execute(PURGE_EXPIRED, limit)
         return int(done.split()[-1])
+
+
+def _answer_of(row, operation: str, key: str, req_hash: bytes) -> None:
+    """The key's row seen by a request: another request's key is refused; an answered one replays."""
+    if bytes(row["request_hash"]) != req_hash:
+        raise errors.InvalidArgument(
+            "idempotency-key", f"Idempotency-Key {key!r} was already used with a different {operation} "
+                               "request", reason="idempotency-key-reused")
+    if row["state"] == "done":
+        raise Replay(bytes(row["response"]), row["response_is_error"])
 
 
 @functools.cache

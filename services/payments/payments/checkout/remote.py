@@ -149,8 +149,11 @@ class BookingHolds:
         self.stub = stub
 
     async def hold(self, saga: Saga) -> Held:
-        req = booking_pb2.HoldSlotRequest(slot_id=saga.slot_id, customer_id=saga.customer_id,
-                                          request_id=domain.hold_request_id(saga.id))
+        return await self.hold_slot(saga.slot_id, saga.customer_id, domain.hold_request_id(saga.id))
+
+    async def hold_slot(self, slot_id: str, customer_id: str, request_id: str) -> Held:
+        """booking.HoldSlot, idempotent on `request_id` (a purchase's hold, or a reschedule's new one)."""
+        req = booking_pb2.HoldSlotRequest(slot_id=slot_id, customer_id=customer_id, request_id=request_id)
         try:
             with _as_system():
                 h = await self.stub.HoldSlot(req)
@@ -159,7 +162,7 @@ class BookingHolds:
                 raise _retryable(e, "booking.HoldSlot") from None
             if e.code() == grpc.StatusCode.ALREADY_EXISTS:
                 detail = unpack_detail(e, booking_pb2.SlotUnavailable) or booking_pb2.SlotUnavailable(
-                    slot_id=saga.slot_id)
+                    slot_id=slot_id)
                 raise Rejected(errors.AlreadyExists(e.details() or "the slot is taken", reason="slot-unavailable",
                                                     detail=detail)) from None
             raise _refused(e) from None
@@ -190,17 +193,28 @@ class BookingHolds:
             raise
         return from_timestamp(h.expire_time) if h.status == booking_pb2.HOLD_STATUS_HELD else None
 
-    async def confirm(self, saga: Saga) -> None:
+    async def confirm(self, saga: Saga, hold_id: str | None = None) -> None:
         # payment_ref = the payment id: ConfirmHold is idempotent on it, and re-acquires an
-        # expired hold whose time is still free.
-        req = booking_pb2.ConfirmHoldRequest(hold_id=saga.hold_id, payment_ref=domain.payment_ref(saga))
+        # expired hold whose time is still free. `hold_id`: a reschedule's new hold (issue 12),
+        # confirmed with the purchase's payment ref too, so a later cancel finds it the same way.
+        req = booking_pb2.ConfirmHoldRequest(hold_id=hold_id or saga.hold_id, payment_ref=domain.payment_ref(saga))
         await _confirm(lambda: self.stub.ConfirmHold(req), "booking.ConfirmHold",
                        frozenset({grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS,
                                   grpc.StatusCode.NOT_FOUND}))
 
-    async def release(self, saga: Saga) -> None:
-        req = booking_pb2.ReleaseHoldRequest(hold_id=saga.hold_id)
+    async def release(self, saga: Saga, hold_id: str | None = None) -> None:
+        req = booking_pb2.ReleaseHoldRequest(hold_id=hold_id or saga.hold_id)
         await _release(lambda: self.stub.ReleaseHold(req), "booking.ReleaseHold", saga)
+
+    async def get_slot(self, slot_id: str) -> booking_pb2.Slot:
+        """A slot as booking has it (a reschedule checks the target's salon before anything is held)."""
+        try:
+            with _as_system():
+                return await self.stub.GetSlot(booking_pb2.GetSlotRequest(slot_id=slot_id))
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise errors.Unavailable("booking is unavailable; retry") from None
+            raise _refused(e).error from None
 
     async def cancel_booking(self, saga: Saga) -> None:
         """Issue 12: the confirmed booking cancelled after purchase (its time bookable again);

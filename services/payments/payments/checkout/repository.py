@@ -19,7 +19,8 @@ import asyncpg
 from cutylib import tenancy
 from cutylib.telemetry import current_trace_id, current_traceparent
 
-from .domain import DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS, Saga
+from .domain import (COMPLETED, DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS,
+                     RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, Saga)
 
 # NOTIFY channel of wake-ups; the payments trigger (migration 0103) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
@@ -32,6 +33,7 @@ _TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUND
 _IDLE = ("('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE', "
          "'NEEDS_ATTENTION')")
 _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
+_RESCHEDULE = "('RESCHEDULING', 'RESCHEDULE_CONFIRMING', 'RESCHEDULE_REVERTING')"
 
 # CreateCheckout's first write, the PENDING row with the request's saga lease, as part of its
 # Idempotency-Key's statement (idempotency.begin_with): the checkout id is the key's resource id,
@@ -113,7 +115,15 @@ WITH upd AS (
         free_cancellation_hours = COALESCE(free_cancellation_hours, $20::int),
         cancellation_fee_percent = COALESCE(cancellation_fee_percent, $21::int),
         start_time = COALESCE(start_time, $22::timestamptz),
-        failure_reason = CASE WHEN $12 = '' THEN failure_reason ELSE $12 END,
+        -- issue 12, item 2: what a reschedule's steps learn (START_RESCHEDULE reset them); its
+        -- failure is the reschedule's, never the purchase's failure_reason
+        reschedule_hold_id = COALESCE($23, reschedule_hold_id),
+        reschedule_amount_minor = COALESCE($24::bigint, reschedule_amount_minor),
+        reschedule_start_time = COALESCE($25::timestamptz, reschedule_start_time),
+        reschedule_expire_time = COALESCE($26::timestamptz, reschedule_expire_time),
+        reschedule_payment_id = COALESCE(reschedule_payment_id, $27::uuid),
+        reschedule_failure = CASE WHEN $12 <> '' AND $13 IN {_RESCHEDULE} THEN $12 ELSE reschedule_failure END,
+        failure_reason = CASE WHEN $12 = '' OR $13 IN {_RESCHEDULE} THEN failure_reason ELSE $12 END,
         attempts = 0, last_error = '', failing_since = NULL, updated_at = clock_timestamp(),
         -- Terminal: nothing left to do. $16: the saga waits now, so give the lease back and sleep
         -- until $17, unless a wake-up came during the step (SET sees the old `wakeup`): then keep
@@ -195,7 +205,10 @@ WITH upd AS (
                  THEN COALESCE(c.amount_minor, 0)
                  ELSE COALESCE(c.amount_minor, 0)
                       * (100 - COALESCE(c.cancellation_fee_percent, {DEFAULT_FEE_PERCENT})) / 100 END,
-            COALESCE((SELECT p.amount_minor - p.refunded_minor FROM payments p WHERE p.id = c.payment_id), 0)),
+            -- what is left of every captured payment of the checkout: the purchase's and the price
+            -- increases of its reschedules (issue 12, item 2)
+            COALESCE((SELECT sum(p.amount_minor - p.refunded_minor) FROM payments p
+                      WHERE p.checkout_id = c.id AND p.status IN ('succeeded', 'partially_refunded', 'refunded')), 0)),
         cancelled_by = $8, cancel_reason = $9,
         failure_reason = CASE WHEN $2::text IS NULL THEN 'cancelled-by-staff' ELSE 'cancelled-by-customer' END,
         lease_owner = $4,
@@ -215,6 +228,83 @@ WITH upd AS (
     FROM upd
 )
 SELECT * FROM upd
+"""
+
+# Issue 12, item 2: COMPLETED -> RESCHEDULING, the request's first write, as part of its
+# Idempotency-Key's statement (idempotency.begin_with: only when the key was taken). A new reschedule
+# number (its steps' keys carry it), the target slot, the old slot and hold remembered, the facts of
+# the last reschedule cleared. $13: the customer (their own booking, until its free-cancellation
+# cutoff, database clock), NULL for staff; $14: the staff's merchant (NULL: any). Writes nothing
+# otherwise (the caller reads why). One reschedule at a time: it starts from COMPLETED only.
+START_RESCHEDULE = f"""
+first AS (
+    UPDATE checkouts c SET
+        state = 'RESCHEDULING', version = c.version + 1,
+        reschedule_seq = c.reschedule_seq + 1, reschedule_status = 'in_progress',
+        reschedule_slot_id = $9::uuid, reschedule_from_slot_id = c.slot_id, reschedule_from_hold_id = c.hold_id,
+        reschedule_from_amount_minor = c.amount_minor,
+        reschedule_hold_id = NULL, reschedule_amount_minor = NULL, reschedule_start_time = NULL,
+        reschedule_expire_time = NULL, reschedule_payment_id = NULL, reschedule_payment_method = $10::text,
+        rescheduled_by = $11::text, reschedule_failure = '',
+        lease_owner = $12::text,
+        lease_until = clock_timestamp() + make_interval(secs => $15::float8),
+        next_run_at = clock_timestamp() + make_interval(secs => $15::float8),
+        wakeup = false, attempts = 0, last_error = '', failing_since = NULL, updated_at = clock_timestamp()
+    WHERE c.id = $8::uuid AND c.state = 'COMPLETED' AND c.kind = 'booking' AND c.slot_id <> $9::uuid
+      AND ($13::text IS NULL OR (c.customer_id = $13::text AND clock_timestamp() < c.start_time
+               - make_interval(hours => COALESCE(c.free_cancellation_hours, {DEFAULT_FREE_CANCELLATION_HOURS}))))
+      AND ($14::text IS NULL OR c.merchant_id = $14::text)
+      AND EXISTS (SELECT 1 FROM began)
+    {_RETURNING}
+), first_ev AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT payment_id, id, 'saga', 'COMPLETED', state, version, $16::text,
+           'reschedule #' || reschedule_seq || ' by ' || rescheduled_by || ': slot ' || slot_id || ' -> '
+           || reschedule_slot_id, merchant_id
+    FROM first
+)
+"""
+
+# The end of a reschedule, back to COMPLETED. $4 true (from RESCHEDULE_CONFIRMING): the new slot,
+# hold, price and start become the booking's (SET reads the old row: the old ones were remembered
+# by START_RESCHEDULE) and the outbox trigger writes booking.rescheduled; false: undone, nothing of
+# the booking changes, the reschedule's failure recorded ($5, when given). Fenced like TRANSITION.
+END_RESCHEDULE = f"""
+WITH upd AS (
+    UPDATE checkouts SET
+        state = 'COMPLETED', version = version + 1,
+        slot_id = CASE WHEN $4 THEN reschedule_slot_id ELSE slot_id END,
+        hold_id = CASE WHEN $4 THEN reschedule_hold_id ELSE hold_id END,
+        amount_minor = CASE WHEN $4 THEN reschedule_amount_minor ELSE amount_minor END,
+        start_time = CASE WHEN $4 THEN reschedule_start_time ELSE start_time END,
+        expire_time = CASE WHEN $4 THEN reschedule_expire_time ELSE expire_time END,
+        reschedules = reschedules + CASE WHEN $4 THEN 1 ELSE 0 END,
+        reschedule_status = CASE WHEN $4 THEN 'rescheduled' ELSE 'reverted' END,
+        reschedule_failure = CASE WHEN $5 = '' THEN reschedule_failure ELSE $5 END,
+        attempts = 0, last_error = '', failing_since = NULL, updated_at = clock_timestamp(),
+        next_run_at = NULL, lease_owner = NULL, lease_until = NULL, wakeup = false
+    WHERE id = $1 AND version = $2 AND lease_owner = $3
+    {_RETURNING}
+), ev AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT payment_id, id, 'saga', $6, state, version, $7, $8, merchant_id FROM upd
+)
+SELECT * FROM upd
+"""
+
+# A cancel after purchase refunds across the checkout's captured payments (issue 12, item 2: a
+# reschedule to a dearer slot charged a second one): the purchase's first, then by time; what is
+# left of each, and what an earlier attempt of this cancel asked of it ($2: the purchase's refund
+# key; $3: the prefix of the others', completed by the payment id).
+CAPTURED_PAYMENTS = """
+SELECT p.id::text AS id, p.amount_minor - p.refunded_minor AS left_minor, r.requested_minor AS asked_minor
+FROM payments p
+LEFT JOIN refunds r ON r.merchant_id = p.merchant_id AND r.payment_id = p.id
+     AND r.key = CASE WHEN p.id = $4::uuid THEN $2::text ELSE $3::text || p.id::text END
+WHERE p.checkout_id = $1 AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+ORDER BY p.id = $4::uuid DESC, p.created_at, p.id
 """
 
 # Workers claim due sagas: SKIP LOCKED so replicas never wait on or double-claim a row; the lease
@@ -279,7 +369,8 @@ WHERE id = $1 AND lease_owner = $2 AND state NOT IN {_IDLE}
 RETRY_LATER = """
 WITH g AS (
     SELECT id, state AS from_state,
-           state IN ('CONFIRMING', 'RELEASING', 'REFUNDING', 'CANCELLING')
+           state IN ('CONFIRMING', 'RELEASING', 'REFUNDING', 'CANCELLING', 'RESCHEDULING', 'RESCHEDULE_CONFIRMING',
+                     'RESCHEDULE_REVERTING')
            AND (attempts + 1 >= $5
                 OR COALESCE(failing_since, clock_timestamp()) <= clock_timestamp() - make_interval(secs => $6::float8))
            AS give_up
@@ -395,6 +486,12 @@ class Fields:
     free_cancellation_hours: int | None = None
     cancellation_fee_percent: int | None = None
     start_time: object | None = None
+    # What a reschedule's steps learn (issue 12, item 2).
+    reschedule_hold_id: str | None = None
+    reschedule_amount_minor: int | None = None
+    reschedule_start_time: object | None = None
+    reschedule_expire_time: object | None = None
+    reschedule_payment_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -419,6 +516,13 @@ def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, o
                    lease_seconds: float) -> tuple[str, tuple]:
     """PayCheckout's first write, for IdempotencyStore.run(first=...)."""
     return START_CHARGING, (checkout_id, payment_key, payment_method, owner, lease_seconds, current_trace_id())
+
+
+def start_reschedule(*, checkout_id: str, slot_id: str, payment_method: str | None, who: str, owner: str,
+                     customer: str | None, merchant: str | None, lease_seconds: float) -> tuple[str, tuple]:
+    """RescheduleCheckout's first write (issue 12, item 2), for IdempotencyStore.run(first=...)."""
+    return START_RESCHEDULE, (checkout_id, slot_id, payment_method, who, owner, customer, merchant, lease_seconds,
+                              current_trace_id())
 
 
 def saga_of_first(row) -> Saga | None:
@@ -446,12 +550,19 @@ class Sagas:
                          release: bool = False, wake_at=None) -> Saga | None:
         """The new row, or None when fenced (another actor moved the saga or took the lease).
         `release`: give the lease back, due again at `wake_at` (the row's lease_owner then says
-        whether it was given back or kept because a wake-up arrived)."""
+        whether it was given back or kept because a wake-up arrived). A reschedule's way back to
+        COMPLETED is END_RESCHEDULE (issue 12, item 2)."""
+        if saga.state in RESCHEDULE_STATES and state == COMPLETED:
+            return saga_of(await self.db.fetchrow(
+                END_RESCHEDULE, saga.id, saga.version, owner, saga.state == RESCHEDULE_CONFIRMING,
+                fields.failure_reason, saga.state, current_trace_id(), note))
         return saga_of(await self.db.fetchrow(
             TRANSITION, saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
             fields.currency, fields.expire_time, fields.extended, fields.payment_id, fields.failure_reason,
             saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id, fields.salon_id,
-            fields.free_cancellation_hours, fields.cancellation_fee_percent, fields.start_time))
+            fields.free_cancellation_hours, fields.cancellation_fee_percent, fields.start_time,
+            fields.reschedule_hold_id, fields.reschedule_amount_minor, fields.reschedule_start_time,
+            fields.reschedule_expire_time, fields.reschedule_payment_id))
 
     async def start_cancel(self, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
         return saga_of(await self.db.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,
@@ -463,6 +574,13 @@ class Sagas:
         """COMPLETED -> CANCELLING (issue 12), None when refused or the row moved since `saga` was read."""
         return saga_of(await self.db.fetchrow(START_CANCEL_AFTER_PURCHASE, saga.id, customer, merchant, owner,
                                               lease_seconds, saga.version, current_trace_id(), who, reason))
+
+    async def captured_payments(self, saga: Saga, purchase_key: str, other_key_prefix: str) -> list:
+        """(payment id, what is left of it, what this cancel asked of it before or None), the
+        purchase's payment first (CAPTURED_PAYMENTS)."""
+        rows = await self.db.fetch(CAPTURED_PAYMENTS, saga.id, purchase_key, other_key_prefix,
+                                   saga.payment_id or "00000000-0000-0000-0000-000000000000")
+        return [(r["id"], r["left_minor"], r["asked_minor"]) for r in rows]
 
     async def claim_due(self, worker_id: str, limit: int, lease_seconds: float) -> list[Saga]:
         return [Saga.from_row(r) for r in await self.db.fetch(CLAIM_DUE, worker_id, limit, lease_seconds)]

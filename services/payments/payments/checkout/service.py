@@ -40,6 +40,10 @@ def _cancelled_after_purchase(saga: Saga) -> bool:
     return saga.refund_amount_minor is not None
 
 
+def _same_slot(slot_id: str) -> errors.InvalidArgument:
+    return errors.InvalidArgument("slot_id", f"slot_id must be another slot than the booking's own, got {slot_id}")
+
+
 def new_owner(kind: str) -> str:
     """A lease owner token: unique per request, so two requests never mistake each other's lease."""
     return f"{kind}:{secrets.token_hex(8)}"
@@ -273,6 +277,81 @@ class CheckoutService:
         raise errors.FailedPrecondition(
             f"only a COMPLETED booking is cancelled after purchase; checkout {current.id} is {current.state}",
             reason="checkout-not-cancellable")
+
+    # -- RescheduleCheckout (issue 12, item 2) ------------------------------------------------------
+    async def reschedule(self, caller: Principal, checkout_id: str, slot_id: str, payment_method: str,
+                         key: str) -> checkout_pb2.Checkout:
+        """Move a COMPLETED booking to another slot of its salon: its customer until the booking's
+        free-cancellation cutoff, staff and admins of its merchant at any time (another's: NOT_FOUND).
+        The first write (COMPLETED -> RESCHEDULING) is the Idempotency-Key's own statement; the steps
+        are the engine's, driven here and, after a crash, by any worker."""
+        checkout_id = canonical_uuid("checkout_id", checkout_id)
+        slot_id = canonical_uuid("slot_id", slot_id)
+        h = request_hash("reschedule", checkout_id, slot_id, payment_method)
+        await self.keys.replay_if_answered(caller.require_subject(), "reschedule", key, h)
+        current = await self.seen(caller, checkout_id)
+        staff = caller.role in STAFF_ROLES
+        if current.kind != domain.BOOKING:
+            raise errors.FailedPrecondition(f"checkout {checkout_id} bought codes; only a booking is rescheduled",
+                                            reason="not-a-booking")
+        if current.slot_id == slot_id and current.reschedule_slot_id != slot_id:
+            # (A retry of the request that moved it there is answered by its key, below.)
+            raise _same_slot(slot_id)
+        # Checked before anything is held (a slot never changes salon): the same salon and currency.
+        slot = await self.holds.booking.get_slot(slot_id)
+        if slot.salon_id != (current.salon_id or "") or slot.price.currency_code != (current.currency or ""):
+            raise errors.InvalidArgument("slot_id", f"slot_id must be a slot of the booking's salon {current.salon_id} "
+                                                    f"in {current.currency}, got a slot of salon {slot.salon_id}")
+        method = domain.reschedule_payment_method(payment_method, current)
+        if method is None and slot.price.amount_minor > (current.amount_minor or 0):
+            raise errors.InvalidArgument("payment_method", "the new slot costs more and the booking was free: "
+                                                           "payment_method is required to pay the difference")
+        who = f"{caller.role}:{caller.subject}"
+        owner = new_owner("reschedule")
+        first = repo.start_reschedule(checkout_id=checkout_id, slot_id=slot_id, payment_method=method, who=who,
+                                      owner=owner, customer=None if staff else caller.subject,
+                                      merchant=tenancy.merchant_filter(caller) if staff else None,
+                                      lease_seconds=self.lease_seconds)
+        return await self.keys.run(
+            caller.require_subject(), "reschedule", key, h, first,
+            lambda _id, resumed, row: self._reschedule(caller, checkout_id, slot_id, resumed, owner, row),
+            stored_form=views.without_secrets)
+
+    async def _reschedule(self, caller: Principal, checkout_id: str, slot_id: str, resumed: bool, owner: str,
+                          row) -> checkout_pb2.Checkout:
+        set_span_attributes(checkout_id=checkout_id)
+        saga = repo.saga_of_first(row)
+        if saga is None:
+            current = await self.seen(caller, checkout_id)
+            if resumed and current.reschedule_slot_id == slot_id and current.reschedule_status is not None:
+                # The retry of a reschedule whose process died: a worker carried it on.
+                return await self.view_for(caller, current)
+            raise self._not_reschedulable(current, slot_id)
+        try:
+            saga, _ = await self.engine.drive(saga, owner)
+        except Rejected as rej:
+            rej.error.recorded = True  # the reschedule was tried and undone: a replay says so again
+            raise rej.error from None
+        return await self.view_for(caller, saga)
+
+    @staticmethod
+    def _not_reschedulable(current: Saga, slot_id: str) -> errors.DomainError:
+        """Why START_RESCHEDULE wrote nothing (this read decides no race, only the message)."""
+        if current.slot_id == slot_id:
+            return _same_slot(slot_id)
+        if current.state in domain.RESCHEDULE_STATES:
+            return errors.FailedPrecondition(f"checkout {current.id} is being rescheduled already; wait for it",
+                                             reason="reschedule-in-progress")
+        if current.state != domain.COMPLETED:
+            return errors.FailedPrecondition(f"only a COMPLETED booking is rescheduled; checkout {current.id} is "
+                                             f"{current.state}", reason="checkout-not-reschedulable")
+        if current.start_time is None:
+            return errors.FailedPrecondition(f"checkout {current.id} was bought before cancellation policies; only "
+                                             "the salon's staff can reschedule it", reason="no-cancellation-policy")
+        return errors.FailedPrecondition(
+            f"the free-cancellation deadline of checkout {current.id} "
+            f"({current.free_cancellation_deadline.isoformat()}) has passed; only the salon's staff can reschedule it",
+            reason="reschedule-deadline-passed")
 
     # -- RetryCheckout (operators) -----------------------------------------------------------------
     async def retry(self, caller: Principal, operator: str, checkout_id: str) -> checkout_pb2.Checkout:

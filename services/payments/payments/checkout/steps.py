@@ -15,7 +15,7 @@ from cutylib.metrics import observe
 
 from . import crash, domain, repository as repo
 from .domain import Move, Saga, Step
-from .remote import HoldLost, Inventory, Rejected, Retryable
+from .remote import HoldLost, Inventory, Refused, Rejected, Retryable
 from .settings import CheckoutOptions
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,8 @@ class Outcome:
 
 
 # Steps that undo part of a checkout, counted by kind when they succeed.
-_COMPENSATIONS = {Step.RELEASE: "release", Step.CANCEL_PAYMENT: "cancel_intent", Step.REFUND: "refund"}
+_COMPENSATIONS = {Step.RELEASE: "release", Step.CANCEL_PAYMENT: "cancel_intent", Step.REFUND: "refund",
+                  Step.RESCHEDULE_REVERT: "reschedule_revert"}
 
 
 class Steps:
@@ -158,18 +159,128 @@ class Steps:
         repeats the refund as a replay and finishes the release."""
         amount = saga.refund_amount_minor or 0
         refunded = None
-        if amount > 0 and saga.payment_id is not None:
+        if amount > 0:
             reason = saga.cancel_reason or "cancelled by the customer under the booking's cancellation policy"
-            crash.point("cancel_refund:before")
-            refunded = await self.core.issue_refund(
-                saga.merchant_id, saga.payment_id, domain.cancel_refund_key(saga.id), amount_minor=amount,
-                currency=None, reason=reason, actor=saga.cancelled_by or "system", codes_delivered_ok=True,
-                note=f"cancel after purchase by {saga.cancelled_by}: {reason}")
-            crash.point("cancel_refund:after")
-            if refunded.status != "succeeded":
-                raise Retryable(f"refund {refunded.id} of checkout {saga.id} is {refunded.status}")
+            # The purchase's payment first, then what reschedules to dearer slots charged (issue 12,
+            # item 2), each on a key of its own; a repeat asks each what it asked the first time.
+            left = amount
+            for payment_id, remaining, asked in await repo.Sagas(self.core.pool).captured_payments(
+                    saga, domain.cancel_refund_key(saga.id), domain.cancel_refund_key(saga.id) + ":"):
+                take = asked if asked is not None else min(left, remaining)
+                if take <= 0:
+                    continue
+                key = domain.cancel_refund_key(saga.id)
+                if payment_id != saga.payment_id:
+                    key += f":{payment_id}"
+                crash.point("cancel_refund:before")
+                refunded = await self.core.issue_refund(
+                    saga.merchant_id, payment_id, key, amount_minor=take,
+                    currency=None, reason=reason, actor=saga.cancelled_by or "system", codes_delivered_ok=True,
+                    note=f"cancel after purchase by {saga.cancelled_by}: {reason}")
+                crash.point("cancel_refund:after")
+                if refunded.status != "succeeded":
+                    raise Retryable(f"refund {refunded.id} of checkout {saga.id} is {refunded.status}")
+                left -= take
+                if left <= 0:
+                    break
         crash.point("cancel_release:before")
         await self.holds.booking.cancel_booking(saga)
         crash.point("cancel_release:after")
         note = f"refunded {amount} {saga.currency or ''} minor units" if refunded is not None else "nothing refunded"
         return Outcome(Move(domain.CANCELLED_AFTER_PURCHASE), note=note)
+
+    # -- reschedule (issue 12, item 2; docs/checkout.md "Reschedule") ------------------------------
+    # Hold the new slot, charge a price increase, confirm the new hold, cancel the old booking,
+    # refund a price decrease; each call on a key of (checkout, reschedule number, step). The old
+    # booking is given up only after the new one is confirmed (never both lost), in the same step,
+    # repeated until done (never both kept).
+
+    async def _reschedule_hold(self, saga: Saga, payment, status) -> Outcome:
+        try:
+            held = await self._remote(Step.RESCHEDULE_HOLD, self.holds.booking.hold_slot(
+                saga.reschedule_slot_id, saga.customer_id, domain.reschedule_key(saga.id, saga.reschedule_seq, "hold")))
+        except (Rejected, Refused) as refused:
+            # Taken by another buyer (the database decided; the detail carries the alternatives), or
+            # refused: nothing was held, so the booking stays as it is.
+            reason = refused.error.reason or type(refused.error).__name__
+            return Outcome(Move(domain.COMPLETED, reason=reason), note=f"new slot refused: {reason}",
+                           raise_after=Rejected(refused.error))
+        facts = repo.Fields(reschedule_hold_id=held.hold_id, reschedule_amount_minor=held.amount_minor,
+                            reschedule_start_time=held.start_time, reschedule_expire_time=held.expire_time)
+        if (held.merchant_id, held.salon_id, held.currency) != (saga.merchant_id, saga.salon_id, saga.currency):
+            # RescheduleCheckout checked the slot's salon first; a slot never changes salon.
+            return Outcome(Move(domain.RESCHEDULE_REVERTING, reason="slot-of-another-salon"), facts)
+        difference = held.amount_minor - (saga.reschedule_from_amount_minor or 0)
+        state = domain.RESCHEDULING if difference > 0 else domain.RESCHEDULE_CONFIRMING
+        return Outcome(Move(state), facts, note=f"new hold {held.hold_id}, difference {difference:+d} minor units")
+
+    async def _reschedule_charge(self, saga: Saga, payment, status) -> Outcome:
+        difference = saga.reschedule_difference or 0
+        if difference <= 0:
+            return Outcome(Move(domain.RESCHEDULE_CONFIRMING))
+        try:
+            payment = await self._remote(Step.RESCHEDULE_CHARGE, self.core.create_and_charge(
+                checkout_id=saga.id, amount_minor=difference, currency=saga.currency,
+                payment_method=saga.reschedule_payment_method or "",
+                idempotency_key=domain.reschedule_key(saga.id, saga.reschedule_seq, "payment"),
+                customer_id=saga.customer_id, merchant_id=saga.merchant_id))
+        except (errors.InvalidArgument, errors.FailedPrecondition) as refused:
+            log.warning("reschedule payment refused", extra={"checkout_id": saga.id, "error": refused.message})
+            return Outcome(Move(domain.RESCHEDULE_REVERTING, reason="payment-refused"))
+        # Recorded at once (the same state): a wake-up for this payment finds the saga watching it.
+        return Outcome(Move(domain.RESCHEDULING), repo.Fields(reschedule_payment_id=payment.id), payment=payment,
+                       note=f"difference charged: payment {payment.id} {payment.status}")
+
+    async def _reschedule_observe(self, saga: Saga, payment, status) -> Outcome:
+        return Outcome(domain.route_reschedule_payment(saga, status, saga.read_at))
+
+    async def _reschedule_confirm(self, saga: Saga, payment, status) -> Outcome:
+        crash.point("reschedule_confirm:before")
+        try:
+            await self.holds.booking.confirm(saga, saga.reschedule_hold_id)
+        except HoldLost as lost:
+            log.warning("new hold lost before confirm; undoing the reschedule",
+                        extra={"checkout_id": saga.id, "detail": str(lost)})
+            return Outcome(Move(domain.RESCHEDULE_REVERTING, reason="hold-lost"))
+        crash.point("reschedule_confirm:after")
+        crash.point("reschedule_release:before")
+        await self.holds.booking.cancel_booking(saga)  # the old booking (hold_id until the swap)
+        crash.point("reschedule_release:after")
+        difference = saga.reschedule_difference or 0
+        note = f"rescheduled from slot {saga.slot_id} to {saga.reschedule_slot_id}"
+        if difference < 0 and saga.payment_id is not None:
+            crash.point("reschedule_refund:before")
+            refund = await self.core.issue_refund(
+                saga.merchant_id, saga.payment_id, domain.reschedule_key(saga.id, saga.reschedule_seq, "refund"),
+                amount_minor=-difference, currency=None, reason="rescheduled to a cheaper slot",
+                actor=saga.rescheduled_by or "system", codes_delivered_ok=True,
+                note=f"reschedule #{saga.reschedule_seq}: difference refunded")
+            crash.point("reschedule_refund:after")
+            if refund.status != "succeeded":
+                raise Retryable(f"refund {refund.id} of checkout {saga.id} is {refund.status}")
+            note += f"; refunded {-difference} {saga.currency} minor units"
+        elif difference > 0:
+            note += f"; charged {difference} {saga.currency} minor units"
+        return Outcome(Move(domain.COMPLETED), note=note)
+
+    async def _reschedule_revert(self, saga: Saga, payment, status) -> Outcome:
+        """Compensation: the difference's payment cancelled (or refunded when it was captured, even
+        late), then the new hold released; the booking stays as it was."""
+        if saga.reschedule_payment_id is not None:
+            if payment is None or payment.id != saga.reschedule_payment_id:
+                payment = await self.core.get(saga.reschedule_payment_id)
+            if not payment.terminal:
+                payment = await self._remote(Step.RESCHEDULE_REVERT, self.core.cancel(payment.id))
+                if not payment.terminal:
+                    raise Retryable(f"payment {payment.id} still {payment.status} after cancel")
+            if payment.status in (domain.P_SUCCEEDED, domain.P_PARTIALLY_REFUNDED):
+                payment = await self.core.refund(payment.id, domain.reschedule_key(
+                    saga.id, saga.reschedule_seq, "revert-refund"), note="reschedule undone: difference refunded")
+                if payment.status != domain.P_REFUNDED:
+                    raise Retryable(f"payment {payment.id} is {payment.status} after refund")
+        if saga.reschedule_hold_id is not None:
+            crash.point("reschedule_unhold:before")
+            await self.holds.booking.release(saga, saga.reschedule_hold_id)
+            crash.point("reschedule_unhold:after")
+        return Outcome(Move(domain.COMPLETED), payment=payment,
+                       note=f"reschedule undone ({saga.reschedule_failure or 'abandoned'})")

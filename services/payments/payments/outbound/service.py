@@ -18,10 +18,10 @@ from cutylib.principal import Principal
 
 from .repository import Delivery, Endpoint, Endpoints
 
-# What the outbox produces today (trigger checkouts_merchant_events, migrations 0150, 0161; and
+# What the outbox produces today (trigger checkouts_merchant_events, migrations 0150, 0161, 0170; and
 # `stock.low`, relayed from the code pool's outbox, relay.py, migration 0180).
 EVENT_TYPES = ("checkout.completed", "booking.confirmed", "codes.delivered", "checkout.refunded",
-               "booking.cancelled", "stock.low")
+               "booking.cancelled", "booking.rescheduled", "stock.low")
 MAX_ENDPOINTS_PER_MERCHANT = 16
 MAX_URL = 2048
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

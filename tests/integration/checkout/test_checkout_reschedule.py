@@ -1,0 +1,137 @@
+"""Issue 12, item 2, in process (real PostgreSQL, the real saga, engine and workers, fake booking and
+PSP): a reschedule whose step keeps failing goes to NEEDS_ATTENTION like the other finishing steps
+(both bookings kept meanwhile, the money moved once) and an operator's retry finishes it; a step
+that fails once is finished by a worker with the same keys; a charge the PSP has not settled yet
+waits for the payment's wake-up, and is undone (its intent cancelled, the new hold released) when the
+new hold runs out first; a card asking for 3-D Secure undoes the reschedule at once."""
+from __future__ import annotations
+
+import uuid
+
+from cuty.payments.v1 import checkout_pb2 as pb
+from cutylib.principal import Principal
+from cutylib.testing.procs import wait_for
+from payments.checkout.domain import validate_create
+
+C = "customer-" + uuid.uuid4().hex[:8]
+ME = Principal(C, "customer")
+
+
+async def purchase(h, price: int = 10_000) -> pb.Checkout:
+    slot = h.booking.add_slot(price=price)
+    created = await h.service.create(C, validate_create(slot, "", 0), "")
+    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
+    assert paid.state == pb.CHECKOUT_STATE_COMPLETED
+    return paid
+
+
+async def state_of(h, checkout_id: str) -> str:
+    return (await h.row(checkout_id))["state"]
+
+
+async def test_a_release_that_keeps_failing_needs_attention_and_an_operator_retries_it(make_harness):
+    h = make_harness(max_attempts=2)
+    paid = await purchase(h)
+    new = h.booking.add_slot(price=10_000)
+    h.booking.fail_next["CancelBooking"] = ["FAILED_PRECONDITION", "FAILED_PRECONDITION"]
+    out = await h.service.reschedule(ME, paid.id, new, "", "")
+    assert out.state == pb.CHECKOUT_STATE_RESCHEDULE_CONFIRMING
+    h.start_workers(1)
+
+    async def attention():
+        row = await h.row(paid.id)
+        return row["state"] == "NEEDS_ATTENTION" and row["attention_from"] == "RESCHEDULE_CONFIRMING"
+    await wait_for(attention, timeout=15, message="NEEDS_ATTENTION from RESCHEDULE_CONFIRMING")
+    # Meanwhile both are kept (never both lost): the new one confirmed, the old one not yet released.
+    row = await h.row(paid.id)
+    assert h.booking.status_of(row["reschedule_hold_id"]) == "HOLD_STATUS_CONFIRMED"
+    assert h.booking.status_of(paid.hold_id) == "HOLD_STATUS_CONFIRMED"
+    await h.service.retry(Principal("op-1", "operator"), "ops:op-1", paid.id)
+
+    async def done():
+        return await state_of(h, paid.id) == "COMPLETED"
+    await wait_for(done, timeout=15, message="the retried reschedule finished")
+    row = await h.row(paid.id)
+    assert (str(row["slot_id"]), row["reschedule_status"]) == (new, "rescheduled")
+    assert h.booking.status_of(paid.hold_id) == "HOLD_STATUS_RELEASED"
+    assert h.booking.status_of(row["hold_id"]) == "HOLD_STATUS_CONFIRMED"
+    assert h.booking.effects["cancel_booking"] == 1 and not h.psp.refunds
+
+
+async def test_a_step_that_fails_once_is_finished_by_a_worker_with_the_same_keys(make_harness):
+    h = make_harness()
+    paid = await purchase(h)
+    new = h.booking.add_slot(price=12_500)
+    # The charge reaches the PSP, the answer is lost: the worker asks again with the same key.
+    h.booking.fail_next["ConfirmHold"] = ["DEADLINE_EXCEEDED_AFTER"]
+    out = await h.service.reschedule(ME, paid.id, new, "", "")
+    assert out.state == pb.CHECKOUT_STATE_RESCHEDULE_CONFIRMING
+    h.start_workers(2)
+
+    async def done():
+        return await state_of(h, paid.id) == "COMPLETED"
+    await wait_for(done, timeout=15, message="the reschedule finished by a worker")
+    row = await h.row(paid.id)
+    assert (str(row["slot_id"]), row["amount_minor"]) == (new, 12_500)
+    assert h.booking.effects["confirm"] == 2  # the purchase's and the new hold's, each once
+    assert len(h.psp.charges) == 2 and set(h.psp.charges.values()) == {1}
+    amounts = [r["amount_minor"] for r in await h.pool.fetch(
+        "SELECT amount_minor FROM payments WHERE checkout_id = $1 ORDER BY amount_minor", uuid.UUID(paid.id))]
+    assert amounts == [2_500, 10_000]
+
+
+async def test_a_difference_in_flight_waits_for_its_payment_to_settle(make_harness):
+    """The PSP has not answered the difference's charge yet (no webhook yet): the saga sleeps in
+    RESCHEDULING; when the payment settles (finalize, as the webhook or reconciliation would) the
+    database wakes it (trigger checkouts_wake_on_payment, migration 0170) and a worker confirms."""
+    h = make_harness()
+    paid = await purchase(h)
+    new = h.booking.add_slot(price=12_500)
+    out = await h.service.reschedule(ME, paid.id, new, "pm_card_no_webhook", "")
+    assert out.state == pb.CHECKOUT_STATE_RESCHEDULING and out.reschedule.payment_id
+    row = await h.row(paid.id)
+    assert row["lease_owner"] is None and str(row["payment_id"]) == paid.payment.id  # asleep; its payment kept
+    h.start_workers(1)
+    await h.core.finalize(out.reschedule.payment_id, "succeeded", "webhook")
+
+    async def done():
+        return await state_of(h, paid.id) == "COMPLETED"
+    await wait_for(done, timeout=15, message="the woken reschedule finished")
+    row = await h.row(paid.id)
+    assert (str(row["slot_id"]), row["reschedule_status"], str(row["payment_id"])) == (new, "rescheduled", paid.payment.id)
+
+
+async def test_a_difference_asking_for_3ds_is_undone(make_harness):
+    h = make_harness()
+    paid = await purchase(h)
+    new = h.booking.add_slot(price=12_500)
+    out = await h.service.reschedule(ME, paid.id, new, "pm_card_3ds", "")
+    # A card that asks for 3-D Secure cannot pay a difference without the customer: undone.
+    assert out.state == pb.CHECKOUT_STATE_COMPLETED and out.slot_id == paid.slot_id
+    assert (out.reschedule.status, out.reschedule.failure_reason) == ("reverted", "payment-requires-action")
+    row = await h.row(paid.id)
+    assert h.booking.status_of(row["reschedule_hold_id"]) == "HOLD_STATUS_RELEASED"
+    assert h.booking.status_of(paid.hold_id) == "HOLD_STATUS_CONFIRMED"
+
+
+async def test_a_new_hold_that_runs_out_while_the_difference_is_unpaid_is_undone(make_harness):
+    h = make_harness()
+    paid = await purchase(h)
+    new = h.booking.add_slot(price=12_500)
+    out = await h.service.reschedule(ME, paid.id, new, "pm_card_no_webhook", "")
+    assert out.state == pb.CHECKOUT_STATE_RESCHEDULING
+    # Time passes: the new hold's five minutes are over (the row's copy of its expiry, which the
+    # saga sleeps until; the state and version are untouched).
+    await h.pool.execute("UPDATE checkouts SET reschedule_expire_time = clock_timestamp(), "
+                         "next_run_at = clock_timestamp() WHERE id = $1", uuid.UUID(paid.id))
+    h.start_workers(1)
+
+    async def undone():
+        return await state_of(h, paid.id) == "COMPLETED"
+    await wait_for(undone, timeout=15, message="the abandoned reschedule undone")
+    row = await h.row(paid.id)
+    assert (row["reschedule_status"], row["reschedule_failure"]) == ("reverted", "hold-expired-unpaid")
+    assert str(row["slot_id"]) == paid.slot_id
+    assert (await h.core.get(out.reschedule.payment_id)).status == "canceled"
+    assert h.booking.status_of(row["reschedule_hold_id"]) == "HOLD_STATUS_RELEASED"
+    assert h.booking.status_of(paid.hold_id) == "HOLD_STATUS_CONFIRMED"
