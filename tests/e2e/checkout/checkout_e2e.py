@@ -2,6 +2,7 @@
 booking / code-pool databases and the PSP ledger, and the DESIGN.md invariants as one oracle."""
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import secrets
@@ -344,3 +345,24 @@ async def start_stack(pg, workdir, *, replicas: int = 1, **env) -> CheckoutStack
     return await CheckoutStack(stack, pools).open()
 
 
+async def crash_at_each_point(shop: "CheckoutStack", matrix, proc_name: str = "payments-0",
+                              timeout: float = 30) -> list:
+    """The crash matrices' loop: for each (crash point, scenario), restart `proc_name` armed to
+    SIGKILL itself at that point, start the scenario, and wait for the crash (checked in its log);
+    then restart it unarmed. Returns the scenarios' results, in the matrix's order."""
+    stack = shop.stack
+    scenarios: list[asyncio.Task] = []
+    for point, scenario in matrix:
+        stack.procs[proc_name].env["CUTY_CRASH_AT"] = point
+        try:
+            await stack.restart(proc_name)
+        except RuntimeError:
+            pass  # killed at `point` while finishing an earlier scenario, before it was healthy
+        proc = stack.procs[proc_name]
+        scenarios.append(asyncio.create_task(scenario(shop), name=point))
+        await wait_for(lambda: proc.proc.poll() is not None, timeout=timeout, message=f"the crash at {point}")
+        assert proc.proc.returncode == -9, (point, proc.proc.returncode)
+        assert f'"crash_point": "{point}"' in proc.tail(20000), f"died, but not at {point}"
+    stack.procs[proc_name].env.pop("CUTY_CRASH_AT")
+    await stack.restart(proc_name)
+    return list(await asyncio.gather(*scenarios))

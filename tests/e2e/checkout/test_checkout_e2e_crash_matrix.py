@@ -13,9 +13,8 @@ import uuid
 
 import pytest_asyncio
 
-from cutylib.testing.procs import wait_for
 
-from checkout_e2e import CheckoutStack, persist, start_stack
+from checkout_e2e import CheckoutStack, crash_at_each_point, persist, start_stack
 
 PROC = "payments-0"
 
@@ -110,34 +109,19 @@ async def crashy(pg, tmp_path_factory):
 
 async def test_sigkill_at_every_saga_step_then_recover(crashy):
     shop = crashy
-    stack = shop.stack
-    scenarios: list[asyncio.Task] = []
-    for point, scenario in MATRIX:
-        stack.procs[PROC].env["CUTY_CRASH_AT"] = point
-        try:
-            await stack.restart(PROC)
-        except RuntimeError:
-            pass  # killed at `point` while finishing an earlier scenario's sagas, before it was healthy
-        proc = stack.procs[PROC]
-        scenarios.append(asyncio.create_task(scenario(shop), name=point))
-        await wait_for(lambda: proc.proc.poll() is not None, timeout=30, message=f"the crash at {point}")
-        assert proc.proc.returncode == -9, (point, proc.proc.returncode)
-        assert f'"crash_point": "{point}"' in proc.tail(20000), f"died, but not at {point}"
-    stack.procs[PROC].env.pop("CUTY_CRASH_AT")
-    await stack.restart(PROC)
-
-    ids = [cid for batch in await asyncio.gather(*scenarios) for cid in batch]
+    results = await crash_at_each_point(shop, MATRIX, PROC, timeout=30)
+    ids = [cid for batch in results for cid in batch]
     for cid in ids:
         await shop.until(cid, timeout=30)
     states = await shop.check_invariants(ids)
     assert set(states.values()) <= {"COMPLETED", "FAILED", "CANCELLED", "REFUNDED", "CANCELLED_AFTER_PURCHASE"}, states
-    by_point = dict(zip([p for p, _ in MATRIX], scenarios))
-    assert all(states[c] == "COMPLETED" for c in by_point["confirm:after"].result())
-    assert all(states[c] == "FAILED" for c in by_point["release:before"].result())
-    assert all(states[c] == "REFUNDED" for c in by_point["refund:after"].result())
-    assert all(states[c] == "COMPLETED" for c in by_point["recorded:COMPLETED"].result())
+    by_point = dict(zip([p for p, _ in MATRIX], results))
+    assert all(states[c] == "COMPLETED" for c in by_point["confirm:after"])
+    assert all(states[c] == "FAILED" for c in by_point["release:before"])
+    assert all(states[c] == "REFUNDED" for c in by_point["refund:after"])
+    assert all(states[c] == "COMPLETED" for c in by_point["recorded:COMPLETED"])
     # Issue 12, item 6: whatever the crashes, every state change has its event and every event its
     # state change (the outbox trigger writes them in one statement).
     assert await shop.check_outbox() >= 2 * sum(s == "COMPLETED" for s in states.values())
     for point in ("cancel_refund:before", "cancel_refund:after", "cancel_release:before", "cancel_release:after"):
-        assert all(states[c] == "CANCELLED_AFTER_PURCHASE" for c in by_point[point].result()), point
+        assert all(states[c] == "CANCELLED_AFTER_PURCHASE" for c in by_point[point]), point

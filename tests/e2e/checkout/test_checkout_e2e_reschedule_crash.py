@@ -11,14 +11,12 @@ One incarnation per crash point, as in test_checkout_e2e_crash_matrix.py: the pr
 point i+1 also finishes what the crash at point i left behind."""
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import pytest_asyncio
 
-from cutylib.testing.procs import wait_for
 
-from checkout_e2e import CheckoutStack, persist, start_stack
+from checkout_e2e import CheckoutStack, crash_at_each_point, persist, start_stack
 
 PROC = "payments-0"
 
@@ -73,23 +71,8 @@ async def crashy(pg, tmp_path_factory):
 
 async def test_sigkill_at_every_reschedule_step_then_recover(crashy):
     shop = crashy
-    stack = shop.stack
-    scenarios: list[asyncio.Task] = []
-    for point, scenario in MATRIX:
-        stack.procs[PROC].env["CUTY_CRASH_AT"] = point
-        try:
-            await stack.restart(PROC)
-        except RuntimeError:
-            pass  # killed at `point` while finishing an earlier scenario, before it was healthy
-        proc = stack.procs[PROC]
-        scenarios.append(asyncio.create_task(scenario(shop), name=point))
-        await wait_for(lambda: proc.proc.poll() is not None, timeout=60, message=f"the crash at {point}")
-        assert proc.proc.returncode == -9, (point, proc.proc.returncode)
-        assert f'"crash_point": "{point}"' in proc.tail(20000), f"died, but not at {point}"
-    stack.procs[PROC].env.pop("CUTY_CRASH_AT")
-    await stack.restart(PROC)
-
-    results = dict(zip([p for p, _ in MATRIX], await asyncio.gather(*scenarios)))
+    outcomes = await crash_at_each_point(shop, MATRIX, PROC, timeout=60)
+    results = dict(zip([p for p, _ in MATRIX], outcomes))
     for cid, _ in results.values():
         await shop.until(cid, timeout=60)
     rows = await shop.check_reschedules([cid for cid, _ in results.values()])

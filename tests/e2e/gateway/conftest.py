@@ -202,6 +202,18 @@ def state_of(checkout: dict) -> str:
     return checkout["state"].removeprefix("CHECKOUT_STATE_")
 
 
+async def buy_booking(http, me: dict, fresh_key, until_state, slot: str) -> dict:
+    """Create and pay a checkout of `slot` as `me` through the gateway; the COMPLETED checkout."""
+    co = await http.post("/v1/checkouts", json={"slotId": slot}, headers={**me, **fresh_key()})
+    assert co.status_code == 200, co.text
+    paid = await http.post(f"/v1/checkouts/{co.json()['id']}:pay", json={"paymentMethod": "pm_card_ok"},
+                           headers={**me, **fresh_key()})
+    assert paid.status_code == 200, paid.text
+    done = await until_state(co.json()["id"], me)
+    assert state_of(done) == "COMPLETED", done
+    return done
+
+
 @pytest.fixture(scope="session")
 def until_state(http):
     """until_state(checkout_id, headers, {states}) -> the checkout once its state is one of them."""

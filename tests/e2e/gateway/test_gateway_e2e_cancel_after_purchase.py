@@ -7,7 +7,7 @@ import datetime as dt
 import uuid
 from zoneinfo import ZoneInfo
 
-from tests.e2e.gateway.conftest import make_token, state_of
+from tests.e2e.gateway.conftest import buy_booking, make_token, state_of
 
 
 async def _salon_with_policy(http, auth, **policy) -> tuple[str, str]:
@@ -31,17 +31,6 @@ async def _slot(http, auth, salon: str, resource: str, days: int, hour: int) -> 
     return r.json()["slots"][0]["id"]
 
 
-async def _bought(http, me, fresh_key, until_state, slot: str) -> dict:
-    co = await http.post("/v1/checkouts", json={"slotId": slot}, headers={**me, **fresh_key()})
-    assert co.status_code == 200, co.text
-    paid = await http.post(f"/v1/checkouts/{co.json()['id']}:pay", json={"paymentMethod": "pm_card_ok"},
-                           headers={**me, **fresh_key()})
-    assert paid.status_code == 200, paid.text
-    done = await until_state(co.json()["id"], me)
-    assert state_of(done) == "COMPLETED", done
-    return done
-
-
 async def test_a_bad_policy_is_400_naming_the_field(http, auth):
     r = await http.post("/v1/salons", json={"name": "x", "timeZone": "Europe/Berlin", "cancellationFeePercent": 101},
                         headers=auth("admin"))
@@ -52,7 +41,7 @@ async def test_a_customer_cancels_a_completed_booking_per_its_policy(http, auth,
     salon, chair = await _salon_with_policy(http, auth, freeCancellationHours=96, cancellationFeePercent=25)
     slot = await _slot(http, auth, salon, chair, days=2, hour=10)  # within 96 h: the fee applies
     me = auth("customer")
-    done = await _bought(http, me, fresh_key, until_state, slot)
+    done = await buy_booking(http, me, fresh_key, until_state, slot)
     assert (done["freeCancellationHours"], done["cancellationFeePercent"]) == (96, 25)
     assert done["freeCancellationDeadline"] and done["startTime"]
 
@@ -76,7 +65,7 @@ async def test_staff_cancel_with_a_full_refund_and_a_reason(http, auth, fresh_ke
     salon, chair = await _salon_with_policy(http, auth, freeCancellationHours=96, cancellationFeePercent=100)
     slot = await _slot(http, auth, salon, chair, days=2, hour=12)
     me = auth("customer")
-    done = await _bought(http, me, fresh_key, until_state, slot)
+    done = await buy_booking(http, me, fresh_key, until_state, slot)
     path = f"/v1/checkouts/{done['id']}:cancel"
     staff = auth("staff")
     no_reason = await http.post(path, json={}, headers=staff)
@@ -94,13 +83,13 @@ async def test_staff_cancel_with_a_full_refund_and_a_reason(http, auth, fresh_ke
     assert state_of(mine) == "CANCELLED_AFTER_PURCHASE" and mine["payment"]["status"] == "PAYMENT_STATUS_REFUNDED"
 
 
-async def test_a_policy_change_applies_to_new_bookings_not_to_ones_already_bought(http, auth, fresh_key, until_state):
+async def test_a_policy_change_applies_to_new_bookings_not_to_ones_alreadybuy_booking(http, auth, fresh_key, until_state):
     salon, chair = await _salon_with_policy(http, auth, freeCancellationHours=96, cancellationFeePercent=25)
     bought_slot = await _slot(http, auth, salon, chair, days=2, hour=14)
     held_slot = await _slot(http, auth, salon, chair, days=2, hour=15)
     later_slot = await _slot(http, auth, salon, chair, days=2, hour=16)
     me = auth("customer")
-    bought = await _bought(http, me, fresh_key, until_state, bought_slot)
+    bought = await buy_booking(http, me, fresh_key, until_state, bought_slot)
     held = await http.post("/v1/checkouts", json={"slotId": held_slot}, headers={**me, **fresh_key()})
     assert held.status_code == 200 and state_of(held.json()) == "HELD", held.text
 
@@ -122,5 +111,5 @@ async def test_a_policy_change_applies_to_new_bookings_not_to_ones_already_bough
     assert out.status_code == 200 and state_of(out.json()) == "CANCELLED_AFTER_PURCHASE", out.text
     assert out.json()["refundAmount"] == {"currencyCode": "EUR", "amountMinor": "5999"}
     # one bought after the change gets the new policy: free until the start, a full refund
-    after = await _bought(http, auth("customer"), fresh_key, until_state, later_slot)
+    after = await buy_booking(http, auth("customer"), fresh_key, until_state, later_slot)
     assert (after["freeCancellationHours"], after["cancellationFeePercent"]) == (0, 0)

@@ -9,7 +9,7 @@ import datetime as dt
 import uuid
 
 from payments import signature
-from tests.e2e.gateway.conftest import make_token, state_of
+from tests.e2e.gateway.conftest import buy_booking, make_token, state_of
 from webhook_receiver import Receiver
 
 
@@ -33,17 +33,6 @@ async def _slots(http, auth, salon: str, resource: str, *prices: int, days: int 
     return [s["id"] for s in r.json()["slots"]]
 
 
-async def _bought(http, me, fresh_key, until_state, slot: str) -> dict:
-    co = await http.post("/v1/checkouts", json={"slotId": slot}, headers={**me, **fresh_key()})
-    assert co.status_code == 200, co.text
-    paid = await http.post(f"/v1/checkouts/{co.json()['id']}:pay", json={"paymentMethod": "pm_card_ok"},
-                           headers={**me, **fresh_key()})
-    assert paid.status_code == 200, paid.text
-    done = await until_state(co.json()["id"], me)
-    assert state_of(done) == "COMPLETED", done
-    return done
-
-
 async def test_a_customer_reschedules_to_a_dearer_slot_and_the_merchant_hears_of_it(http, auth, fresh_key,
                                                                                     until_state):
     salon, chair = await _salon(http, auth)
@@ -57,7 +46,7 @@ async def test_a_customer_reschedules_to_a_dearer_slot_and_the_merchant_hears_of
         rx.secrets.append(endpoint["secret"])
         try:
             me = auth("customer")
-            done = await _bought(http, me, fresh_key, until_state, a)
+            done = await buy_booking(http, me, fresh_key, until_state, a)
             path = f"/v1/checkouts/{done['id']}:reschedule"
             r = await http.post(path, json={"slotId": b}, headers={**me, **fresh_key()})
             assert r.status_code == 200, r.text
@@ -84,7 +73,7 @@ async def test_bad_input_and_strangers_change_nothing(http, auth, fresh_key, unt
     salon, chair = await _salon(http, auth)
     a, b = await _slots(http, auth, salon, chair, 7999, 7999)
     me = auth("customer")
-    done = await _bought(http, me, fresh_key, until_state, a)
+    done = await buy_booking(http, me, fresh_key, until_state, a)
     path = f"/v1/checkouts/{done['id']}:reschedule"
     for body in ({}, {"slotId": "tomorrow"}, {"slotId": a}):
         r = await http.post(path, json=body, headers={**me, **fresh_key()})
@@ -102,7 +91,7 @@ async def test_a_taken_slot_is_409_with_alternatives_and_the_booking_stays(http,
     salon, chair = await _salon(http, auth)
     a, b, c = await _slots(http, auth, salon, chair, 7999, 7999, 7999)
     me = auth("customer")
-    done = await _bought(http, me, fresh_key, until_state, a)
+    done = await buy_booking(http, me, fresh_key, until_state, a)
     rival = await http.post("/v1/checkouts", json={"slotId": b}, headers={**auth("customer"), **fresh_key()})
     assert rival.status_code == 200, rival.text
     r = await http.post(f"/v1/checkouts/{done['id']}:reschedule", json={"slotId": b}, headers={**me, **fresh_key()})
@@ -116,7 +105,7 @@ async def test_past_the_deadline_only_staff_reschedule(http, auth, fresh_key, un
     salon, chair = await _salon(http, auth, freeCancellationHours=96)
     a, b, c = await _slots(http, auth, salon, chair, 7999, 5999, 5999, days=2)  # within 96 h of the start
     me = auth("customer")
-    done = await _bought(http, me, fresh_key, until_state, a)
+    done = await buy_booking(http, me, fresh_key, until_state, a)
     path = f"/v1/checkouts/{done['id']}:reschedule"
     late = await http.post(path, json={"slotId": b}, headers={**me, **fresh_key()})
     assert late.status_code == 409 and late.json()["type"].endswith("reschedule-deadline-passed"), late.text
