@@ -15,6 +15,7 @@ import pathlib
 import time
 
 import jwt
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from .config import env_str
 from .errors import Unauthenticated
@@ -87,7 +88,8 @@ class AssertionVerifier:
                  max_entries: int = 100_000):
         if not public_keys_pem:
             raise ValueError("at least one public key is needed")
-        self._keys = public_keys_pem
+        # Parsed once: PyJWT given PEM bytes parses them again on every verification.
+        self._keys = [load_pem_public_key(pem) for pem in public_keys_pem]
         self.leeway = leeway
         self._clock = clock
         self.max_entries = max_entries
