@@ -9,21 +9,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import uuid
 
 import grpc
+import pytest
 import pytest_asyncio
 
-from cuty.payments.v1 import checkout_pb2_grpc
+from cuty.payments.v1 import checkout_pb2_grpc, payments_pb2, payments_pb2_grpc
 from cutylib.config import Settings, with_database
 from cutylib.db import create_pool, migrate
 from cutylib.grpc_server import GrpcServer
 from payments.checkout import crash, wiring
+from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import acting_channel
 from payments.checkout.grpc_api import CALLERS, CheckoutApi
 from payments.checkout.wiring import SERVICE
+from payments.checkout.domain import validate_create
 from payments.checkout.settings import CheckoutOptions
+from payments.grpc_api import CALLERS as PAYMENT_CALLERS, PaymentApi
 from payments.service import PaymentsCore
 from payments.metrics import PaymentsMetrics
+from payments.outbound.repository import Endpoints
+from payments.outbound.service import WebhookEndpoints
 from payments.settings import PaymentsOptions
 
 from cutylib.testing.fake_psp import FakePsp
@@ -119,3 +126,44 @@ async def make_harness(checkout_pool):
 @pytest_asyncio.fixture
 async def harness(make_harness) -> Harness:
     return make_harness()
+
+
+@pytest.fixture
+def endpoints(checkout_pool):
+    """The merchants' webhook endpoints service (issue 12, item 6) over the real table."""
+    return WebhookEndpoints(Endpoints(checkout_pool), "development")
+
+
+@pytest_asyncio.fixture
+async def clean_endpoints(checkout_pool):
+    """No endpoints before or after: those of earlier tests would fan events out to receivers that are gone."""
+    await checkout_pool.execute("DELETE FROM webhook_endpoints")
+    yield
+    await checkout_pool.execute("DELETE FROM webhook_endpoints")
+
+
+@pytest_asyncio.fixture
+async def served(make_harness):
+    """A NEEDS_ATTENTION checkout (the PSP refuses its refund), and both payments services served
+    in process the way the payments pod serves them (the operator's view and tenancy tests).
+    Yields (harness, checkout id, payment id); `harness.attention_customer` bought it."""
+    h = make_harness(max_attempts=3)
+    h.attention_customer = "customer-" + uuid.uuid4().hex[:8]
+    h.start_workers(1)
+    h.psp.refusing["refund"] = 10_000
+    created = await h.service.create(h.attention_customer, validate_create(h.booking.add_slot(price=12345), "", 0), "")
+    h.booking.started.add(created.slot_id)  # confirm refused: the saga must refund, and cannot
+    paid = await h.service.pay(h.attention_customer, created.id, "pm_card_ok", "")
+
+    async def needs_attention():
+        return (await h.row(created.id))["state"] == "NEEDS_ATTENTION"
+    await wait_for(needs_attention, timeout=10, message="NEEDS_ATTENTION")
+    server = GrpcServer("payments", 0, host="127.0.0.1")
+    checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(h.service), server.server)
+    payments_pb2_grpc.add_PaymentServiceServicer_to_server(PaymentApi(h.core, None), server.server)
+    server.add_service(SERVICE, CALLERS)
+    server.add_service(payments_pb2.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS)
+    await server.start()
+    h.addr = f"127.0.0.1:{server.port}"
+    yield h, created.id, paid.payment.id
+    await server.stop()

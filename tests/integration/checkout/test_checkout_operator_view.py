@@ -9,18 +9,14 @@ import uuid
 
 import grpc
 import pytest
-import pytest_asyncio
 
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc, payments_pb2, payments_pb2_grpc
-from cutylib.grpc_server import GrpcServer
-from cutylib.principal import SYSTEM, Principal
+from cutylib.principal import Principal
 from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import TEST_MERCHANT, acting_channel, channel_as, user
 from payments import ops
 from payments.checkout.domain import validate_create
-from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS, CheckoutApi
-from payments.checkout.wiring import SERVICE as CHECKOUT_SERVICE
-from payments.grpc_api import CALLERS as PAYMENT_CALLERS, PaymentApi
+from payments.grpc_api import CALLERS as PAYMENT_CALLERS
 
 C = "customer-" + uuid.uuid4().hex[:8]
 STAFF = user("staff-9", "staff")
@@ -34,28 +30,6 @@ async def notes(h, checkout_id: str) -> list[str]:
     rows = await h.pool.fetch("SELECT e.note FROM payment_events e LEFT JOIN checkouts c ON c.payment_id = e.payment_id "
                               "WHERE e.checkout_id = $1 OR c.id = $1 ORDER BY e.seq", uuid.UUID(checkout_id))
     return [r["note"] for r in rows]
-
-
-@pytest_asyncio.fixture
-async def served(make_harness):
-    """A NEEDS_ATTENTION checkout (the PSP refuses its refund), and both payments services served
-    in process the way the payments pod serves them."""
-    h = make_harness(max_attempts=3)
-    h.start_workers(1)
-    h.psp.refusing["refund"] = 10_000
-    created = await h.service.create(C, validate_create(h.booking.add_slot(price=12345), "", 0), "")
-    h.booking.started.add(created.slot_id)  # confirm refused: the saga must refund, and cannot
-    paid = await h.service.pay(C, created.id, "pm_card_ok", "")
-    await wait_for(lambda: _is(h, created.id, "NEEDS_ATTENTION"), timeout=10, message="NEEDS_ATTENTION")
-    server = GrpcServer("payments", 0, host="127.0.0.1")
-    checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(h.service), server.server)
-    payments_pb2_grpc.add_PaymentServiceServicer_to_server(PaymentApi(h.core, None), server.server)
-    server.add_service(CHECKOUT_SERVICE, CHECKOUT_CALLERS)
-    server.add_service(payments_pb2.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS)
-    await server.start()
-    h.addr = f"127.0.0.1:{server.port}"
-    yield h, created.id, paid.payment.id
-    await server.stop()
 
 
 async def _is(h, checkout_id, expected):
@@ -101,7 +75,7 @@ async def test_staff_see_attempts_and_last_error_customers_do_not(served):
     d = staff.diagnostics
     assert (d.attempts, d.attention_from) == (3, "REFUNDING") and "refund_refused_by_bank" in d.last_error
     assert d.failing_since.seconds > 0 and d.version >= 1
-    mine = await h.service.get(Principal(C, "customer"), checkout_id)
+    mine = await h.service.get(Principal(h.attention_customer, "customer"), checkout_id)
     assert mine.state == pb.CHECKOUT_STATE_NEEDS_ATTENTION and not mine.HasField("diagnostics")
 
 

@@ -17,30 +17,17 @@ from cutylib.principal import Principal
 from cutylib.testing.trust import TEST_MERCHANT
 from payments import signature
 from payments.checkout.domain import validate_create
-from payments.outbound.repository import Endpoints
-from payments.outbound.service import WebhookEndpoints, validate_url
-from payments.outbound.worker import DeliveryOptions, DeliveryWorker, backoff
+from payments.outbound.service import validate_url
+from payments.outbound.worker import DeliveryWorker, backoff
 
+from outbound_testkit import FAST
 from webhook_receiver import Receiver
+
+pytestmark = pytest.mark.usefixtures("clean_endpoints")
 
 C = "customer-" + uuid.uuid4().hex[:8]
 ADMIN = Principal("admin-1", "admin", TEST_MERCHANT)
 OTHER_ADMIN = Principal("admin-2", "admin", "merchant-other-" + uuid.uuid4().hex[:6])
-FAST = DeliveryOptions(poll_seconds=0.05, batch_size=20, timeout_seconds=2.0, lease_seconds=10.0,
-                       retry_base_seconds=0.05, retry_cap_seconds=0.2)
-
-
-@pytest.fixture
-def endpoints(checkout_pool):
-    return WebhookEndpoints(Endpoints(checkout_pool), "development")
-
-
-@pytest.fixture(autouse=True)
-async def clean(checkout_pool):
-    # Endpoints of earlier tests would fan events out to receivers that are gone.
-    await checkout_pool.execute("DELETE FROM webhook_endpoints")
-    yield
-    await checkout_pool.execute("DELETE FROM webhook_endpoints")
 
 
 async def buy_booking(h) -> str:

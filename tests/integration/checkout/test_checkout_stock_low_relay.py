@@ -29,16 +29,15 @@ from codepool.grpc_api import CALLERS as CODEPOOL_CALLERS
 from codepool.keys import Keyring
 from payments import signature
 from payments.outbound.relay import FEED, RelayOptions, StockEventRelay
-from payments.outbound.repository import Endpoints
-from payments.outbound.service import WebhookEndpoints
-from payments.outbound.worker import DeliveryOptions, DeliveryWorker
+from payments.outbound.worker import DeliveryWorker
 
+from outbound_testkit import FAST
 from webhook_receiver import Receiver
+
+pytestmark = pytest.mark.usefixtures("clean_endpoints")
 
 ADMIN = Principal("admin-1", "admin", TEST_MERCHANT)
 ADMIN_MD = user("admin-1", "admin")
-FAST = DeliveryOptions(poll_seconds=0.05, batch_size=20, timeout_seconds=2.0, lease_seconds=10.0,
-                       retry_base_seconds=0.05, retry_cap_seconds=0.2)
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -53,18 +52,6 @@ async def codepool(codepool_dsn):
         yield codepool_pb2_grpc.CodePoolServiceStub(ch)
     await server.stop()
     await pool.close()
-
-
-@pytest.fixture
-def endpoints(checkout_pool):
-    return WebhookEndpoints(Endpoints(checkout_pool), "development")
-
-
-@pytest.fixture(autouse=True)
-async def clean(checkout_pool):
-    await checkout_pool.execute("DELETE FROM webhook_endpoints")
-    yield
-    await checkout_pool.execute("DELETE FROM webhook_endpoints")
 
 
 def relay(pool, stub, page_size: int = 200) -> StockEventRelay:

@@ -12,7 +12,6 @@ import pytest
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc, payments_pb2, payments_pb2_grpc
 from cutylib.testing.tenancy import probe_role, rows_seen, tenant_tables
 from cutylib.testing.trust import TEST_MERCHANT, channel_as, user
-from test_checkout_operator_view import served  # noqa: F401 - the fixture: a NEEDS_ATTENTION checkout
 
 OTHER = "merchant-other-" + uuid.uuid4().hex[:6]
 
