@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from payments import signature
+from cutylib.testing.procs import wait_for
 
 
 class Receiver:
@@ -80,10 +81,7 @@ class Receiver:
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                                     lifespan="off"))
         self._task = asyncio.create_task(self.server.serve())
-        for _ in range(200):
-            if self.server.started:
-                break
-            await asyncio.sleep(0.02)
+        await wait_for(lambda: self.server.started, timeout=4, interval=0.02, message="the receiver listening")
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
         return self
 

@@ -7,6 +7,7 @@ import json
 
 import httpx
 
+from cutylib.testing.procs import wait_for
 from tests.e2e.gateway.conftest import state_of
 
 
@@ -111,11 +112,6 @@ async def test_the_per_user_cap_and_a_closed_client_frees_its_stream(http, auth,
         async def admitted() -> bool:
             async with watch(c, co["id"], me) as resp:
                 return resp.status_code == 200
-        for _ in range(50):
-            if await admitted():
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("a closed stream's place was never freed")
+        await wait_for(admitted, timeout=5, interval=0.1, message="a closed stream's place to be freed")
         for cm in streams:
             await cm.__aexit__(None, None, None)

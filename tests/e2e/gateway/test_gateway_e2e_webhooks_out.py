@@ -4,8 +4,7 @@ signed with the endpoint's secret; the delivery log shows it, and a manual redel
 same event again (the receiver deduplicates it by its id)."""
 from __future__ import annotations
 
-import asyncio
-
+from cutylib.testing.procs import wait_for
 from payments import signature
 from tests.e2e.gateway.conftest import make_token
 from webhook_receiver import Receiver
@@ -49,17 +48,13 @@ async def test_an_admins_endpoint_receives_a_verified_checkout_completed(http, a
             async def delivered():
                 log = (await http.get(f"/v1/webhookEndpoints/{endpoint['id']}/deliveries", headers=admin)).json()
                 return [d for d in log.get("deliveries", []) if d["eventId"] == event["id"] and d["state"] == "delivered"]
-            for _ in range(100):
-                if await delivered():
-                    break
-                await asyncio.sleep(0.1)
-            (d,) = await delivered()
+            (d,) = await wait_for(delivered, timeout=10, interval=0.1, message="the event delivered")
             assert d["attemptLog"][-1]["httpStatus"] == 204
 
             again = await http.post(f"/v1/webhookEndpoints/{endpoint['id']}/deliveries/{d['id']}:redeliver", json={},
                                     headers=admin)
             assert again.status_code == 200, again.text
-            await asyncio.wait_for(_until(lambda: rx.duplicates >= 1), 30)
+            await wait_for(lambda: rx.duplicates >= 1, timeout=30, message="a redelivered duplicate")
             # another merchant's admin: no such endpoint
             other = {"Authorization": f"Bearer {make_token('admin', org='merchant-elsewhere')}"}
             assert (await http.get(f"/v1/webhookEndpoints/{endpoint['id']}/deliveries", headers=other)).status_code == 404
@@ -68,7 +63,3 @@ async def test_an_admins_endpoint_receives_a_verified_checkout_completed(http, a
             gone = await http.delete(f"/v1/webhookEndpoints/{endpoint['id']}", headers=admin)
             assert gone.status_code == 200, gone.text
 
-
-async def _until(predicate) -> None:
-    while not predicate():
-        await asyncio.sleep(0.05)

@@ -14,6 +14,7 @@ import pytest
 
 from cutylib import errors
 from cutylib.principal import Principal
+from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import TEST_MERCHANT
 from payments import signature
 from payments.checkout.domain import validate_create
@@ -58,10 +59,9 @@ async def run_workers(pool, n: int, options=FAST):
 
 async def settled(pool, timeout: float = 20.0) -> None:
     """Until no delivery is pending (the receiver may hear an event before its result is written)."""
-    async def check():
-        while await pool.fetchval("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'"):
-            await asyncio.sleep(0.05)
-    await asyncio.wait_for(check(), timeout)
+    async def none_pending():
+        return not await pool.fetchval("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'")
+    await wait_for(none_pending, timeout=timeout, message="no delivery pending")
 
 
 async def stop(tasks):
@@ -265,10 +265,9 @@ async def test_a_receiver_that_keeps_failing_backs_off_then_the_delivery_fails_a
         _, tasks = await run_workers(h.pool, 1)
         try:
             async def failed():
-                while await h.pool.fetchval("SELECT state FROM webhook_deliveries WHERE endpoint_id = $1",
-                                            uuid.UUID(ep.id)) != "failed":
-                    await asyncio.sleep(0.05)
-            await asyncio.wait_for(failed(), 20)
+                return await h.pool.fetchval("SELECT state FROM webhook_deliveries WHERE endpoint_id = $1",
+                                             uuid.UUID(ep.id)) == "failed"
+            await wait_for(failed, timeout=20, message="the delivery given up")
             (d,), _ = await endpoints.deliveries(ADMIN, ep.id, 0, "")
             assert d.state == "failed" and d.attempts >= 3 and d.next_attempt_at is None
             starts = [a["started_at"] for a in d.attempt_log]
