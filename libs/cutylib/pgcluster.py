@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -32,8 +33,37 @@ def find_pg_bin() -> pathlib.Path:
     raise PostgresUnavailable(INSTALL_HINT)
 
 
+# Ports this process has handed out: never twice, even before their service has bound them.
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nothing listens on now, for a service about to start. Taken *below* the kernel's
+    ephemeral range: a port from bind(0) lies inside it, where every outgoing connection picks its
+    source port, so one of the suite's many connections could take it between this check and the
+    service's bind (seen: a gateway stack whose backend failed to bind for a whole test run)."""
+    low, _ = _ephemeral_range()
+    lowest = 10000 if low > 12000 else 1024
+    for _ in range(500):
+        port = random.randint(lowest, low - 1)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as s:  # a crowded machine: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

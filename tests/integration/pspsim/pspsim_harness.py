@@ -4,13 +4,11 @@ and an async client. (A uniquely named module, so it never collides with other c
 from __future__ import annotations
 
 from cutylib.testing.procs import wait_for as _wait_for
-import asyncio
 import hashlib
 import hmac
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -112,10 +110,6 @@ class Receiver:
 
 
 # -- simulator process --------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SimProcess:

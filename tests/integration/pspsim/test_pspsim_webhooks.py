@@ -7,7 +7,8 @@ import httpx
 from pspsim import signing
 from pspsim.server import BackgroundServer
 
-from pspsim_harness import RECEIVER_SECRET, Receiver, Sim, SimProcess, free_port, wait_for
+from cutylib.testing.procs import free_port
+from pspsim_harness import RECEIVER_SECRET, Receiver, Sim, SimProcess, wait_for
 
 
 async def test_receiver_500_is_retried_until_2xx(sim, receiver, new_key):
