@@ -141,13 +141,20 @@ async def _until_terminal(c: httpx.AsyncClient, checkout_id: str, headers: dict,
         await asyncio.sleep(0.2)
 
 
+def _appointment(at: dt.time) -> dt.datetime:
+    """The race's and the reschedule's appointments: the day after tomorrow, so that whatever the
+    hour of the run they start more than the salon's free-cancellation hours (24) ahead, and the
+    winner may still reschedule and cancel for free (tomorrow's 10:00 was inside them after 07:00 UTC)."""
+    return dt.datetime.combine(dt.datetime.now(ZoneInfo(ZONE)).date() + dt.timedelta(days=2), at, ZoneInfo(ZONE))
+
+
 async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) -> tuple[dict, dict] | None:
     """The race for one slot; the winner's (headers, completed checkout), None when nobody won."""
     admin = _admin(secret, SALON_MERCHANT)
     run = uuid.uuid4().hex[:6]
     # A chair of its own per run, so reruns never collide with an earlier race's booking.
     res = _ok(await c.post(f"/v1/salons/{demo['salon_id']}/resources", json={"name": f"Race chair {run}"}, headers=admin))
-    start = dt.datetime.combine(dt.datetime.now(ZoneInfo(ZONE)).date() + dt.timedelta(days=1), dt.time(10), ZoneInfo(ZONE))
+    start = _appointment(dt.time(10))
     slot = _ok(await c.post(f"/v1/salons/{demo['salon_id']}/slots:batchCreate", headers=admin, json={"slots": [
         {"resourceId": res["id"], "startTime": start.isoformat(), "endTime": (start + dt.timedelta(hours=1)).isoformat(),
          "price": PRICE}]}))["slots"][0]
@@ -181,7 +188,7 @@ async def reschedule(c: httpx.AsyncClient, secret: str, demo: dict, head: dict, 
     run = uuid.uuid4().hex[:6]
     res = _ok(await c.post(f"/v1/salons/{demo['salon_id']}/resources", json={"name": f"Reschedule chair {run}"},
                            headers=admin))
-    start = dt.datetime.combine(dt.datetime.now(ZoneInfo(ZONE)).date() + dt.timedelta(days=1), dt.time(11), ZoneInfo(ZONE))
+    start = _appointment(dt.time(11))
     dearer = {"currencyCode": PRICE["currencyCode"], "amountMinor": str(int(PRICE["amountMinor"]) + 2500)}
     slot = _ok(await c.post(f"/v1/salons/{demo['salon_id']}/slots:batchCreate", headers=admin, json={"slots": [
         {"resourceId": res["id"], "startTime": start.isoformat(), "endTime": (start + dt.timedelta(hours=1)).isoformat(),
