@@ -127,3 +127,13 @@ def bench_postgres():
     from cutylib.testing.postgres import start_test_postgres
 
     return start_test_postgres()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process `pid` so far (all its threads), from /proc; 0 once it exited."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # a backend that exited
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

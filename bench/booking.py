@@ -21,7 +21,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import Result, Run, bench_postgres, closed_loop, merged, report  # puts services and generated code on sys.path
+from _common import Result, Run, bench_postgres, closed_loop, cpu_seconds, merged, report  # puts services and generated code on sys.path
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -139,13 +139,6 @@ class Clients:
     catalog: booking_pb2_grpc.BookingServiceStub
     md: tuple  # per call: the declared caller on a plaintext server, nothing with mutual TLS
     admin: tuple = ()  # an admin user's signed assertion (+ the gateway's declared identity in plaintext)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process `pid` so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Server:

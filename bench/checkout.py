@@ -27,7 +27,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import Run, bench_postgres, closed_loop, report
+from _common import Run, bench_postgres, closed_loop, cpu_seconds, report
 
 import asyncpg
 import grpc
@@ -58,15 +58,6 @@ ENV = {
     "CUTY_MAX_ACTIVE_HOLDS": 1000,
     "CUTY_DB_POOL_MAX": 40,
 }
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:  # a backend that exited
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def postgres_cpu(server) -> dict[int, float]:

@@ -21,7 +21,7 @@ import tempfile
 import time
 import uuid
 
-from _common import closed_loop, report, bench_postgres
+from _common import bench_postgres, closed_loop, cpu_seconds, report
 
 import grpc
 import jwt
@@ -70,12 +70,6 @@ class Http:
             if name.strip().lower() == b"content-length":
                 length = int(value)
         return int(status_line.split()[1]), await self.reader.readexactly(length)
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def seed(stack: Stack) -> tuple[str, dict, str]:

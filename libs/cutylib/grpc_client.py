@@ -1,4 +1,9 @@
-"""Client channels: mutual TLS as this process's identity, default deadlines, the user forwarded."""
+"""Client channels: mutual TLS as this process's identity, default deadlines, the user forwarded.
+
+The defaults are added by wrapping the channel's multicallables, not by a grpc.aio client
+interceptor: an intercepted call runs as an extra task with its own call object around the real
+one, which cost about a tenth of a cheap call's client CPU (docs/benchmarks.md, "Issue 11, part 4").
+"""
 from __future__ import annotations
 
 import grpc
@@ -8,40 +13,67 @@ from .identity import ASSERTION_KEY
 from .tls import Transport
 
 
-class _Defaults(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamUnaryClientInterceptor):
+class _Defaults:
     """Give every call a deadline and forward the current user's signed assertion, unchanged.
 
-    Work done as `system` (the saga) forwards no user: the callee then sees only this service."""
+    Work done as `system` (the saga) forwards no user: the callee then sees only this service.
+    `deadline` is None for streamed answers (a watch lives as long as its caller wants)."""
 
-    def __init__(self, deadline: float, transport: Transport):
-        self.deadline = deadline
-        self.declared = transport.metadata()
+    __slots__ = ("_call", "_deadline", "_declared")
 
-    def _details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        timeout = d.timeout if d.timeout is not None else self.deadline
-        md = grpc.aio.Metadata(*(d.metadata or ()), *self.declared)
-        p = principal.current()
-        if p.assertion and ASSERTION_KEY not in md:
-            md.add(ASSERTION_KEY, p.assertion)
-        if telemetry.propagating_by_hand() and "traceparent" not in md:
-            for k, v in telemetry.inject_metadata():
-                md.add(k, v)
-        return grpc.aio.ClientCallDetails(d.method, timeout, md, d.credentials, d.wait_for_ready)
+    def __init__(self, call, deadline: float | None, declared: tuple[tuple[str, str], ...]):
+        self._call = call
+        self._deadline = deadline
+        self._declared = declared
 
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
-        return await continuation(self._details(client_call_details), request)
+    def __call__(self, request, *, timeout=None, metadata=None, **kwargs):
+        md = list(metadata or ())
+        md.extend(self._declared)
+        assertion = principal.current().assertion
+        if assertion and not any(k == ASSERTION_KEY for k, _ in md):
+            md.append((ASSERTION_KEY, assertion))
+        if telemetry.propagating_by_hand() and not any(k == "traceparent" for k, _ in md):
+            md.extend(telemetry.inject_metadata())
+        return self._call(request, timeout=self._deadline if timeout is None else timeout,
+                          metadata=tuple(md), **kwargs)
 
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
-        return await continuation(self._details(client_call_details), request_iterator)
+
+class Channel:
+    """A grpc.aio.Channel whose calls carry the defaults above; anything else is the channel's."""
+
+    def __init__(self, channel: grpc.aio.Channel, deadline: float, transport: Transport):
+        self._channel = channel
+        self._deadline = deadline
+        self._declared = tuple(transport.metadata())
+
+    def unary_unary(self, *args, **kwargs):
+        return _Defaults(self._channel.unary_unary(*args, **kwargs), self._deadline, self._declared)
+
+    def stream_unary(self, *args, **kwargs):
+        return _Defaults(self._channel.stream_unary(*args, **kwargs), self._deadline, self._declared)
+
+    def unary_stream(self, *args, **kwargs):
+        return _Defaults(self._channel.unary_stream(*args, **kwargs), None, self._declared)
+
+    def stream_stream(self, *args, **kwargs):
+        return _Defaults(self._channel.stream_stream(*args, **kwargs), None, self._declared)
+
+    def __getattr__(self, name):
+        return getattr(self._channel, name)
+
+    async def __aenter__(self) -> "Channel":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._channel.close()
 
 
 def create_channel(addr: str, target: str, transport: Transport, *, deadline_seconds: float = 5.0,
-                   options: list[tuple] | None = None) -> grpc.aio.Channel:
-    """A channel to the service named `target` at `addr`, as `transport`'s identity, whose calls
-    default to `deadline_seconds`."""
-    return transport.channel(
+                   options: list[tuple] | None = None) -> Channel:
+    """A channel to the service named `target` at `addr`, as `transport`'s identity, whose unary
+    calls default to `deadline_seconds`."""
+    return Channel(transport.channel(
         addr, target,
-        interceptors=[_Defaults(deadline_seconds, transport)],
         options=[("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.enable_retries", 0),
                  *(options or [])],
-    )
+    ), deadline_seconds, transport)

@@ -118,6 +118,29 @@ async def test_the_user_is_the_signed_assertion_and_never_plain_metadata(probe_s
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+async def test_the_client_channel_forwards_the_current_user_and_defaults_the_deadline(probe_server):
+    """What a service's onward call carries (cutylib.grpc_client): the user it is serving (their
+    signed assertion, unchanged), or none while it works as itself; the default deadline unless
+    the call sets its own."""
+    signed = dict(user("user-9", "staff", "org-3"))["cuty-user"]
+    async with channel_as("gateway", addr(probe_server), "booking", deadline_seconds=0.3) as ch:
+        async def as_the_user():  # in a task of its own: the current user ends with it
+            principal.set_current(principal.Principal("user-9", "staff", "org-3", assertion=signed))
+            salon = await stub(ch).CreateSalon(CREATE)
+            assert (salon.id, salon.name, salon.time_zone) == ("user-9", "staff", "org-3")
+            # A call that names its user itself is not overridden by the current one.
+            salon = await stub(ch).CreateSalon(CREATE, metadata=user("user-1", "admin", "org-7"))
+            assert (salon.id, salon.name) == ("user-1", "admin")
+
+        await asyncio.create_task(as_the_user())
+        assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(ch).GetSlot(booking_pb2.GetSlotRequest(), timeout=1.0)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert asyncio.get_running_loop().time() - started >= 0.9  # its own 1 s, not the channel's 0.3 s
+
+
 async def test_system_only_for_the_orchestrator_or_the_service_itself(probe_server):
     server = GrpcServer("booking", 0, host="127.0.0.1")
     table = {m.name: {"gateway", "payments", "booking"} for m in SERVICE.methods}
