@@ -20,7 +20,6 @@ BENCH_CONCURRENCY (default 16), BENCH_ROUNDS (default 3).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
@@ -133,7 +132,7 @@ async def floor(port: int, dsn: str, booking_addr: str, psp_url: str, statements
             customer = principal.current().require_subject()
             checkout_id, owner = uuid.uuid4(), f"create:{uuid.uuid4().hex[:16]}"
             await pool.fetchrow(INSERT_CHECKOUT, checkout_id, customer, owner)                # 1
-            with as_system():  # as the saga calls booking (checkout/remote.py)
+            with principal.acting_as(principal.SYSTEM):  # as the saga calls booking (checkout/remote.py)
                 hold = await booking.HoldSlot(bpb.HoldSlotRequest(
                     slot_id=request.slot_id, customer_id=customer, request_id=f"{checkout_id}:hold"))
             row = await pool.fetchrow(HELD, checkout_id, hold.id, hold.price.amount_minor, hold.price.currency_code)  # 2
@@ -152,7 +151,7 @@ async def floor(port: int, dsn: str, booking_addr: str, psp_url: str, statements
                 "confirm": True, "metadata": {"payment_id": str(payment["id"]), "checkout_id": str(checkout_id)}})
             await pool.fetchrow(PAID, payment["id"], intent["status"], intent["id"], payment["version"])  # 6
             await pool.fetchrow(MOVE, checkout_id, "CONFIRMING")                                # 7
-            with as_system():
+            with principal.acting_as(principal.SYSTEM):
                 await booking.ConfirmHold(bpb.ConfirmHoldRequest(hold_id=row["hold_id"], payment_ref=str(payment["id"])))
             done = await pool.fetchrow(MOVE, checkout_id, "COMPLETED")                          # 8
             answer = cpb.Checkout(id=str(checkout_id), state=cpb.CHECKOUT_STATE_COMPLETED, hold_id=done["hold_id"])
@@ -172,17 +171,6 @@ async def floor(port: int, dsn: str, booking_addr: str, psp_url: str, statements
     server.add_service(ppb.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS)
     await server.start()
     await asyncio.Event().wait()
-
-
-@contextlib.contextmanager
-def as_system():
-    from cutylib import principal
-
-    token = principal.set_current(principal.SYSTEM)
-    try:
-        yield
-    finally:
-        token.var.reset(token)
 
 
 def _child(role: str, *args: str) -> None:
@@ -243,29 +231,30 @@ async def main() -> None:
             return p
 
         spawn("peer", bport, hport)
-        variants = {}  # name -> (process, checkout)
-        for name, mode in (("the calls of a checkout, no saga", "sql"), ("the same without its 10 statements", "nosql")):
+        variants = {}  # name -> (process, checkout, what it makes)
+        for name, mode, calls in (("the calls of a checkout, no saga", "sql", "3 gRPC in, 2 gRPC out, 1 HTTP, 10 statements"),
+                                  ("the same without its 10 statements", "nosql", "3 gRPC in, 2 gRPC out, 1 HTTP")):
             port = free_port()
             proc = spawn("floor", port, server.dsn, f"127.0.0.1:{bport}", f"http://127.0.0.1:{hport}", mode)
             ch = channel_as("gateway", f"127.0.0.1:{port}", "payments")
             channels.append(ch)
             await ch.channel_ready()
-            variants[name] = (proc, _buyer(checkout_pb2_grpc.CheckoutServiceStub(ch), payments_pb2_grpc.PaymentServiceStub(ch)))
-        for name, (proc, checkout) in variants.items():
+            variants[name] = (proc, _buyer(checkout_pb2_grpc.CheckoutServiceStub(ch), payments_pb2_grpc.PaymentServiceStub(ch)),
+                              calls)
+        for name, (proc, checkout, _) in variants.items():
             warm = await closed_loop(checkout, concurrency=CONCURRENCY, total=200)  # connections, caches
             if warm.errors:
                 await checkout(0)  # raises the error the checkouts fail with
         results, cpu = [], {name: [] for name in variants}
         for r in range(ROUNDS):
-            for name, (proc, checkout) in variants.items():  # alternated, round after round
+            for name, (proc, checkout, calls) in variants.items():  # alternated, round after round
                 cpu0 = cpu_seconds(proc.pid)
                 run = await closed_loop(checkout, concurrency=CONCURRENCY, duration=SECONDS)
                 if run.errors:
                     raise RuntimeError(f"{run.errors} checkouts failed; see {work}")
                 ms = round(1000 * (cpu_seconds(proc.pid) - cpu0) / max(1, run.ops), 2)
                 cpu[name].append(ms)
-                results.append(run.result(f"{name} (round {r + 1})", CONCURRENCY,
-                                          notes="3 gRPC in, 2 gRPC out, 1 HTTP" + (", 10 statements" if "no saga" in name else ""),
+                results.append(run.result(f"{name} (round {r + 1})", CONCURRENCY, notes=calls,
                                           orchestrator_cpu_ms_per_checkout=ms))
         report("floor", results)
         print("\nthe stand-in orchestrator's CPU ms per checkout (compare payments-0 in `make bench-checkout`):")

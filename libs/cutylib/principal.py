@@ -10,6 +10,7 @@ every role check refuses as UNAUTHENTICATED.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from dataclasses import dataclass, field
 
@@ -51,6 +52,17 @@ def current() -> Principal:
 
 def set_current(p: Principal) -> contextvars.Token:
     return _current.set(p)
+
+
+@contextlib.contextmanager
+def acting_as(p: Principal):
+    """`p` is the current principal inside the block (e.g. SYSTEM: the orchestrator's own calls to
+    booking and the code pool, made in no customer's name); the one before it after."""
+    token = _current.set(p)
+    try:
+        yield p
+    finally:
+        _current.reset(token)
 
 
 def metadata_value(metadata, key: str) -> str:

@@ -124,15 +124,12 @@ async def test_the_client_channel_forwards_the_current_user_and_defaults_the_dea
     the call sets its own."""
     signed = dict(user("user-9", "staff", "org-3"))["cuty-user"]
     async with channel_as("gateway", addr(probe_server), "booking", deadline_seconds=0.3) as ch:
-        async def as_the_user():  # in a task of its own: the current user ends with it
-            principal.set_current(principal.Principal("user-9", "staff", "org-3", assertion=signed))
+        with principal.acting_as(principal.Principal("user-9", "staff", "org-3", assertion=signed)):
             salon = await stub(ch).CreateSalon(CREATE)
             assert (salon.id, salon.name, salon.time_zone) == ("user-9", "staff", "org-3")
             # A call that names its user itself is not overridden by the current one.
             salon = await stub(ch).CreateSalon(CREATE, metadata=user("user-1", "admin", "org-7"))
             assert (salon.id, salon.name) == ("user-1", "admin")
-
-        await asyncio.create_task(as_the_user())
         assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
         started = asyncio.get_running_loop().time()
         with pytest.raises(grpc.aio.AioRpcError) as e:

@@ -14,7 +14,6 @@ Errors are sorted into what the saga can act on:
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -114,15 +113,10 @@ class Held:
     cancellation_fee_percent: int | None = None
 
 
-@contextlib.contextmanager
 def _as_system():
     """Calls to booking / the code pool are made by the orchestrator itself (role system), not in
     the name of the customer whose request we are serving: the customer is passed explicitly."""
-    token = principal.set_current(principal.SYSTEM)
-    try:
-        yield
-    finally:
-        token.var.reset(token)
+    return principal.acting_as(principal.SYSTEM)
 
 
 def _retryable(err: grpc.aio.AioRpcError, what: str) -> Retryable:
