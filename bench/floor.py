@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import uuid
+from datetime import datetime, timedelta, timezone
 
 from _common import bench_postgres, closed_loop, cpu_seconds, report
 
@@ -66,7 +67,6 @@ async def peer(grpc_port: int, http_port: int) -> None:
     from cuty.common.v1 import common_pb2
     from cutylib.grpc_server import GrpcServer
     from cutylib.timestamps import to_timestamp
-    from datetime import datetime, timedelta, timezone
 
     class Booking(booking_pb2_grpc.BookingServiceServicer):
         async def HoldSlot(self, request, context):

@@ -44,7 +44,7 @@ class Channel:
     def __init__(self, channel: grpc.aio.Channel, deadline: float, transport: Transport):
         self._channel = channel
         self._deadline = deadline
-        self._declared = tuple(transport.metadata())
+        self._declared = transport.metadata()
 
     def unary_unary(self, *args, **kwargs):
         return _Defaults(self._channel.unary_unary(*args, **kwargs), self._deadline, self._declared)
@@ -70,8 +70,8 @@ class Channel:
 
 def create_channel(addr: str, target: str, transport: Transport, *, deadline_seconds: float = 5.0,
                    options: list[tuple] | None = None) -> Channel:
-    """A channel to the service named `target` at `addr`, as `transport`'s identity, whose unary
-    calls default to `deadline_seconds`."""
+    """A channel to the service named `target` at `addr`, as `transport`'s identity, whose calls
+    with one answer default to `deadline_seconds` (streamed answers have no default deadline)."""
     return Channel(transport.channel(
         addr, target,
         options=[("grpc.max_receive_message_length", 64 * 1024 * 1024), ("grpc.enable_retries", 0),

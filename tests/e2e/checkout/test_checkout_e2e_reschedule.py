@@ -195,6 +195,13 @@ async def test_staff_reschedule_any_booking_of_their_merchant(shop):
 ROUNDS = 6
 
 
+async def live_holds(shop, slots: list[str]) -> dict[str, int]:
+    """slot id -> live bookings on it (confirmed, or held and not expired), from booking's database."""
+    return {r["slot_id"]: r["n"] for r in await shop.db["booking"].fetch(
+        "SELECT slot_id::text, count(*) AS n FROM holds WHERE slot_id = ANY($1::uuid[]) AND (status = 'confirmed' "
+        "OR (status = 'held' AND expires_at > clock_timestamp())) GROUP BY slot_id", slots)}
+
+
 async def test_a_reschedule_races_another_buyer_for_the_new_slot(shop):
     """Each round: a booking on slot A is rescheduled to B while another buyer takes B, at the same
     moment (separate connections, no ordering). The database decides: exactly one gets B; the loser
@@ -231,15 +238,11 @@ async def test_a_reschedule_races_another_buyer_for_the_new_slot(shop):
             # earlier round may come before this round's when this one's falls after midnight there).
             offered = [s.id for s in detail.alternatives] if detail is not None else []
             assert detail is not None and detail.slot_id == b and offered and not {a, b} & set(offered), offered
-            assert not await shop.db["booking"].fetchval(
-                "SELECT count(*) FROM holds WHERE slot_id = ANY($1::uuid[]) AND (status = 'confirmed' "
-                "OR (status = 'held' AND expires_at > clock_timestamp()))", offered), "an offered slot is taken"
+            assert await live_holds(shop, offered) == {}, "an offered slot is taken"
             mine = await shop.get(done.id, me)
             assert (mine.slot_id, mine.hold_id, name(mine.state)) == (a, done.hold_id, "COMPLETED")
             assert (mine.reschedule.status, mine.reschedule.failure_reason) == ("reverted", "slot-unavailable")
-        live = {r["slot_id"]: r["n"] for r in await shop.db["booking"].fetch(
-            "SELECT slot_id::text, count(*) AS n FROM holds WHERE slot_id = ANY($1::uuid[]) AND (status = 'confirmed' "
-            "OR (status = 'held' AND expires_at > clock_timestamp())) GROUP BY slot_id", [a, b])}
+        live = await live_holds(shop, [a, b])
         assert live == ({b: 1} if rescheduled else {a: 1, b: 1}), live
         await shop.check_reschedules([done.id])
         outcomes.append(rescheduled)

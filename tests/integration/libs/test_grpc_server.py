@@ -130,6 +130,10 @@ async def test_the_client_channel_forwards_the_current_user_and_defaults_the_dea
             # A call that names its user itself is not overridden by the current one.
             salon = await stub(ch).CreateSalon(CREATE, metadata=user("user-1", "admin", "org-7"))
             assert (salon.id, salon.name) == ("user-1", "admin")
+            # Working as itself while serving the user (the saga's calls): no user goes with the call.
+            with principal.acting_as(principal.SYSTEM):
+                assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
+            assert (await stub(ch).CreateSalon(CREATE)).id == "user-9"  # the user again after the block
         assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
         started = asyncio.get_running_loop().time()
         with pytest.raises(grpc.aio.AioRpcError) as e:
