@@ -137,3 +137,30 @@ def cpu_seconds(pid: int) -> float:
     except OSError:  # a backend that exited
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Http:
+    """One keep-alive HTTP/1.1 connection; just enough protocol for the gateway's answers."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.reader = self.writer = None
+
+    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, bytes]:
+        if self.writer is None or self.reader.at_eof():  # (re)connect, as any keep-alive client does
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        head = [f"{method} {path} HTTP/1.1", "Host: bench", f"Content-Length: {len(body)}"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        status_line = await self.reader.readline()
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return int(status_line.split()[1]), await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None

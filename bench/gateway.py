@@ -21,7 +21,7 @@ import tempfile
 import time
 import uuid
 
-from _common import bench_postgres, closed_loop, cpu_seconds, report
+from _common import Http, bench_postgres, closed_loop, cpu_seconds, report
 
 import grpc
 import jwt
@@ -48,28 +48,6 @@ def token(sub: str, role: str) -> str:
     if org := org_for(role):
         claims["org"] = org
     return jwt.encode(claims, DEV_JWT_SECRET, algorithm="HS256")
-
-
-class Http:
-    """One keep-alive HTTP/1.1 connection; just enough protocol for the gateway's answers."""
-
-    def __init__(self, port: int):
-        self.port = port
-        self.reader = self.writer = None
-
-    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, bytes]:
-        if self.writer is None or self.reader.at_eof():  # (re)connect, as any keep-alive client does
-            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        head = [f"{method} {path} HTTP/1.1", "Host: bench", f"Content-Length: {len(body)}"]
-        head += [f"{k}: {v}" for k, v in headers.items()]
-        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        status_line = await self.reader.readline()
-        length = 0
-        while (line := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        return int(status_line.split()[1]), await self.reader.readexactly(length)
 
 
 async def seed(stack: Stack) -> tuple[str, dict, str]:
@@ -177,8 +155,7 @@ async def main() -> None:
                                 gateway_cpu_ms_per_request=round(gateway_cpu_ms, 3))
                 results += [dr, gr]
             for c in conns:
-                if c.writer:
-                    c.writer.close()
+                c.close()
         await booking.close()
         await payments.close()
     finally:

@@ -1,0 +1,283 @@
+"""Flash-sale benchmark (`make bench-overload`): open-loop buyers through the gateway, past capacity.
+
+A buyer arrives (Poisson arrivals, one new customer each), creates a checkout (one code, or a slot
+of their own), pays it with pm_card_ok and waits until it is COMPLETED; after PATIENCE seconds
+(10, as a browser tab) they give up and close their connection, as a person would. A buyer the
+platform refuses (429 / 503) leaves at once.
+
+1. Capacity: 16 closed-loop buyers for CAP_SECONDS; completed checkouts per second.
+2. For each multiple in BENCH_LOADS (default 1,2,3,5) of that capacity, LOAD_SECONDS of arrivals:
+   goodput (checkouts COMPLETED within the buyer's patience, per second) over capacity, p50/p99 of
+   those successes, p99 of refusals, and how many gave up.
+3. After settling (no checkout left in a non-final state): money. The PSP's captured-minus-refunded
+   total must equal the sum of COMPLETED checkouts, whoever gave up when.
+
+Targets: goodput >= 0.9 of capacity at 3x and >= 0.8 at 5x; p99 of successes at 3x <= 2x the p99 at
+capacity; refusals answered with p99 <= 50 ms; no money mismatch.
+
+BENCH_KINDS="codes,booking", BENCH_LOADS="1,2,3,5", BENCH_LOAD_SECONDS (20), BENCH_CAP_SECONDS (10),
+BENCH_PATIENCE (10), BENCH_ONE_CALL=1 (create-and-pay in one request, when the gateway offers it).
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import itertools
+import json
+import os
+import random
+import tempfile
+import time
+import uuid
+from typing import Iterator
+
+from _common import Http, Result, bench_postgres, percentile, report
+
+import asyncpg
+import jwt
+
+from cuty.booking.v1 import booking_pb2, booking_pb2_grpc
+from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
+from cutylib.config import DEV_JWT_SECRET, with_database
+from cutylib.testing.stack import Stack
+from cutylib.testing.trust import user
+
+KINDS = os.environ.get("BENCH_KINDS", "codes,booking").split(",")
+LOADS = [float(x) for x in os.environ.get("BENCH_LOADS", "1,2,3,5").split(",")]
+LOAD_SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "20"))
+CAP_SECONDS = float(os.environ.get("BENCH_CAP_SECONDS", "10"))
+PATIENCE = float(os.environ.get("BENCH_PATIENCE", "10"))
+ONE_CALL = os.environ.get("BENCH_ONE_CALL", "0") == "1"
+CAP_BUYERS = 16
+MAX_IN_FLIGHT = 4000  # open connections at once (the client's own bound; far above any level's need)
+ADMIN = user("bench-admin", "admin")
+FINAL = {"COMPLETED", "FAILED", "REFUNDED", "EXPIRED", "CANCELLED", "REJECTED", "NEEDS_ATTENTION"}
+ENV = {
+    "CUTY_LOG_LEVEL": "WARNING", "CUTY_PSP_LOG_LEVEL": "WARNING", "CUTY_GATEWAY_ACCESS_LOG": "0",
+    "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01",
+    # Every buyer is a new customer from one address (this client): the per-caller limits are not
+    # what is measured here, so they are set out of the way.
+    "CUTY_GATEWAY_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_RATE_BURST": 1_000_000,
+    "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_ADDRESS_RATE_BURST": 1_000_000,
+}
+
+
+class Buyers:
+    """Tokens of fresh customers, made ahead so that signing them costs the measured run nothing."""
+
+    def __init__(self, n: int):
+        exp = int(time.time()) + 7200
+        self.tokens = [jwt.encode({"sub": f"flash-{uuid.uuid4().hex[:12]}", "role": "customer", "exp": exp},
+                                  DEV_JWT_SECRET, algorithm="HS256") for _ in range(n)]
+        self.next = 0
+
+    def take(self) -> str:
+        t = self.tokens[self.next % len(self.tokens)]
+        self.next += 1
+        return t
+
+
+class Outcome:
+    def __init__(self):
+        self.ok: list[float] = []        # ms, COMPLETED within patience
+        self.refused: list[float] = []   # ms, 429 / 503 answers
+        self.failed = 0                  # other answers (a declined or failed checkout)
+        self.gave_up = 0                 # patience ran out
+        self.statuses: dict[str, int] = {}
+
+
+async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http]) -> None:
+    conn = conns.pop() if conns else Http(port)
+    t0 = time.perf_counter()
+    auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    async def flow() -> str:
+        status, raw = await conn.request("POST", "/v1/checkouts", {**auth, "Idempotency-Key": uuid.uuid4().hex}, body)
+        if status != 200:
+            return str(status)
+        co = json.loads(raw)
+        if not ONE_CALL:
+            status, raw = await conn.request("POST", f"/v1/checkouts/{co['id']}:pay",
+                                             {**auth, "Idempotency-Key": uuid.uuid4().hex},
+                                             b'{"paymentMethod":"pm_card_ok"}')
+            if status != 200:
+                return str(status)
+            co = json.loads(raw)
+        while (state := co["state"].removeprefix("CHECKOUT_STATE_")) not in FINAL:
+            await asyncio.sleep(0.1)  # only when the inline confirm was deferred
+            status, raw = await conn.request("GET", f"/v1/checkouts/{co['id']}", auth)
+            if status != 200:
+                return str(status)
+            co = json.loads(raw)
+        return state
+
+    try:
+        result = await asyncio.wait_for(flow(), PATIENCE)
+    except asyncio.TimeoutError:
+        out.gave_up += 1
+        conn.close()  # the tab is closed: its connection goes with it
+        return
+    except (OSError, asyncio.IncompleteReadError, ValueError):
+        out.failed += 1
+        conn.close()
+        return
+    ms = (time.perf_counter() - t0) * 1000
+    out.statuses[result] = out.statuses.get(result, 0) + 1
+    if result == "COMPLETED":
+        out.ok.append(ms)
+    elif result in ("429", "503"):
+        out.refused.append(ms)
+    else:
+        out.failed += 1
+    conns.append(conn)
+
+
+async def closed_capacity(port: int, buyers: Buyers, bodies, seconds: float) -> tuple[float, Outcome]:
+    out, conns = Outcome(), []
+    stop = time.perf_counter() + seconds
+
+    async def worker():
+        while time.perf_counter() < stop:
+            await buy(port, buyers.take(), next(bodies), out, conns)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CAP_BUYERS)))
+    elapsed = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    return len(out.ok) / elapsed, out
+
+
+async def open_loop(port: int, buyers: Buyers, bodies, rate: float, seconds: float) -> Outcome:
+    """Poisson arrivals at `rate` per second for `seconds`; waits for every buyer to finish or leave."""
+    out, conns, tasks = Outcome(), [], set()
+    rng = random.Random(7)
+    t0 = time.perf_counter()
+    at = t0
+    while True:
+        at += rng.expovariate(rate)
+        if at - t0 >= seconds:
+            break
+        if (delay := at - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
+        if len(tasks) >= MAX_IN_FLIGHT:
+            out.statuses["client-bound"] = out.statuses.get("client-bound", 0) + 1
+            continue
+        t = asyncio.create_task(buy(port, buyers.take(), next(bodies), out, conns))
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(tasks, timeout=PATIENCE + 5)
+    for c in conns:
+        c.close()
+    return out
+
+
+async def seed(stack: Stack, kind: str, n: int) -> Iterator[bytes]:
+    """The buyers' request bodies: one code of one product for everyone, or a slot of their own each
+    (a buyer races nobody: what is measured is load, not a hot slot)."""
+    if kind == "codes":
+        async with stack.channel("gateway", "codepool") as ch:
+            c = codepool_pb2_grpc.CodePoolServiceStub(ch)
+            p = await c.CreateProduct(codepool_pb2.CreateProductRequest(
+                sku=f"FLASH-{uuid.uuid4().hex[:8]}", name="Flash sale card",
+                price={"currency_code": "TRY", "amount_minor": 1000}), metadata=ADMIN)
+            for start in range(0, n, 10_000):
+                await c.ImportCodeBatch(codepool_pb2.ImportCodeBatchRequest(
+                    product_id=p.id, batch_ref=f"b{start}",
+                    codes=[f"FLASH-{uuid.uuid4().hex}" for _ in range(min(10_000, n - start))]),
+                    metadata=ADMIN, timeout=300)
+        return itertools.repeat(('{"productId":"%s","quantity":1}' % p.id).encode())
+    async with stack.channel("gateway", "booking") as ch:
+        b = booking_pb2_grpc.BookingServiceStub(ch)
+        salon = await b.CreateSalon(booking_pb2.CreateSalonRequest(name="Flash", time_zone="Europe/Istanbul"),
+                                    metadata=ADMIN)
+        base = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0) + dt.timedelta(days=2)
+        slots: list[str] = []
+        per_resource = 2000
+        for r in range((n + per_resource - 1) // per_resource):
+            res = await b.CreateResource(booking_pb2.CreateResourceRequest(salon_id=salon.id, name=f"Chair {r}"),
+                                         metadata=ADMIN)
+            for start in range(0, min(per_resource, n - r * per_resource), 500):
+                req = booking_pb2.BatchCreateSlotsRequest(salon_id=salon.id)
+                for h in range(start, min(start + 500, per_resource, n - r * per_resource)):
+                    s = req.slots.add(resource_id=res.id)
+                    s.start_time.FromDatetime(base + dt.timedelta(hours=h))
+                    s.end_time.FromDatetime(base + dt.timedelta(hours=h + 1))
+                    s.price.currency_code, s.price.amount_minor = "TRY", 75000
+                out = await b.BatchCreateSlots(req, metadata=ADMIN, timeout=60)
+                slots += [s.id for s in out.slots]
+    return iter([('{"slotId":"%s"}' % slot).encode() for slot in slots])
+
+
+async def settle(stack: Stack, timeout: float = 180) -> dict:
+    """Waits until no checkout is left in a non-final state, then compares the money."""
+    dsn = with_database(stack.pg_dsn, "cuty_payments")
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            open_ = await conn.fetchval("SELECT count(*) FROM checkouts WHERE state <> ALL($1::text[])", list(FINAL))
+            if open_ == 0 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1)
+        completed, kept = await conn.fetchrow(
+            "SELECT count(*), coalesce(sum(amount_minor), 0) FROM checkouts WHERE state = 'COMPLETED'")
+        by_state = dict(await conn.fetch("SELECT state, count(*) FROM checkouts GROUP BY state"))
+    finally:
+        await conn.close()
+    ledger = await stack.psp_ledger()
+    psp_kept = sum(c["amount"] - c.get("amount_refunded", 0) for c in ledger["charges"])
+    return {"unsettled": open_, "completed": completed, "platform_kept_minor": int(kept),
+            "psp_kept_minor": int(psp_kept), "money_exact": int(kept) == int(psp_kept), "by_state": by_state}
+
+
+def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, offered: float | None) -> Result:
+    ok, refused = sorted(out.ok), sorted(out.refused)
+    goodput = len(ok) / seconds
+    r = Result(f"{kind} {label}", CAP_BUYERS if offered is None else 0, round(goodput, 1),
+               round(percentile(ok, 0.5), 1), round(percentile(ok, 0.99), 1), round(ok[-1] if ok else 0.0, 1),
+               limit_ops_per_s=round(capacity, 1), ratio_to_limit=round(goodput / capacity, 3) if capacity else None)
+    r.extra = {"offered_per_s": round(offered, 1) if offered else None, "completed": len(ok),
+               "refused": len(refused), "refusal_p99_ms": round(percentile(refused, 0.99), 1),
+               "gave_up": out.gave_up, "failed": out.failed, "answers": out.statuses}
+    r.notes = (f"goodput {r.ratio_to_limit:.2f} of capacity; refused {len(refused)} (p99 "
+               f"{r.extra['refusal_p99_ms']} ms); gave up {out.gave_up}" if offered else "capacity (closed loop)")
+    return r
+
+
+async def main() -> None:
+    pg = bench_postgres()
+    work = tempfile.mkdtemp(prefix="cuty-bench-overload-")
+    stack = Stack(pg.dsn, work, gateway=True, env=ENV)
+    print("starting postgres, the services, the PSP simulator and the gateway ...", flush=True)
+    await stack.start()
+    results: list[Result] = []
+    try:
+        for kind in KINDS:
+            # Enough for the capacity run and every level at 6x a generous capacity guess.
+            need = int(80 * (CAP_SECONDS + LOAD_SECONDS * sum(LOADS) * 1.3)) + 2000
+            print(f"{kind}: seeding {need} {'codes' if kind == 'codes' else 'slots'} ...", flush=True)
+            bodies = await seed(stack, kind, need)
+            buyers = Buyers(int(need * 1.1))
+            await closed_capacity(stack.http_port, buyers, bodies, 3)  # warm up
+            capacity, cap_out = await closed_capacity(stack.http_port, buyers, bodies, CAP_SECONDS)
+            print(f"{kind}: capacity {capacity:.1f} checkouts/s", flush=True)
+            results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None))
+            for x in LOADS:
+                rate = capacity * x
+                print(f"{kind}: {x:g}x = {rate:.0f} arrivals/s for {LOAD_SECONDS:g} s ...", flush=True)
+                out = await open_loop(stack.http_port, buyers, bodies, rate, LOAD_SECONDS)
+                results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate))
+                await asyncio.sleep(2)  # the backlog of the level before drains
+        money = await settle(stack)
+        print(f"settled: {money}", flush=True)
+        results.append(Result("money after settling", 0, 0, 0, 0, 0,
+                              notes="exact" if money["money_exact"] else "MISMATCH", extra=money))
+    finally:
+        await stack.stop()
+        pg.close()
+    report("overload", results)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
