@@ -138,7 +138,8 @@ async def start_gateway(fake):
 
 @pytest_asyncio.fixture(scope="session")
 async def gw(start_gateway):
-    return await start_gateway(deadline_seconds=2.0, rate_per_second=1000, rate_burst=1000)
+    return await start_gateway(deadline_seconds=2.0, rate_per_second=1000, rate_burst=1000,
+                               address_rate_per_second=1000, address_rate_burst=1000)
 
 
 @pytest_asyncio.fixture(scope="session")
