@@ -69,7 +69,7 @@ class AdmissionControl:
         self._baselines: dict[str, list[float]] = {}  # route -> [this period's min, last period's, period start]
         now = clock()
         self._window_start = now
-        self._last_cut = now - WINDOW_SECONDS
+        self._last_cut = -math.inf
         self._samples = self._slow = self._peak = 0
         _LIVE.add(self)
 

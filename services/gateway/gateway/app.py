@@ -159,6 +159,7 @@ class Gateway:
             tp, trace_id = tracing.traceparent(span)
             extra: dict[str, str] = {}
             stream: StreamingResponse | None = None
+            shed = False
             try:
                 if self.addresses.enabled:
                     kind = _OWN_ROUTES if route is None else _WEBHOOK if self.access[route.rpc].public else _API
@@ -177,6 +178,7 @@ class Gateway:
                     raise Problem(404, "not-found", f"no route for {method} {raw_path}")
             except Problem as p:
                 status, body, ctype, extra = p.status, p.body(trace_id), PROBLEM_JSON, p.headers
+                shed = p.type == problems.OVERLOADED  # counted, not logged: refusals come by thousands
             except ClientGone:
                 return
             except Exception:  # noqa: BLE001 - a gateway bug must still answer with a problem
@@ -184,7 +186,7 @@ class Gateway:
                 p = Problem(500, "internal", "the gateway failed; quote the trace id when reporting it")
                 status, body, ctype = 500, p.body(trace_id), PROBLEM_JSON
             span.set_attribute("http.response.status_code", status)
-            if status >= 500 and route is not None:
+            if status >= 500 and route is not None and not shed:
                 log.warning("request failed", extra={"route": name, "status": status})
         if stream is not None:
             if tp:
