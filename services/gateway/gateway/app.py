@@ -210,9 +210,9 @@ class Gateway:
     # The one generic route handler ---------------------------------------------------------------
     async def _rpc(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
                    t0: float) -> bytes:
-        criticality, budget = self._budget(route, headers)
+        criticality, budget, since = self._budget(route, headers, t0)
         request, metadata = await self._prepare(route, bound, query, headers, receive)
-        timeout = self._admit(route, criticality, budget, t0)
+        timeout = self._admit(route, criticality, budget, since)
         adm = self.admission
         started, outcome = adm.clock(), admission.OK
         try:
@@ -241,9 +241,9 @@ class Gateway:
         messages as Server-Sent Events (sse.py); the call is cancelled when the client leaves.
         Admission counts the opening only: an open stream costs the service little, and one that
         held a place for its hour would leave none to the calls the limit is measured on."""
-        criticality, budget = self._budget(route, headers)
+        criticality, budget, since = self._budget(route, headers, t0)
         request, metadata = await self._prepare(route, bound, query, headers, receive)
-        timeout = self._admit(route, criticality, budget, t0)
+        timeout = self._admit(route, criticality, budget, since)
         call = self.backends.stream(route, request, metadata=metadata, timeout=timeout)
         adm = self.admission
         started, outcome = adm.clock(), admission.OK
@@ -318,20 +318,22 @@ class Gateway:
             raise Problem(429, "rate-limited", f"too many requests; retry in {wait:.1f} s",
                           headers={"retry-after": retry_after_header(wait)})
 
-    def _budget(self, route: Route, headers: dict[str, str]) -> tuple[str, float]:
-        """The route's criticality, and how long its call may take: the route's maximum, or less
-        when the client says so in Request-Timeout (a 400 naming the header when malformed)."""
+    def _budget(self, route: Route, headers: dict[str, str], t0: float) -> tuple[str, float, float | None]:
+        """The route's criticality; how long its call may take: the route's maximum, or less when
+        the client says so in Request-Timeout (a 400 naming the header when malformed); and since
+        when that time runs: the client's from the request's arrival (t0), the route's own from
+        the call (a large body's slow upload does not eat it)."""
         criticality, longest = self.load[route.rpc]
         raw = headers.get("request-timeout")
         if raw is None:
-            return criticality, longest
-        return criticality, min(longest, _request_timeout(raw))
+            return criticality, longest, None
+        return criticality, min(longest, _request_timeout(raw)), t0
 
-    def _admit(self, route: Route, criticality: str, budget: float, t0: float) -> float:
-        """The call's deadline, what is left of `budget` since the request came in (t0); or the
+    def _admit(self, route: Route, criticality: str, budget: float, since: float | None) -> float:
+        """The call's deadline, what is left of `budget` (counted from `since` when given); or the
         request refused now: 504 when nothing is left, 503 `overloaded` when its criticality's
         share of the concurrency limit is in use."""
-        left = budget - (time.perf_counter() - t0)
+        left = budget if since is None else budget - (time.perf_counter() - since)
         if left <= 0:
             access_log.shed(route.template.source, criticality, "deadline")
             raise Problem(504, "deadline-exceeded", f"the request's time ({budget:g} s) ran out before the gateway "
@@ -415,7 +417,7 @@ async def _read_body(receive, limit: int) -> bytes:
 
 def _request_timeout(raw: str) -> float:
     value = raw.strip()
-    seconds = float(value) if _SECONDS.match(value) else math.nan
+    seconds = float(value) if len(value) <= 32 and _SECONDS.match(value) else math.nan
     if not 0 < seconds <= MAX_REQUEST_TIMEOUT:  # NaN fails too
         raise bad_request("Request-Timeout", f"Request-Timeout must be a number of seconds above 0 and at most "
                           f"{MAX_REQUEST_TIMEOUT:g}, such as 2.5; got {raw[:40]!r}")
