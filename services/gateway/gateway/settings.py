@@ -33,8 +33,8 @@ class GatewaySettings:
     rate_burst: float = env_field(env_float, "CUTY_GATEWAY_RATE_BURST", 100.0)
     # Per client address, before any token is looked at (so random tokens get no fresh bursts),
     # on every route, public ones included; 0 disables. Generous: many users may share an address.
-    address_rate_per_second: float = env_field(env_float, "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND", 200.0)
-    address_rate_burst: float = env_field(env_float, "CUTY_GATEWAY_ADDRESS_RATE_BURST", 400.0)
+    address_rate_per_second: float = env_field(env_float, "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND", 100.0)
+    address_rate_burst: float = env_field(env_float, "CUTY_GATEWAY_ADDRESS_RATE_BURST", 200.0)
     # Where the client's address comes from: empty = the socket peer; else a header that only a
     # trusted proxy in front of the gateway sets (X-Forwarded-For), and which hop of it: `last`
     # (the address the nearest proxy appended; the only safe one when the proxy appends) or `first`
