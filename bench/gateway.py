@@ -78,9 +78,15 @@ async def seed(stack: Stack) -> tuple[str, dict, str]:
 async def main() -> None:
     pg = bench_postgres()
     work = tempfile.mkdtemp(prefix="cuty-bench-gateway-")
-    # The rate limit stays on (a bucket per client) but set out of the way: this measures the path.
+    # The rate limits (per client address, per subject) and the admission control stay on but are
+    # set out of the way (every client shares one address; the concurrency limit pinned above the
+    # clients in flight): this measures the path, not the shedding.
     stack = Stack(pg.dsn, work, gateway=True, env={"CUTY_GATEWAY_RATE_PER_SECOND": 1_000_000,
-                                                    "CUTY_GATEWAY_RATE_BURST": 1_000_000, "CUTY_LOG_LEVEL": "WARNING",
+                                                    "CUTY_GATEWAY_RATE_BURST": 1_000_000,
+                                                    "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND": 1_000_000,
+                                                    "CUTY_GATEWAY_ADDRESS_RATE_BURST": 1_000_000,
+                                                    "CUTY_GATEWAY_CONCURRENCY_MIN": 1000,
+                                                    "CUTY_GATEWAY_CONCURRENCY_MAX": 1000, "CUTY_LOG_LEVEL": "WARNING",
                                                     # each client buys again and again (issue 10's caps)
                                                     "CUTY_MAX_ACTIVE_RESERVATIONS": 1_000_000,
                                                     "CUTY_MAX_QUANTITY_PER_PRODUCT": 1_000_000})

@@ -1,21 +1,25 @@
 """The gateway as one ASGI application: every route goes through the same steps.
 
-    match route (404/405) -> server span -> body size (413) -> bearer header (401) -> rate limit
-    per token (429) -> token signature (401) -> role (403) -> Idempotency-Key (400) -> transcode
-    (400) -> gRPC call over mutual TLS, the user as a signed assertion, with a deadline
-    -> JSON answer, or the gRPC status as an RFC 9457 problem
+    match route (404/405) -> server span -> rate limit per client address (429) -> Request-Timeout
+    (400) -> body size (413) -> bearer header (401) -> token signature (401) -> rate limit per
+    subject (429) -> role (403) -> Idempotency-Key (400) -> transcode (400) -> time left (504)
+    -> admission by criticality (503 overloaded) -> gRPC call over mutual TLS, the user as a
+    signed assertion, with a deadline -> JSON answer, or the gRPC status as an RFC 9457 problem
 
 A server-streaming RPC takes the same steps up to the call, and is then answered as Server-Sent
 Events (sse.py): a refusal before the stream opens is still a problem.
 
 There is no per-route code: the route table comes from the protos (descriptors.py), who may call
-what from policy.py. Plain ASGI rather than a framework router: the routes are not known until
-the descriptors are read, and the hot path stays short (see bench/gateway.py).
+what, how critical it is and how long it may take from policy.py. Plain ASGI rather than a
+framework router: the routes are not known until the descriptors are read, and the hot path stays
+short (see bench/gateway.py).
 """
 from __future__ import annotations
 
-import hashlib
+import ipaddress
 import logging
+import math
+import re
 import time
 
 import grpc
@@ -24,11 +28,12 @@ from starlette.responses import StreamingResponse
 from cutylib.identity import AssertionSigner
 from cutylib.tls import GATEWAY, Transport
 
-from . import access as access_log, auth, openapi, problems, tracing
+from . import access as access_log, admission, auth, openapi, problems, tracing
+from .admission import AdmissionControl
 from .backends import Backends
 from .descriptors import Route, load_routes
 from .memo import Memo
-from .policy import Access, access_for
+from .policy import LOAD, Access, access_for, load_for
 from .problems import Problem, bad_request
 from .ratelimit import RateLimiter, retry_after_header
 from .settings import GatewaySettings
@@ -45,6 +50,12 @@ MAX_IDEMPOTENCY_KEY = 255
 # once per distinct answer.
 MEMO_MAX_INPUT = 2048
 MEMO_MAX_ANSWER = 64 * 1024
+# Request-Timeout: seconds as a plain decimal (no exponent, sign, `nan` or `inf`), at most an hour.
+_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\Z")
+MAX_REQUEST_TIMEOUT = 3600.0
+# Rate-limit buckets per client address, one per kind of route, so that a flood of API calls from
+# an address does not starve the PSP's webhooks or the health probes from the same one.
+_API, _WEBHOOK, _OWN_ROUTES = 0, 1, 2
 
 
 class ClientGone(Exception):
@@ -59,8 +70,24 @@ class Gateway:
         owners = sorted({r.owner for r in self.routes})
         self.backends = Backends({o: self.settings.addr_for(o) for o in owners},
                                  self.settings.transport or Transport.from_env(GATEWAY))
-        self.limiter = RateLimiter(self.settings.rate_per_second, self.settings.rate_burst)
         s = self.settings
+        self.limiter = RateLimiter(s.rate_per_second, s.rate_burst)  # per verified subject
+        self.addresses = RateLimiter(s.address_rate_per_second, s.address_rate_burst)
+        if s.client_ip_hop not in ("first", "last"):
+            raise ValueError(f"CUTY_GATEWAY_CLIENT_IP_HOP must be first or last, got {s.client_ip_hop!r}")
+        self._ip_header = s.client_ip_header.lower()
+        self._ip_hop = -1 if s.client_ip_hop == "last" else 0
+        self.admission = AdmissionControl(min_limit=s.concurrency_min, max_limit=s.concurrency_max,
+                                          initial_limit=s.concurrency_initial, tolerance=s.latency_tolerance,
+                                          target_seconds=s.latency_target_seconds)
+        # rpc -> (criticality, the longest its call may take: a client's Request-Timeout is capped by it)
+        self.load: dict[str, tuple[str, float]] = {}
+        for r in self.routes:
+            load = load_for(r.rpc)
+            cap = s.sse_max_seconds if r.server_streaming else s.deadline_seconds
+            self.load[r.rpc] = (load.criticality, min(load.max_seconds, cap))
+            if r.rpc not in LOAD:
+                log.warning("route has no criticality in policy.LOAD; shed first", extra={"rpc": r.rpc})
         self.verify = auth.Verifier("" if s.jwks_url else s.jwt_secret, jwks_url=s.jwks_url, issuer=s.jwt_issuer,
                                     audience=s.jwt_audience, leeway=s.jwt_leeway_seconds)
         self.signer = s.signer or AssertionSigner.from_env()
@@ -132,12 +159,16 @@ class Gateway:
             tp, trace_id = tracing.traceparent(span)
             extra: dict[str, str] = {}
             stream: StreamingResponse | None = None
+            shed = False
             try:
+                if self.addresses.enabled:
+                    kind = _OWN_ROUTES if route is None else _WEBHOOK if self.access[route.rpc].public else _API
+                    self._rate_limit(self.addresses, (kind, self.client_address(scope, headers)), route_name, route)
                 if route is not None and route.server_streaming:
-                    stream = await self._stream(route, bound, query, headers, receive, trace_id)
+                    stream = await self._stream(route, bound, query, headers, receive, trace_id, t0)
                     status, body, ctype = 200, b"", sse.MEDIA_TYPE
                 elif route is not None:
-                    status, body, ctype = 200, await self._rpc(route, bound, query, headers, receive), JSON
+                    status, body, ctype = 200, await self._rpc(route, bound, query, headers, receive, t0), JSON
                 elif raw_path in _OWN and method == "GET":
                     status, body, ctype = await _OWN[raw_path](self)
                 elif allowed or raw_path in _OWN:
@@ -147,6 +178,7 @@ class Gateway:
                     raise Problem(404, "not-found", f"no route for {method} {raw_path}")
             except Problem as p:
                 status, body, ctype, extra = p.status, p.body(trace_id), PROBLEM_JSON, p.headers
+                shed = p.type == problems.OVERLOADED  # counted, not logged: refusals come by thousands
             except ClientGone:
                 return
             except Exception:  # noqa: BLE001 - a gateway bug must still answer with a problem
@@ -154,7 +186,7 @@ class Gateway:
                 p = Problem(500, "internal", "the gateway failed; quote the trace id when reporting it")
                 status, body, ctype = 500, p.body(trace_id), PROBLEM_JSON
             span.set_attribute("http.response.status_code", status)
-            if status >= 500 and route is not None:
+            if status >= 500 and route is not None and not shed:
                 log.warning("request failed", extra={"route": name, "status": status})
         if stream is not None:
             if tp:
@@ -176,13 +208,21 @@ class Gateway:
                           log_line=self.settings.access_log)
 
     # The one generic route handler ---------------------------------------------------------------
-    async def _rpc(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive) -> bytes:
+    async def _rpc(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
+                   t0: float) -> bytes:
+        criticality, budget, since = self._budget(route, headers, t0)
         request, metadata = await self._prepare(route, bound, query, headers, receive)
-        deadline = self.settings.deadline_seconds
+        timeout = self._admit(route, criticality, budget, since)
+        adm = self.admission
+        started, outcome = adm.clock(), admission.OK
         try:
-            raw = await self.backends.call(route, request, metadata=metadata, timeout=deadline)
+            raw = await self.backends.call(route, request, metadata=metadata, timeout=timeout)
         except grpc.aio.AioRpcError as e:
-            raise problems.from_rpc_error(e, service=route.owner, deadline=deadline) from None
+            p = problems.from_rpc_error(e, service=route.owner, deadline=budget)
+            outcome = self._outcome(route, criticality, p)
+            raise p from None
+        finally:
+            adm.release(route.rpc, started, outcome)
         if route.http_method != "GET" or len(raw) > MEMO_MAX_ANSWER:
             # A write's answer is new every time (ids, states): nothing to reuse.
             return to_json(route.output_type.FromString(raw))
@@ -196,15 +236,26 @@ class Gateway:
         return body
 
     async def _stream(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
-                      trace_id: str) -> StreamingResponse:
+                      trace_id: str, t0: float) -> StreamingResponse:
         """A server-streaming route: the call opened (or its refusal as a problem), then its
-        messages as Server-Sent Events (sse.py); the call is cancelled when the client leaves."""
+        messages as Server-Sent Events (sse.py); the call is cancelled when the client leaves.
+        Admission counts the opening only: an open stream costs the service little, and one that
+        held a place for its hour would leave none to the calls the limit is measured on."""
+        criticality, budget, since = self._budget(route, headers, t0)
         request, metadata = await self._prepare(route, bound, query, headers, receive)
-        s = self.settings
-        call = self.backends.stream(route, request, metadata=metadata, timeout=s.sse_max_seconds)
-        first = await sse.opened(call, service=route.owner, deadline=s.sse_max_seconds)
-        body = sse.events(call, first, heartbeat=s.sse_heartbeat_seconds, service=route.owner,
-                          deadline=s.sse_max_seconds, trace_id=trace_id)
+        timeout = self._admit(route, criticality, budget, since)
+        call = self.backends.stream(route, request, metadata=metadata, timeout=timeout)
+        adm = self.admission
+        started, outcome = adm.clock(), admission.OK
+        try:
+            first = await sse.opened(call, service=route.owner, deadline=budget)
+        except Problem as p:
+            outcome = self._outcome(route, criticality, p)
+            raise
+        finally:
+            adm.release(route.rpc, started, outcome)
+        body = sse.events(call, first, heartbeat=self.settings.sse_heartbeat_seconds, service=route.owner,
+                          deadline=budget, trace_id=trace_id)
         # no-transform / X-Accel-Buffering: proxies must pass each event on as it comes.
         return StreamingResponse(body, media_type=sse.MEDIA_TYPE, headers={
             "cache-control": "no-store, no-transform", "x-accel-buffering": "no"})
@@ -223,12 +274,12 @@ class Gateway:
         metadata: list[tuple[str, str]] = []
         if not access.public:
             token = auth.token_of(headers.get("authorization"))
-            # Rate limited per token before it is verified: a flood costs no signature checks.
-            wait = self.limiter.take(hashlib.blake2b(token.encode(), digest_size=16).digest())
-            if wait:
-                raise Problem(429, "rate-limited", f"too many requests; retry in {wait:.1f} s",
-                              headers={"retry-after": retry_after_header(wait)})
+            # Verified first: a limit keyed by anything the client chooses freely (the token
+            # itself) would hand every made-up token a fresh burst. Floods of bad tokens meet the
+            # per-address limit before any signature is checked.
             who = await self.verify(token)
+            if self.limiter.enabled:
+                self._rate_limit(self.limiter, who.subject, route.template.source, route)
             if who.role not in access.roles:
                 raise Problem(403, "permission-denied", f"role {who.role!r} may not call {route.http_method} "
                               f"{route.template.source}; allowed: {', '.join(sorted(access.roles)) or 'nobody'}")
@@ -244,6 +295,64 @@ class Gateway:
                 metadata.append((key, _forwarded(header, headers[header])))
         metadata += tracing.inject()
         return self._request(route, bound, query, body), tuple(metadata)
+
+    # Load: who may use the backends now, and for how long ------------------------------------------
+    def client_address(self, scope, headers: dict[str, str]) -> str:
+        """The client's address: the configured trusted proxy header's first or last hop, else the
+        socket peer. An IPv6 address stands for its /64 (one customer's network gets as many
+        addresses as it likes), an IPv4-mapped one for its IPv4 address."""
+        addr = ""
+        if self._ip_header:
+            forwarded = headers.get(self._ip_header)
+            if forwarded:
+                addr = forwarded.split(",")[self._ip_hop].strip()[:64]
+        if not addr:
+            client = scope.get("client")
+            addr = client[0] if client else ""
+        return _network(addr) if ":" in addr else addr
+
+    def _rate_limit(self, limiter: RateLimiter, key, route_name: str, route: Route | None) -> None:
+        wait = limiter.take(key)
+        if wait:
+            access_log.shed(route_name, self.load[route.rpc][0] if route else "none", "rate_limited")
+            raise Problem(429, "rate-limited", f"too many requests; retry in {wait:.1f} s",
+                          headers={"retry-after": retry_after_header(wait)})
+
+    def _budget(self, route: Route, headers: dict[str, str], t0: float) -> tuple[str, float, float | None]:
+        """The route's criticality; how long its call may take: the route's maximum, or less when
+        the client says so in Request-Timeout (a 400 naming the header when malformed); and since
+        when that time runs: the client's from the request's arrival (t0), the route's own from
+        the call (a large body's slow upload does not eat it)."""
+        criticality, longest = self.load[route.rpc]
+        raw = headers.get("request-timeout")
+        if raw is None:
+            return criticality, longest, None
+        return criticality, min(longest, _request_timeout(raw)), t0
+
+    def _admit(self, route: Route, criticality: str, budget: float, since: float | None) -> float:
+        """The call's deadline, what is left of `budget` (counted from `since` when given); or the
+        request refused now: 504 when nothing is left, 503 `overloaded` when its criticality's
+        share of the concurrency limit is in use."""
+        left = budget if since is None else budget - (time.perf_counter() - since)
+        if left <= 0:
+            access_log.shed(route.template.source, criticality, "deadline")
+            raise Problem(504, "deadline-exceeded", f"the request's time ({budget:g} s) ran out before the gateway "
+                          "called the service: nothing was done; retry with more time")
+        if not self.admission.admit(criticality):
+            access_log.shed(route.template.source, criticality, "overloaded")
+            raise problems.overloaded("the platform is at capacity and serves purchases already under way first; "
+                                      "nothing was done, retry after Retry-After", admission.retry_after())
+        return left
+
+    def _outcome(self, route: Route, criticality: str, p: Problem) -> int:
+        """A failed call's sign for the concurrency limit (and the shedding count)."""
+        if p.status == 504:
+            return admission.TIMEOUT
+        if p.status == 503:
+            if p.type == problems.OVERLOADED:
+                access_log.shed(route.template.source, criticality, "backend_overloaded")
+            return admission.OVERLOAD
+        return admission.OK
 
     def _request(self, route: Route, bound: dict[str, str], query: str, body: bytes) -> bytes:
         """The request message, serialized; memoised per distinct (RPC, path variables, query,
@@ -304,6 +413,25 @@ async def _read_body(receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not msg.get("more_body"):
             return b"".join(chunks)
+
+
+def _request_timeout(raw: str) -> float:
+    value = raw.strip()
+    seconds = float(value) if len(value) <= 32 and _SECONDS.match(value) else math.nan
+    if not 0 < seconds <= MAX_REQUEST_TIMEOUT:  # NaN fails too
+        raise bad_request("Request-Timeout", f"Request-Timeout must be a number of seconds above 0 and at most "
+                          f"{MAX_REQUEST_TIMEOUT:g}, such as 2.5; got {raw[:40]!r}")
+    return seconds
+
+
+def _network(addr: str) -> str:
+    try:
+        ip = ipaddress.IPv6Address(addr.strip("[]"))
+    except ValueError:
+        return addr
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return ip.exploded[:19]  # the first four groups: the /64
 
 
 def _forwarded(name: str, value: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from .descriptors import Route, load_file_set, message_comments
-from .policy import Access
+from .policy import Access, load_for
 
 _T = FieldDescriptor
 _SCALARS = {
@@ -42,6 +42,16 @@ PROBLEM = {
         "available": {"type": "integer"},
     },
     "required": ["type", "title", "status"],
+}
+
+
+REQUEST_TIMEOUT = {
+    "name": "Request-Timeout", "in": "header", "required": False,
+    "schema": {"type": "string", "pattern": r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)$", "example": "2.5"},
+    "description": "How long the client will wait, in seconds (a decimal above 0, at most 3600): the call's deadline "
+                   "is the lesser of this and the route's own limit (reads 5 s, writes 10 s, writes that may wait on "
+                   "the payment provider 15 s), less the time the request already spent in the gateway. Anything "
+                   "else is a 400 naming the header.",
 }
 
 
@@ -143,7 +153,9 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
                        "description": "one value per intended operation; a replay returns the first answer byte for byte"})
     for header, _ in access.forward_headers:
         params.append({"name": header, "in": "header", "required": False, "schema": {"type": "string"}})
+    params.append(REQUEST_TIMEOUT)
     op["parameters"] = params
+    op["x-cuty-criticality"] = load_for(r.rpc).criticality
     if access.public:
         op["security"] = []
     else:
@@ -171,10 +183,12 @@ def _problem(description: str) -> dict:
 def problem_responses(r: Route, access: Access) -> list[tuple[int, str]]:
     """The problems a route can answer (issue 10, item 15), from what the gateway and the
     conventions know about it: its input, its policy, its path and its method."""
-    out: list[tuple[int, str]] = [(400, "bad input: `field` names the request field at fault")]
+    out: list[tuple[int, str]] = [(400, "bad input: `field` names the request field at fault (a request field, "
+                                        "or a header such as Request-Timeout)"),
+                                   (429, "rate limited (per client address; per caller after the token): retry "
+                                         "after the Retry-After header")]
     if not access.public:
-        out += [(401, "no valid bearer token"), (403, "the token's role may not call this route"),
-                (429, "rate limited: retry after the Retry-After header")]
+        out += [(401, "no valid bearer token"), (403, "the token's role may not call this route")]
     elif access.forward_headers:
         out.append((401, "the request's signature is missing, malformed, stale or does not match"))
     if r.template.variables:
@@ -184,8 +198,12 @@ def problem_responses(r: Route, access: Access) -> list[tuple[int, str]]:
                          "with available, a wrong state, a version conflict, idempotency-key-in-flight)"))
     if access.idempotency_key:
         out.append((422, "idempotency-key-reused: the same Idempotency-Key with another body"))
-    out += [(413, "the request body is too large"), (503, "a service is unavailable: retry"),
-            (504, "a service did not answer in time: the outcome is unknown, retry with the same Idempotency-Key")]
+    out += [(413, "the request body is too large"),
+            (503, "overloaded: the platform is at capacity and serves purchases already under way first (nothing "
+                  "was done; retry after Retry-After); or a service is unavailable: retry"),
+            (504, "a service did not answer in time (the route's limit or Request-Timeout): the outcome is unknown, "
+                  "retry with the same Idempotency-Key; or the Request-Timeout ran out before the call (nothing "
+                  "was done)")]
     return sorted(out)
 
 

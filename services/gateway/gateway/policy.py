@@ -7,6 +7,7 @@ so existence does not leak. An annotated RPC missing from this table is refused 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 CUSTOMER, STAFF, ADMIN, OPERATOR = "customer", "staff", "admin", "operator"
@@ -91,3 +92,62 @@ DENY_ALL = Access(frozenset())
 
 def access_for(rpc: str) -> Access:
     return POLICY.get(rpc, DENY_ALL)
+
+
+# Load: which work the gateway keeps when the backends are saturated (admission.py), and how long a
+# call of each route may take (the gRPC deadline; the cap of a client's Request-Timeout header).
+# CRITICAL finishes a purchase already started (paying, the PSP's word on it, the buyer watching or
+# reading it, cancelling it): it may use the whole concurrency limit and a reserved headroom.
+# NORMAL is new work (a new checkout, a merchant's writes), SHEDDABLE the reads that can be asked
+# again later; they get a share of the limit only, so they are refused first.
+CRITICAL, NORMAL, SHEDDABLE = "critical", "normal", "sheddable"
+# Longest call per kind of route, in seconds (CUTY_GATEWAY_DEADLINE_SECONDS caps them all): a read,
+# a write, a write that may wait on the PSP's synchronous answer, a stream (CUTY_SSE_MAX_SECONDS).
+READ, WRITE, PSP, STREAM = 5.0, 10.0, 15.0, math.inf
+
+
+@dataclass(frozen=True)
+class Load:
+    criticality: str
+    max_seconds: float
+
+
+LOAD: dict[str, Load] = {
+    "cuty.booking.v1.BookingService.CreateSalon": Load(NORMAL, WRITE),
+    "cuty.booking.v1.BookingService.SetCancellationPolicy": Load(NORMAL, WRITE),
+    "cuty.booking.v1.BookingService.CreateResource": Load(NORMAL, WRITE),
+    "cuty.booking.v1.BookingService.BatchCreateSlots": Load(NORMAL, WRITE),
+    "cuty.booking.v1.BookingService.ListSlots": Load(SHEDDABLE, READ),
+    "cuty.booking.v1.BookingService.ListBookings": Load(SHEDDABLE, READ),
+    "cuty.codepool.v1.CodePoolService.CreateProduct": Load(NORMAL, WRITE),
+    "cuty.codepool.v1.CodePoolService.ImportCodeBatch": Load(NORMAL, WRITE),
+    "cuty.codepool.v1.CodePoolService.GetStock": Load(SHEDDABLE, READ),
+    "cuty.codepool.v1.CodePoolService.ListCodes": Load(SHEDDABLE, READ),
+    "cuty.codepool.v1.CodePoolService.RevealCode": Load(SHEDDABLE, READ),
+    "cuty.payments.v1.CheckoutService.CreateCheckout": Load(NORMAL, WRITE),
+    "cuty.payments.v1.CheckoutService.PayCheckout": Load(CRITICAL, PSP),
+    "cuty.payments.v1.CheckoutService.GetCheckout": Load(CRITICAL, READ),
+    # A cancel releases what the checkout holds (and may refund through the PSP).
+    "cuty.payments.v1.CheckoutService.CancelCheckout": Load(CRITICAL, PSP),
+    "cuty.payments.v1.CheckoutService.RescheduleCheckout": Load(NORMAL, PSP),
+    "cuty.payments.v1.CheckoutService.ListCheckouts": Load(SHEDDABLE, READ),
+    "cuty.payments.v1.CheckoutService.WatchCheckout": Load(CRITICAL, STREAM),
+    "cuty.payments.v1.CheckoutService.RetryCheckout": Load(NORMAL, PSP),
+    "cuty.payments.v1.PaymentService.GetPaymentTimeline": Load(SHEDDABLE, READ),
+    "cuty.payments.v1.PaymentService.LookupPayment": Load(SHEDDABLE, READ),
+    "cuty.payments.v1.PaymentService.IssueRefund": Load(NORMAL, PSP),
+    "cuty.payments.v1.WebhookEndpointService.CreateWebhookEndpoint": Load(NORMAL, WRITE),
+    "cuty.payments.v1.WebhookEndpointService.ListWebhookEndpoints": Load(SHEDDABLE, READ),
+    "cuty.payments.v1.WebhookEndpointService.DeleteWebhookEndpoint": Load(NORMAL, WRITE),
+    "cuty.payments.v1.WebhookEndpointService.ListWebhookDeliveries": Load(SHEDDABLE, READ),
+    "cuty.payments.v1.WebhookEndpointService.RedeliverWebhook": Load(NORMAL, WRITE),
+    # The PSP's word on a payment: a lost one costs a reconciliation round (or a buyer's wait).
+    "cuty.payments.v1.PaymentService.HandlePspWebhook": Load(CRITICAL, WRITE),
+}
+
+# A route missing from LOAD (a unit test names it) is the first to be refused, with a read's deadline.
+UNCLASSIFIED = Load(SHEDDABLE, READ)
+
+
+def load_for(rpc: str) -> Load:
+    return LOAD.get(rpc, UNCLASSIFIED)

@@ -22,7 +22,8 @@ from .transcode import dumps
 
 # DESIGN.md: ALREADY_EXISTS, FAILED_PRECONDITION, RESOURCE_EXHAUSTED and ABORTED are all
 # conflicts with the current state of a resource (409); 429 is kept for the gateway's own rate
-# limit so a client can tell "slow down" from "out of stock".
+# limit so a client can tell "slow down" from "out of stock". RESOURCE_EXHAUSTED without a domain
+# reason is a service shedding load: 503 `overloaded` (from_rpc_error).
 HTTP_STATUS = {
     grpc.StatusCode.OK: 200,
     grpc.StatusCode.CANCELLED: 499,
@@ -99,6 +100,15 @@ def bad_request(field: str, detail: str, type_: str = "invalid-argument") -> Pro
     return Problem(400, type_, detail, extra={"field": field} if field else {})
 
 
+OVERLOADED = "overloaded"
+
+
+def overloaded(detail: str, retry_after: str) -> Problem:
+    """503 `overloaded`: refused (or shed by a service) to keep the answers that are admitted
+    fast; nothing was done, retry after Retry-After."""
+    return Problem(503, OVERLOADED, detail, headers={"retry-after": retry_after})
+
+
 _SNAKE = re.compile(r"_([a-z0-9])")
 
 
@@ -154,6 +164,10 @@ def from_rpc_error(err: grpc.aio.AioRpcError, *, service: str, deadline: float) 
         elif not a.TypeName().startswith("google.rpc."):
             extra.update(_detail_members(a))
     detail = err.details() or ""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and reason in ("", OVERLOADED):
+        # Without a domain reason (out-of-stock, too-many-active-holds, ... stay 409s) it is the
+        # service's own load shedding (its concurrency cap): the same answer as the gateway's.
+        return overloaded(f"the {service} service is overloaded; nothing was done, retry later", retry_after or "1")
     headers = {"retry-after": retry_after} if retry_after else {}
     if st is None and code == grpc.StatusCode.UNAVAILABLE:
         # A transport failure: the message names internal addresses, say what matters instead.

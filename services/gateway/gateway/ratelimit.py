@@ -1,4 +1,6 @@
-"""A token bucket per caller (the token's subject): one noisy customer cannot starve the rest.
+"""Token buckets per key: the gateway keeps one table per client address (before any token is
+looked at) and one per verified token subject (app.py), so one noisy client cannot starve the rest
+and made-up tokens get no fresh bursts.
 
 In memory and per gateway replica: with N replicas behind a balancer a customer gets up to N
 times the rate, which is fine for a guard against runaway clients (it is not a quota).

@@ -23,12 +23,32 @@ class GatewaySettings:
     jwks_url: str = env_field(env_str, "CUTY_JWT_JWKS_URL", "")
     jwt_issuer: str = env_field(env_str, "CUTY_JWT_ISSUER", "")
     jwt_audience: str = env_field(env_str, "CUTY_JWT_AUDIENCE", "")
-    # Generous: a PayCheckout may wait on the PSP's synchronous answer (DESIGN.md, pm_card_sync_timeout).
+    # The longest deadline of any call: a PayCheckout may wait on the PSP's synchronous answer
+    # (DESIGN.md, pm_card_sync_timeout). Each route's own is policy.LOAD's, capped by this; a client
+    # may ask for less with the Request-Timeout header.
     deadline_seconds: float = env_field(env_float, "CUTY_GATEWAY_DEADLINE_SECONDS", 15.0)
     max_body_bytes: int = env_field(env_int, "CUTY_GATEWAY_MAX_BODY_BYTES", 1024 * 1024)
-    # Per caller (token subject); 0 disables. Generous: it guards against runaway clients only.
+    # Per caller (verified token subject); 0 disables. Generous: it guards against runaway clients only.
     rate_per_second: float = env_field(env_float, "CUTY_GATEWAY_RATE_PER_SECOND", 50.0)
     rate_burst: float = env_field(env_float, "CUTY_GATEWAY_RATE_BURST", 100.0)
+    # Per client address, before any token is looked at (so random tokens get no fresh bursts),
+    # on every route, public ones included; 0 disables. Generous: many users may share an address.
+    address_rate_per_second: float = env_field(env_float, "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND", 100.0)
+    address_rate_burst: float = env_field(env_float, "CUTY_GATEWAY_ADDRESS_RATE_BURST", 200.0)
+    # Where the client's address comes from: empty = the socket peer; else a header that only a
+    # trusted proxy in front of the gateway sets (X-Forwarded-For), and which hop of it: `last`
+    # (the address the nearest proxy appended; the only safe one when the proxy appends) or `first`
+    # (when the proxy replaces the header with the client's address).
+    client_ip_header: str = env_field(env_str, "CUTY_GATEWAY_CLIENT_IP_HEADER", "")
+    client_ip_hop: str = env_field(env_str, "CUTY_GATEWAY_CLIENT_IP_HOP", "last")
+    # Admission control (admission.py): backend calls in flight, an adaptive limit within
+    # [min, max] (max 0: off), starting at initial. A call is slow past max(target, tolerance x its
+    # route's recent minimum latency); mostly slow calls cut the limit.
+    concurrency_min: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_MIN", 20)
+    concurrency_max: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_MAX", 500)
+    concurrency_initial: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_INITIAL", 100)
+    latency_tolerance: float = env_field(env_float, "CUTY_GATEWAY_LATENCY_TOLERANCE", 2.0)
+    latency_target_seconds: float = env_field(env_float, "CUTY_GATEWAY_LATENCY_TARGET_SECONDS", 0.1)
     health_timeout_seconds: float = env_field(env_float, "CUTY_GATEWAY_HEALTH_TIMEOUT_SECONDS", 1.0)
     # JWT clock skew tolerated between the issuer and this host (exp, iat, nbf).
     jwt_leeway_seconds: float = env_field(env_float, "CUTY_JWT_LEEWAY_SECONDS", 30.0)

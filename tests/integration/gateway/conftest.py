@@ -49,7 +49,7 @@ class Call:
 
 @dataclass
 class FakeBackend:
-    scripts: dict = field(default_factory=dict)  # rpc short name -> fn(request, metadata) -> response
+    scripts: dict = field(default_factory=dict)  # rpc short name -> fn(request, metadata) -> response (None: empty)
     calls: list[Call] = field(default_factory=list)
 
     def last(self, rpc: str) -> Call:
@@ -73,7 +73,8 @@ class FakeBackend:
             if script is None:
                 return output_type()
             out = script(request, md)
-            return await out if inspect.isawaitable(out) else out
+            out = await out if inspect.isawaitable(out) else out
+            return output_type() if out is None else out
         return handle
 
 
@@ -118,6 +119,19 @@ class RunningGateway:
         await self.task
 
 
+@pytest.fixture
+def script(fake):
+    """script(rpc short name, fn(request, metadata)): the fake's answer for this test only."""
+    added = []
+
+    def set_(rpc, fn):
+        fake.scripts[rpc] = fn
+        added.append(rpc)
+    yield set_
+    for rpc in added:
+        fake.scripts.pop(rpc, None)
+
+
 @pytest_asyncio.fixture(scope="session")
 async def start_gateway(fake):
     running: list[RunningGateway] = []
@@ -138,7 +152,8 @@ async def start_gateway(fake):
 
 @pytest_asyncio.fixture(scope="session")
 async def gw(start_gateway):
-    return await start_gateway(deadline_seconds=2.0, rate_per_second=1000, rate_burst=1000)
+    return await start_gateway(deadline_seconds=2.0, rate_per_second=1000, rate_burst=1000,
+                               address_rate_per_second=1000, address_rate_burst=1000)
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -10,18 +10,6 @@ from cuty.payments.v1 import checkout_pb2
 from cutylib import errors
 
 
-@pytest.fixture
-def script(fake):
-    added = []
-
-    def set_(rpc, fn):
-        fake.scripts[rpc] = fn
-        added.append(rpc)
-    yield set_
-    for rpc in added:
-        fake.scripts.pop(rpc, None)
-
-
 def raising(exc):
     def fn(req, md):
         raise exc

@@ -1,11 +1,14 @@
 """Auth, limits and tracing at the edge: refused requests never reach a service."""
 import asyncio
 import json
+import secrets
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 SLOTS = "/v1/salons/s1/slots"
+SLOTS_ROUTE = "/v1/salons/{salon_id}/slots"
 
 
 @pytest.fixture
@@ -84,10 +87,52 @@ async def test_rate_limit_per_customer_with_retry_after(start_gateway, bearer):
         r = await c.get(SLOTS, headers=a)
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert r.json()["type"] == "rate-limited"
-        # Someone else is not affected, and the PSP's webhook is never limited.
+        # Someone else is not affected, and the PSP's webhook has no subject to be limited by.
         assert (await c.get(SLOTS, headers=bearer("customer", sub="polite"))).status_code == 200
         hooks = [(await c.post("/v1/psp/webhooks", content=b"{}")).status_code for _ in range(5)]
         assert hooks == [200] * 5
+
+
+def shed(route: str, reason: str) -> float:
+    return REGISTRY.get_sample_value("cuty_gateway_requests_shed_total",
+                                     {"http_route": route, "criticality": "sheddable", "reason": reason}) or 0.0
+
+
+async def test_random_tokens_from_one_address_are_rate_limited_after_its_burst(start_gateway, untouched):
+    """A made-up token is no new caller: the address' bucket is taken before any token is looked at."""
+    g = await start_gateway(address_rate_per_second=0.001, address_rate_burst=20)
+    before = shed(SLOTS_ROUTE, "rate_limited")
+    async with httpx.AsyncClient(base_url=g.url) as c:
+        answers = []
+        for _ in range(8):
+            answers += await asyncio.gather(*(c.get(SLOTS, headers={"Authorization": f"Bearer {secrets.token_urlsafe(24)}"})
+                                              for _ in range(50)))
+    codes = [r.status_code for r in answers]
+    assert codes.count(401) == 20 and codes.count(429) == 380
+    assert all(int(r.headers["retry-after"]) >= 1 and r.json()["type"] == "rate-limited"
+               for r in answers if r.status_code == 429)
+    assert shed(SLOTS_ROUTE, "rate_limited") == before + 380
+
+
+async def test_public_routes_are_limited_per_address_each_kind_apart(start_gateway, bearer):
+    g = await start_gateway(address_rate_per_second=0.001, address_rate_burst=3)
+    async with httpx.AsyncClient(base_url=g.url) as c:
+        hooks = [(await c.post("/v1/psp/webhooks", content=b"{}")).status_code for _ in range(4)]
+        assert hooks == [200, 200, 200, 429]
+        own = [(await c.get(path)).status_code for path in ("/readyz", "/openapi.json", "/readyz", "/healthz")]
+        assert own[:3] == [200, 200, 200] and own[3] == 429
+        # A flood of one kind from an address leaves the others' buckets alone.
+        assert (await c.get(SLOTS, headers=bearer("customer"))).status_code == 200
+
+
+async def test_the_address_comes_from_the_trusted_proxy_header_when_configured(start_gateway):
+    g = await start_gateway(client_ip_header="X-Forwarded-For", address_rate_per_second=0.001, address_rate_burst=2)
+    async with httpx.AsyncClient(base_url=g.url) as c:
+        # The client may write anything before the hop the proxy appended: it does not choose its bucket.
+        spoofed = [(await c.get("/readyz", headers={"X-Forwarded-For": f"10.9.{i}.1, 203.0.113.5"})).status_code
+                   for i in range(3)]
+        assert spoofed == [200, 200, 429]
+        assert (await c.get("/readyz", headers={"X-Forwarded-For": "203.0.113.6"})).status_code == 200
 
 
 async def test_traceparent_is_continued_and_propagated(client, fake, bearer):

@@ -20,12 +20,13 @@ def test_every_route_is_documented(routes):
     assert any(p["name"] == "Idempotency-Key" and p["required"] for p in create["parameters"])
     slots = doc["paths"]["/v1/salons/{salon_id}/slots"]["get"]
     assert {p["name"] for p in slots["parameters"]} == {"salon_id", "startTime", "endTime", "availableOnly",
-                                                         "pageSize", "pageToken"}
+                                                         "pageSize", "pageToken", "Request-Timeout"}
     lists = doc["paths"]["/v1/checkouts"]["get"]  # issue 12
     assert {p["name"] for p in lists["parameters"]} == {"salonId", "productId", "state", "createdAfter",
-                                                         "createdBefore", "pageSize", "pageToken"}
+                                                         "createdBefore", "pageSize", "pageToken", "Request-Timeout"}
     agenda = doc["paths"]["/v1/salons/{salon_id}/bookings"]["get"]
-    assert {p["name"] for p in agenda["parameters"]} == {"salon_id", "day", "includeHeld", "pageSize", "pageToken"}
+    assert {p["name"] for p in agenda["parameters"]} == {"salon_id", "day", "includeHeld", "pageSize", "pageToken",
+                                                          "Request-Timeout"}
     money = doc["components"]["schemas"]["cuty.common.v1.Money"]["properties"]
     assert money["amountMinor"] == {"type": "string", "format": "int64", "default": "0"}
     # the path variable is not repeated in the request body schema
@@ -57,3 +58,16 @@ def test_each_route_documents_the_problems_it_can_answer(routes):
     assert "401" in webhook and "403" not in webhook and "422" not in webhook
     slots = doc["paths"]["/v1/salons/{salon_id}/slots"]["get"]["responses"]
     assert "409" not in slots and "422" not in slots
+
+
+def test_every_operation_takes_request_timeout_and_names_its_criticality(routes):
+    rs = list(routes.values())
+    doc = document(rs, {r.rpc: access_for(r.rpc) for r in rs})
+    for r in rs:
+        op = doc["paths"][r.template.openapi_path][r.http_method.lower()]
+        header = [p for p in op["parameters"] if p["name"] == "Request-Timeout"]
+        assert len(header) == 1 and header[0]["in"] == "header" and not header[0]["required"], r.rpc
+        assert op["x-cuty-criticality"] in ("critical", "normal", "sheddable")
+        assert {"429", "503"} <= set(op["responses"]), r.rpc  # public routes are limited per address too
+    pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]
+    assert pay["x-cuty-criticality"] == "critical" and "overloaded" in pay["responses"]["503"]["description"]

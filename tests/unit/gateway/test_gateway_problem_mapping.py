@@ -86,3 +86,15 @@ def test_problem_extension_members_cannot_overwrite_core_members():
 def test_json_field_path():
     assert json_field_path("slots[0].start_time") == "slots[0].startTime"
     assert json_field_path("Idempotency-Key") == "Idempotency-Key"
+
+
+def test_a_service_shedding_load_is_503_overloaded_with_retry_after():
+    """RESOURCE_EXHAUSTED without a domain reason (a server's concurrency cap) is the gateway's own
+    `overloaded` answer; with one (out-of-stock, too-many-holds) it stays a 409 conflict."""
+    for err in (rpc_error(code=grpc.StatusCode.RESOURCE_EXHAUSTED, details="Concurrent RPC limit exceeded!"),
+                rpc_error(errors.ResourceExhausted("busy", reason="overloaded"))):
+        p = from_rpc_error(err, service="payments", deadline=5)
+        assert (p.status, p.type) == (503, "overloaded") and int(p.headers["retry-after"]) >= 1
+        assert "payments" in p.detail and "RPC limit" not in p.detail
+    p = from_rpc_error(rpc_error(errors.ResourceExhausted("short", reason="out-of-stock")), service="payments", deadline=5)
+    assert (p.status, p.type) == (409, "out-of-stock") and "retry-after" not in p.headers

@@ -1,0 +1,150 @@
+"""Flash-sale load at the edge, through the real gateway in front of a service that is slow (its
+calls wait until the test lets them go): past the concurrency limit refusals come at once, as
+`503 overloaded` with Retry-After, without waiting for the busy service; purchases already under
+way are still admitted; admitted requests complete. Request-Timeout bounds a call's deadline."""
+import asyncio
+import uuid
+
+import httpx
+import pytest
+from prometheus_client import REGISTRY
+
+from cutylib import errors
+
+
+class Gate:
+    """A script whose calls wait until `open` is set; `waiting` counts the calls held."""
+
+    def __init__(self):
+        self.open = asyncio.Event()
+        self.waiting = 0
+
+    async def __call__(self, request, metadata):
+        self.waiting += 1
+        try:
+            await self.open.wait()
+        finally:
+            self.waiting -= 1
+        return None
+
+    async def until_waiting(self, n: int) -> None:
+        for _ in range(1000):
+            if self.waiting >= n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{self.waiting} calls reached the service, expected {n}")
+
+
+@pytest.fixture
+def gate(script):
+    g = Gate()
+    yield g
+    g.open.set()
+
+
+def overloaded(r: httpx.Response) -> None:
+    assert r.status_code == 503, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["type"] == "overloaded" and int(r.headers["retry-after"]) >= 1
+
+
+def shed(route: str, criticality: str, reason: str) -> float:
+    return REGISTRY.get_sample_value("cuty_gateway_requests_shed_total",
+                                     {"http_route": route, "criticality": criticality, "reason": reason}) or 0.0
+
+
+def create(c: httpx.AsyncClient, who: dict):
+    return c.post("/v1/checkouts", json={"productId": "p1", "quantity": 1},
+                  headers={**who, "Idempotency-Key": uuid.uuid4().hex})
+
+
+async def test_at_the_limit_a_pay_is_admitted_while_new_checkouts_and_reads_are_refused_at_once(
+        start_gateway, fake, script, gate, bearer):
+    # A limit of 4: new checkouts may use 3 places, reads 2, purchases under way all 4 and more.
+    g = await start_gateway(concurrency_min=4, concurrency_max=4, concurrency_initial=4)
+    script("CreateCheckout", gate)
+    me = bearer("customer", sub="flash-buyer")
+    before = shed("/v1/checkouts", "normal", "overloaded")
+    async with httpx.AsyncClient(base_url=g.url, timeout=30) as c:
+        admitted = [asyncio.create_task(create(c, me)) for _ in range(3)]
+        await gate.until_waiting(3)
+        calls = len(fake.calls)
+
+        overloaded(await create(c, me))
+        overloaded(await c.get("/v1/salons/s1/slots", headers=me))
+        # Refused without reaching the service, and without waiting for the calls it holds.
+        assert len(fake.calls) == calls and gate.waiting == 3
+        assert shed("/v1/checkouts", "normal", "overloaded") == before + 1
+        assert REGISTRY.get_sample_value("cuty_gateway_calls_in_flight") >= 3
+
+        pay = await c.post("/v1/checkouts/ck1:pay", json={"paymentMethod": "pm_card_ok"},
+                           headers={**me, "Idempotency-Key": uuid.uuid4().hex})
+        assert pay.status_code == 200, pay.text
+        assert (await c.get("/v1/checkouts/ck1", headers=me)).status_code == 200
+        assert gate.waiting == 3
+
+        gate.open.set()
+        assert [r.status_code for r in await asyncio.gather(*admitted)] == [200, 200, 200]
+        assert (await create(c, me)).status_code == 200  # the places are free again
+
+
+async def test_a_flood_past_the_limit_is_refused_while_the_admitted_calls_still_run(
+        start_gateway, fake, script, gate, bearer):
+    g = await start_gateway(concurrency_min=5, concurrency_max=5, concurrency_initial=5)
+    script("CreateCheckout", gate)
+    creates = sum(1 for call in fake.calls if call.rpc == "CreateCheckout")
+    async with httpx.AsyncClient(base_url=g.url, timeout=30) as c:
+        flood = [asyncio.create_task(create(c, bearer("customer", sub=f"buyer-{i}"))) for i in range(40)]
+        for _ in range(1000):  # every refusal arrives while the service still holds the admitted calls
+            if sum(t.done() for t in flood) == 37:
+                break
+            await asyncio.sleep(0.01)
+        refused = [t.result() for t in flood if t.done()]
+        assert len(refused) == 37
+        for r in refused:
+            overloaded(r)
+        await gate.until_waiting(3)  # the admitted ones are held by the service, unanswered
+        assert sum(t.done() for t in flood) == 37
+        gate.open.set()
+        answers = await asyncio.gather(*flood)
+    assert sum(r.status_code == 200 for r in answers) == 3
+    assert sum(1 for call in fake.calls if call.rpc == "CreateCheckout") == creates + 3
+
+
+async def test_a_service_shedding_load_is_503_overloaded_and_lowers_the_limit(start_gateway, script, bearer):
+    g = await start_gateway(concurrency_min=5, concurrency_max=50, concurrency_initial=40)
+
+    def busy(request, metadata):
+        raise errors.ResourceExhausted("concurrency cap reached")
+    script("CreateCheckout", busy)
+    before = shed("/v1/checkouts", "normal", "backend_overloaded")
+    async with httpx.AsyncClient(base_url=g.url, timeout=30) as c:
+        overloaded(await create(c, bearer("customer")))
+    assert g.app.admission.limit == 32
+    assert shed("/v1/checkouts", "normal", "backend_overloaded") == before + 1
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "nan", "inf", "1e3", "7200"])
+async def test_a_malformed_request_timeout_is_400_naming_the_header(client, fake, bearer, value):
+    calls = len(fake.calls)
+    r = await client.get("/v1/checkouts/ck1", headers={**bearer("customer"), "Request-Timeout": value})
+    assert r.status_code == 400 and r.json()["field"] == "Request-Timeout", r.text
+    assert len(fake.calls) == calls
+
+
+async def test_request_timeout_is_the_calls_deadline(client, script, gate, bearer):
+    script("GetCheckout", gate)  # never answers on its own
+    r = await client.get("/v1/checkouts/ck1", headers={**bearer("customer"), "Request-Timeout": "0.3"})
+    assert r.status_code == 504 and "0.3 s" in r.json()["detail"], r.text
+    # More than the route allows is capped by it (this gateway's deadline: 2 s).
+    r = await client.get("/v1/checkouts/ck1", headers={**bearer("customer"), "Request-Timeout": "3000"})
+    assert r.status_code == 504 and "2 s" in r.json()["detail"], r.text
+
+
+async def test_time_spent_in_the_gateway_counts_against_request_timeout(client, fake, bearer):
+    calls = len(fake.calls)
+    before = shed("/v1/checkouts/{checkout_id}", "critical", "deadline")
+    r = await client.get("/v1/checkouts/ck1", headers={**bearer("customer"), "Request-Timeout": "0.000001"})
+    assert r.status_code == 504 and "nothing was done" in r.json()["detail"], r.text
+    assert len(fake.calls) == calls
+    assert shed("/v1/checkouts/{checkout_id}", "critical", "deadline") == before + 1

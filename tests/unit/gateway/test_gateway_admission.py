@@ -1,0 +1,220 @@
+"""Admission control (admission.py) on a fake clock, the criticality table, Request-Timeout parsing
+and the client address the rate limit is keyed by."""
+import math
+
+import pytest
+
+from gateway import admission
+from gateway.admission import BACKOFF, OK, OVERLOAD, TIMEOUT, WINDOW_SECONDS, AdmissionControl
+from gateway.app import Gateway, _request_timeout
+from gateway.policy import CRITICAL, LOAD, NORMAL, POLICY, SHEDDABLE, load_for
+from gateway.problems import Problem
+from cutylib.tls import Transport
+from gateway.settings import GatewaySettings
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def control(clock, *, min_limit=10, max_limit=100, initial=20, target=0.05, tolerance=2.0):
+    return AdmissionControl(min_limit=min_limit, max_limit=max_limit, initial_limit=initial,
+                            tolerance=tolerance, target_seconds=target, clock=clock)
+
+
+def window(c: AdmissionControl, clock: Clock, *, seconds: float, calls: int, outcome=OK, route="r"):
+    """One window: `calls` calls in flight at once, each of them having taken `seconds` when it
+    ends; then the window closes (with a call of another route that took no time)."""
+    for _ in range(calls):
+        assert c.admit(CRITICAL)
+    for _ in range(calls):
+        c.release(route, clock.now - seconds, outcome)
+    clock.now += WINDOW_SECONDS * 1.01
+    assert c.admit(CRITICAL)
+    c.release("tick", clock.now, OK)
+
+
+def test_limit_grows_by_one_per_window_while_latency_stays_low():
+    clock = Clock()
+    c = control(clock)
+    for i in range(5):
+        window(c, clock, seconds=0.01, calls=c.limit)  # the limit in use, every call fast
+    assert c.limit == 25
+
+
+def test_limit_does_not_grow_when_it_is_not_used():
+    clock = Clock()
+    c = control(clock)
+    for _ in range(5):
+        window(c, clock, seconds=0.01, calls=3)
+    assert c.limit == 20
+
+
+def test_limit_stays_within_max():
+    clock = Clock()
+    c = control(clock, max_limit=22)
+    for _ in range(10):
+        window(c, clock, seconds=0.01, calls=c.limit)
+    assert c.limit == 22
+
+
+def test_slow_windows_cut_the_limit_multiplicatively_down_to_min():
+    clock = Clock()
+    c = control(clock, initial=80)
+    window(c, clock, seconds=0.01, calls=5)  # the route's baseline: 10 ms
+    before = c.limit
+    window(c, clock, seconds=0.5, calls=10)  # 50x the baseline and past the target
+    assert c.limit == int(before * BACKOFF)
+    for _ in range(30):
+        window(c, clock, seconds=0.5, calls=10)
+    assert c.limit == 10  # min
+
+
+def test_latency_under_the_target_is_never_slow():
+    """A fast route's jitter (1 ms -> 20 ms) is under the 50 ms target: no cut."""
+    clock = Clock()
+    c = control(clock)
+    window(c, clock, seconds=0.001, calls=5)
+    window(c, clock, seconds=0.02, calls=c.limit)
+    assert c.limit == 21
+
+
+def test_each_route_is_compared_with_its_own_baseline():
+    """A pay waits on the PSP (400 ms) every time: that is its normal, not overload."""
+    clock = Clock()
+    c = control(clock)
+    window(c, clock, seconds=0.4, calls=5, route="pay")
+    window(c, clock, seconds=0.001, calls=5, route="list")
+    window(c, clock, seconds=0.45, calls=c.limit, route="pay")
+    assert c.limit == 21
+
+
+def test_a_backend_overload_answer_cuts_at_once_but_once_per_window():
+    clock = Clock()
+    c = control(clock, initial=50)
+    for _ in range(3):
+        assert c.admit(NORMAL)
+    c.release("r", clock.now, OVERLOAD)
+    assert c.limit == 40
+    c.release("r", clock.now, OVERLOAD)  # the same burst: no second cut
+    assert c.limit == 40
+    clock.now += WINDOW_SECONDS * 1.01
+    c.release("r", clock.now, OVERLOAD)
+    assert c.limit == 32
+
+
+def test_a_deadline_is_overload_only_when_the_call_ran_past_its_target():
+    clock = Clock()
+    c = control(clock, initial=50)
+    window(c, clock, seconds=0.01, calls=3)
+    limit = c.limit
+    assert c.admit(NORMAL)
+    clock.now += 0.02  # the client's own 20 ms Request-Timeout ran out: no sign of overload
+    c.release("r", clock.now - 0.02, TIMEOUT)
+    assert c.limit == limit
+    assert c.admit(NORMAL)
+    clock.now += 2.0
+    c.release("r", clock.now - 2.0, TIMEOUT)
+    assert c.limit == int(limit * BACKOFF)
+
+
+def test_at_the_limit_critical_work_is_admitted_and_new_work_refused():
+    c = control(Clock(), min_limit=8, max_limit=8, initial=8)
+    assert c.cap(SHEDDABLE) == 4 and c.cap(NORMAL) == 6 and c.cap(CRITICAL) == 9
+    admitted = [c.admit(NORMAL) for _ in range(7)]
+    assert admitted == [True] * 6 + [False]
+    assert not c.admit(SHEDDABLE)
+    assert [c.admit(CRITICAL) for _ in range(4)] == [True, True, True, False]  # the limit plus headroom
+    c.release("r", 0.0)
+    assert c.admit(CRITICAL) and not c.admit(NORMAL)
+
+
+def test_disabled_admits_everything():
+    c = control(Clock(), max_limit=0)
+    assert all(c.admit(SHEDDABLE) for _ in range(10_000))
+    assert c.in_flight == 10_000
+
+
+def test_retry_after_is_whole_seconds_spread_over_a_range():
+    values = {int(admission.retry_after()) for _ in range(200)}
+    assert values <= set(range(admission.RETRY_AFTER[0], admission.RETRY_AFTER[1] + 1)) and len(values) > 1
+
+
+def test_every_route_has_a_criticality_and_a_deadline(routes):
+    rpcs = {r.rpc for r in routes.values()}
+    assert set(LOAD) == rpcs == set(POLICY), "a route was added or removed: classify it in policy.LOAD"
+    assert all(load_for(r).criticality in (CRITICAL, NORMAL, SHEDDABLE) and load_for(r).max_seconds > 0 for r in rpcs)
+    by_route = {(r.http_method, r.template.source): load_for(r.rpc).criticality for r in routes.values()}
+    # Finishing a purchase already started is critical; new purchases and reads are not.
+    assert {k for k, v in by_route.items() if v == CRITICAL} == {
+        ("POST", "/v1/checkouts/{checkout_id}:pay"), ("POST", "/v1/psp/webhooks"),
+        ("GET", "/v1/checkouts/{checkout_id}"), ("GET", "/v1/checkouts/{checkout_id}:watch"),
+        ("POST", "/v1/checkouts/{checkout_id}:cancel")}
+    assert by_route[("POST", "/v1/checkouts")] == NORMAL
+    assert all(v == SHEDDABLE for (method, path), v in by_route.items()
+               if method == "GET" and path not in ("/v1/checkouts/{checkout_id}", "/v1/checkouts/{checkout_id}:watch"))
+
+
+def test_route_deadlines_are_capped_by_the_setting(routes):
+    g = gateway(list(routes.values()), deadline_seconds=12, sse_max_seconds=600)
+    assert g.load[routes["PayCheckout"].rpc] == (CRITICAL, 12)
+    assert g.load[routes["CreateCheckout"].rpc] == (NORMAL, 10)
+    assert g.load[routes["ListSlots"].rpc] == (SHEDDABLE, 5)
+    assert g.load[routes["WatchCheckout"].rpc] == (CRITICAL, 600)
+
+
+@pytest.mark.parametrize("raw, seconds", [("2.5", 2.5), ("10", 10.0), (" 0.25 ", 0.25), (".5", 0.5), ("3600", 3600.0)])
+def test_request_timeout_accepts_decimal_seconds(raw, seconds):
+    assert _request_timeout(raw) == seconds
+
+
+@pytest.mark.parametrize("raw", ["", "abc", "-1", "0", "0.0", "nan", "NaN", "inf", "Infinity", "1e3", "1_0",
+                                 "3600.5", "86400", "9" * 400, "2.5s", "+3", "0x10", "١٢"])
+def test_request_timeout_refuses_anything_else_naming_the_header(raw):
+    with pytest.raises(Problem) as e:
+        _request_timeout(raw)
+    assert e.value.status == 400 and e.value.extra == {"field": "Request-Timeout"}
+    assert "Request-Timeout" in e.value.detail and len(e.value.detail) < 200
+
+
+def gateway(routes=(), **settings) -> Gateway:
+    """A gateway that is never started (no channel is opened, nothing is signed)."""
+    return Gateway(GatewaySettings(jwt_secret="x" * 32, backends={o: "127.0.0.1:1" for o in ("booking", "codepool", "payments")},
+                                   transport=Transport.plaintext("gateway"), signer=object(), **settings), list(routes))
+
+
+def test_client_address_is_the_socket_peer_without_a_trusted_header():
+    g = gateway()
+    scope = {"client": ("203.0.113.7", 5555)}
+    assert g.client_address(scope, {"x-forwarded-for": "1.1.1.1"}) == "203.0.113.7"  # not trusted: ignored
+
+
+@pytest.mark.parametrize("hop, expected", [("last", "198.51.100.9"), ("first", "1.1.1.1")])
+def test_client_address_from_the_trusted_proxy_header(hop, expected):
+    g = gateway(client_ip_header="X-Forwarded-For", client_ip_hop=hop)
+    scope = {"client": ("10.0.0.2", 5555)}
+    assert g.client_address(scope, {"x-forwarded-for": "1.1.1.1, 198.51.100.9"}) == expected
+    assert g.client_address(scope, {}) == "10.0.0.2"  # no header: the peer
+
+
+def test_an_ipv6_client_is_its_64_and_a_mapped_one_its_ipv4():
+    g = gateway()
+    one = g.client_address({"client": ("2001:db8:1:2:aaaa::1", 1)}, {})
+    assert one == g.client_address({"client": ("2001:db8:1:2:ffff:ffff:ffff:ffff", 1)}, {})
+    assert one != g.client_address({"client": ("2001:db8:1:3::1", 1)}, {})
+    assert g.client_address({"client": ("::ffff:192.0.2.1", 1)}, {}) == "192.0.2.1"
+
+
+def test_a_bad_hop_setting_is_refused():
+    with pytest.raises(ValueError, match="CUTY_GATEWAY_CLIENT_IP_HOP"):
+        gateway(client_ip_hop="middle")
+
+
+def test_bounds_are_sane():
+    c = control(Clock(), min_limit=0, max_limit=5, initial=50)
+    assert (c.min_limit, c.max_limit, c.limit) == (1, 5, 5)
+    assert math.isinf(control(Clock(), max_limit=0).cap(CRITICAL))
