@@ -1,6 +1,7 @@
 """One-call checkout: CreateCheckout with a payment method holds and pays in the same request
 (docs/checkout.md, "One-call checkout"), over real gRPC and PostgreSQL with the fake booking, code
-pool and PSP. The answer is PayCheckout's; the Idempotency-Key covers the whole purchase."""
+pool and PSP. The answer is PayCheckout's; the Idempotency-Key covers the whole purchase (a 3-D
+Secure one's replay: test_checkout_api_idempotency.py)."""
 from __future__ import annotations
 
 import uuid
@@ -171,28 +172,6 @@ async def test_a_bad_payment_method_holds_nothing_and_frees_the_key(harness, api
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and bad_field(e.value) == "payment_method"
     assert h.booking.calls["HoldSlot"] == 0
     assert await h.pool.fetchval("SELECT count(*) FROM checkout_idempotency_keys WHERE key = $1", key) == 0
-
-
-async def test_a_one_call_with_3ds_answers_the_action_and_its_replay_only_while_needed(harness, api):
-    h, me, key = harness, customer(), str(uuid.uuid4())
-    h.start_workers(1)
-    req = pb.CreateCheckoutRequest(slot_id=h.booking.add_slot(), payment_method="pm_card_3ds")
-    first = await api.CreateCheckout(req, metadata=md(me, key))
-    assert first.state == pb.CHECKOUT_STATE_AWAITING_ACTION
-    secret, redirect = first.payment.client_secret, first.payment.next_action.redirect_url
-    assert secret and redirect
-    stored = await h.pool.fetchval("SELECT response FROM checkout_idempotency_keys WHERE customer_id = $1 "
-                                   "AND operation = 'create' AND key = $2", me, key)
-    assert secret.encode() not in bytes(stored) and redirect.encode() not in bytes(stored)
-    pending = await api.CreateCheckout(req, metadata=md(me, key))
-    assert (pending.payment.client_secret, pending.payment.next_action.redirect_url) == (secret, redirect)
-
-    pi = (await h.core.get(first.payment.id)).psp_intent_id
-    await h.core.finalize(first.payment.id, "succeeded", "webhook", intent=h.psp.set_status(pi))
-    await wait_for(lambda: _state_is(h, first.id, "COMPLETED"), timeout=5, message="COMPLETED")
-    late = await api.CreateCheckout(req, metadata=md(me, key))
-    assert late.id == first.id and not late.payment.client_secret and not late.payment.HasField("next_action")
-    assert list(h.psp.charges.values()) == [1]
 
 
 async def test_a_one_call_whose_hold_timed_out_is_held_and_paid_by_a_worker(harness):
