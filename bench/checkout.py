@@ -1,8 +1,11 @@
 """Checkout benchmark (`make bench-checkout`): end-to-end purchases through the real processes.
 
-One op = CreateCheckout + PayCheckout(pm_card_ok) until COMPLETED (PayCheckout normally answers
-COMPLETED itself: the confirm step runs inline after a synchronous capture), for a slot and for
-one code, at 16 and 64 concurrent buyers. Latency is create -> COMPLETED as the buyer sees it.
+One op = a purchase until COMPLETED, for a slot and for one code, at 16 and 64 concurrent buyers,
+in two flows measured side by side (alternated in rounds) on the deployed stack: two-call
+(CreateCheckout, then PayCheckout(pm_card_ok)) and one-call (CreateCheckout with the payment
+method). Either normally answers COMPLETED itself: the confirm step runs inline after a synchronous
+capture. Latency is create -> COMPLETED as the buyer sees it. The table at the end compares the
+flows: throughput, p50 / p99, CPU per checkout of all processes, and one-call's CPU over two-call's.
 
 The limit beside each row is the same remote work done directly, without the orchestrator, at the
 same concurrency: HoldSlot / PSP create intent / ConfirmHold (codes: ReserveCodes /
@@ -14,7 +17,7 @@ its step's duration, every payment event its time) and the CPU seconds each proc
 checkout (from /proc), printed after the table. All processes and Postgres share this machine.
 
 BENCH_SECONDS (default 8) sets each measured run's length; BENCH_CONCURRENCY="16,64";
-BENCH_KINDS="booking,codes".
+BENCH_KINDS="booking,codes"; BENCH_FLOWS="two-call,one-call"; BENCH_ROUNDS (default 2).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import Run, bench_postgres, closed_loop, cpu_seconds, report
+from _common import Run, bench_postgres, closed_loop, cpu_seconds, merged, percentile, report
 
 import asyncpg
 import grpc
@@ -48,6 +51,11 @@ from payments.psp import PspClient
 SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))
 CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "16,64").split(",")]
 KINDS = os.environ.get("BENCH_KINDS", "booking,codes").split(",")
+# The flows measured side by side on the deployed (mTLS) stack, alternated in BENCH_ROUNDS rounds
+# of BENCH_SECONDS / rounds each: two-call (CreateCheckout, then PayCheckout) and one-call
+# (CreateCheckout with a payment method).
+FLOWS = os.environ.get("BENCH_FLOWS", "two-call,one-call").split(",")
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 SLOTS_PER_RUN = int(os.environ.get("BENCH_SLOTS", "3000"))
 ENV = {
     "CUTY_LOG_LEVEL": "WARNING",  # JSON logs of every transition cost CPU the buyers would not see
@@ -171,67 +179,124 @@ async def main() -> None:
     try:
         t0 = time.perf_counter()
         for side in sides:
-            await side.start(SLOTS_PER_RUN * len(CONCURRENCY) * 2, len(CONCURRENCY) * 2)
+            # Per concurrency the mTLS side runs each flow and the direct limit, the plaintext side
+            # the two-call flow; a product per kind, concurrency and flow.
+            await side.start(SLOTS_PER_RUN * len(CONCURRENCY) * (len(FLOWS) + 1),
+                             len(KINDS) * len(CONCURRENCY) * len(FLOWS))
         print(f"catalogue: {len(sides[0].cat.slots)} slots per stack in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         # The PSP client the orchestrator uses (payments/psp.py), so the limit pays what it pays.
         psp = PspClient(sides[0].stack.psp_url, timeout=10, retries=0, max_connections=200)
-        results, profiles = [], []
+        results, profiles, flows = [], [], []
         for kind in KINDS:
             for conc in CONCURRENCY:
-                # mTLS and plaintext side by side, each run right after the other on the same machine.
-                for side in sides:
-                    product = side.products.pop()
-                    done: list[str] = []
-                    api, slot_iter = side.api, side.slot_iter
-
-                    async def purchase(i: int, kind=kind, product=product, done=done, api=api, slot_iter=slot_iter) -> None:
-                        me = f"bench-{uuid.uuid4().hex[:12]}"
-                        req = (pb.CreateCheckoutRequest(slot_id=next(slot_iter)) if kind == "booking"
-                               else pb.CreateCheckoutRequest(product_id=product, quantity=1))
-                        c = await api.CreateCheckout(req, metadata=_md(me), timeout=10)
-                        paid = await api.PayCheckout(pb.PayCheckoutRequest(checkout_id=c.id, payment_method="pm_card_ok"),
-                                                     metadata=_md(me), timeout=10)
-                        while paid.state != pb.CHECKOUT_STATE_COMPLETED:  # only if the inline confirm was deferred
-                            if paid.state not in (pb.CHECKOUT_STATE_CHARGING, pb.CHECKOUT_STATE_CONFIRMING):
-                                raise RuntimeError(f"checkout {c.id} ended {pb.CheckoutState.Name(paid.state)}")
-                            await asyncio.sleep(0.01)
-                            paid = await api.GetCheckout(pb.GetCheckoutRequest(checkout_id=c.id), metadata=_md(me))
-                        done.append(c.id)
-
-                    stack = side.stack
-                    cpu0 = all_cpu(stack, server)
-                    spy = pyspy(stack.procs["payments-0"].proc.pid, work, f"{kind}-{conc}") if side.secure else None
-                    run = await closed_loop(purchase, concurrency=conc, duration=SECONDS)
-                    if spy is not None:
-                        print(spy.summary(), file=sys.stderr)
-                    cpu = {n: s - cpu0[n] for n, s in all_cpu(stack, server).items()}
-                    if side.secure:
-                        limit = await direct(kind, conc, side.booking, side.codepool, psp, side.slot_iter, product)
-                    else:
-                        limit = secure_run  # noqa: F821 - the mTLS run just before: the ratio is their cost
-                    profile = await step_profile(side.pay_db, done)
-                    per_op = {n: round(1000 * s / max(1, run.ops), 2) for n, s in cpu.items() if s > 0}
-                    per_op["total"] = round(sum(per_op.values()), 2)
-                    if side.secure:
-                        secure_run = run
-                        results.append(run.result(f"{kind} create+pay->COMPLETED (mTLS, as deployed)", conc, limit=limit,
-                                                  notes="limit: the same remote calls without the orchestrator",
-                                                  steps_p50_ms=profile, cpu_ms_per_checkout=per_op))
-                    else:
-                        results.append(run.result(f"{kind} create+pay->COMPLETED (plaintext gRPC)", conc, limit=limit,
-                                                  notes="limit: the mTLS run beside it; ratio > 1 is what mTLS costs "
-                                                        "(target <= 1.15)", cpu_ms_per_checkout=per_op))
-                    profiles.append((f"{kind}/{side.name}", conc, profile, per_op))
+                secure, plain = sides
+                # mTLS, as deployed: the flows alternated in rounds, so drift of the machine hits both.
+                measured = {flow: [] for flow in FLOWS}
+                cpu_of = {flow: {} for flow in FLOWS}
+                done_of = {flow: [] for flow in FLOWS}
+                products = {flow: secure.products.pop() for flow in FLOWS}
+                for rnd in range(ROUNDS):
+                    for flow in (FLOWS if rnd % 2 == 0 else FLOWS[::-1]):
+                        spy = pyspy(secure.stack.procs["payments-0"].proc.pid, work, f"{kind}-{conc}-{flow}-{rnd}")
+                        run, cpu = await measure(secure, server, buyer(kind, flow, secure, products[flow],
+                                                                       done_of[flow]), conc, SECONDS / ROUNDS)
+                        if spy is not None:
+                            print(spy.summary(), file=sys.stderr)
+                        measured[flow].append(run)
+                        for n, v in cpu.items():
+                            cpu_of[flow][n] = cpu_of[flow].get(n, 0.0) + v
+                limit = await direct(kind, conc, secure.booking, secure.codepool, psp, secure.slot_iter,
+                                     products[FLOWS[0]])
+                per_flow = {}
+                for flow in FLOWS:
+                    run = merged(measured[flow])
+                    per_op = per_checkout(cpu_of[flow], run.ops)
+                    profile = await step_profile(secure.pay_db, done_of[flow])
+                    per_flow[flow] = (run, per_op)
+                    results.append(run.result(f"{kind} {flow}->COMPLETED (mTLS, as deployed)", conc, limit=limit,
+                                              notes="limit: the same remote calls without the orchestrator",
+                                              steps_p50_ms=profile, cpu_ms_per_checkout=per_op))
+                    profiles.append((f"{kind}/{flow}/mTLS", conc, profile, per_op))
+                flows.append((kind, conc, per_flow))
+                # Plaintext gRPC beside it (the two-call flow): the ratio is what mTLS costs.
+                done: list[str] = []
+                run, cpu = await measure(plain, server, buyer(kind, "two-call", plain, plain.products.pop(), done),
+                                         conc, SECONDS)
+                per_op = per_checkout(cpu, run.ops)
+                results.append(run.result(f"{kind} two-call->COMPLETED (plaintext gRPC)", conc,
+                                          limit=merged(measured["two-call"]) if "two-call" in measured else None,
+                                          notes="limit: the mTLS two-call run beside it; ratio > 1 is what mTLS costs "
+                                                "(target <= 1.15)", cpu_ms_per_checkout=per_op))
+                profiles.append((f"{kind}/two-call/plaintext", conc, await step_profile(plain.pay_db, done), per_op))
         report("checkout", results)
         print("\nwhere the time goes (p50 ms per step from the payment timeline; CPU ms per checkout per process):")
-        for kind, conc, profile, per_op in profiles:
-            print(f"  {kind:18} @{conc:<3} steps {profile}")
-            print(f"  {'':18}      cpu   {per_op}")
+        for name, conc, profile, per_op in profiles:
+            print(f"  {name:28} @{conc:<3} steps {profile}")
+            print(f"  {'':28}      cpu   {per_op}")
+        print_flows(flows)
         await psp.aclose()
     finally:
         for side in sides:
             await side.stop()
         server.close()
+
+
+def buyer(kind: str, flow: str, side: Side, product: str, done: list[str]):
+    """One buyer's purchase: CreateCheckout + PayCheckout (two-call), or CreateCheckout with the
+    payment method (one-call), until COMPLETED."""
+    api, slot_iter = side.api, side.slot_iter
+
+    async def purchase(i: int) -> None:
+        me = f"bench-{uuid.uuid4().hex[:12]}"
+        req = (pb.CreateCheckoutRequest(slot_id=next(slot_iter)) if kind == "booking"
+               else pb.CreateCheckoutRequest(product_id=product, quantity=1))
+        if flow == "one-call":
+            req.payment_method = "pm_card_ok"
+            paid = await api.CreateCheckout(req, metadata=_md(me), timeout=10)
+        else:
+            c = await api.CreateCheckout(req, metadata=_md(me), timeout=10)
+            paid = await api.PayCheckout(pb.PayCheckoutRequest(checkout_id=c.id, payment_method="pm_card_ok"),
+                                         metadata=_md(me), timeout=10)
+        while paid.state != pb.CHECKOUT_STATE_COMPLETED:  # only if the inline confirm was deferred
+            if paid.state not in (pb.CHECKOUT_STATE_CHARGING, pb.CHECKOUT_STATE_CONFIRMING):
+                raise RuntimeError(f"checkout {paid.id} ended {pb.CheckoutState.Name(paid.state)}")
+            await asyncio.sleep(0.01)
+            paid = await api.GetCheckout(pb.GetCheckoutRequest(checkout_id=paid.id), metadata=_md(me))
+        done.append(paid.id)
+    return purchase
+
+
+async def measure(side: Side, server, purchase, conc: int, seconds: float) -> tuple[Run, dict[str, float]]:
+    """One closed-loop run and the CPU seconds every process (and Postgres, and this client) used in it."""
+    cpu0 = all_cpu(side.stack, server)
+    run = await closed_loop(purchase, concurrency=conc, duration=seconds)
+    return run, {n: s - cpu0[n] for n, s in all_cpu(side.stack, server).items()}
+
+
+def per_checkout(cpu: dict[str, float], ops: int) -> dict[str, float]:
+    per_op = {n: round(1000 * s / max(1, ops), 2) for n, s in cpu.items() if s > 0}
+    per_op["total"] = round(sum(per_op.values()), 2)
+    return per_op
+
+
+def print_flows(flows) -> None:
+    """The flows side by side: throughput, latency, CPU per checkout of all processes, and the ratio
+    of one-call's CPU to two-call's (target <= 0.75)."""
+    if not flows or not {"one-call", "two-call"} <= set(flows[0][2]):
+        return
+    print("\none-call vs two-call (mTLS, as deployed; CPU ms per checkout of all processes):")
+    for kind, conc, per_flow in flows:
+        (one, one_cpu), (two, two_cpu) = per_flow["one-call"], per_flow["two-call"]
+        rows = []
+        for flow, (run, cpu) in (("two-call", per_flow["two-call"]), ("one-call", per_flow["one-call"])):
+            lat = sorted(run.latencies_ms)
+            rows.append(f"{flow} {run.ops_per_s:.1f}/s p50 {percentile(lat, 0.5):.1f} ms p99 {percentile(lat, 0.99):.1f} ms "
+                        f"cpu {cpu['total']:.2f} ms")
+        ratio = one_cpu["total"] / two_cpu["total"] if two_cpu["total"] else float("nan")
+        print(f"  {kind:8} @{conc:<3} {' | '.join(rows)} | one/two CPU {ratio:.3f} (target <= 0.75)")
+        for n in sorted(set(one_cpu) | set(two_cpu)):
+            if n != "total":
+                print(f"  {'':13} {n:14} two-call {two_cpu.get(n, 0):6.2f}  one-call {one_cpu.get(n, 0):6.2f} ms")
 
 
 class pyspy:

@@ -7,6 +7,7 @@ transition table as a trigger so the database refuses a regression even from a b
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,14 @@ def decide(current: str, observed: str) -> Outcome:
     if _RANK[observed] < _RANK[current]:
         return Outcome.STALE
     return Outcome.CONTRADICTS
+
+
+@functools.cache
+def old_news(observed: str) -> tuple[str, ...]:
+    """The payment statuses to which an observation of `observed` adds nothing (`decide` answers
+    SAME or STALE), e.g. `processing` once the payment succeeded: a webhook reporting it (about the
+    payment's own intent) is acknowledged without a lease, a read or a write (webhooks.py)."""
+    return tuple(s for s in STATUSES if decide(s, observed) in (Outcome.SAME, Outcome.STALE))
 
 
 def shows_customer_action(status: str) -> bool:

@@ -25,9 +25,11 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("cuty.payments.webhooks")
 
 # Find the payment and store the event (deduplicated on its id) in one statement. An event that
-# only repeats what the payment already says (same status, same intent, so `finalize` would decide
-# SAME and learn nothing) is stored `processed` at once: the status only moves forward, so the
-# event can never change anything later either, and it needs no lease, read or write.
+# only repeats what the payment already says, or says less (same intent, and a status `finalize`
+# would decide SAME or STALE for: $9, domain.old_news, e.g. a late `processing`, or the usual
+# `succeeded` after the synchronous answer captured the payment), is stored `processed` at once:
+# the status only moves forward, so the event can never change anything later either, and it needs
+# no lease, read or write; no payment row is touched, so no checkout saga is woken.
 # $7: the status the event reports (NULL: a type we do not act on -> ignored).
 RESOLVE_AND_STORE = """
 WITH p AS (
@@ -43,7 +45,7 @@ WITH p AS (
     LEFT JOIN p ON true
     CROSS JOIN LATERAL (SELECT CASE
         WHEN p.id IS NULL OR $7::text IS NULL THEN 'ignored'
-        WHEN p.status = $7::text AND p.psp_intent_id = $2 THEN 'processed'
+        WHEN p.status = ANY($9::text[]) AND p.psp_intent_id = $2 THEN 'processed'
         ELSE 'received' END AS status) s
     ON CONFLICT (event_id) DO NOTHING
     RETURNING status, payment_id
@@ -148,7 +150,7 @@ class WebhookInbox:
             log.info("webhook ignored", extra={"event_id": event["id"], "event_type": event["type"],
                                                "known_payment": payment_id is not None})
             return "ignored"
-        if status == "processed":  # it repeats the payment's current status: nothing to do
+        if status == "processed":  # old news to the payment (its status or an earlier one): nothing to do
             set_span_attributes(payment_id=str(payment_id))
             return "processed"
         # Stored: from here on the delivery is acknowledged whatever happens; a failure below leaves
@@ -169,7 +171,8 @@ class WebhookInbox:
                                         intent_id if isinstance(intent_id, str) else None,
                                         key if isinstance(key, str) else None,
                                         event["id"], event["type"], without_secrets(event), observed,
-                                        float(self.options.event_retry_seconds))
+                                        float(self.options.event_retry_seconds),
+                                        domain.old_news(observed) if observed else ())
 
     async def process(self, event_id: str, event_type: str, payment_id: uuid.UUID, obj: dict[str, Any],
                       attempts: int, created: Any = None) -> str:

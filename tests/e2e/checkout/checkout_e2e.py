@@ -328,12 +328,13 @@ BASE_ENV = {
 PORT_TAKEN = "Address already in use"
 
 
-async def start_stack(pg, workdir, *, replicas: int = 1, **env) -> CheckoutStack:
+async def start_stack(pg, workdir, *, replicas: int = 1, gateway: bool = False, **env) -> CheckoutStack:
+    """`gateway`: also run the HTTP gateway (`stack.gateway_url`; the PSP's webhooks then go through it)."""
     for attempt in range(3):
         suffix = uuid.uuid4().hex[:8]
         dbs = {svc: with_database(pg.dsn, f"cuty_{svc}_co_{suffix}") for svc in ("booking", "codepool", "payments")}
         full = {**BASE_ENV, **{f"CUTY_{svc.upper()}_DATABASE_URL": dsn for svc, dsn in dbs.items()}, **env}
-        stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full)
+        stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full, gateway=gateway)
         try:
             await stack.start()
             break

@@ -57,27 +57,34 @@ async def test_replay_returns_the_first_answer_byte_for_byte_and_has_no_second_e
     assert other.id != checkout.id
 
 
-async def test_a_replayed_pay_shows_the_action_only_while_the_payment_requires_it(harness, api):
+@pytest.mark.parametrize("flow", ["pay", "one-call create"])
+async def test_a_replayed_pay_shows_the_action_only_while_the_payment_requires_it(harness, api, flow):
     """Issue 10, item 3 (invariant 6): the stored answer keeps no client secret or redirect URL; a
     replay while 3-D Secure is pending shows the action of the payment as it is now, a replay after
-    the payment finished shows none."""
+    the payment finished shows none. The same for PayCheckout and a one-call CreateCheckout."""
     harness.start_workers(1)
     cust, key = f"c-{uuid.uuid4()}", "pay-" + str(uuid.uuid4())
-    created = await api.CreateCheckout(pb.CreateCheckoutRequest(slot_id=harness.booking.add_slot()), metadata=md(cust))
-    pay = pb.PayCheckoutRequest(checkout_id=created.id, payment_method="pm_card_3ds")
-    first = await api.PayCheckout(pay, metadata=md(cust, key))
+    slot = harness.booking.add_slot()
+    if flow == "pay":
+        created = await api.CreateCheckout(pb.CreateCheckoutRequest(slot_id=slot), metadata=md(cust))
+        call, operation = api.PayCheckout, "pay"
+        pay = pb.PayCheckoutRequest(checkout_id=created.id, payment_method="pm_card_3ds")
+    else:
+        call, operation = api.CreateCheckout, "create"
+        pay = pb.CreateCheckoutRequest(slot_id=slot, payment_method="pm_card_3ds")
+    first = await call(pay, metadata=md(cust, key))
     secret, redirect = first.payment.client_secret, first.payment.next_action.redirect_url
     assert first.state == pb.CHECKOUT_STATE_AWAITING_ACTION and secret and redirect
     stored = await harness.pool.fetchval("SELECT response FROM checkout_idempotency_keys WHERE customer_id = $1 "
-                                         "AND operation = 'pay' AND key = $2", cust, key)
+                                         "AND operation = $2 AND key = $3", cust, operation, key)
     assert secret.encode() not in bytes(stored) and redirect.encode() not in bytes(stored)
-    pending = await api.PayCheckout(pay, metadata=md(cust, key))
+    pending = await call(pay, metadata=md(cust, key))
     assert (pending.payment.client_secret, pending.payment.next_action.redirect_url) == (secret, redirect)
 
     pi = (await harness.core.get(first.payment.id)).psp_intent_id
     await harness.core.finalize(first.payment.id, "succeeded", "webhook", intent=harness.psp.set_status(pi))
-    await wait_for(lambda: _row_state_is(harness, created.id, "COMPLETED"), timeout=5, message="COMPLETED")
-    late = await api.PayCheckout(pay, metadata=md(cust, key))
+    await wait_for(lambda: _row_state_is(harness, first.id, "COMPLETED"), timeout=5, message="COMPLETED")
+    late = await call(pay, metadata=md(cust, key))
     assert late.id == first.id and late.payment.id == first.payment.id  # still the first answer ...
     assert not late.payment.client_secret and not late.payment.HasField("next_action")  # ... without the action
     assert list(harness.psp.charges.values()) == [1]

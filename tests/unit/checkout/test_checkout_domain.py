@@ -70,6 +70,9 @@ def test_step_keys_are_deterministic_and_distinct_per_step_and_checkout():
     (d.HELD, {}, None, Step.WAIT),
     (d.HELD, {"expire_time": NOW - timedelta(seconds=1)}, None, Step.EXPIRE),
     (d.HELD, {"expire_time": NOW}, None, Step.EXPIRE),  # expiry instant itself is expired
+    # One-call checkout: the payment method came with CreateCheckout, so the payment starts once held.
+    (d.HELD, {"payment_method": "pm_card_ok"}, None, Step.PAY),
+    (d.HELD, {"payment_method": "pm_card_ok", "expire_time": NOW}, None, Step.EXPIRE),
     (d.CHARGING, {"payment_key": "k"}, None, Step.EXTEND),
     (d.CHARGING, {"payment_key": "k", "extended": True}, None, Step.CHARGE),
     (d.CHARGING, {"payment_key": "k", "kind": d.CODES, "slot_id": None, "product_id": "p"}, None, Step.CHARGE),
@@ -142,6 +145,18 @@ def test_validate_create():
     assert d.validate_create(sid, "", 0) == d.CreateRequest(d.BOOKING, sid, None, 1)
     assert d.validate_create("", pid, 3) == d.CreateRequest(d.CODES, None, pid, 3)
     assert d.validate_create(sid.upper(), "", 1).slot_id == sid  # canonical form
+    # One-call checkout: a payment method, checked as PayCheckout checks it.
+    assert d.validate_create(sid, "", 0, "pm_card_ok") == d.CreateRequest(d.BOOKING, sid, None, 1, "pm_card_ok")
+    for bad in ("", "x" * 65, "pm\ncard"):
+        with pytest.raises(InvalidArgument) as e:
+            d.validate_create(sid, "", 0, bad)
+        assert e.value.field == "payment_method"
+
+
+def test_a_one_call_checkout_is_being_created_until_its_payment_starts():
+    assert d.being_created(saga(d.PENDING)) and not d.being_created(saga(d.HELD))
+    assert d.being_created(saga(d.HELD, payment_method="pm_card_ok"))
+    assert not d.being_created(saga(d.CHARGING, payment_method="pm_card_ok", payment_key="k"))
 
 
 @pytest.mark.parametrize("slot,product,qty,field", [

@@ -51,6 +51,18 @@ def test_terminal_statuses_have_no_way_out_except_refund():
     assert decide("partially_refunded", "refunded") is Outcome.APPLY
 
 
+def test_old_news_is_what_finalize_would_not_write():
+    """What a webhook may be acknowledged for without a lease or a write: the payment's own status,
+    or one it has moved past; never a contradiction (asked of the PSP) nor a move still possible."""
+    assert set(domain.old_news(domain.PROCESSING)) >= {domain.SUCCEEDED, domain.FAILED, domain.REFUNDED}
+    assert domain.SUCCEEDED in domain.old_news(domain.SUCCEEDED)
+    assert domain.FAILED not in domain.old_news(domain.SUCCEEDED)  # contradicts: the PSP is asked
+    assert domain.old_news(domain.REFUNDED) == (domain.REFUNDED,)  # a succeeded payment may still be refunded
+    for observed in set(domain.EVENT_STATUS.values()):
+        for current in domain.old_news(observed):
+            assert decide(current, observed) in (Outcome.SAME, Outcome.STALE)
+
+
 def test_unknown_statuses_are_refused():
     with pytest.raises(ValueError, match="observed"):
         decide("created", "created")

@@ -269,6 +269,7 @@ class Step(enum.Enum):
     RESCHEDULE_OBSERVE = "reschedule_observe"  # route on the difference's payment
     RESCHEDULE_CONFIRM = "reschedule_confirm"  # ConfirmHold (new), CancelBooking (old), refund a decrease
     RESCHEDULE_REVERT = "reschedule_revert"    # cancel / refund the difference, release the new hold
+    PAY = "pay"                        # a local transition: a one-call checkout starts its payment
     EXPIRE = "expire"                  # a local transition: the hold ran out unpaid
     LATE_CAPTURE = "late_capture"      # a local transition: RELEASING, but the money arrived
     WAIT = "wait"                      # nothing to do until next_run_at / a wake-up
@@ -297,7 +298,11 @@ def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_secon
     if st == PENDING:
         return Step.HOLD
     if st == HELD:
-        return Step.EXPIRE if is_expired(saga, now) else Step.WAIT
+        if is_expired(saga, now):
+            return Step.EXPIRE
+        # A one-call checkout (CreateCheckout with a payment method, kept on the row from its
+        # insert): the payment starts as soon as the hold is taken, as PayCheckout would start it.
+        return Step.PAY if pays_on_create(saga) else Step.WAIT
     if st in (CHARGING, AWAITING_ACTION):
         # Once a payment exists the extension is moot (and failing it must not end the saga as
         # if nothing had been charged): the payment's outcome decides from there.
@@ -331,6 +336,18 @@ def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_secon
     if st == RESCHEDULE_REVERTING:
         return Step.RESCHEDULE_REVERT
     return Step.WAIT
+
+
+def pays_on_create(saga: Saga) -> bool:
+    """A one-call checkout whose payment has not started yet: its payment method came with
+    CreateCheckout, and no payment attempt exists (PayCheckout and the PAY step both set one)."""
+    return saga.payment_method is not None and saga.payment_key is None
+
+
+def being_created(saga: Saga) -> bool:
+    """CreateCheckout is not done with the checkout yet: the hold is still to be taken, or (one-call)
+    the payment is still to be started. A retry with the same Idempotency-Key carries it on."""
+    return saga.state == PENDING or (saga.state == HELD and pays_on_create(saga))
 
 
 @dataclass(frozen=True)
@@ -431,9 +448,7 @@ def cancel_reason(reason: str) -> str:
 def reschedule_payment_method(requested: str, saga: Saga) -> str | None:
     """The card that pays a price increase: the request's, else the purchase's own (None: none)."""
     if requested:
-        if len(requested) > 64 or not requested.isprintable():
-            raise InvalidArgument("payment_method", f"payment_method must be 1..64 printable characters, got {requested!r}")
-        return requested
+        return payment_method(requested)
     return saga.payment_method
 
 
@@ -450,6 +465,15 @@ def backoff_seconds(attempts: int, base: float, cap: float, rng: random.Random |
 # -- request validation ---------------------------------------------------------------------------
 
 MAX_QUANTITY = 100
+MAX_PAYMENT_METHOD = 64
+
+
+def payment_method(value: str) -> str:
+    """A payment method as PayCheckout, a one-call CreateCheckout and a reschedule take it."""
+    if not value or len(value) > MAX_PAYMENT_METHOD or not value.isprintable():
+        raise InvalidArgument("payment_method", f"payment_method must be 1..{MAX_PAYMENT_METHOD} printable "
+                                                f"characters, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -458,11 +482,12 @@ class CreateRequest:
     slot_id: str | None
     product_id: str | None
     quantity: int
+    # One-call checkout: pay with this in the same request (None: only hold).
+    payment_method: str | None = None
 
 
-def validate_create(slot_id: str, product_id: str, quantity: int) -> CreateRequest:
-    from cutylib.errors import InvalidArgument
-
+def validate_create(slot_id: str, product_id: str, quantity: int, pay_with: str | None = None) -> CreateRequest:
+    """`pay_with`: the request's payment method when it has one (None: absent; empty is invalid)."""
     if slot_id and product_id:
         raise InvalidArgument("slot_id", "give either slot_id or product_id with quantity, not both")
     if not slot_id and not product_id:
@@ -470,10 +495,12 @@ def validate_create(slot_id: str, product_id: str, quantity: int) -> CreateReque
     if slot_id:
         if quantity not in (0, 1):
             raise InvalidArgument("quantity", f"a slot is booked once; quantity must be 0 or 1, got {quantity!r}")
-        return CreateRequest(BOOKING, canonical_uuid("slot_id", slot_id), None, 1)
-    if not 1 <= quantity <= MAX_QUANTITY:
-        raise InvalidArgument("quantity", f"quantity must be between 1 and {MAX_QUANTITY}, got {quantity!r}")
-    return CreateRequest(CODES, None, canonical_uuid("product_id", product_id), quantity)
+        kind, slot_id, product_id, quantity = BOOKING, canonical_uuid("slot_id", slot_id), None, 1
+    else:
+        if not 1 <= quantity <= MAX_QUANTITY:
+            raise InvalidArgument("quantity", f"quantity must be between 1 and {MAX_QUANTITY}, got {quantity!r}")
+        kind, slot_id, product_id = CODES, None, canonical_uuid("product_id", product_id)
+    return CreateRequest(kind, slot_id, product_id, quantity, None if pay_with is None else payment_method(pay_with))
 
 
 # -- ListCheckouts' filters (issue 12) ------------------------------------------------------------

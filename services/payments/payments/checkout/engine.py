@@ -126,6 +126,8 @@ class Engine:
                 payment = None  # a payment changed during our step: look again
                 continue
             out = await self.steps.perform(step, saga, payment, status)
+            if step is Step.PAY:
+                key_checked = True  # its move starts the payment attempt: no payment has that key yet
             payment = out.payment or payment
             learned = _merge(learned, out.learned)
             if out.move is None:

@@ -38,14 +38,15 @@ _RESCHEDULE = "('RESCHEDULING', 'RESCHEDULE_CONFIRMING', 'RESCHEDULE_REVERTING')
 # CreateCheckout's first write, the PENDING row with the request's saga lease, as part of its
 # Idempotency-Key's statement (idempotency.begin_with): the checkout id is the key's resource id,
 # the customer the key's ($1). Inserts nothing unless the key was taken (`began` has its row).
+# $15: a one-call checkout's payment method (NULL: hold only), which makes the saga pay once held.
 INSERT_PENDING = f"""
 first AS (
     INSERT INTO checkouts (id, customer_id, kind, slot_id, product_id, quantity, order_id,
-                           lease_owner, lease_until, next_run_at, traceparent)
+                           lease_owner, lease_until, next_run_at, traceparent, payment_method)
     SELECT began.resource_id, $1, $8::text, $9::uuid, $10::uuid, $11::int,
            CASE WHEN $8::text = 'codes' THEN began.resource_id END, $12::text,
            clock_timestamp() + make_interval(secs => $13::float8),
-           clock_timestamp() + make_interval(secs => $13::float8), $14::text
+           clock_timestamp() + make_interval(secs => $13::float8), $14::text, $15::text
     FROM began
     ON CONFLICT (id) DO NOTHING
     {_RETURNING}
@@ -110,6 +111,8 @@ WITH upd AS (
         expire_time = COALESCE($9, expire_time),
         extended = extended OR $10,
         payment_id = COALESCE(payment_id, $11::uuid),
+        -- a one-call checkout's PAY step starts the payment attempt (PayCheckout: START_CHARGING)
+        payment_key = COALESCE(payment_key, $28::uuid),
         merchant_id = COALESCE(merchant_id, $18),
         salon_id = COALESCE(salon_id, $19::uuid),
         free_cancellation_hours = COALESCE(free_cancellation_hours, $20::int),
@@ -479,6 +482,7 @@ class Fields:
     expire_time: object | None = None
     extended: bool = False
     payment_id: str | None = None
+    payment_key: str | None = None  # a one-call checkout's payment attempt, set by its PAY step
     failure_reason: str = ""
     merchant_id: str | None = None  # recorded once, with the hold (issue 14)
     salon_id: str | None = None  # a booking's salon, recorded once with the hold (issue 12)
@@ -507,9 +511,10 @@ def saga_of(row) -> Saga | None:
 
 
 def insert_pending(*, kind: str, slot_id: str | None, product_id: str | None, quantity: int, owner: str,
-                   lease_seconds: float) -> tuple[str, tuple]:
+                   lease_seconds: float, payment_method: str | None = None) -> tuple[str, tuple]:
     """CreateCheckout's first write, for IdempotencyStore.run(first=...)."""
-    return INSERT_PENDING, (kind, slot_id, product_id, quantity, owner, lease_seconds, current_traceparent())
+    return INSERT_PENDING, (kind, slot_id, product_id, quantity, owner, lease_seconds, current_traceparent(),
+                            payment_method)
 
 
 def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,
@@ -562,7 +567,7 @@ class Sagas:
             saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id, fields.salon_id,
             fields.free_cancellation_hours, fields.cancellation_fee_percent, fields.start_time,
             fields.reschedule_hold_id, fields.reschedule_amount_minor, fields.reschedule_start_time,
-            fields.reschedule_expire_time, fields.reschedule_payment_id))
+            fields.reschedule_expire_time, fields.reschedule_payment_id, fields.payment_key))
 
     async def start_cancel(self, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
         return saga_of(await self.db.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,

@@ -30,7 +30,6 @@ from .remote import Inventory, Refused, Rejected
 # platform's operator and the system every merchant's).
 STAFF_ROLES = ("staff", "admin", "operator", "system")
 
-MAX_PAYMENT_METHOD = 64
 # Cancel re-reads and retries when a concurrent step moved the saga between its read and write.
 CANCEL_ROUNDS = 5
 
@@ -64,14 +63,24 @@ class CheckoutService:
 
     # -- CreateCheckout ---------------------------------------------------------------------------
     async def create(self, customer: str, req: domain.CreateRequest, key: str) -> checkout_pb2.Checkout:
-        h = request_hash("create", req.kind, req.slot_id or "", req.product_id or "", str(req.quantity))
+        """Hold (HELD); a one-call checkout (`req.payment_method`) is paid in the same request and
+        under the same Idempotency-Key: the saga does not stop at HELD but starts the payment (the
+        PAY step, PayCheckout's move) and runs on, so the answer is the one PayCheckout gives."""
+        parts = [req.kind, req.slot_id or "", req.product_id or "", str(req.quantity)]
+        if req.payment_method is not None:
+            parts.append(req.payment_method)  # so a key reused with or without a payment is refused
+        h = request_hash("create", *parts)
         owner = new_owner("create")
         # The PENDING row is inserted by the key's own statement (one round trip).
         first = repo.insert_pending(kind=req.kind, slot_id=req.slot_id, product_id=req.product_id,
-                                    quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds)
-        return await self.keys.run(customer, "create", key, h, first,
-                                   lambda checkout_id, _resumed, row: self._create(checkout_id, owner, row),
-                                   stored_form=views.without_secrets)
+                                    quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds,
+                                    payment_method=req.payment_method)
+        try:
+            return await self.keys.run(customer, "create", key, h, first,
+                                       lambda checkout_id, _resumed, row: self._create(checkout_id, owner, row),
+                                       stored_form=views.without_secrets)
+        except Replay as replay:
+            raise await self._current_action(replay) from None
 
     async def _create(self, checkout_id: str, owner: str, row) -> checkout_pb2.Checkout:
         set_span_attributes(checkout_id=checkout_id)
@@ -79,7 +88,7 @@ class CheckoutService:
         if saga is None:
             # A retry (same Idempotency-Key) of a request that died: resume its checkout.
             saga = await self._resume_pending(checkout_id, owner)
-            if saga.state != domain.PENDING:
+            if not domain.being_created(saga):
                 return await self.view(saga)
         try:
             saga, payment = await self.engine.drive(saga, owner)
@@ -89,10 +98,11 @@ class CheckoutService:
         except Refused as ref:
             await self.sagas.delete_pending(checkout_id, owner)
             raise ref.error from None
-        if saga.state == domain.PENDING:
-            # The hold's outcome is unknown (a dependency is down). A worker keeps trying with the
-            # same request id; a retry with the same Idempotency-Key resumes this checkout.
-            raise errors.Unavailable("the hold could not be taken yet; retry with the same Idempotency-Key")
+        if domain.being_created(saga):
+            # The hold's outcome is unknown (a dependency is down), or a one-call checkout's payment
+            # could not be started yet. A worker keeps trying with the same keys; a retry with the
+            # same Idempotency-Key resumes this checkout.
+            raise errors.Unavailable("the checkout could not be created yet; retry with the same Idempotency-Key")
         return await self.view(saga, payment=payment)
 
     async def _resume_pending(self, checkout_id: str, owner: str) -> Saga:
@@ -104,7 +114,7 @@ class CheckoutService:
                                        reason=saga.failure_reason or "rejected")
             err.recorded = True
             raise err
-        if saga.state != domain.PENDING:
+        if not domain.being_created(saga):
             return saga
         leased = await self.sagas.take_lease(checkout_id, owner, self.lease_seconds)
         if leased is None:
@@ -115,9 +125,7 @@ class CheckoutService:
     # -- PayCheckout ------------------------------------------------------------------------------
     async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> checkout_pb2.Checkout:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
-        if not payment_method or len(payment_method) > MAX_PAYMENT_METHOD or not payment_method.isprintable():
-            raise errors.InvalidArgument("payment_method", "payment_method must be 1..64 printable characters, "
-                                                           f"got {payment_method!r}")
+        domain.payment_method(payment_method)
         h = request_hash("pay", checkout_id, payment_method)
         owner = new_owner("pay")
         # HELD -> CHARGING is written by the key's own statement (one round trip).
@@ -132,16 +140,18 @@ class CheckoutService:
             raise await self._current_action(replay) from None
 
     async def _current_action(self, replay: Replay) -> Replay:
-        """A replayed PayCheckout answer is stored without the customer action (issue 10,
-        invariant 6); it is shown again only while the payment, read now, still requires it."""
+        """A replayed PayCheckout (or one-call CreateCheckout) answer is stored without the customer
+        action (issue 10, invariant 6); it is shown again only while the payment, read now, still
+        requires it. An answer without a payment is replayed as stored."""
         if replay.is_error:
             return replay
         stored = checkout_pb2.Checkout.FromString(replay.response)
-        saga = payment = None
-        if stored.payment.id:
-            saga = await self.sagas.get(stored.id)
-            if saga is not None and saga.payment_id == stored.payment.id:
-                payment = await self.core.get(saga.payment_id)
+        if not stored.payment.id:
+            return replay
+        saga = await self.sagas.get(stored.id)
+        payment = None
+        if saga is not None and saga.payment_id == stored.payment.id:
+            payment = await self.core.get(saga.payment_id)
         return Replay(views.with_current_action(stored, saga, payment).SerializeToString(), False)
 
     async def _pay(self, customer: str, checkout_id: str, payment_method: str, resumed: bool, owner: str,

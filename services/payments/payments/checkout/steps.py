@@ -83,6 +83,12 @@ class Steps:
                                                       cancellation_fee_percent=held.cancellation_fee_percent,
                                                       start_time=held.start_time))
 
+    async def _pay(self, saga: Saga, payment, status) -> Outcome:
+        # A one-call checkout, held: HELD -> CHARGING with its payment attempt, the move PayCheckout's
+        # first write makes (START_CHARGING); the charge and what follows are the same steps after it.
+        return Outcome(Move(domain.CHARGING), repo.Fields(payment_key=domain.payment_attempt_id(saga.id)),
+                       note=f"pay {saga.payment_method}")
+
     async def _expire(self, saga: Saga, payment, status) -> Outcome:
         return Outcome(Move(domain.RELEASING, domain.EXPIRED, "hold-expired-unpaid"))
 
