@@ -91,3 +91,23 @@ def test_production_refuses_unknown_environments_missing_code_keys_and_test_hook
         with pytest.raises(SystemExit, match=hook):
             Settings.from_env().check_secrets("booking")
         monkeypatch.delenv(hook)
+
+
+def test_production_refuses_jwks_without_issuer_and_audience(monkeypatch):
+    # Any token signed by the identity provider's keys would do, whoever it was minted for.
+    monkeypatch.setenv("CUTY_ENV", "production")
+    monkeypatch.delenv("CUTY_JWT_SECRET", raising=False)
+    monkeypatch.setenv("CUTY_JWT_JWKS_URL", "https://idp.example/.well-known/jwks.json")
+    for issuer, audience, missing in (("", "", "CUTY_JWT_ISSUER"), ("https://idp.example/", "", "CUTY_JWT_AUDIENCE"),
+                                      ("", "cuty", "CUTY_JWT_ISSUER")):
+        monkeypatch.setenv("CUTY_JWT_ISSUER", issuer)
+        monkeypatch.setenv("CUTY_JWT_AUDIENCE", audience)
+        with pytest.raises(SystemExit, match=missing):
+            Settings.from_env().check_secrets("gateway")
+    monkeypatch.setenv("CUTY_JWT_ISSUER", "https://idp.example/")
+    monkeypatch.setenv("CUTY_JWT_AUDIENCE", "cuty")
+    Settings.from_env().check_secrets("gateway")  # both set: starts
+    monkeypatch.delenv("CUTY_JWT_ISSUER")
+    Settings.from_env().check_secrets("booking")  # only the gateway verifies tokens
+    monkeypatch.setenv("CUTY_ENV", "development")
+    Settings.from_env().check_secrets("gateway")  # development: allowed
