@@ -148,7 +148,8 @@ class Settings:
             if service == "codepool" and not self.code_keys:
                 problems.append("CUTY_CODE_KEYS must be set (one keyring shared by every replica; a development "
                                 "keyring per pod could not read another pod's codes)")
-            if service == "payments" and not self.webhook_secret_keys:
+            # payments-webhooks-out: the delivery workers' own process, which holds only this keyring.
+            if service in ("payments", "payments-webhooks-out") and not self.webhook_secret_keys:
                 problems.append("CUTY_WEBHOOK_SECRET_KEYS must be set (the webhook endpoint secrets' keyring, shared "
                                 "by every replica)")
             if service == "gateway" and os.environ.get("CUTY_JWT_JWKS_URL"):

@@ -43,6 +43,9 @@ TRANSIENT = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError, a
 
 @dataclass(frozen=True)
 class DeliveryOptions:
+    # Delivery worker loops this process runs: the payments process runs one by default; 0 where
+    # the `payments-webhooks-out` Deployment delivers instead (python -m payments webhooks-out).
+    workers: int = env_field(env_int, "CUTY_WEBHOOKS_OUT_WORKERS", 1)
     poll_seconds: float = env_field(env_float, "CUTY_WEBHOOK_POLL_SECONDS", 1.0)
     batch_size: int = env_field(env_int, "CUTY_WEBHOOK_BATCH_SIZE", 20)
     timeout_seconds: float = env_field(env_float, "CUTY_WEBHOOK_TIMEOUT_SECONDS", 5.0)
