@@ -148,9 +148,17 @@ class Settings:
             if service == "codepool" and not self.code_keys:
                 problems.append("CUTY_CODE_KEYS must be set (one keyring shared by every replica; a development "
                                 "keyring per pod could not read another pod's codes)")
-            if service == "payments" and not self.webhook_secret_keys:
+            # payments-webhooks-out: the delivery workers' own process, which holds only this keyring.
+            if service in ("payments", "payments-webhooks-out") and not self.webhook_secret_keys:
                 problems.append("CUTY_WEBHOOK_SECRET_KEYS must be set (the webhook endpoint secrets' keyring, shared "
                                 "by every replica)")
+            if service == "gateway" and os.environ.get("CUTY_JWT_JWKS_URL"):
+                # Without both, any token the identity provider signs (for another application, or
+                # by another tenant of a shared provider) would be accepted as ours.
+                unset = [name for name in ("CUTY_JWT_ISSUER", "CUTY_JWT_AUDIENCE") if not os.environ.get(name)]
+                if unset:
+                    problems.append(f"{' and '.join(unset)} must be set with CUTY_JWT_JWKS_URL (tokens are "
+                                    "accepted only from that issuer, for this audience)")
             hooks = [name for name in TEST_HOOKS if os.environ.get(name, "") not in ("", "0")]
             if hooks:
                 problems.append(f"test hooks must be unset: {', '.join(hooks)}")

@@ -1,5 +1,7 @@
 """Composition root of the payments orchestrator: `python -m payments` serves; `python -m payments
-migrate` migrates; `python -m payments ops ...` is the operator's view (payments/ops.py)."""
+migrate` migrates; `python -m payments ops ...` is the operator's view (payments/ops.py);
+`python -m payments webhooks-out` runs only the merchants' webhook delivery workers
+(payments/outbound/process.py)."""
 from __future__ import annotations
 
 import pathlib
@@ -16,4 +18,8 @@ if __name__ == "__main__":
         from .ops import main as ops_main
 
         sys.exit(ops_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["webhooks-out"]:
+        from .outbound.process import main as webhooks_out_main
+
+        sys.exit(webhooks_out_main(MIGRATIONS))
     run_service("payments", MIGRATIONS, create_server, pool_factory=create_payments_pool)

@@ -192,6 +192,25 @@ async def test_staff_reschedule_any_booking_of_their_merchant(shop):
     await shop.check_reschedules([done.id])
 
 
+async def test_staff_never_move_a_booking_to_a_dearer_slot(shop):
+    """Staff may not spend the customer's card: a dearer slot is refused before anything is held or
+    charged (booking's holds and the PSP's ledger unchanged); the customer may, and pays the difference."""
+    (a,), (dearer,) = await shop.new_slots(1), await shop.new_slots(1, price=90000)
+    me = customer()
+    done = await bought(shop, me, a)
+    charges = len((await shop.ledger())["charges"])
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await shop.reschedule("e2e-staff", done.id, dearer, role="staff")
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and error_reason(e.value) == "reschedule-costs-more"
+    assert "90000" in e.value.details() and "75000" in e.value.details()
+    assert not await shop.db["booking"].fetchval("SELECT count(*) FROM holds WHERE slot_id = $1", uuid.UUID(dearer))
+    assert len((await shop.ledger())["charges"]) == charges
+    out = await shop.reschedule(me, done.id, dearer)
+    assert out.slot_id == dearer and out.reschedule.payment_id
+    assert len((await shop.ledger())["charges"]) == charges + 1
+    await shop.check_reschedules([done.id])
+
+
 ROUNDS = 6
 
 

@@ -21,6 +21,7 @@ from payments.checkout.domain import validate_create
 from payments.outbound.service import validate_url
 from payments.outbound.worker import DeliveryWorker, backoff
 
+from hostile_endpoint import HostileEndpoint, RssPeak
 from outbound_testkit import FAST
 from webhook_receiver import Receiver
 
@@ -340,6 +341,59 @@ async def test_a_worker_that_dies_mid_post_leaves_the_delivery_to_be_sent_again(
                                             http_status=0, error="late", duration_ms=1) is None
     row = await h.pool.fetchrow("SELECT state, attempts FROM webhook_deliveries WHERE endpoint_id = $1", uuid.UUID(ep.id))
     assert row["state"] == "delivered" and row["attempts"] == 2
+
+
+async def test_a_merchant_endpoint_answering_a_gzip_bomb_or_an_endless_body_costs_the_worker_nothing(
+        harness, endpoints):
+    """A merchant's admin chooses the URL, so the answer is the attacker's: a gzip body inflating to
+    1 GiB, a body that never ends, one byte every 0.2 s. The worker reads a few KiB of any answer,
+    raw, within its timeout: each delivery ends as its status says, memory stays flat, and the
+    worker goes on delivering to everybody else."""
+    h = harness
+    options = dataclasses.replace(FAST, timeout_seconds=2.0)
+    async with HostileEndpoint() as bad, Receiver() as rx:
+        hostile = {(mode, status): await endpoints.create(ADMIN, bad.url(mode, status), ["checkout.completed"])
+                   for mode, status in (("bomb", 200), ("bomb", 500), ("endless", 200), ("endless", 503),
+                                        ("trickle", 200))}
+        good = await endpoints.create(ADMIN, rx.url, ["checkout.completed"])
+        rx.secrets.append(good.secret)
+
+        async def first_delivery(ep):
+            log, _ = await endpoints.deliveries(ADMIN, ep.id, 0, "")
+            return log[-1]  # newest first
+
+        async def attempts(ep):
+            return (await first_delivery(ep)).attempt_log
+        with RssPeak() as rss:
+            _, tasks = await run_workers(h.pool, 1, options)
+            try:
+                await buy_codes(h)
+                await rx.until(lambda evs: len(evs) == 1)
+
+                async def every_hostile_answer_read_twice_or_delivered():
+                    return all([len(await attempts(ep)) >= (1 if status == 200 else 2)
+                                for (_, status), ep in hostile.items()])
+                await wait_for(every_hostile_answer_read_twice_or_delivered, timeout=30,
+                               message="every hostile endpoint answered")
+                await buy_codes(h)  # the worker still serves the others
+                await rx.until(lambda evs: len(evs) == 2)
+                assert not any(t.done() for t in tasks)
+            finally:
+                await stop(tasks)
+    print(f"RSS before {rss.before / 2**20:.0f} MiB, peak growth {rss.growth / 2**20:.1f} MiB; sent {bad.sent}")
+    assert rss.growth < 50 * 2**20, f"RSS grew {rss.growth / 2**20:.1f} MiB"
+    for (mode, status), ep in hostile.items():
+        d = await first_delivery(ep)
+        assert d.state == ("delivered" if status == 200 else "pending"), (mode, status)
+        for a in d.attempt_log:
+            assert a["http_status"] == status, (mode, a)
+            assert a["duration_ms"] < 1000 * (options.timeout_seconds + 1), (mode, a)
+        # what the worker let in: the socket buffers' worth of each answer (1 GiB inflated, endless)
+        path = f"/{mode}/{status}"
+        assert bad.sent[path] / sum(p == path for p, _ in bad.requests) < 16 * 2**20, (mode, bad.sent)
+    assert "Timeout" in (await attempts(hostile["trickle", 200]))[0]["error"]
+    # every request asked for the answer uncompressed
+    assert len(bad.requests) >= 7 and {h["accept-encoding"] for _, h in bad.requests} == {"identity"}
 
 
 async def test_row_level_security_on_the_outbound_tables(harness, endpoints):

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from cuty.payments.v1 import checkout_pb2 as pb
+from cutylib import errors
 from cutylib.principal import Principal
+from cutylib.testing.trust import TEST_MERCHANT
 from cutylib.testing.procs import wait_for
 from payments.checkout.domain import validate_create
 
@@ -135,3 +139,76 @@ async def test_a_new_hold_that_runs_out_while_the_difference_is_unpaid_is_undone
     assert (await h.core.get(out.reschedule.payment_id)).status == "canceled"
     assert h.booking.status_of(row["reschedule_hold_id"]) == "HOLD_STATUS_RELEASED"
     assert h.booking.status_of(paid.hold_id) == "HOLD_STATUS_CONFIRMED"
+
+
+# -- who may spend the customer's card ----------------------------------------------------------------
+STAFF = Principal("staff-1", "staff", TEST_MERCHANT)
+ADMIN = Principal("admin-1", "admin", TEST_MERCHANT)
+
+
+@pytest.mark.parametrize("who", [STAFF, ADMIN], ids=["staff", "admin"])
+async def test_staff_cannot_move_a_booking_to_a_dearer_slot_and_nothing_changes(make_harness, who):
+    """The salon's staff may move a booking, not spend its customer's card: a dearer slot is refused
+    (FAILED_PRECONDITION naming the price) before anything is held or charged."""
+    h = make_harness()
+    paid = await purchase(h, price=10_000)
+    before = dict(await h.row(paid.id))
+    dearer = h.booking.add_slot(price=10_001)
+    with pytest.raises(errors.FailedPrecondition) as e:
+        await h.service.reschedule(who, paid.id, dearer, "", "")
+    assert e.value.reason == "reschedule-costs-more"
+    assert "10001" in e.value.message and "10000" in e.value.message
+    # nothing changed: the row, no hold on the new slot, no new payment, one charge at the PSP (the purchase)
+    assert dict(await h.row(paid.id)) == before
+    assert [x for x in h.booking.holds.values() if x["slot_id"] == dearer] == []
+    assert await h.pool.fetchval("SELECT count(*) FROM payments WHERE checkout_id = $1", uuid.UUID(paid.id)) == 1
+    assert sum(h.psp.charges.values()) == 1 and not h.psp.refunds
+    # not even with a payment method of the staff's choosing
+    with pytest.raises(errors.FailedPrecondition):
+        await h.service.reschedule(who, paid.id, dearer, "pm_card_ok", "")
+    assert sum(h.psp.charges.values()) == 1
+
+
+async def test_staff_move_a_booking_to_a_cheaper_slot_and_the_difference_is_refunded(make_harness):
+    h = make_harness()
+    paid = await purchase(h, price=10_000)
+    cheaper = h.booking.add_slot(price=7_500)
+    out = await h.service.reschedule(STAFF, paid.id, cheaper, "", "")
+    assert out.state == pb.CHECKOUT_STATE_COMPLETED and out.slot_id == cheaper
+    assert out.reschedule.rescheduled_by == "staff:staff-1"
+    assert [r["amount"] for r in h.psp.refunds.values()] == [2_500] and sum(h.psp.charges.values()) == 1
+    same = h.booking.add_slot(price=7_500)  # the same price: nothing charged, nothing refunded
+    out = await h.service.reschedule(ADMIN, paid.id, same, "", "")
+    assert out.slot_id == same and len(h.psp.refunds) == 1 and sum(h.psp.charges.values()) == 1
+
+
+async def test_the_customer_moving_their_own_booking_to_a_dearer_slot_is_charged(make_harness):
+    h = make_harness()
+    paid = await purchase(h, price=10_000)
+    dearer = h.booking.add_slot(price=12_000)
+    out = await h.service.reschedule(ME, paid.id, dearer, "", "")
+    assert out.state == pb.CHECKOUT_STATE_COMPLETED and out.slot_id == dearer and out.reschedule.payment_id
+    assert sum(h.psp.charges.values()) == 2
+    assert (await h.core.get(out.reschedule.payment_id)).amount_minor == 2_000
+
+
+async def test_a_charge_for_a_reschedule_the_customer_did_not_start_is_never_made(make_harness):
+    """Behind the request's check, the step that would charge applies the same rule: a staff
+    reschedule that reaches it with a price increase (the slot's price read before the hold, the
+    hold's price higher) is undone, its new hold released, nothing charged."""
+    h = make_harness()
+    paid = await purchase(h, price=10_000)
+    slot = h.booking.add_slot(price=10_000)
+    real_get_slot = h.booking.GetSlot
+
+    async def get_slot_then_raise_the_price(req, timeout=None):
+        answer = await real_get_slot(req, timeout)
+        h.booking.slots[slot] = 15_000  # the price changes between the check and the hold
+        return answer
+    h.booking.GetSlot = get_slot_then_raise_the_price
+    out = await h.service.reschedule(STAFF, paid.id, slot, "", "")
+    assert out.state == pb.CHECKOUT_STATE_COMPLETED and out.slot_id == paid.slot_id
+    assert (out.reschedule.status, out.reschedule.failure_reason) == ("reverted", "reschedule-costs-more")
+    row = await h.row(paid.id)
+    assert h.booking.status_of(row["reschedule_hold_id"]) == "HOLD_STATUS_RELEASED"
+    assert sum(h.psp.charges.values()) == 1 and row["reschedule_payment_id"] is None

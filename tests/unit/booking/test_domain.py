@@ -87,6 +87,16 @@ def test_slot_draft_checks_end_after_start():
     assert _field(e) == "slots[2].end_time"
 
 
+def test_a_slot_price_has_an_upper_bound_named_in_the_error():
+    start = NOW + timedelta(days=1)
+    top = domain.slot_draft(0, str(uuid.uuid4()), start, start + timedelta(hours=1), "TRY", domain.MAX_SLOT_PRICE_MINOR)
+    assert top.price_minor == domain.MAX_SLOT_PRICE_MINOR == 100_000_000
+    for price in (domain.MAX_SLOT_PRICE_MINOR + 1, 2**63 - 1):
+        with pytest.raises(InvalidArgument) as e:
+            domain.slot_draft(3, str(uuid.uuid4()), start, start + timedelta(hours=1), "TRY", price)
+        assert _field(e) == "slots[3].price.amount_minor" and "at most 100000000" in str(e.value)
+
+
 def test_slot_batch_rules():
     r = uuid.uuid4()
     ok = [_draft(0, resource=r), _draft(1, start=NOW + timedelta(days=1, hours=1), resource=r)]

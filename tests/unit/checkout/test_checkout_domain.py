@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from cutylib.errors import InvalidArgument
+from cutylib.errors import FailedPrecondition, InvalidArgument
 from payments.checkout import domain as d
 from payments.checkout.domain import Saga, Step
 
@@ -241,3 +241,19 @@ def test_the_payment_method_of_a_price_increase():
     with pytest.raises(InvalidArgument) as e:
         d.reschedule_payment_method("x" * 65, s)
     assert e.value.field == "payment_method"
+
+
+def test_only_the_customer_starts_a_reschedule_that_charges_their_card():
+    """A payment method is never reused for an action the customer did not start."""
+    d.refuse_unasked_charge("customer", new_minor=12_000, paid_minor=10_000, currency="TRY")  # their own: charged
+    for role in ("staff", "admin", "operator", "system"):
+        d.refuse_unasked_charge(role, new_minor=10_000, paid_minor=10_000, currency="TRY")  # same price
+        d.refuse_unasked_charge(role, new_minor=7_500, paid_minor=10_000, currency="TRY")  # cheaper: refunded
+        with pytest.raises(FailedPrecondition) as e:
+            d.refuse_unasked_charge(role, new_minor=10_001, paid_minor=10_000, currency="TRY")
+        assert e.value.reason == "reschedule-costs-more"
+        assert "10001 TRY" in e.value.message and "10000 TRY" in e.value.message
+    assert d.initiator_role("staff:staff-1") == "staff" and d.initiator_role("customer:c:1") == "customer"
+    assert d.initiator_role(None) == ""  # unknown: never the customer
+    with pytest.raises(FailedPrecondition):
+        d.refuse_unasked_charge(d.initiator_role(None), new_minor=2, paid_minor=1, currency="TRY")

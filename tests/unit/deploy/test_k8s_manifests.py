@@ -21,10 +21,14 @@ OVERLAYS = ("dev", "prod")
 KUBERNETES_VERSION = "1.32.0"
 SERVICES = ("gateway", "booking", "codepool", "payments")
 GRPC_BACKENDS = ("booking", "codepool", "payments")
+# Processes beside the services: the merchants' webhook delivery workers (python -m payments webhooks-out).
+WORKERS = ("payments-webhooks-out",)
 OWN_SECRETS = {"gateway": {"cuty-gateway-secrets", "cuty-gateway-assertion-key", "gateway-tls"},
                "booking": {"booking-tls", "cuty-booking-db-app"},
                "codepool": {"cuty-codepool-secrets", "codepool-tls", "cuty-codepool-db-app"},
-               "payments": {"cuty-payments-secrets", "payments-tls", "cuty-payments-db-app"}}
+               "payments": {"cuty-payments-secrets", "payments-tls", "cuty-payments-db-app"},
+               # of payments' secrets, the endpoint secrets' keyring alone (test_webhooks_out_...)
+               "payments-webhooks-out": {"cuty-payments-secrets", "cuty-payments-db-app"}}
 
 
 @functools.cache
@@ -103,7 +107,7 @@ def containers(o: dict) -> list[dict]:
 
 def test_deployments_are_probed_sized_locked_down_and_pinned(objects):
     deployments = by_kind(objects, "Deployment")
-    assert set(deployments) == set(SERVICES)
+    assert set(deployments) == set(SERVICES) | set(WORKERS)
     for name, d in deployments.items():
         pod = d["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
@@ -118,7 +122,7 @@ def test_deployments_are_probed_sized_locked_down_and_pinned(objects):
             image = c["image"]
             assert ":" in image.rsplit("/", 1)[-1] or "@sha256:" in image, (name, image)
             assert not image.endswith(":latest"), (name, image)
-        if name in GRPC_BACKENDS:
+        if name in GRPC_BACKENDS + WORKERS:
             c = containers(d)[0]
             # Liveness is the process's own (health name "liveness"); readiness follows the database.
             assert c["livenessProbe"]["grpc"]["service"] == "liveness"
@@ -156,6 +160,8 @@ def test_each_service_mounts_only_its_own_secrets_and_certificate(objects):
     certs = by_kind(objects, "Certificate")
     for name, d in by_kind(objects, "Deployment").items():
         assert secrets_used(d) == OWN_SECRETS[name], name
+        if name in WORKERS:
+            continue  # no certificate at all: test_webhooks_out_...
         env = {e["name"]: e.get("value") for e in containers(d)[0]["env"]}
         assert env["CUTY_TLS_CERT"] and env["CUTY_TLS_KEY"] and env["CUTY_TLS_CA"], name
         assert certs[f"{name}-tls"]["spec"]["dnsNames"][0] == name  # the identity in the SAN
@@ -187,7 +193,50 @@ def test_network_denies_by_default_and_allows_the_designed_edges(objects):
     for svc in GRPC_BACKENDS:
         assert peers(svc, "egress", 5432) == {f"cuty-{svc}-db"}  # its own database, no other
         assert peers(f"{svc}-migrate", "egress", 5432) == {f"cuty-{svc}-db"}
-        assert peers(f"{svc}-db", "ingress", 5432) == {svc, f"{svc}-migrate", "cnpg-system"}
+        assert peers(f"{svc}-db", "ingress", 5432) == {svc, f"{svc}-migrate", "cnpg-system"} | \
+            ({"payments-webhooks-out"} if svc == "payments" else set())
+
+
+def test_webhooks_out_runs_alone_with_the_least_it_needs(objects):
+    """The merchants' webhook delivery workers: their own Deployment, identity, memory limit and
+    network (DNS, the payments database, HTTPS outside the cluster, nothing else); the payments
+    Deployment runs none of them."""
+    deployments = by_kind(objects, "Deployment")
+    d = deployments["payments-webhooks-out"]
+    pod, (c,) = d["spec"]["template"]["spec"], containers(d)
+    assert c["args"] == ["python", "-m", "payments", "webhooks-out"]
+    assert c["image"] == containers(deployments["payments"])[0]["image"]  # the same image
+    assert pod["serviceAccountName"] == "payments-webhooks-out" and pod["serviceAccountName"] not in \
+        {p["spec"]["template"]["spec"]["serviceAccountName"] for n, p in deployments.items() if n != d["metadata"]["name"]}
+    sa = by_kind(objects, "ServiceAccount")["payments-webhooks-out"]
+    assert sa["automountServiceAccountToken"] is False
+    assert c["resources"]["limits"]["memory"] == "256Mi"
+    env = {e["name"]: e for e in c["env"]}
+    # no certificate, no user-assertion key; of payments' secrets only the endpoint secrets' keyring
+    assert not {"CUTY_TLS_CERT", "CUTY_TLS_KEY", "CUTY_USER_ASSERTION_PUBLIC_KEYS"} & set(env)
+    assert not pod.get("volumes", []) or all("secret" not in v and "configMap" not in v for v in pod["volumes"])
+    assert not [e for e in c.get("envFrom", []) if "secretRef" in e]
+    assert env["CUTY_WEBHOOK_SECRET_KEYS"]["valueFrom"]["secretKeyRef"] == \
+        {"name": "cuty-payments-secrets", "key": "CUTY_WEBHOOK_SECRET_KEYS"}
+    payments_env = {e["name"]: e.get("value") for e in containers(deployments["payments"])[0]["env"]}
+    assert payments_env["CUTY_WEBHOOKS_OUT_WORKERS"] == "0"
+
+    policies = by_kind(objects, "NetworkPolicy")
+    mine = [p for p in policies.values()
+            if p["spec"]["podSelector"] in ({}, {"matchLabels": {"app": "payments-webhooks-out"}})
+            or "payments-webhooks-out" in p["spec"]["podSelector"].get("matchExpressions", [{}])[0].get("values", [])]
+    assert {p["metadata"]["name"] for p in mine} == {"default-deny", "allow-dns", "payments-webhooks-out"}
+    spec = policies["payments-webhooks-out"]["spec"]
+    assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
+    assert [r["ports"] for r in spec["ingress"]] == [[{"protocol": "TCP", "port": 51054}]] \
+        and "from" not in spec["ingress"][0]  # health probes only
+    db, internet = spec["egress"]
+    assert db == {"to": [{"podSelector": {"matchLabels": {"cnpg.io/cluster": "cuty-payments-db"}}}],
+                  "ports": [{"protocol": "TCP", "port": 5432}]}
+    assert internet["ports"] == [{"protocol": "TCP", "port": 443}]
+    (block,) = internet["to"]
+    assert block["ipBlock"]["cidr"] == "0.0.0.0/0"
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"} <= set(block["ipBlock"]["except"])
 
 
 def test_prod_scales_survives_disruption_and_backs_up():
@@ -203,5 +252,8 @@ def test_prod_scales_survives_disruption_and_backs_up():
     # Connection arithmetic (docs/deploy.md): at the HPA's maximum, payments' direct pools fit.
     hpa = by_kind(objects, "HorizontalPodAutoscaler")["payments"]["spec"]["maxReplicas"]
     max_conn = int(clusters["cuty-payments-db"]["spec"]["postgresql"]["parameters"]["max_connections"])
-    assert hpa * 20 + 10 <= max_conn  # CUTY_DB_POOL_MAX=20 per replica, plus operator and migrations
+    out = by_kind(objects, "Deployment")["payments-webhooks-out"]
+    out_pool = int({e["name"]: e.get("value") for e in containers(out)[0]["env"]}["CUTY_DB_POOL_MAX"])
+    # CUTY_DB_POOL_MAX=20 per replica, the webhook delivery workers' pools, plus operator and migrations
+    assert hpa * 20 + out["spec"]["replicas"] * out_pool + 10 <= max_conn
     assert all(d["spec"]["replicas"] == 1 for d in by_kind(render("dev"), "Deployment").values())

@@ -80,7 +80,8 @@ def test_production_refuses_unknown_environments_missing_code_keys_and_test_hook
     monkeypatch.setenv("CUTY_ENV", "production")
     monkeypatch.setenv("CUTY_PSP_WEBHOOK_SECRET", "a-real-webhook-secret-of-32-bytes-or-more")
     # each service's keyring: the code pool's codes, payments' webhook endpoint secrets
-    for service, keys in (("codepool", "CUTY_CODE_KEYS"), ("payments", "CUTY_WEBHOOK_SECRET_KEYS")):
+    for service, keys in (("codepool", "CUTY_CODE_KEYS"), ("payments", "CUTY_WEBHOOK_SECRET_KEYS"),
+                          ("payments-webhooks-out", "CUTY_WEBHOOK_SECRET_KEYS")):
         monkeypatch.delenv(keys, raising=False)
         with pytest.raises(SystemExit, match=keys):
             Settings.from_env().check_secrets(service)
@@ -91,3 +92,32 @@ def test_production_refuses_unknown_environments_missing_code_keys_and_test_hook
         with pytest.raises(SystemExit, match=hook):
             Settings.from_env().check_secrets("booking")
         monkeypatch.delenv(hook)
+
+
+def test_production_refuses_jwks_without_issuer_and_audience(monkeypatch):
+    # Any token signed by the identity provider's keys would do, whoever it was minted for.
+    monkeypatch.setenv("CUTY_ENV", "production")
+    monkeypatch.delenv("CUTY_JWT_SECRET", raising=False)
+    monkeypatch.setenv("CUTY_JWT_JWKS_URL", "https://idp.example/.well-known/jwks.json")
+    for issuer, audience, missing in (("", "", "CUTY_JWT_ISSUER"), ("https://idp.example/", "", "CUTY_JWT_AUDIENCE"),
+                                      ("", "cuty", "CUTY_JWT_ISSUER")):
+        monkeypatch.setenv("CUTY_JWT_ISSUER", issuer)
+        monkeypatch.setenv("CUTY_JWT_AUDIENCE", audience)
+        with pytest.raises(SystemExit, match=missing):
+            Settings.from_env().check_secrets("gateway")
+    monkeypatch.setenv("CUTY_JWT_ISSUER", "https://idp.example/")
+    monkeypatch.setenv("CUTY_JWT_AUDIENCE", "cuty")
+    Settings.from_env().check_secrets("gateway")  # both set: starts
+    monkeypatch.delenv("CUTY_JWT_ISSUER")
+    Settings.from_env().check_secrets("booking")  # only the gateway verifies tokens
+    monkeypatch.setenv("CUTY_ENV", "development")
+    Settings.from_env().check_secrets("gateway")  # development: allowed
+
+
+def test_the_webhooks_out_process_needs_its_keyring_and_not_the_psp_secret(monkeypatch):
+    monkeypatch.setenv("CUTY_ENV", "production")
+    monkeypatch.delenv("CUTY_PSP_WEBHOOK_SECRET", raising=False)  # not given to that process at all
+    monkeypatch.setenv("CUTY_WEBHOOK_SECRET_KEYS", "/secrets/keys.json")
+    Settings.from_env().check_secrets("payments-webhooks-out")
+    with pytest.raises(SystemExit, match="CUTY_PSP_WEBHOOK_SECRET"):
+        Settings.from_env().check_secrets("payments")

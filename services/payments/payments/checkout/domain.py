@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
-from cutylib.errors import InvalidArgument
+from cutylib.errors import FailedPrecondition, InvalidArgument
 from cutylib.fields import canonical_uuid
 
 # -- states ----------------------------------------------------------------------------------------
@@ -450,6 +450,26 @@ def reschedule_payment_method(requested: str, saga: Saga) -> str | None:
     if requested:
         return payment_method(requested)
     return saga.payment_method
+
+
+def initiator_role(rescheduled_by: str | None) -> str:
+    """The role of who started a reschedule, from its `rescheduled_by` ("<role>:<subject>"); "" when
+    unknown, which is never the customer."""
+    return (rescheduled_by or "").split(":", 1)[0]
+
+
+def refuse_unasked_charge(role: str, *, new_minor: int, paid_minor: int, currency: str | None) -> None:
+    """A payment method is never reused for an action its customer did not start. A reschedule
+    charges a price increase to the purchase's card without asking the customer again, so only the
+    customer's own reschedule may go to a dearer slot; staff, admins (and anyone else) move a
+    booking to a slot of the same or a lower price (a decrease is refunded). Checked when the request
+    comes (the slot's price) and again by the step that would charge (the held price)."""
+    if new_minor > paid_minor and role != "customer":
+        raise FailedPrecondition(
+            f"the new slot costs {new_minor} {currency or ''} minor units, more than the {paid_minor} "
+            f"{currency or ''} paid; only the customer can move the booking to a dearer slot (the difference "
+            "would be charged to their card): choose a slot of the same or a lower price",
+            reason="reschedule-costs-more")
 
 
 # -- retries --------------------------------------------------------------------------------------

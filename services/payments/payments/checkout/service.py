@@ -312,6 +312,8 @@ class CheckoutService:
         if slot.salon_id != (current.salon_id or "") or slot.price.currency_code != (current.currency or ""):
             raise errors.InvalidArgument("slot_id", f"slot_id must be a slot of the booking's salon {current.salon_id} "
                                                     f"in {current.currency}, got a slot of salon {slot.salon_id}")
+        domain.refuse_unasked_charge(caller.role, new_minor=slot.price.amount_minor,
+                                     paid_minor=current.amount_minor or 0, currency=current.currency)
         method = domain.reschedule_payment_method(payment_method, current)
         if method is None and slot.price.amount_minor > (current.amount_minor or 0):
             raise errors.InvalidArgument("payment_method", "the new slot costs more and the booking was free: "

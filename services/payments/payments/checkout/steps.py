@@ -225,6 +225,15 @@ class Steps:
         if difference <= 0:
             return Outcome(Move(domain.RESCHEDULE_CONFIRMING))
         try:
+            # The request checked the slot's price; this is the price held, just before the charge.
+            domain.refuse_unasked_charge(domain.initiator_role(saga.rescheduled_by),
+                                         new_minor=saga.reschedule_amount_minor or 0,
+                                         paid_minor=saga.reschedule_from_amount_minor or 0, currency=saga.currency)
+        except errors.FailedPrecondition as refused:
+            log.warning("reschedule charge not started by the customer; undoing",
+                        extra={"checkout_id": saga.id, "rescheduled_by": saga.rescheduled_by})
+            return Outcome(Move(domain.RESCHEDULE_REVERTING, reason=refused.reason))
+        try:
             payment = await self._remote(Step.RESCHEDULE_CHARGE, self.core.create_and_charge(
                 checkout_id=saga.id, amount_minor=difference, currency=saga.currency,
                 payment_method=saga.reschedule_payment_method or "",

@@ -12,9 +12,13 @@ from .relay import StockEventRelay
 from .secrets import SecretBox
 from .repository import Endpoints
 from .service import WebhookEndpoints
-from .worker import DeliveryWorker
+from .worker import DeliveryOptions, DeliveryWorker
 
 SERVICE = webhooks_pb2.DESCRIPTOR.services_by_name["WebhookEndpointService"]
+
+
+def delivery_worker_id(worker_id: str, i: int) -> str:
+    return f"webhooks:{worker_id}" + (f":{i}" if i else "")
 
 
 def register(server, settings, pool, worker_id: str, *, workers: bool = True) -> None:
@@ -25,7 +29,10 @@ def register(server, settings, pool, worker_id: str, *, workers: bool = True) ->
     webhooks_pb2_grpc.add_WebhookEndpointServiceServicer_to_server(WebhookEndpointApi(service), server.server)
     server.add_service(SERVICE, CALLERS)
     if workers:
-        server.add_background(DeliveryWorker(pool, f"webhooks:{worker_id}", box=box).run)
+        options = DeliveryOptions()
+        # None (CUTY_WEBHOOKS_OUT_WORKERS=0) where a process of their own delivers (process.py).
+        for i in range(options.workers):
+            server.add_background(DeliveryWorker(pool, delivery_worker_id(worker_id, i), options, box=box).run)
         # `stock.low` comes from the code pool's outbox (relay.py).
         channel = create_channel(grpc_addr_for("codepool"), CODEPOOL, server.transport, deadline_seconds=10.0)
         relay = StockEventRelay(pool, codepool_pb2_grpc.CodePoolServiceStub(channel))

@@ -8,6 +8,10 @@ of an attempt is written only while the lease is still ours, with its log row. A
 delivered; anything else is retried with exponential back-off and jitter until 3 days after the
 event, then the delivery is `failed` (an admin may redeliver it). Nothing here blocks the saga:
 the outbox rows are written by the state change, and delivery happens after the commit, here.
+
+The endpoint is a merchant admin's choice, so its answer is untrusted input: only its status
+counts, and at most MAX_ANSWER_BYTES of its body are read, as sent (no automatic decompression: a
+gzip body of a few KiB may inflate to gigabytes), the whole attempt within the timeout.
 """
 from __future__ import annotations
 
@@ -31,11 +35,17 @@ from .secrets import SecretBox
 log = logging.getLogger(__name__)
 
 USER_AGENT = "Cuty-Webhooks/1"
+# What is read of an answer at the most: a short "ok" is read to its end (the connection is then
+# reused); anything longer is cut off and its connection closed.
+MAX_ANSWER_BYTES = 4096
 TRANSIENT = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError, asyncio.TimeoutError)
 
 
 @dataclass(frozen=True)
 class DeliveryOptions:
+    # Delivery worker loops this process runs: the payments process runs one by default; 0 where
+    # the `payments-webhooks-out` Deployment delivers instead (python -m payments webhooks-out).
+    workers: int = env_field(env_int, "CUTY_WEBHOOKS_OUT_WORKERS", 1)
     poll_seconds: float = env_field(env_float, "CUTY_WEBHOOK_POLL_SECONDS", 1.0)
     batch_size: int = env_field(env_int, "CUTY_WEBHOOK_BATCH_SIZE", 20)
     timeout_seconds: float = env_field(env_float, "CUTY_WEBHOOK_TIMEOUT_SECONDS", 5.0)
@@ -57,11 +67,34 @@ def headers(c: Claimed, t: int | None = None) -> dict[str, str]:
     return {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
+        # The answer uncompressed, please: nothing here inflates it anyway (new_client).
+        "Accept-Encoding": "identity",
         "Cuty-Event-Id": c.event_id,
         "Cuty-Event-Type": c.event_type,
         "Cuty-Delivery-Id": c.id,
         "Cuty-Signature": signature.sign(c.secret, c.payload, t),
     }
+
+
+def new_client(options: DeliveryOptions) -> aiohttp.ClientSession:
+    """The workers' HTTP client: every attempt within `timeout_seconds` in all (connect, send,
+    answer), and answers taken as sent, never inflated (a Content-Encoding is not ours to undo)."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=options.timeout_seconds), auto_decompress=False)
+
+
+async def read_answer(r: aiohttp.ClientResponse, limit: int = MAX_ANSWER_BYTES) -> bytes:
+    """Up to `limit` bytes of the answer's body. An answer that ends within them leaves its
+    connection for the next POST; a longer one (or one that never ends) is cut off: the
+    connection is closed, so nothing more of it is read, buffered or waited for."""
+    body = bytearray()
+    while len(body) < limit:
+        chunk = await r.content.read(limit - len(body))
+        if not chunk:
+            return bytes(body)
+        body += chunk
+    if not r.content.at_eof():
+        r.close()
+    return bytes(body)
 
 
 class DeliveryWorker:
@@ -77,7 +110,7 @@ class DeliveryWorker:
     async def run(self) -> None:
         """The background task (GrpcServer.add_background): listen, claim, POST, forever."""
         # aiohttp, as the PSP client (payments/psp.py): a fraction of httpx's CPU per POST.
-        client = self._client or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.options.timeout_seconds))
+        client = self._client or new_client(self.options)
         try:
             async with self._listening():
                 while True:
@@ -110,8 +143,9 @@ class DeliveryWorker:
                 error = "the endpoint's stored secret failed its integrity check"
             else:
                 async with client.post(c.url, data=c.payload, headers=headers(c), allow_redirects=False) as r:
+                    # The status decides; a body that does not end in time is noted, not a failure.
                     status = r.status
-                    await r.read()
+                    await read_answer(r)
                 if not 200 <= status < 300:
                     error = f"HTTP {status}"
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
