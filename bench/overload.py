@@ -16,7 +16,10 @@ Targets: goodput >= 0.9 of capacity at 3x and >= 0.8 at 5x; p99 of successes at 
 capacity; refusals answered with p99 <= 50 ms; no money mismatch.
 
 BENCH_KINDS="codes,booking", BENCH_LOADS="1,2,3,5", BENCH_LOAD_SECONDS (20), BENCH_CAP_SECONDS (10),
-BENCH_PATIENCE (10), BENCH_ONE_CALL=1 (create-and-pay in one request, when the gateway offers it).
+BENCH_PATIENCE (10), BENCH_ONE_CALL=1 (create-and-pay in one request), BENCH_HOT_BUYERS (1000; 0 = skip).
+
+4. A hot slot: BENCH_HOT_BUYERS buyers at once for one slot. One wins; every other is told at once,
+   with alternatives (409) or shed by the gateway (503). Target: p99 <= 1.5 s at the gateway.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ LOAD_SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "20"))
 CAP_SECONDS = float(os.environ.get("BENCH_CAP_SECONDS", "10"))
 PATIENCE = float(os.environ.get("BENCH_PATIENCE", "10"))
 ONE_CALL = os.environ.get("BENCH_ONE_CALL", "0") == "1"
+HOT_BUYERS = int(os.environ.get("BENCH_HOT_BUYERS", "1000"))
 CAP_BUYERS = 16
 MAX_IN_FLIGHT = 4000  # open connections at once (the client's own bound; far above any level's need)
 ADMIN = user("bench-admin", "admin")
@@ -209,6 +213,61 @@ async def seed(stack: Stack, kind: str, n: int) -> Iterator[bytes]:
     return iter([('{"slotId":"%s"}' % slot).encode() for slot in slots])
 
 
+async def hot_slot(stack: Stack, buyers: Buyers, n: int) -> Result:
+    """`n` buyers at once for one slot: one winner, every other told at once (409 with alternatives,
+    or 503 when the gateway sheds them); p50/p99 of all answers."""
+    async with stack.channel("gateway", "booking") as ch:
+        b = booking_pb2_grpc.BookingServiceStub(ch)
+        salon = await b.CreateSalon(booking_pb2.CreateSalonRequest(name="Saturday", time_zone="Europe/Istanbul"),
+                                    metadata=ADMIN)
+        start = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0) + dt.timedelta(days=3)
+        req = booking_pb2.BatchCreateSlotsRequest(salon_id=salon.id)
+        for r in range(3):
+            res = await b.CreateResource(booking_pb2.CreateResourceRequest(salon_id=salon.id, name=f"Chair {r}"),
+                                         metadata=ADMIN)
+            for h in range(4):
+                s = req.slots.add(resource_id=res.id)
+                s.start_time.FromDatetime(start + dt.timedelta(hours=h))
+                s.end_time.FromDatetime(start + dt.timedelta(hours=h + 1))
+                s.price.currency_code, s.price.amount_minor = "TRY", 75000
+        hot = (await b.BatchCreateSlots(req, metadata=ADMIN)).slots[0].id
+    body = ('{"slotId":"%s"}' % hot).encode()
+    conns = [Http(stack.http_port) for _ in range(n)]
+    for c in conns:  # connected up front: the rush is the requests, not the handshakes
+        c.reader, c.writer = await asyncio.open_connection("127.0.0.1", stack.http_port)
+    tokens = [buyers.take() for _ in range(n)]
+    gate = asyncio.Event()
+    answers: list[tuple[int, float, bool]] = []
+
+    async def one(i: int) -> None:
+        await gate.wait()
+        t0 = time.perf_counter()
+        status, raw = await conns[i].request("POST", "/v1/checkouts", {
+            "Authorization": f"Bearer {tokens[i]}", "Idempotency-Key": uuid.uuid4().hex,
+            "Content-Type": "application/json"}, body)
+        offered = status == 409 and bool(json.loads(raw).get("alternatives"))
+        answers.append((status, (time.perf_counter() - t0) * 1000, offered))
+
+    tasks = [asyncio.create_task(one(i)) for i in range(n)]
+    await asyncio.sleep(0.2)
+    t0 = time.perf_counter()
+    gate.set()
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    lat = sorted(ms for _, ms, _ in answers)
+    by_status: dict[str, int] = {}
+    for status, _, _ in answers:
+        by_status[str(status)] = by_status.get(str(status), 0) + 1
+    r = Result(f"hot slot: {n} buyers at once", n, round(n / elapsed, 1), round(percentile(lat, 0.5), 1),
+               round(percentile(lat, 0.99), 1), round(lat[-1], 1))
+    r.extra = {"answers": by_status, "losers_with_alternatives": sum(1 for *_, o in answers if o)}
+    r.notes = (f"{by_status.get('200', 0)} winner(s); {r.extra['losers_with_alternatives']} told with alternatives; "
+               f"{by_status.get('503', 0)} shed")
+    return r
+
+
 async def settle(stack: Stack, timeout: float = 180) -> dict:
     """Waits until no checkout is left in a non-final state, then compares the money."""
     dsn = with_database(stack.pg_dsn, "cuty_payments")
@@ -269,6 +328,9 @@ async def main() -> None:
                 out = await open_loop(stack.http_port, buyers, bodies, rate, LOAD_SECONDS)
                 results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate))
                 await asyncio.sleep(2)  # the backlog of the level before drains
+        if HOT_BUYERS:
+            print(f"hot slot: {HOT_BUYERS} buyers at once ...", flush=True)
+            results.append(await hot_slot(stack, Buyers(HOT_BUYERS), HOT_BUYERS))
         money = await settle(stack)
         print(f"settled: {money}", flush=True)
         results.append(Result("money after settling", 0, 0, 0, 0, 0,
