@@ -183,7 +183,8 @@ def migration_plan(migrations_dir: str | pathlib.Path, shared: bool = True) -> l
 
     Functions come first so that the tables, policies and triggers a versioned migration declares
     can name them; their bodies are checked only after the versioned migrations ran
-    (check_function_bodies), so a function may read a table created after it.
+    (check_function_bodies), so a function may read a table created after it. A function whose
+    signature names a table's row type waits until the versioned migrations created it.
     """
     folders = ([SHARED_MIGRATIONS] if shared else []) + [pathlib.Path(migrations_dir)]
     functions = [MigrationFile(FUNCTION_PREFIX + f.stem, f)
@@ -223,17 +224,23 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
             _refuse_foreign_history(done, plan)
             async with conn.transaction():
                 await conn.execute("SET LOCAL check_function_bodies = off")
+                # A function whose signature names a table's row type (RETURNS TABLE (h holds)) cannot
+                # be created before that table, body checks or not: it waits for the versioned ones.
+                deferred: list[MigrationFile] = []
                 for m in plan:
                     sql, checksum = m.read()
                     if done.get(m.version) == checksum:
                         continue
                     if m.version in done and not m.repeatable:
                         raise MigrationError(f"migration {m.path.name} was changed after it was applied; add a new migration instead")
-                    await conn.execute(sql)
-                    await conn.execute(
-                        "INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2) "
-                        "ON CONFLICT (version) DO UPDATE SET checksum = excluded.checksum, applied_at = clock_timestamp()",
-                        m.version, checksum)
+                    if m.repeatable and not await _create_if_types_exist(conn, sql):
+                        deferred.append(m)
+                        continue
+                    await _record(conn, m, checksum, sql=None if m.repeatable else sql)
+                    applied_now.append(m.version)
+                for m in deferred:
+                    sql, checksum = m.read()
+                    await _record(conn, m, checksum, sql=sql)
                     applied_now.append(m.version)
                 # Now that the tables exist, the changed functions are created once more with their
                 # bodies checked, so a broken function fails here and not at its first call.
@@ -248,6 +255,27 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     finally:
         await conn.close()
     return applied_now
+
+
+async def _create_if_types_exist(conn: asyncpg.Connection, sql: str) -> bool:
+    """Run a function file in a savepoint; False (and nothing done) when a type or table it names
+    does not exist yet."""
+    try:
+        async with conn.transaction():
+            await conn.execute(sql)
+        return True
+    except (asyncpg.UndefinedObjectError, asyncpg.UndefinedTableError):
+        return False
+
+
+async def _record(conn: asyncpg.Connection, m: MigrationFile, checksum: str, *, sql: str | None) -> None:
+    """Apply `sql` (unless None: applied already) and record `m` as applied with `checksum`."""
+    if sql is not None:
+        await conn.execute(sql)
+    await conn.execute(
+        "INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2) "
+        "ON CONFLICT (version) DO UPDATE SET checksum = excluded.checksum, applied_at = clock_timestamp()",
+        m.version, checksum)
 
 
 def _refuse_foreign_history(done: dict[str, str], plan: list[MigrationFile]) -> None:

@@ -114,3 +114,16 @@ async def test_a_database_of_the_history_before_the_baseline_is_refused_by_name(
     (new / "0001_baseline.sql").write_text("CREATE TABLE a (v int, w int);")
     with pytest.raises(MigrationError, match="recreate it"):
         await migrate(scratch_db, new, shared=False)
+
+
+async def test_a_function_returning_a_tables_rows_waits_for_its_table(scratch_db, tmp_path):
+    (tmp_path / "functions").mkdir()
+    (tmp_path / "functions" / "newest_a.sql").write_text(
+        "CREATE OR REPLACE FUNCTION newest_a() RETURNS SETOF a LANGUAGE sql AS $$ SELECT * FROM a ORDER BY v DESC LIMIT 1 $$;")
+    (tmp_path / "0001_baseline.sql").write_text("CREATE TABLE a (v int); INSERT INTO a VALUES (1), (2);")
+    assert set(await migrate(scratch_db, tmp_path, shared=False)) == {"functions/newest_a", "0001_baseline"}
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        assert await conn.fetchval("SELECT v FROM newest_a()") == 2
+    finally:
+        await conn.close()
