@@ -1,7 +1,7 @@
 """Payment rules with no I/O: the forward-only state machine and what a PSP object means for us.
 
 The synchronous PSP answer, the webhook and reconciliation all feed `decide()`; whatever order they
-arrive in, a payment only moves forward (DESIGN.md, "Payment finalize"; migration 0001 repeats the
+arrive in, a payment only moves forward (DESIGN.md, "Payment finalize"; the schema repeats the
 transition table as a trigger so the database refuses a regression even from a buggy caller).
 """
 from __future__ import annotations

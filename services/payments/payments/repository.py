@@ -48,7 +48,7 @@ RETURNING seq
 # causes commit together or not at all. Zero rows means another path won the race.
 # The customer action is kept only while the new status waits for the customer (the table's CHECK
 # refuses anything else); reconciliation stops once the payment is terminal. A status change also
-# wakes the payment's checkout saga, by trigger in the same statement (migration 0103).
+# wakes the payment's checkout saga, by trigger in the same statement (payments_wake_checkout).
 FINALIZE = f"""
 WITH upd AS (
     UPDATE payments SET
@@ -165,7 +165,7 @@ WHERE e.event_id = due.event_id
 RETURNING e.event_id, e.type, e.payment_id, e.payload, e.attempts
 """
 
-# -- refunds (issue 12, item 3; migration 0130) ------------------------------------------------------
+# -- refunds (the refunds table and the payment's running totals) -------------------------------------
 
 REFUND_COLUMNS = """id, merchant_id, payment_id, key, requested_minor, amount_minor, currency, reason, requested_by,
     status, psp_refund_id, failure_reason, created_at, updated_at"""

@@ -3,7 +3,8 @@
 This is the Python API the checkout saga (payments/checkout/) codes against; keep its signatures
 stable. DESIGN.md, "Payment finalize: one path for every source", is the specification; see also
 docs/payments.md. A payment's status change wakes its checkout saga in the database (the
-`payments_wake_checkout` trigger, migration 0103): this module knows nothing about checkouts.
+`payments_wake_checkout` trigger, migrations/functions/checkouts_wake_on_payment.sql): this module
+knows nothing about checkouts.
 """
 from __future__ import annotations
 
@@ -225,7 +226,7 @@ class PaymentsCore:
         args = (row["id"], row["version"], observed, obs.psp_intent_id, obs.redirect_url, obs.client_secret,
                 obs.failure_reason if observed == domain.FAILED else None, obs.psp_refund_id,
                 source, row["status"], current_trace_id(), note)
-        # One statement is one transaction: the UPDATE, its event and (by trigger, migration 0103)
+        # One statement is one transaction: the UPDATE, its event and (by trigger, payments_wake_checkout)
         # the checkout saga's wake-up commit together.
         return await conn.fetchrow(sql.FINALIZE, *args)
 

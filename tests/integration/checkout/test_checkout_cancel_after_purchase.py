@@ -304,7 +304,7 @@ async def test_a_cancel_that_keeps_failing_needs_attention_and_an_operator_retri
 
 async def test_a_cancel_after_purchase_is_an_outbound_booking_cancelled_event(harness):
     """Issue 12, item 6 with item 1: the state change writes `booking.cancelled` for the merchant
-    (migration 0161), with the refund amount and the reason, beside the purchase's own events."""
+    (trigger checkouts_merchant_events), with the refund amount and the reason, beside the purchase's own events."""
     h = harness
     start = await db_now(h) + timedelta(hours=2)  # past its 24 hours of free cancellation: a 25 % fee
     paid = await purchase(h, price=20_000, start=start, free_hours=24, fee_percent=25)

@@ -87,7 +87,7 @@ async def test_a_step_that_fails_once_is_finished_by_a_worker_with_the_same_keys
 async def test_a_difference_in_flight_waits_for_its_payment_to_settle(make_harness):
     """The PSP has not answered the difference's charge yet (no webhook yet): the saga sleeps in
     RESCHEDULING; when the payment settles (finalize, as the webhook or reconciliation would) the
-    database wakes it (trigger checkouts_wake_on_payment, migration 0170) and a worker confirms."""
+    database wakes it (trigger payments_wake_checkout, function checkouts_wake_on_payment) and a worker confirms."""
     h = make_harness()
     paid = await purchase(h)
     new = h.booking.add_slot(price=12_500)

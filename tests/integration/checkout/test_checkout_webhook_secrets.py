@@ -1,11 +1,10 @@
-"""Issue 12, item 6: webhook endpoint secrets encrypted at rest (migration 0181, payments/outbound/
-secrets.py, cutylib.keyring). A new endpoint's secret is stored only as ciphertext bound to its
-row; the delivery still signs with it; a ciphertext moved to another endpoint does not open and
-nothing is POSTed with it; plaintext rows from before 0181 are sealed at start, each once, with
-several replicas at it together; rotation keeps old rows readable."""
+"""Webhook endpoint secrets encrypted at rest (payments/outbound/secrets.py, cutylib.keyring; the
+table webhook_endpoints). A new endpoint's secret is stored only as ciphertext bound to its row; the
+delivery still signs with it; the database refuses a plaintext secret, inserted or updated; a
+ciphertext moved to another endpoint does not open and nothing is POSTed with it; rotation keeps
+old rows readable."""
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import uuid
@@ -13,10 +12,8 @@ import uuid
 import asyncpg
 import pytest
 
-from cutylib.db import create_pool, migrate
 from cutylib.keyring import AeadKeyring
 from cutylib.principal import Principal
-from cutylib.testing.postgres import migrate_before
 from cutylib.testing.trust import TEST_MERCHANT
 from payments import signature
 from payments.outbound.repository import Deliveries, Endpoints
@@ -25,7 +22,6 @@ from payments.outbound.service import WebhookEndpoints
 
 from test_checkout_outbound_events import buy_codes
 
-MIGRATIONS = __import__("pathlib").Path(__file__).resolve().parents[3] / "services/payments/migrations"
 ADMIN = Principal("admin-1", "admin", TEST_MERCHANT)
 
 
@@ -99,40 +95,14 @@ async def test_rotation_keeps_old_rows_readable(harness):
     assert keys == {ep.id: "k1", new.id: "k2"}
 
 
-async def test_plaintext_rows_from_before_0181_are_sealed_once_by_replicas_at_start(scratch_db, tmp_path):
-    await migrate_before(scratch_db, MIGRATIONS, "0181", tmp_path)
-    pool = await create_pool(scratch_db, min_size=2, max_size=10)
-    try:
-        legacy = {}
-        for i in range(250):
-            eid, merchant = uuid.uuid4(), f"merchant-{i % 7}"
-            legacy[str(eid)] = (merchant, "whsec_" + os.urandom(32).hex())
-            await pool.execute("INSERT INTO webhook_endpoints (merchant_id, id, url, events, secret, created_by) "
-                               "VALUES ($1, $2, 'https://h.example.com/x', '{checkout.completed}', $3, 'a')",
-                               merchant, eid, legacy[str(eid)][1])
-        assert await migrate(scratch_db, MIGRATIONS) == [m.stem for m in sorted(MIGRATIONS.glob("018[1-9]*.sql"))]
-        # plaintext still there (the key never reaches SQL), and readable meanwhile
-        sb = box("k1")
-        row = await pool.fetchrow("SELECT merchant_id, id AS endpoint_id, secret, secret_key_id, secret_nonce, "
-                                  "secret_ciphertext FROM webhook_endpoints LIMIT 1")
-        assert sb.secret_of(row) == legacy[str(row["endpoint_id"])][1]
-        # three replicas start together
-        sealed = await asyncio.gather(*(sb.encrypt_stored(pool, batch=20) for _ in range(3)))
-        assert sum(sealed) == 250
-        assert await sb.encrypt_stored(pool) == 0
-        rows = await pool.fetch("SELECT merchant_id, id AS endpoint_id, secret, secret_key_id, secret_nonce, "
-                                "secret_ciphertext, t::text AS whole FROM webhook_endpoints t")
-        assert len(rows) == 250
-        for r in rows:
-            merchant, secret = legacy[str(r["endpoint_id"])]
-            assert r["secret"] is None and r["merchant_id"] == merchant and secret not in r["whole"]
-            assert sb.secret_of(r) == secret
-        with pytest.raises(asyncpg.CheckViolationError):
-            await pool.execute("INSERT INTO webhook_endpoints (merchant_id, id, url, events, secret, created_by) "
-                               "VALUES ('m', $1, 'https://h.example.com/x', '{checkout.completed}', $2, 'a')",
-                               uuid.uuid4(), "whsec_" + "0" * 64)
-    finally:
-        await pool.close()
+async def test_the_database_refuses_a_plaintext_secret_on_insert(harness):
+    with pytest.raises(asyncpg.CheckViolationError, match="stored encrypted"):
+        await harness.pool.execute(
+            "INSERT INTO webhook_endpoints (merchant_id, id, url, events, secret, created_by) "
+            "VALUES ('m', $1, 'https://h.example.com/x', '{checkout.completed}', $2, 'a')",
+            uuid.uuid4(), "whsec_" + "0" * 64)
+    # nothing in plaintext, so nothing for a replica to seal at start
+    assert await box("k1").encrypt_stored(harness.pool) == 0
 
 
 def test_the_keyring_is_configured_like_the_code_pools(tmp_path):

@@ -1,9 +1,7 @@
 """The saga's pure rules: transition table, next step, payment routing, keys, backoff, validation."""
 from __future__ import annotations
 
-import pathlib
 import random
-import re
 import uuid
 from dataclasses import replace as dataclasses_replace
 from datetime import datetime, timedelta, timezone
@@ -15,8 +13,6 @@ from payments.checkout import domain as d
 from payments.checkout.domain import Saga, Step
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
-# The migration that last replaced the transition trigger (0170: issue 12's reschedule).
-ATTENTION_MIGRATION = pathlib.Path(__file__).resolve().parents[3] / "services/payments/migrations/0170_reschedule.sql"
 
 
 def saga(state=d.HELD, **kw) -> Saga:
@@ -27,23 +23,6 @@ def saga(state=d.HELD, **kw) -> Saga:
                 lease_owner="w", created_at=NOW, updated_at=NOW, read_at=NOW)
     base.update(kw)
     return Saga(**base)
-
-
-def test_transition_table_matches_the_database_trigger():
-    """The Python table and the SQL trigger must say the same thing, or one of them is lying."""
-    # The trigger function as last replaced (0101 added NEEDS_ATTENTION, issue 10; 0160 CANCELLING, issue 12).
-    sql = ATTENTION_MIGRATION.read_text()
-    pairs = re.findall(r"\(OLD\.state = '(\w+)' AND NEW\.state (?:IN \(([^)]*)\)|= '(\w+)')\)", sql)
-    from_sql = {}
-    for old, many, one in pairs:
-        targets = {t.strip().strip("'") for t in many.split(",")} if many else {one}
-        from_sql[old] = frozenset(targets)
-    # NEEDS_ATTENTION goes back to attention_from, whose CHECK lists where that may be.
-    assert "(OLD.state = 'NEEDS_ATTENTION' AND NEW.state = OLD.attention_from)" in sql
-    (back,) = re.findall(r"attention_from IN \(([^)]*)\)", sql)
-    from_sql["NEEDS_ATTENTION"] = frozenset(t.strip().strip("'") for t in back.split(","))
-    from_py = {k: v for k, v in d.TRANSITIONS.items() if v}
-    assert from_sql == from_py
 
 
 def test_terminal_states_go_nowhere():

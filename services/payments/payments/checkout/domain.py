@@ -186,7 +186,7 @@ class Saga:
     refund_amount_minor: int | None = None
     cancelled_by: str | None = None
     cancel_reason: str | None = None
-    # Issue 12, item 2: the reschedule under way (or the last one), see migration 0170.
+    # The reschedule under way (or the last one); see the checkouts table's reschedule_* columns.
     reschedule_seq: int = 0
     reschedules: int = 0
     reschedule_status: str | None = None
@@ -372,7 +372,7 @@ def route_payment(saga: Saga, payment_status: str, now: datetime, grace_seconds:
     if payment_status == P_REQUIRES_ACTION:
         return None if saga.state == AWAITING_ACTION else Move(AWAITING_ACTION)
     # created / processing: the charge is in flight (or its outcome unknown): wait for the webhook
-    # or reconciliation, which wake the saga through the payments trigger (migration 0103).
+    # or reconciliation, which wake the saga through the payments trigger (payments_wake_checkout).
     return None if saga.state == CHARGING else Move(CHARGING)
 
 

@@ -1,7 +1,7 @@
 """Live updates of checkouts (issue 12, item 5): WatchCheckout's stream, driven by LISTEN/NOTIFY.
 
 Every change of a checkout's state or version sends `pg_notify('cuty_checkout_events', id)` in the
-transaction that made it (trigger checkouts_notify_watchers, migration 0135), delivered at commit.
+transaction that made it (trigger checkouts_notify_watchers), delivered at commit.
 Each payments process holds ONE listening connection (`Watchers.run`, a background task that
 reconnects when the connection is lost) and fans each notification out to the streams of this
 process that watch that checkout; nothing polls per client. A stream that is told re-reads the
@@ -55,7 +55,7 @@ def event_type(state: str) -> str:
 class Watchers:
     """The process's listener and the open streams: checkout id -> the flags of its watchers, this
     process's count of streams (its own cap) and its leased places under the per-user cap (in the
-    database, migration 0136, so the cap holds across replicas)."""
+    database, table watch_streams, so the cap holds across replicas)."""
 
     def __init__(self, pool: asyncpg.Pool, options: CheckoutOptions):
         self.pool = pool
@@ -73,7 +73,7 @@ class Watchers:
     @contextlib.asynccontextmanager
     async def admitted(self, user: str):
         """One open stream of `user`, refused beyond the caps (RESOURCE_EXHAUSTED): the per-user one
-        across every replica (a leased place in watch_streams, migration 0136), and this process's."""
+        across every replica (a leased place in watch_streams), and this process's."""
         if self._open >= self.options.max_watch_streams:
             raise errors.ResourceExhausted("this server has as many open watch streams as it takes; retry later",
                                            reason="too-many-watch-streams")

@@ -6,7 +6,7 @@ stale worker, the lease owner a worker whose lease was taken over), and the time
 appended by the same statement, so they commit together without a multi-statement transaction.
 Every statement returns the database clock (`db_now`): TTL decisions use it, never the local clock.
 `Sagas` runs them and returns `domain.Saga` rows (booking's repository convention). A payment's
-wake-up of its saga is not here: the database does it (trigger `payments_wake_checkout`, migration 0103).
+wake-up of its saga is not here: the database does it (trigger `payments_wake_checkout`).
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ from cutylib.telemetry import current_trace_id, current_traceparent
 from .domain import (COMPLETED, DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS,
                      RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, Saga)
 
-# NOTIFY channel of wake-ups; the payments trigger (migration 0103) sends on the same name.
+# NOTIFY channel of wake-ups; the payments trigger (checkouts_wake_on_payment) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
 # NOTIFY channel of live updates: every change of a checkout's state or version (trigger
-# checkouts_notify_watchers, migration 0135), payload the checkout id (payments/checkout/live.py).
+# checkouts_notify_watchers), payload the checkout id (payments/checkout/live.py).
 WATCH_CHANNEL = "cuty_checkout_events"
 
 _TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE')"
@@ -60,7 +60,7 @@ EVENTS_AFTER = """
 SELECT seq, to_status, created_at FROM payment_events
 WHERE checkout_id = $1 AND source = 'saga' AND seq > $2 ORDER BY seq
 """
-# WatchCheckout's per-user cap (migration 0136): the lowest place of $1 below the cap $4 that is
+# WatchCheckout's per-user cap (table watch_streams): the lowest place of $1 below the cap $4 that is
 # free or whose lease ran out. Two streams racing for one place: the primary key lets one in, the
 # other gets no row (and tries the next free place). Returns the place, or nothing when all are held.
 CLAIM_WATCH_PLACE = """
@@ -417,9 +417,9 @@ WITH upd AS (
 SELECT upd.* FROM upd LEFT JOIN (SELECT count(*) FROM n) notified ON true
 """
 
-# ListCheckouts (issue 12): newest first, (created_at, id) descending as the keyset. The WHERE is
+# ListCheckouts: newest first, (created_at, id) descending as the keyset. The WHERE is
 # built from the filters the request has (LIST_FILTERS, in this order), so each combination is its
-# own prepared statement whose plan walks the index that leads with its columns (migration 0140):
+# own prepared statement whose plan walks the index that leads with its columns (the lists' indexes):
 # the customer's `(customer_id, created_at DESC, id DESC)`, a merchant's `(merchant_id, [salon_id |
 # product_id,] created_at DESC, id DESC)`, the operator's `(created_at DESC, id DESC)`. The payment's
 # status comes with the row (one statement per page, no read per checkout).

@@ -58,7 +58,8 @@ def register(server, settings, pool, core) -> None:
     server.add_background(worker.run)
     # One LISTEN connection per process for WatchCheckout's streams (checkout/live.py).
     server.add_background(service.watchers.run)
-    # A payment's status change wakes its saga in the database (migration 0103), not through core.
+    # A payment's status change wakes its saga in the database (trigger payments_wake_checkout), not
+    # through core.
 
     async def close_channels() -> None:
         for ch in channels:

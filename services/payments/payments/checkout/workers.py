@@ -1,7 +1,7 @@
 """Saga workers: claim due sagas (FOR UPDATE SKIP LOCKED + lease) and drive them.
 
 Any number of replicas run this loop against one database. A saga is due when its next_run_at has
-passed: a wake-up from a payment change (the payments trigger of migration 0103, which also NOTIFYs
+passed: a wake-up from a payment change (the payments trigger payments_wake_checkout, which also NOTIFYs
 every replica on commit), a hold running out, a retry's backoff ending, or a lease left behind by a crashed
 process. Polling every CUTY_SAGA_POLL_SECONDS is only the safety net under NOTIFY.
 """

@@ -1,6 +1,6 @@
 """The SQL of outbound events, as named constants, and `Endpoints` / `Deliveries` that run them.
 
-The outbox itself has no writer here: the trigger `checkouts_merchant_events` (migration 0150)
+The outbox itself has no writer here: the trigger `checkouts_merchant_events` (migrations/functions/)
 writes each event and its deliveries in the statement that changes the checkout's state. Every
 statement below that protects an invariant is one conditional statement: a claim is
 `FOR UPDATE SKIP LOCKED` plus a lease (next_attempt_at pushed to the lease's end), and the end of
@@ -23,7 +23,7 @@ from .secrets import SecretBox, SecretDamaged, default_box
 
 log = logging.getLogger(__name__)
 
-# The secret goes in sealed (secrets.py; migration 0181 refuses plaintext).
+# The secret goes in sealed (secrets.py; the database refuses plaintext).
 INSERT_ENDPOINT = """
 INSERT INTO webhook_endpoints (merchant_id, id, url, events, secret_key_id, secret_nonce, secret_ciphertext, created_by)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)

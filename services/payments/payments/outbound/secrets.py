@@ -4,8 +4,9 @@ Signing a delivery needs the secret itself, so it cannot be hashed; it is stored
 ciphertext under payments' own keyring (`CUTY_WEBHOOK_SECRET_KEYS`, cutylib.keyring: the platform's
 one implementation, the code pool's codes use it too), with the key id per row for rotation and the
 row's merchant and endpoint id as associated data (a ciphertext copied to another endpoint does not
-open). Rows from before migration 0181 hold the plaintext until `encrypt_stored` (run by every
-replica at start, before it serves) seals them.
+open). The database refuses a plaintext secret (trigger webhook_endpoints_no_plaintext); a row that
+holds one in the `secret` column all the same is sealed by `encrypt_stored` (run by every replica at
+start, before it serves).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 VARIABLE = "CUTY_WEBHOOK_SECRET_KEYS"
 DEV_KEY_FILE = "payments-webhook-keys.json"
 
-# Plaintext rows left by the time before 0181, a batch that no other replica is sealing.
+# Plaintext rows (the `secret` column), a batch that no other replica is sealing.
 CLAIM_PLAINTEXT = """
 SELECT merchant_id, id, secret FROM webhook_endpoints WHERE secret IS NOT NULL
 ORDER BY merchant_id, id LIMIT $1 FOR UPDATE SKIP LOCKED
@@ -67,7 +68,7 @@ class SecretBox:
             raise SecretDamaged(f"the secret of endpoint {endpoint_id} {e}") from None
 
     def secret_of(self, row) -> str:
-        """The secret of a webhook_endpoints row (joined): sealed, or plaintext from before 0181."""
+        """The secret of a webhook_endpoints row (joined): sealed, or plaintext not sealed yet."""
         if row["secret"] is not None:
             return row["secret"]
         return self.open(row["merchant_id"], str(row["endpoint_id"]), row["secret_key_id"], row["secret_nonce"],

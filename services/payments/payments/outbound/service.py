@@ -18,8 +18,8 @@ from cutylib.principal import Principal
 
 from .repository import Delivery, Endpoint, Endpoints
 
-# What the outbox produces today (trigger checkouts_merchant_events, migrations 0150, 0161, 0170; and
-# `stock.low`, relayed from the code pool's outbox, relay.py, migration 0180).
+# What the outbox produces today (trigger checkouts_merchant_events, migrations/functions/
+# checkouts_merchant_events.sql; and `stock.low`, relayed from the code pool's outbox, relay.py).
 EVENT_TYPES = ("checkout.completed", "booking.confirmed", "codes.delivered", "checkout.refunded",
                "booking.cancelled", "booking.rescheduled", "stock.low")
 MAX_ENDPOINTS_PER_MERCHANT = 16

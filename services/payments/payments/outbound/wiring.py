@@ -23,7 +23,7 @@ def delivery_worker_id(worker_id: str, i: int) -> str:
 
 def register(server, settings, pool, worker_id: str, *, workers: bool = True) -> None:
     box = SecretBox.load(settings.webhook_secret_keys, settings.data_dir)
-    # Endpoint secrets stored before migration 0181 are sealed before this replica serves.
+    # Endpoint secrets stored in plaintext, if any, are sealed before this replica serves.
     server.on_database_ready(lambda: box.encrypt_stored(pool))
     service = WebhookEndpoints(Endpoints(pool, box), settings.environment)
     webhooks_pb2_grpc.add_WebhookEndpointServiceServicer_to_server(WebhookEndpointApi(service), server.server)

@@ -1,11 +1,13 @@
--- Issue 12: `booking.cancelled`, the outbox event of a cancellation after purchase (0160). The
--- outbox writer of 0150 with one more state, CANCELLED_AFTER_PURCHASE, whose event carries the
--- refund amount and the reason; written in the statement that makes the state change, like the
--- others (no state change without its event, no event without its state change).
-ALTER TABLE merchant_events DROP CONSTRAINT merchant_events_type_check;
-ALTER TABLE merchant_events ADD CONSTRAINT merchant_events_type_check CHECK (type IN (
-    'checkout.completed', 'booking.confirmed', 'codes.delivered', 'checkout.refunded', 'booking.cancelled'));
-
+-- The outbox writer (docs/webhooks-out.md): the state changes that are events, written in the
+-- statement that makes them, so no state change without its event and no event without its state
+-- change; each event is fanned out to the merchant's subscribed endpoints (webhook_deliveries) in
+-- the same statement, so no crash can fall between the event and its deliveries.
+--   COMPLETED                 checkout.completed, and booking.confirmed or codes.delivered
+--   REFUNDED                  checkout.refunded
+--   CANCELLED_AFTER_PURCHASE  booking.cancelled, with the refund amount and the reason
+-- A reschedule that succeeded (RESCHEDULE_CONFIRMING -> COMPLETED) is `booking.rescheduled` (never a
+-- second checkout.completed / booking.confirmed); one reverted or refused (-> COMPLETED from
+-- RESCHEDULING or RESCHEDULE_REVERTING) changed nothing a merchant sees: no event.
 CREATE OR REPLACE FUNCTION checkouts_merchant_events() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     types  text[];
@@ -13,7 +15,11 @@ DECLARE
     ev_id  uuid;
     ev_at  timestamptz;
 BEGIN
-    IF NEW.state = 'COMPLETED' THEN
+    IF NEW.state = 'COMPLETED' AND OLD.state = 'RESCHEDULE_CONFIRMING' THEN
+        types := ARRAY['booking.rescheduled'];
+    ELSIF NEW.state = 'COMPLETED' AND OLD.state IN ('RESCHEDULING', 'RESCHEDULE_REVERTING') THEN
+        RETURN NULL;
+    ELSIF NEW.state = 'COMPLETED' THEN
         types := ARRAY['checkout.completed',
                        CASE NEW.kind WHEN 'booking' THEN 'booking.confirmed' ELSE 'codes.delivered' END];
     ELSIF NEW.state = 'REFUNDED' THEN
@@ -50,6 +56,14 @@ BEGIN
                 'refund_amount', CASE WHEN NEW.refund_amount_minor IS NOT NULL THEN jsonb_build_object(
                     'amount_minor', NEW.refund_amount_minor, 'currency_code', NEW.currency) END,
                 'cancel_reason', NULLIF(NEW.cancel_reason, ''),
+                'start_time', CASE WHEN t = 'booking.rescheduled'
+                                   THEN to_char(NEW.start_time AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+                'previous_slot_id', CASE WHEN t = 'booking.rescheduled' THEN NEW.reschedule_from_slot_id END,
+                'previous_hold_id', CASE WHEN t = 'booking.rescheduled' THEN NEW.reschedule_from_hold_id END,
+                'previous_amount', CASE WHEN t = 'booking.rescheduled' THEN jsonb_build_object(
+                    'amount_minor', OLD.amount_minor, 'currency_code', NEW.currency) END,
+                'rescheduled_by', CASE WHEN t = 'booking.rescheduled' THEN NEW.rescheduled_by END,
+                'difference_payment_id', CASE WHEN t = 'booking.rescheduled' THEN NEW.reschedule_payment_id END,
                 'create_time', to_char(NEW.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))))),
             ev_at);
         INSERT INTO webhook_deliveries (merchant_id, endpoint_id, event_id, next_attempt_at, give_up_at, created_at)
@@ -61,9 +75,3 @@ BEGIN
     PERFORM pg_notify('cuty_merchant_events', NEW.merchant_id);
     RETURN NULL;
 END $$;
-
-DROP TRIGGER checkouts_merchant_events ON checkouts;
-CREATE TRIGGER checkouts_merchant_events AFTER UPDATE OF state ON checkouts
-    FOR EACH ROW
-    WHEN (NEW.state IS DISTINCT FROM OLD.state AND NEW.state IN ('COMPLETED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE'))
-    EXECUTE FUNCTION checkouts_merchant_events();

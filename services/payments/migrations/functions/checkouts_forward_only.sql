@@ -1,29 +1,7 @@
--- Issue 10, item 8: a step that keeps failing (a refund or cancel the PSP keeps refusing, an
--- unexpected answer from booking or the code pool) no longer retries forever. After
--- CUTY_SAGA_MAX_ATTEMPTS attempts or CUTY_SAGA_ATTENTION_AFTER_SECONDS of failing, a saga in
--- CONFIRMING, RELEASING or REFUNDING moves to NEEDS_ATTENTION: kept (never dropped), off the
--- worker queue, visible to staff, counted, and put back into the state it left by an operator
--- (RetryCheckout). docs/checkout.md, "Needs attention".
-
-ALTER TABLE checkouts DROP CONSTRAINT checkouts_state_check;
-ALTER TABLE checkouts ADD CONSTRAINT checkouts_state_check CHECK (state IN (
-    'PENDING', 'HELD', 'CHARGING', 'AWAITING_ACTION', 'CONFIRMING', 'COMPLETED', 'RELEASING',
-    'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDING', 'REFUNDED', 'NEEDS_ATTENTION'));
-
--- When the current step first failed (NULL: it has not); reset by every transition.
-ALTER TABLE checkouts ADD COLUMN failing_since timestamptz;
--- The state a NEEDS_ATTENTION saga left, which an operator's retry returns it to.
-ALTER TABLE checkouts ADD COLUMN attention_from text
-    CHECK (attention_from IN ('CONFIRMING', 'RELEASING', 'REFUNDING'));
-ALTER TABLE checkouts ADD CONSTRAINT checkouts_attention_whole CHECK (
-    (state = 'NEEDS_ATTENTION') = (attention_from IS NOT NULL));
--- Waiting for a human: no worker picks it up.
-ALTER TABLE checkouts ADD CONSTRAINT checkouts_attention_idle CHECK (
-    state <> 'NEEDS_ATTENTION' OR (next_run_at IS NULL AND lease_owner IS NULL));
-
--- Staff look for these; few rows, so a small partial index.
-CREATE INDEX checkouts_needing_attention ON checkouts (updated_at) WHERE state = 'NEEDS_ATTENTION';
-
+-- The saga's transition table, as in payments/checkout/domain.py, so a wrong move is refused by
+-- the database whatever code wrote it; a state change must bump the version by exactly one, and the
+-- payment attempt and the payment of a checkout, once set, never change. One reschedule at a time
+-- per checkout: it is a state of the row, entered only from COMPLETED.
 CREATE OR REPLACE FUNCTION checkouts_forward_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.version <> OLD.version AND NEW.version <> OLD.version + 1 THEN
@@ -44,6 +22,15 @@ BEGIN
             OR (OLD.state = 'RELEASING' AND NEW.state IN ('FAILED', 'EXPIRED', 'CANCELLED', 'CONFIRMING', 'REFUNDING',
                                                           'NEEDS_ATTENTION'))
             OR (OLD.state = 'REFUNDING' AND NEW.state IN ('REFUNDED', 'NEEDS_ATTENTION'))
+            -- a completed booking cancelled after purchase (refund per its policy, then the slot)
+            -- or rescheduled (the new slot held, paid, confirmed; then the old one released)
+            OR (OLD.state = 'COMPLETED' AND NEW.state IN ('CANCELLING', 'RESCHEDULING'))
+            OR (OLD.state = 'CANCELLING' AND NEW.state IN ('CANCELLED_AFTER_PURCHASE', 'NEEDS_ATTENTION'))
+            OR (OLD.state = 'RESCHEDULING' AND NEW.state IN ('RESCHEDULE_CONFIRMING', 'RESCHEDULE_REVERTING',
+                                                             'COMPLETED', 'NEEDS_ATTENTION'))
+            OR (OLD.state = 'RESCHEDULE_CONFIRMING' AND NEW.state IN ('COMPLETED', 'RESCHEDULE_REVERTING',
+                                                                      'NEEDS_ATTENTION'))
+            OR (OLD.state = 'RESCHEDULE_REVERTING' AND NEW.state IN ('COMPLETED', 'NEEDS_ATTENTION'))
             -- an operator's retry: back to the step that kept failing
             OR (OLD.state = 'NEEDS_ATTENTION' AND NEW.state = OLD.attention_from)
         ) THEN

@@ -1,0 +1,139 @@
+"""The payments schema as migrated (services/payments/migrations): one file per function, the
+state machines of its triggers the same as the domain's tables, the merchant of payments and
+their events."""
+from __future__ import annotations
+
+import collections
+import itertools
+import re
+import uuid
+
+import asyncpg
+import pytest
+
+from cutylib.db import SHARED_MIGRATIONS, migrate
+from cutylib.testing.procs import REPO
+from payments import domain as payment_domain
+from payments.checkout import domain as saga_domain
+
+MIGRATIONS = REPO / "services" / "payments" / "migrations"
+FUNCTION_FOLDERS = (SHARED_MIGRATIONS / "functions", MIGRATIONS / "functions")
+
+# The functions of the public schema, but for those an extension owns.
+SCHEMA_FUNCTIONS = """
+SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'public'
+  AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                  WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')
+"""
+
+
+async def test_every_function_has_one_file_and_every_file_is_a_function(payments_dsn):
+    conn = await asyncpg.connect(payments_dsn)
+    try:
+        in_database = collections.Counter(r["proname"] for r in await conn.fetch(SCHEMA_FUNCTIONS))
+    finally:
+        await conn.close()
+    files = [f for folder in FUNCTION_FOLDERS for f in sorted(folder.glob("*.sql"))]
+    assert in_database == collections.Counter(f.stem for f in files)
+    for f in files:
+        # Only the function itself, named like its file: the body and the comments aside, one statement.
+        text = re.sub(r"--[^\n]*", "", re.sub(r"\$(\w*)\$.*?\$\1\$", "$$", f.read_text(), flags=re.S))
+        statements = [s.strip() for s in text.split(";") if s.strip()]
+        assert len(statements) == 1, f.name
+        assert re.match(rf"CREATE OR REPLACE FUNCTION {f.stem}\(", statements[0]), f.name
+
+
+async def allowed_moves(dsn: str, table: str, column: str, states, keep: set[str], insert) -> set[tuple[str, str]]:
+    """Every move of `table`.`column` from one of `states` to another, tried against the table's
+    triggers: the moves they let through. The table's other CHECKs tie a state to facts (a hold, a
+    price, a refund) that are not what this asks, so they are dropped for the try; `keep` names the
+    CHECKs that stay (the state's own). All of it is rolled back."""
+    allowed: set[tuple[str, str]] = set()
+    conn = await asyncpg.connect(dsn)
+    tr = conn.transaction()
+    await tr.start()
+    try:
+        for (name,) in await conn.fetch("SELECT conname FROM pg_constraint WHERE conrelid = $1::regclass "
+                                        "AND contype = 'c' AND NOT conname = ANY ($2::text[])", table, sorted(keep)):
+            await conn.execute(f'ALTER TABLE {table} DROP CONSTRAINT "{name}"')
+        for old, new in itertools.permutations(states, 2):
+            await conn.execute("SAVEPOINT move")
+            try:
+                row_id = await insert(conn, old, new)
+            except asyncpg.CheckViolationError:
+                await conn.execute("ROLLBACK TO SAVEPOINT move")
+                continue  # no such row may exist (a state's own CHECK)
+            try:
+                await conn.execute(f"UPDATE {table} SET {column} = $2, version = version + 1 WHERE id = $1",
+                                   row_id, new)
+                allowed.add((old, new))
+            except asyncpg.CheckViolationError as e:
+                assert f"may not move from {old} to {new}" in str(e)
+            await conn.execute("ROLLBACK TO SAVEPOINT move")
+    finally:
+        await tr.rollback()
+        await conn.close()
+    return allowed
+
+
+def moves(transitions: dict[str, frozenset[str]]) -> set[tuple[str, str]]:
+    return {(old, new) for old, targets in transitions.items() for new in targets}
+
+
+async def test_the_saga_trigger_allows_exactly_the_domains_transitions(scratch_db):
+    await migrate(scratch_db, MIGRATIONS)
+
+    async def checkout(conn, state, to):
+        # A saga needing attention goes back only to the state it left (attention_from, whose CHECK
+        # says which states may be left for an operator).
+        return await conn.fetchval(
+            "INSERT INTO checkouts (id, customer_id, kind, state, attention_from) "
+            "VALUES (gen_random_uuid(), 'c-moves', 'booking', $1, $2) RETURNING id",
+            state, to if state == saga_domain.NEEDS_ATTENTION else None)
+
+    allowed = await allowed_moves(scratch_db, "checkouts", "state", list(saga_domain.TRANSITIONS),
+                                  {"checkouts_state_check", "checkouts_attention_from_check"}, checkout)
+    assert allowed == moves(saga_domain.TRANSITIONS)
+
+
+async def test_the_payment_trigger_allows_exactly_the_domains_transitions(scratch_db):
+    await migrate(scratch_db, MIGRATIONS)
+
+    async def payment(conn, status, _to):
+        return await conn.fetchval(
+            "INSERT INTO payments (id, status, amount_minor, currency, payment_method, idempotency_key, merchant_id) "
+            "VALUES (gen_random_uuid(), $1, 100, 'TRY', 'pm_card_ok', gen_random_uuid()::text, 'm-moves') "
+            "RETURNING id", status)
+
+    assert set(payment_domain.TRANSITIONS) == set(payment_domain.STATUSES)
+    allowed = await allowed_moves(scratch_db, "payments", "status", payment_domain.STATUSES,
+                                  {"payments_status_check"}, payment)
+    assert allowed == moves(payment_domain.TRANSITIONS)
+
+
+async def test_payments_and_their_events_carry_their_merchant(payments_dsn):
+    """A payment's attempt id is unique within its merchant; an event takes the merchant of its
+    payment, or of its checkout, and a checkout that never held anything has none."""
+    key, one, other = uuid.uuid4().hex, "m-" + uuid.uuid4().hex[:8], "m-" + uuid.uuid4().hex[:8]
+    pending, payment = uuid.uuid4(), uuid.uuid4()
+    conn = await asyncpg.connect(payments_dsn)
+    try:
+        insert = ("INSERT INTO payments (id, amount_minor, currency, payment_method, idempotency_key, merchant_id) "
+                  "VALUES ($1, 100, 'TRY', 'pm_card_ok', $2, $3)")
+        await conn.execute(insert, payment, key, one)
+        await conn.execute(insert, uuid.uuid4(), key, other)  # two merchants may not collide ...
+        with pytest.raises(asyncpg.UniqueViolationError):  # ... but one merchant has each attempt id once
+            await conn.execute(insert, uuid.uuid4(), key, one)
+        await conn.execute("INSERT INTO checkouts (id, customer_id, kind, slot_id) "
+                           "VALUES ($1, 'c-merchant', 'booking', gen_random_uuid())", pending)
+        await conn.execute("INSERT INTO payment_events (payment_id, checkout_id, source, to_status) "
+                           "VALUES ($1, NULL, 'sync', 'created'), (NULL, $2, 'saga', 'PENDING')", payment, pending)
+        events = await conn.fetch("SELECT payment_id, merchant_id FROM payment_events "
+                                  "WHERE payment_id = $1 OR checkout_id = $2", payment, pending)
+        assert {r["payment_id"]: r["merchant_id"] for r in events} == {payment: one, None: None}
+        with pytest.raises(asyncpg.CheckViolationError, match="checkouts_held_has_merchant"):
+            await conn.execute("UPDATE checkouts SET state = 'HELD', version = version + 1, hold_id = 'h-1', "
+                               "amount_minor = 100, currency = 'TRY', expire_time = now() WHERE id = $1", pending)
+    finally:
+        await conn.close()
