@@ -1,11 +1,13 @@
-"""What deciding `stock.low` costs a hot product (`make bench-stocklow`; issue 12, item 6).
+"""What deciding `stock.low` costs a hot product (`make bench-stocklow`).
 
 32 reservations in flight on one product (the code pool's reserve statement, raw asyncpg), the
-decision function of each migration swapped in turn, back to back, BENCH_ROUNDS times:
+decision function (codepool_stock_changed) swapped in turn, back to back, BENCH_ROUNDS times:
 
-- `0005: lock always`: every statement that changes the stock takes the product's lock until commit;
-- `0006: fast path`: the lock only near a decision (flag set, or at or below the threshold as the
-  statement sees it), the recheck covering what a race on the fast path leaves;
+- `lock always`: every statement that changes the stock takes the product's lock until commit (the
+  design the fast path replaced, kept here as the comparison);
+- `fast path`: the function as migrated (migrations/functions/codepool_stock_changed.sql): the lock
+  only near a decision (flag set, or at or below the threshold as the statement sees it), the
+  recheck covering what a race on the fast path leaves;
 - `no decision`: the trigger still fires, decides nothing: the limit the ratio is taken against.
 
 The product holds 200,000 codes, far above its threshold (10): the hot path of a sale.
@@ -33,15 +35,28 @@ RESERVE = ("UPDATE codes SET status = 'reserved', reserved_at = clock_timestamp(
            "ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED)")
 NO_DECISION = ("CREATE OR REPLACE FUNCTION codepool_stock_changed(p_changed jsonb) RETURNS void "
                "LANGUAGE plpgsql AS $$ BEGIN RETURN; END $$")
+# Every changed product's lock first (in product id order), then every product decided.
+LOCK_ALWAYS = """
+CREATE OR REPLACE FUNCTION codepool_stock_changed(p_changed jsonb) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    p record;
+BEGIN
+    FOR p IN SELECT DISTINCT x->>'m' AS merchant_id, (x->>'p')::uuid AS product_id
+             FROM jsonb_array_elements(p_changed) x ORDER BY 2 LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended('codepool.stock:' || p.product_id::text, 0));
+    END LOOP;
+    FOR p IN SELECT DISTINCT x->>'m' AS merchant_id, (x->>'p')::uuid AS product_id
+             FROM jsonb_array_elements(p_changed) x ORDER BY 2 LOOP
+        PERFORM codepool_check_stock(p.merchant_id, p.product_id);
+    END LOOP;
+END $$
+"""
 
 
 def decision_functions() -> dict[str, str]:
-    v5 = (MIGRATIONS / "0005_stock_low.sql").read_text()
-    v6 = (MIGRATIONS / "0006_stock_low_fast_path.sql").read_text()
     return {
-        "0005: lock always": v5[v5.index("CREATE FUNCTION codepool_stock_changed"):v5.index("-- Every statement that makes codes")]
-        .replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"),
-        "0006: fast path": v6[v6.index("CREATE OR REPLACE FUNCTION codepool_stock_changed"):v6.index("-- Every product whose flag")],
+        "lock always": LOCK_ALWAYS,
+        "fast path": (MIGRATIONS / "functions" / "codepool_stock_changed.sql").read_text(),
         "no decision (the limit)": NO_DECISION,
     }
 

@@ -1,6 +1,7 @@
 """asyncpg pool, unit of work, and the forward-only migration runner."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -30,7 +31,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
-# The Row-Level Security key of every merchant's table (libs/cutylib/migrations/0000_cuty_tenancy.sql):
+# The Row-Level Security key of every merchant's table (libs/cutylib/migrations/functions/):
 # unset or ALL_MERCHANTS sees every merchant; cutylib.tenancy.scoped narrows a transaction to one.
 MERCHANT_SETTING = "cuty.merchant"
 ALL_MERCHANTS = "*"
@@ -151,30 +152,68 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 # Any fixed 64-bit key; every service uses its own database so one key suffices.
 MIGRATION_LOCK_KEY = 0x63757479_6d696772  # "cutymigr"
 
+# Function files are recorded in schema_migrations under this prefix, with their checksum.
+FUNCTION_PREFIX = "functions/"
+
 
 class MigrationError(RuntimeError):
     pass
 
 
-def _migration_files(migrations_dir: str | pathlib.Path, shared: bool) -> list[pathlib.Path]:
-    files = list(pathlib.Path(migrations_dir).glob("*.sql"))
-    if shared:
-        files += SHARED_MIGRATIONS.glob("*.sql")
-    return sorted(files, key=lambda f: f.name)
+@dataclasses.dataclass(frozen=True)
+class MigrationFile:
+    """One file of a migrations folder: a versioned migration (`NNNN_name.sql`, applied once, never
+    changed) or a function file (`functions/name.sql`, applied again whenever its text changes)."""
+    version: str
+    path: pathlib.Path
+
+    @property
+    def repeatable(self) -> bool:
+        return self.version.startswith(FUNCTION_PREFIX)
+
+    def read(self) -> tuple[str, str]:
+        sql = self.path.read_text()
+        return sql, hashlib.sha256(sql.encode()).hexdigest()
+
+
+def migration_plan(migrations_dir: str | pathlib.Path, shared: bool = True) -> list[MigrationFile]:
+    """The files of `migrations_dir` (and, unless `shared` is false, of SHARED_MIGRATIONS) in the
+    order they apply: every function file first (shared ones before the service's, each folder in
+    name order), then the versioned migrations in name order.
+
+    Functions come first so that the tables, policies and triggers a versioned migration declares
+    can name them; their bodies are checked only after the versioned migrations ran
+    (check_function_bodies), so a function may read a table created after it. A function whose
+    signature names a table's row type waits until the versioned migrations created it.
+    """
+    folders = ([SHARED_MIGRATIONS] if shared else []) + [pathlib.Path(migrations_dir)]
+    functions = [MigrationFile(FUNCTION_PREFIX + f.stem, f)
+                 for folder in folders for f in sorted((folder / "functions").glob("*.sql"))]
+    names = [f.version for f in functions]
+    if len(set(names)) != len(names):
+        raise MigrationError(f"two function files share a name: {sorted(n for n in names if names.count(n) > 1)}")
+    versioned = sorted((MigrationFile(f.stem, f) for folder in folders for f in folder.glob("*.sql")),
+                       key=lambda m: m.version)
+    numbers = [m.version.split("_", 1)[0] for m in versioned]
+    if len(set(numbers)) != len(numbers):
+        raise MigrationError(f"two migrations share a number: {sorted({n for n in numbers if numbers.count(n) > 1})}")
+    return functions + versioned
 
 
 async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool = True,
                   shared: bool = True) -> list[str]:
-    """Apply the numbered `*.sql` files of `migrations_dir` (and, unless `shared` is false, the
-    ones every service shares, SHARED_MIGRATIONS) that are not applied yet, in name order.
+    """Bring the database to the schema of `migrations_dir`: function files whose text changed since
+    they were last applied, then versioned migrations not applied yet (migration_plan's order), all
+    in one transaction, so a serving replica sees the old schema or the new one, never a mix.
 
-    Forward-only: an applied file whose content changed is an error. Replicas starting together are
-    serialised by a session advisory lock, so each migration runs exactly once.
+    Forward-only: an applied versioned migration whose text changed is an error (add a new one); a
+    function file is meant to change, and is applied again. Replicas starting together are
+    serialised by a session advisory lock, so each change is applied exactly once.
     Returns the versions applied by this call.
     """
     if create:
         await ensure_database(dsn)
-    files = _migration_files(migrations_dir, shared)
+    plan = migration_plan(migrations_dir, shared)
     conn = await asyncpg.connect(dsn)
     applied_now: list[str] = []
     try:
@@ -182,18 +221,34 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
         try:
             await conn.execute(MIGRATIONS_TABLE)
             done = {r["version"]: r["checksum"] for r in await conn.fetch("SELECT version, checksum FROM schema_migrations")}
-            for f in files:
-                sql = f.read_text()
-                checksum = hashlib.sha256(sql.encode()).hexdigest()
-                version = f.stem
-                if version in done:
-                    if done[version] != checksum:
-                        raise MigrationError(f"migration {f.name} was changed after it was applied; add a new migration instead")
-                    continue
-                async with conn.transaction():
-                    await conn.execute(sql)
-                    await conn.execute("INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2)", version, checksum)
-                applied_now.append(version)
+            _refuse_foreign_history(done, plan)
+            async with conn.transaction():
+                await conn.execute("SET LOCAL check_function_bodies = off")
+                # A function whose signature names a table's row type (RETURNS TABLE (h holds)) cannot
+                # be created before that table, body checks or not: it waits for the versioned ones.
+                deferred: list[MigrationFile] = []
+                for m in plan:
+                    sql, checksum = m.read()
+                    if done.get(m.version) == checksum:
+                        continue
+                    if m.version in done and not m.repeatable:
+                        raise MigrationError(f"migration {m.path.name} was changed after it was applied; add a new migration instead")
+                    if m.repeatable and not await _create_if_types_exist(conn, sql):
+                        deferred.append(m)
+                        continue
+                    await _record(conn, m, checksum, sql=None if m.repeatable else sql)
+                    applied_now.append(m.version)
+                for m in deferred:
+                    sql, checksum = m.read()
+                    await _record(conn, m, checksum, sql=sql)
+                    applied_now.append(m.version)
+                # Now that the tables exist, the changed functions are created once more with their
+                # bodies checked, so a broken function fails here and not at its first call.
+                await conn.execute("SET LOCAL check_function_bodies = on")
+                for m in plan:
+                    if m.repeatable and m.version in applied_now:
+                        await conn.execute(m.read()[0])
+            for version in applied_now:
                 log.info("migration applied", extra={"version": version, "database": dsn.rsplit("/", 1)[-1]})
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
@@ -202,15 +257,48 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     return applied_now
 
 
+async def _create_if_types_exist(conn: asyncpg.Connection, sql: str) -> bool:
+    """Run a function file in a savepoint; False (and nothing done) when a type or table it names
+    does not exist yet."""
+    try:
+        async with conn.transaction():
+            await conn.execute(sql)
+        return True
+    except (asyncpg.UndefinedObjectError, asyncpg.UndefinedTableError):
+        return False
+
+
+async def _record(conn: asyncpg.Connection, m: MigrationFile, checksum: str, *, sql: str | None) -> None:
+    """Apply `sql` (unless None: applied already) and record `m` as applied with `checksum`."""
+    if sql is not None:
+        await conn.execute(sql)
+    await conn.execute(
+        "INSERT INTO schema_migrations (version, checksum) VALUES ($1, $2) "
+        "ON CONFLICT (version) DO UPDATE SET checksum = excluded.checksum, applied_at = clock_timestamp()",
+        m.version, checksum)
+
+
+def _refuse_foreign_history(done: dict[str, str], plan: list[MigrationFile]) -> None:
+    """A database migrated before the schema was squashed into its baseline records none of the
+    versioned migrations there are now: applying the baseline over it would fail half-way, so say
+    what to do instead."""
+    versioned = [m.version for m in plan if not m.repeatable]
+    recorded = [v for v in done if not v.startswith(FUNCTION_PREFIX)]
+    if versioned and recorded and not set(recorded) & set(versioned):
+        raise MigrationError(
+            f"this database was migrated by an older migration history ({', '.join(sorted(recorded)[:3])}, ...) that the "
+            f"baseline {versioned[0]} replaced; recreate it (for `make run`: remove CUTY_DATA_DIR, .cuty by default)")
+
+
 async def pending_migrations(dsn: str, migrations_dir: str | pathlib.Path, *, shared: bool = True) -> list[str]:
-    """Versions of `migrations_dir` not applied yet (a service started with migrations left to a
-    Job waits for this to be empty before it serves)."""
-    versions = [f.stem for f in _migration_files(migrations_dir, shared)]
+    """Versions of `migrations_dir` not applied yet, function files whose text changed included (a
+    service started with migrations left to a Job waits for this to be empty before it serves)."""
+    plan = migration_plan(migrations_dir, shared)
     conn = await asyncpg.connect(dsn, timeout=5)
     try:
         if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NULL"):
-            return versions
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            return [m.version for m in plan]
+        done = {r["version"]: r["checksum"] for r in await conn.fetch("SELECT version, checksum FROM schema_migrations")}
     finally:
         await conn.close()
-    return [v for v in versions if v not in done]
+    return [m.version for m in plan if m.version not in done or (m.repeatable and done[m.version] != m.read()[1])]

@@ -9,7 +9,7 @@ reads across merchants, audited; the orchestrator (`system`) acts for every merc
 Two lines of defence, both in SQL:
 1. every staff/admin query filters by `merchant_id` (`merchant_filter(principal)` is its
    parameter: the merchant, or NULL for "any"); another merchant's object is NOT_FOUND;
-2. Row-Level Security on every merchant's table (libs/cutylib/migrations/0000_cuty_tenancy.sql),
+2. Row-Level Security on every merchant's table (libs/cutylib/migrations/functions/),
    keyed on `cuty.merchant`: `scoped()` opens a transaction with SET LOCAL cuty.merchant = the
    caller's merchant, so a query that forgot its WHERE still sees nothing of anyone else's.
 """

@@ -67,4 +67,6 @@ async def migrate_before(dsn: str, migrations_dir, version: str, workdir) -> lis
     for f in sorted(pathlib.Path(migrations_dir).glob("*.sql")):
         if f.name < version:
             shutil.copy(f, older / f.name)
+    if (pathlib.Path(migrations_dir) / "functions").is_dir():  # the functions as they are now
+        shutil.copytree(pathlib.Path(migrations_dir) / "functions", older / "functions")
     return await migrate(dsn, older)

@@ -2,7 +2,7 @@
 instant reads on a salon's wall clock. No I/O; unit-tested without a database.
 
 The invariants themselves (no overlap, one hold per request id, the active-hold cap) are the
-database's job (migrations/0001_init.sql); these rules only reject input before it gets there.
+database's job (migrations/0001_baseline.sql); these rules only reject input before it gets there.
 """
 from __future__ import annotations
 

@@ -34,8 +34,8 @@ INSERT_SALON = ("INSERT INTO salons (id, merchant_id, name, time_zone, free_canc
                 f"cancellation_fee_percent) VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_SALON_COLUMNS}")
 GET_SALON = (f"SELECT {_SALON_COLUMNS} FROM salons "
              "WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
-# Issue 12: a policy change, only of the merchant's own salon ($2); a field given as NULL keeps its
-# value. Holds copied the policy when they were taken (0008), so nothing else changes.
+# A policy change, only of the merchant's own salon ($2); a field given as NULL keeps its value.
+# Holds copied the policy when they were taken (booking_take_hold), so nothing else changes.
 SET_POLICY = (f"UPDATE salons SET free_cancellation_hours = coalesce($3, free_cancellation_hours), "
               f"cancellation_fee_percent = coalesce($4, cancellation_fee_percent) "
               f"WHERE id = $1 AND merchant_id = $2 RETURNING {_SALON_COLUMNS}")
@@ -179,8 +179,7 @@ class Slots:
 
 # --- holds ---------------------------------------------------------------------------------------
 
-# migrations/0006_merchants.sql (booking_take_hold, booking_confirm_hold; first written in 0001,
-# 0002 and 0005) decide in one round trip.
+# booking_take_hold and booking_confirm_hold (migrations/functions/) decide in one round trip.
 TAKE_HOLD = ("SELECT outcome, hold, alternatives, time_zone, db_now, taken_over "
              "FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)")
 CONFIRM_HOLD = "SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2, $3)"

@@ -21,7 +21,7 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 
 # Code status (the real stock) and its allowed transitions; the database trigger
-# codes_guard_update enforces the same table (migrations/0001_init.sql).
+# codes_guard_update enforces the same table (migrations/functions/codes_guard_update.sql).
 AVAILABLE, RESERVED, DELIVERED = "available", "reserved", "delivered"
 CODE_TRANSITIONS = {(AVAILABLE, RESERVED), (RESERVED, DELIVERED), (RESERVED, AVAILABLE)}
 # Reservation (order) status; released -> reserved only when a late payment re-reserves.
@@ -54,8 +54,8 @@ def require_quantity(quantity: int) -> int:
     return quantity
 
 
-# Issue 12: `stock.low` when the available codes drop to or below a product's threshold
-# (migrations/0005_stock_low.sql); the default suits a product sold a few at a time.
+# `stock.low` when the available codes drop to or below a product's threshold
+# (migrations/functions/codepool_check_stock.sql); the default suits a product sold a few at a time.
 DEFAULT_LOW_STOCK_THRESHOLD = 10
 MAX_LOW_STOCK_THRESHOLD = 1_000_000
 

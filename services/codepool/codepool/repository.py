@@ -11,7 +11,7 @@ import uuid
 import asyncpg
 
 # Codes are taken oldest first, `ORDER BY seq`, an order only the partial index codes_available
-# yields for available codes (migrations/0001_init.sql says why that matters);
+# yields for available codes (migrations/0001_baseline.sql says why that matters);
 # tests/integration/codepool/test_codepool_schema.py and `make bench-codepool` check the plan.
 
 # The hot path, one autocommit statement: the order's row, the next free codes (skipping rows other
@@ -24,7 +24,7 @@ import asyncpg
 # the scan still yields `seq` order with no sort; no reservation inserted (a replay) -> NULL -> no codes.
 RESERVE = """
 WITH cap AS MATERIALIZED (
-    -- the per-customer caps (migrations/0002, 0004): raises CP002 / CP003 when over
+    -- the per-customer caps (migrations/functions/codepool_customer_cap.sql): raises CP002 / CP003 when over
     SELECT codepool_customer_cap($4, $3, $1, $2, $5, $8, $9, p.merchant_id) AS ok
     FROM products p WHERE p.id = $3
 ), r AS (
@@ -75,7 +75,7 @@ FROM reservations r WHERE r.order_id = $1
 GET_MERCHANT_RESERVATION = GET_RESERVATION.rstrip() + " AND r.merchant_id = $2\n"
 
 # The stored reservation a non-inserting RESERVE collided with: this request's own, else the other.
-# The order item id is unique within the product's merchant (0004_merchants.sql).
+# The order item id is unique within the product's merchant (reservations_merchant_order_item_key).
 FIND_COLLISION = """
 SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries d
              WHERE d.merchant_id = r.merchant_id AND d.order_id = r.order_id AND d.status = r.status

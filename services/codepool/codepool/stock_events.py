@@ -1,10 +1,11 @@
-"""The code pool's outbox of merchant events (`stock.low`, issue 12 item 6; docs/codepool.md "Low stock").
+"""The code pool's outbox of merchant events (`stock.low`; docs/codepool.md "Low stock").
 
 The events are written by the database, in the statement that changes a product's available stock
-(migrations/0005_stock_low.sql), or, when two reservations raced past the threshold on the lock-free
-fast path (0006), by the recheck this module runs every CUTY_STOCK_LOW_RECHECK_SECONDS. Otherwise it
-only reads them out, oldest first after a cursor, for the orchestrator's relay. `seq` order is commit order (0005 says why), so a keyset read never skips
-an event that commits late.
+(migrations/functions/codepool_check_stock.sql), or, when two reservations raced past the threshold
+on the lock-free fast path (codepool_stock_changed), by the recheck this module runs every
+CUTY_STOCK_LOW_RECHECK_SECONDS (codepool_stock_recheck). Otherwise it only reads them out, oldest
+first after a cursor, for the orchestrator's relay. `seq` order is commit order (stock_events in
+migrations/0001_baseline.sql says why), so a keyset read never skips an event that commits late.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from cutylib.telemetry import quiet
 
 log = logging.getLogger("codepool.stock_events")
 
-# How often the products whose low-stock flag disagrees with their stock are re-decided (0006).
+# How often the products whose low-stock flag disagrees with their stock are re-decided.
 RECHECK_SECONDS_DEFAULT = 5.0
 
 LIST_AFTER = """

@@ -1,4 +1,4 @@
-"""Issue 14: merchants as tenants in booking (docs/tenancy-booking.md).
+"""Merchants as tenants in booking (docs/tenancy.md, "Booking").
 
 A salon is its admin's merchant's; resources, slots and holds are their salon's merchant's. Staff
 and admins see and change only their merchant's (another merchant's salon answers NOT_FOUND exactly
@@ -8,8 +8,6 @@ to the wrong merchant.
 """
 from __future__ import annotations
 
-import pathlib
-import uuid
 from datetime import timedelta
 
 import asyncpg
@@ -19,13 +17,10 @@ import pytest
 from booking_harness import at, tomorrow
 from cuty.booking.v1 import booking_pb2 as pb
 from cuty.common.v1 import common_pb2
-from cutylib.db import migrate
-from cutylib.testing.postgres import migrate_before
 from cutylib.testing.ids import new_id
 from cutylib.testing.tenancy import probe_role, rows_seen
 from cutylib.testing.trust import TEST_MERCHANT, user
 
-MIGRATIONS = pathlib.Path(__file__).resolve().parents[3] / "services" / "booking" / "migrations"
 TABLES = ("salons", "resources", "slots", "holds")
 T = tomorrow(10)
 H = timedelta(hours=1)
@@ -257,29 +252,3 @@ async def test_every_merchant_table_has_row_level_security_and_keys_lead_with_th
          WHERE connamespace = 'public'::regnamespace AND contype IN ('u', 'x', 'f')""")
     assert {k["conname"] for k in keys if k["t"] in TABLES and k["first"] != "merchant_id"} == set()
 
-
-async def test_rows_from_before_merchants_move_to_the_default_merchant(scratch_db, tmp_path):
-    await migrate_before(scratch_db, MIGRATIONS, "0006", tmp_path)
-    conn = await asyncpg.connect(scratch_db)
-    try:
-        salon, chair, slot, hold = new_id(), new_id(), new_id(), new_id()
-        await conn.execute("INSERT INTO salons (id, name, time_zone) VALUES ($1, 'old', 'Europe/Istanbul')", salon)
-        await conn.execute("INSERT INTO resources (id, salon_id, name) VALUES ($1, $2, 'r')", chair, salon)
-        await conn.execute("INSERT INTO slots (id, salon_id, resource_id, start_time, end_time, price_minor, currency) "
-                           "VALUES ($1, $2, $3, $4, $5, 1, 'TRY')", slot, salon, chair, T, T + H)
-        outcome = await conn.fetchval("SELECT outcome FROM booking_take_hold($1, $2, 'c', 'r1', 300, 3, 3)", hold, slot)
-        assert outcome == "held"
-        await conn.close()
-        # 0006 and whatever came after it (0007_agenda, issue 12)
-        assert await migrate(scratch_db, MIGRATIONS) == sorted(f.stem for f in MIGRATIONS.glob("*.sql")
-                                                               if f.stem >= "0006")
-        conn = await asyncpg.connect(scratch_db)
-        merchants = [await conn.fetchval(f"SELECT merchant_id FROM {t} WHERE id = $1", i)
-                     for t, i in zip(TABLES, (salon, chair, slot, hold))]
-        assert merchants == ["default"] * 4
-        # the old hold is still HoldSlot's answer to a retry, now found within its merchant
-        again = await conn.fetchrow("SELECT outcome, (hold).id FROM booking_take_hold($1, $2, 'c', 'r1', 300, 3, 3)",
-                                    uuid.uuid4(), slot)
-        assert (again["outcome"], str(again["id"])) == ("existing", hold)
-    finally:
-        await conn.close()

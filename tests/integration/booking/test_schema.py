@@ -1,9 +1,12 @@
 """The database itself refuses what the API refuses, for any writer (DESIGN.md: invariants live in
 constraints)."""
+import pathlib
+
 import asyncpg
 import pytest
 
 from booking_harness import tomorrow
+from cutylib.db import SHARED_MIGRATIONS
 from cutylib.testing.ids import new_id
 
 
@@ -65,3 +68,23 @@ async def test_active_holds_cannot_overlap_on_a_resource(booking_pool):
     await booking_pool.execute(insert_hold, new_id(), slot_b, "c3", "released", None, new_id())
     with pytest.raises(asyncpg.CheckViolationError):  # a confirmed booking always names its payment
         await booking_pool.execute(insert_hold, new_id(), slot_b, "c4", "confirmed", None, new_id())
+
+
+FUNCTION_FOLDERS = (SHARED_MIGRATIONS / "functions",
+                    pathlib.Path(__file__).resolve().parents[3] / "services" / "booking" / "migrations" / "functions")
+
+
+async def test_every_function_has_one_file_and_is_that_files_function(booking_pool):
+    """Every function of the schema (extensions' aside) is defined by one file of migrations/functions
+    (shared or booking's) named after it, and each such file by one function: a function created or
+    redefined by a versioned migration (another signature, or another body) fails here."""
+    functions = await booking_pool.fetch("""
+        SELECT p.proname, p.prosrc FROM pg_proc p
+         WHERE p.pronamespace = 'public'::regnamespace
+           AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                            WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')""")
+    files = {f.stem: f.read_text() for folder in FUNCTION_FOLDERS for f in folder.glob("*.sql")}
+    assert len(files) == sum(1 for folder in FUNCTION_FOLDERS for _ in folder.glob("*.sql"))  # no name twice
+    assert sorted(r["proname"] for r in functions) == sorted(files)
+    for r in functions:  # the body in the database is the one in its file
+        assert r["prosrc"] in files[r["proname"]], r["proname"]

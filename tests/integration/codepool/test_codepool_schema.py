@@ -1,5 +1,7 @@
-"""The database refuses what the rules forbid, even from hand-written SQL."""
+"""The database refuses what the rules forbid, even from hand-written SQL; its functions are the
+migrations' function files."""
 import itertools
+import pathlib
 import uuid
 
 import asyncpg
@@ -11,6 +13,10 @@ from codepool import domain
 from codepool_testkit import reserve_request, stocked_product
 
 STATUSES = (domain.AVAILABLE, domain.RESERVED, domain.DELIVERED)
+REPO = pathlib.Path(__file__).resolve().parents[3]
+# Where a function of the code pool's database is defined: one file per function, named after it.
+FUNCTION_FOLDERS = (REPO / "libs" / "cutylib" / "migrations" / "functions",
+                    REPO / "services" / "codepool" / "migrations" / "functions")
 
 
 async def _code_in(conn, product_id: str, status: str) -> uuid.UUID:
@@ -23,27 +29,73 @@ async def _code_in(conn, product_id: str, status: str) -> uuid.UUID:
     return code_id
 
 
+async def _refused(conn, sql: str, *args) -> bool:
+    """Whether the statement is refused by a status trigger (rolled back either way)."""
+    try:
+        async with conn.transaction():
+            await conn.execute(sql, *args)
+    except asyncpg.CheckViolationError as e:
+        assert "is not allowed" in str(e), e  # the trigger's refusal, not another constraint's
+        return True
+    return False
+
+
 async def test_code_transitions_are_exactly_the_domain_table(stub, cp_pool):
+    """Every (from, to) pair of code statuses against the real trigger (codes_guard_update): the
+    changes it lets through are domain.CODE_TRANSITIONS, and keeping a status is no transition."""
     product_id, _ = await stocked_product(stub, 20)
-    seen = {}
+    allowed = set()
     async with cp_pool.acquire() as conn:
         for old, new in itertools.product(STATUSES, STATUSES):
-            if old == new:
-                continue
             tx = conn.transaction()
             await tx.start()
             try:
                 code_id = await _code_in(conn, product_id, old)
-                try:
-                    async with conn.transaction():
-                        await conn.execute("UPDATE codes SET status = $2 WHERE id = $1", code_id, new)
-                    seen[(old, new)] = True
-                except asyncpg.CheckViolationError:
-                    seen[(old, new)] = False
+                if not await _refused(conn, "UPDATE codes SET status = $2 WHERE id = $1", code_id, new):
+                    allowed.add((old, new))
+                    assert await conn.fetchval("SELECT status FROM codes WHERE id = $1", code_id) == new
             finally:
                 await tx.rollback()
-    assert {k for k, ok in seen.items() if ok} == domain.CODE_TRANSITIONS
-    assert len(seen) == 6
+    assert allowed - {(s, s) for s in STATUSES} == domain.CODE_TRANSITIONS
+    assert {(s, s) for s in STATUSES} <= allowed
+
+
+# The columns a reservation in each status must have set (its CHECK constraints), so that only the
+# transition trigger can refuse a change of status.
+RESERVATION_COLUMNS = {
+    "reserved": "delivered_at = NULL, payment_transaction_id = NULL, released_at = NULL, release_reason = NULL",
+    "delivered": "delivered_at = now(), payment_transaction_id = 'p', released_at = NULL, release_reason = NULL",
+    "released": "delivered_at = NULL, payment_transaction_id = NULL, released_at = now(), release_reason = 'released'",
+}
+
+
+async def test_reservation_transitions_are_exactly_the_domain_table(stub, cp_pool):
+    """Every (from, to) pair of reservation statuses against the real trigger (reservations_transition)."""
+    product_id, _ = await stocked_product(stub, 1)
+    statuses = sorted(RESERVATION_COLUMNS)
+    allowed = set()
+    async with cp_pool.acquire() as conn:
+        merchant_id = await conn.fetchval("SELECT merchant_id FROM products WHERE id = $1", uuid.UUID(product_id))
+        for old, new in itertools.product(statuses, statuses):
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                order_id = "ord-" + uuid.uuid4().hex
+                await conn.execute(
+                    "INSERT INTO reservations (merchant_id, order_id, order_item_id, product_id, customer_id, "
+                    "quantity, unit_price_minor, currency, status, reserved_at, expires_at) "
+                    "VALUES ($1, $2, $2, $3, 'c', 1, 1, 'TRY', 'reserved', now(), now())",
+                    merchant_id, order_id, uuid.UUID(product_id))
+                # the setup: every status is reserved or one step from it
+                await conn.execute(f"UPDATE reservations SET status = '{old}', {RESERVATION_COLUMNS[old]} "
+                                   "WHERE order_id = $1", order_id)
+                if not await _refused(conn, f"UPDATE reservations SET status = '{new}', {RESERVATION_COLUMNS[new]} "
+                                            "WHERE order_id = $1", order_id):
+                    allowed.add((old, new))
+            finally:
+                await tx.rollback()
+    assert allowed - {(s, s) for s in statuses} == domain.RESERVATION_TRANSITIONS
+    assert {(s, s) for s in statuses} <= allowed
 
 
 async def test_status_times_come_from_the_database_and_delivered_is_final(stub, cp_pool):
@@ -115,10 +167,26 @@ async def test_audit_log_is_append_only(stub, cp_pool):
 async def test_reserve_query_uses_the_partial_index(stub, cp_pool):
     product_id, _ = await stocked_product(stub, 5000)  # enough rows that a scan would cost more
     await cp_pool.execute("ANALYZE codes")
-    # codes_available leads with the merchant (issue 14); RESERVE names it (from the product row)
+    # codes_available leads with the merchant; RESERVE names it (from the product row)
     plan = "\n".join(r[0] for r in await cp_pool.fetch(
         "EXPLAIN SELECT id FROM codes WHERE merchant_id = (SELECT merchant_id FROM products WHERE id = $1) "
         "AND product_id = $1 AND status = 'available' "
         "ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED", uuid.UUID(product_id)))
     assert "codes_available" in plan, plan
     assert "Sort" not in plan, plan
+
+
+async def test_every_function_is_one_function_file_and_its_body(cp_pool):
+    """Every function of the database (none an extension's) has exactly one file in a
+    migrations/functions folder, and every file there a function; its body is the file's, so a
+    function a versioned migration created or redefined is caught."""
+    rows = await cp_pool.fetch("""
+        SELECT p.proname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'public'
+          AND NOT EXISTS (SELECT FROM pg_depend d
+                          WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e')""")
+    files = [f for folder in FUNCTION_FOLDERS for f in folder.glob("*.sql")]
+    assert sorted(r["proname"] for r in rows) == sorted(f.stem for f in files)
+    text = {f.stem: f.read_text() for f in files}
+    for r in rows:
+        assert r["prosrc"] in text[r["proname"]], f"{r['proname']}: the database's body is not its file's"

@@ -1,9 +1,9 @@
-"""Issue 12, item 6: `stock.low`. The statement that drops a product's available codes to or below
+"""`stock.low`. The statement that drops a product's available codes to or below
 its threshold writes one event into the code pool's outbox (stock_events), on the crossing only;
 stock coming back above the threshold re-arms it; concurrent reservations crossing together write
 one; a change rolled back or killed before its commit leaves no event; ListStockEvents reads them
 out after a cursor, for the orchestrator alone. A statement far from a decision takes the lock-free
-fast path (0006); the recheck re-decides what a race on it left behind."""
+fast path (codepool_stock_changed); the recheck re-decides what a race on it left behind."""
 from __future__ import annotations
 
 import asyncio

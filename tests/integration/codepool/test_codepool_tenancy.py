@@ -1,10 +1,8 @@
-"""Merchants as tenants (issue 14) in the code pool: every staff/admin RPC sees only its merchant,
+"""Merchants as tenants in the code pool: every staff/admin RPC sees only its merchant,
 the operator reads across merchants audited, the database refuses moves between merchants, and
 Row-Level Security bites a query that forgot its WHERE."""
 from __future__ import annotations
 
-import os
-import pathlib
 import uuid
 
 import asyncpg
@@ -13,18 +11,14 @@ import pytest
 
 from cuty.codepool.v1 import codepool_pb2 as pb
 from cuty.common.v1 import common_pb2
-from cutylib.db import migrate
-from cutylib.testing.postgres import migrate_before
-from cutylib.tenancy import DEFAULT_MERCHANT
 from cutylib.testing.ids import new_id
 from cutylib.testing.tenancy import probe_role, rows_seen
 from cutylib.testing.trust import TEST_MERCHANT, user
 
 from codepool_testkit import ADMIN, STAFF, make_codes, reserve_request, stocked_product
 
-MIGRATIONS = pathlib.Path(__file__).resolve().parents[3] / "services" / "codepool" / "migrations"
 # Every table of the code pool that belongs to a merchant; test_every_merchant_table_has_rls checks
-# the catalogue agrees (a new table with merchant_id must be added here and to the migration).
+# the catalogue agrees (a new table with merchant_id must be added here and declared with cuty_tenant_table).
 MERCHANT_TABLES = ("products", "supplier_batches", "codes", "reservations", "deliveries", "payment_transactions",
                    "code_views", "audit_log", "stock_events")
 OPERATOR = user("op-1", "operator")
@@ -321,44 +315,18 @@ async def test_every_merchant_table_has_forced_rls_and_a_policy(cp_pool):
         assert r["relrowsecurity"] and r["relforcerowsecurity"] and r["has_policy"], dict(r)
 
 
-async def test_rows_from_before_the_migration_belong_to_the_default_merchant(scratch_db, tmp_path):
-    await migrate_before(scratch_db, MIGRATIONS, "0004", tmp_path)
-    conn = await asyncpg.connect(scratch_db)
-    try:
-        pid, bid, cid = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-        await conn.execute("INSERT INTO products (id, sku, name, price_minor, currency) VALUES ($1, 'old', 'Old', 1, 'TRY')",
-                           pid)
-        await conn.execute("INSERT INTO supplier_batches (id, product_id, batch_ref, received, imported, content_digest, "
-                           "actor) VALUES ($1, $2, 'b', 1, 1, $3, 'a')", bid, pid, os.urandom(32))
-        await conn.execute("INSERT INTO codes (id, product_id, batch_id, key_id, nonce, ciphertext, code_hash) "
-                           "VALUES ($1, $2, $3, 'k', $4, $5, $6)", cid, pid, bid, os.urandom(12), os.urandom(40),
-                           os.urandom(32))
-        await conn.execute("UPDATE codes SET status = 'reserved' WHERE id = $1", cid)
-        await conn.execute("INSERT INTO reservations (order_id, order_item_id, product_id, customer_id, quantity, "
-                           "unit_price_minor, currency, status, reserved_at, expires_at) "
-                           "VALUES ('o1', 'o1/1', $1, 'c', 1, 1, 'TRY', 'reserved', now(), now())", pid)
-        await conn.execute("INSERT INTO deliveries (order_id, order_item_id, product_id, customer_id, code_id, status) "
-                           "VALUES ('o1', 'o1/1', $1, 'c', $2, 'reserved')", pid, cid)
-        await conn.execute("INSERT INTO payment_transactions (transaction_id, order_id, outcome, reason) "
-                           "VALUES ('t1', 'o1', 'rejected', 'x')")
-        await conn.execute("INSERT INTO code_views (code_id, views, last_viewed_at) VALUES ($1, 2, now())", cid)
-        await conn.execute("INSERT INTO audit_log (actor, action, product_id) VALUES ('a', 'import', $1)", pid)
-    finally:
-        await conn.close()
-    assert await migrate(scratch_db, MIGRATIONS) == ["0004_merchants", "0005_stock_low", "0006_stock_low_fast_path"]
-    conn = await asyncpg.connect(scratch_db)  # superuser: sees every row
-    try:
-        for table in MERCHANT_TABLES:
-            if table == "stock_events":  # newer than the merchants (0005): it has no rows from before
-                continue
-            assert await conn.fetch(f"SELECT DISTINCT merchant_id FROM {table}") == [(DEFAULT_MERCHANT,)], table
-        assert await conn.fetchval("SELECT product_id FROM code_views WHERE code_id = $1", cid) == pid
-        # a new row names its merchant: there is no default to fall back on
-        with pytest.raises(asyncpg.NotNullViolationError):
-            await conn.execute("INSERT INTO products (id, sku, name, price_minor, currency) "
-                               "VALUES ($1, 'new', 'New', 1, 'TRY')", uuid.uuid4())
-    finally:
-        await conn.close()
+async def test_every_row_names_its_merchant_there_is_no_default(cp_pool):
+    """merchant_id is NOT NULL with no default in every merchant table: an insert takes it from the
+    parent row, and one that forgot it fails instead of landing in some merchant."""
+    rows = await cp_pool.fetch("""
+        SELECT c.relname, a.attnotnull, a.atthasdef
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind = 'r' AND a.attname = 'merchant_id' AND NOT a.attisdropped""")
+    not_null_no_default = {r["relname"]: (r["attnotnull"], r["atthasdef"]) for r in rows}
+    assert not_null_no_default == {t: (True, False) for t in MERCHANT_TABLES}
+    with pytest.raises(asyncpg.NotNullViolationError):
+        await cp_pool.execute("INSERT INTO products (id, sku, name, price_minor, currency) "
+                              "VALUES ($1, $2, 'New', 1, 'TRY')", uuid.uuid4(), "sku-" + new_id()[:12])
 
 
 async def test_reserve_plan_still_walks_codes_available_in_order(stub, cp_pool):

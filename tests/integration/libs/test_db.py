@@ -4,7 +4,7 @@ import asyncio
 import asyncpg
 import pytest
 
-from cutylib.db import MigrationError, UnitOfWork, migrate
+from cutylib.db import MigrationError, UnitOfWork, migrate, pending_migrations
 
 
 async def test_unit_of_work_rolls_back_unless_committed(scratch_pool):
@@ -52,5 +52,78 @@ async def test_failed_migration_leaves_nothing_behind(scratch_db, tmp_path):
     try:
         assert await conn.fetchval("SELECT to_regclass('b')") is None
         assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == 0
+    finally:
+        await conn.close()
+
+
+async def _versions(dsn):
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {r["version"]: r["checksum"] for r in await conn.fetch("SELECT version, checksum FROM schema_migrations")}
+    finally:
+        await conn.close()
+
+
+async def test_function_files_apply_first_and_again_when_changed(scratch_db, tmp_path):
+    (tmp_path / "functions").mkdir()
+    fn = tmp_path / "functions" / "double_it.sql"
+    fn.write_text("CREATE OR REPLACE FUNCTION double_it() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+                  "BEGIN NEW.v := NEW.v * 2; RETURN NEW; END $$;")
+    # The versioned migration declares a trigger on the function, which must already exist.
+    (tmp_path / "0001_baseline.sql").write_text(
+        "CREATE TABLE a (v int);\n"
+        "CREATE TRIGGER a_double BEFORE INSERT ON a FOR EACH ROW EXECUTE FUNCTION double_it();")
+    assert await migrate(scratch_db, tmp_path, shared=False) == ["functions/double_it", "0001_baseline"]
+    assert await migrate(scratch_db, tmp_path, shared=False) == []  # unchanged: nothing applied
+    fn.write_text(fn.read_text().replace("* 2", "* 3"))  # a changed function is a diff of one file
+    assert await pending_migrations(scratch_db, tmp_path, shared=False) == ["functions/double_it"]
+    assert await migrate(scratch_db, tmp_path, shared=False) == ["functions/double_it"]
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        await conn.execute("INSERT INTO a VALUES (5)")
+        assert await conn.fetchval("SELECT v FROM a") == 15
+    finally:
+        await conn.close()
+    assert await pending_migrations(scratch_db, tmp_path, shared=False) == []
+
+
+async def test_a_failing_function_file_leaves_the_whole_change_out(scratch_db, tmp_path):
+    (tmp_path / "functions").mkdir()
+    (tmp_path / "0001_baseline.sql").write_text("CREATE TABLE a (v int);")
+    await migrate(scratch_db, tmp_path, shared=False)
+    (tmp_path / "0002_more.sql").write_text("CREATE TABLE b (v int);")
+    (tmp_path / "functions" / "broken.sql").write_text("CREATE OR REPLACE FUNCTION broken() RETURNS int LANGUAGE sql AS $$ SELEC 1 $$;")
+    with pytest.raises(asyncpg.PostgresError):
+        await migrate(scratch_db, tmp_path, shared=False)
+    assert set(await _versions(scratch_db)) == {"0001_baseline"}  # 0002 was not applied without the function
+
+
+async def test_two_migrations_with_one_number_are_refused(scratch_db, tmp_path):
+    (tmp_path / "0101_a.sql").write_text("SELECT 1;")
+    (tmp_path / "0101_b.sql").write_text("SELECT 1;")
+    with pytest.raises(MigrationError, match="share a number"):
+        await migrate(scratch_db, tmp_path, shared=False)
+
+
+async def test_a_database_of_the_history_before_the_baseline_is_refused_by_name(scratch_db, tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    (old / "0001_init.sql").write_text("CREATE TABLE a (v int);")
+    (old / "0002_more.sql").write_text("ALTER TABLE a ADD COLUMN w int;")
+    await migrate(scratch_db, old, shared=False)
+    (new / "0001_baseline.sql").write_text("CREATE TABLE a (v int, w int);")
+    with pytest.raises(MigrationError, match="recreate it"):
+        await migrate(scratch_db, new, shared=False)
+
+
+async def test_a_function_returning_a_tables_rows_waits_for_its_table(scratch_db, tmp_path):
+    (tmp_path / "functions").mkdir()
+    (tmp_path / "functions" / "newest_a.sql").write_text(
+        "CREATE OR REPLACE FUNCTION newest_a() RETURNS SETOF a LANGUAGE sql AS $$ SELECT * FROM a ORDER BY v DESC LIMIT 1 $$;")
+    (tmp_path / "0001_baseline.sql").write_text("CREATE TABLE a (v int); INSERT INTO a VALUES (1), (2);")
+    assert set(await migrate(scratch_db, tmp_path, shared=False)) == {"functions/newest_a", "0001_baseline"}
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        assert await conn.fetchval("SELECT v FROM newest_a()") == 2
     finally:
         await conn.close()

@@ -1,7 +1,7 @@
 """The relay of the code pool's `stock.low` events into the merchant events (issue 12, item 6;
 docs/webhooks-out.md "stock.low: relayed from the code pool").
 
-The code pool owns stock and writes `stock.low` into its own outbox (codepool migration 0005) in the
+The code pool owns stock and writes `stock.low` into its own outbox (codepool's stock_events) in the
 statement that changes the stock. This loop, a background task of every payments replica, carries
 the events over: one round takes the feed's cursor row FOR UPDATE SKIP LOCKED (one replica relays at
 a time; the others find it locked and wait for the next round), asks the code pool for the events

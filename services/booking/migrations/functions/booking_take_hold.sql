@@ -1,31 +1,18 @@
--- Issue 12, item 1: a cancellation policy per salon (docs/booking.md, "Cancellation policy").
---
--- free_cancellation_hours N (>= 0): a booking is cancelled free (full refund) until N hours before
--- its start; elapsed hours, i.e. the instant start_time - N * 1 hour, not a wall-clock time (a
--- salon whose clocks spring forward in between still gets N real hours). After that the fee
--- cancellation_fee_percent (0..100) of what was paid is kept. Defaults: 24 hours, 0 %.
-ALTER TABLE salons
-    ADD COLUMN free_cancellation_hours integer NOT NULL DEFAULT 24
-        CONSTRAINT salons_free_cancellation_hours_check CHECK (free_cancellation_hours BETWEEN 0 AND 8760),
-    ADD COLUMN cancellation_fee_percent integer NOT NULL DEFAULT 0
-        CONSTRAINT salons_cancellation_fee_percent_check CHECK (cancellation_fee_percent BETWEEN 0 AND 100);
-
--- Each hold carries the policy of its salon when it was taken (copied by booking_take_hold);
--- older holds get the defaults. A confirmed hold cancelled after purchase (CancelBooking) becomes
--- 'released' (its time bookable again), remembering when and which payment it was booked with.
-ALTER TABLE holds
-    ADD COLUMN free_cancellation_hours integer NOT NULL DEFAULT 24
-        CHECK (free_cancellation_hours BETWEEN 0 AND 8760),
-    ADD COLUMN cancellation_fee_percent integer NOT NULL DEFAULT 0
-        CHECK (cancellation_fee_percent BETWEEN 0 AND 100),
-    ADD COLUMN cancelled_at timestamptz,
-    ADD COLUMN cancelled_payment_ref text,
-    ADD CONSTRAINT holds_cancelled_whole CHECK (
-        (cancelled_at IS NULL) = (cancelled_payment_ref IS NULL)
-        AND (cancelled_at IS NULL OR status = 'released'));
-
--- booking_take_hold: 0006's function (the latest), every outcome and the single round trip kept;
--- only its INSERT reads the salon's policy (a salon's merchant is the slot's, so the join is by key).
+-- HoldSlot in one round trip (docs/booking.md). Outcomes:
+--   'held'           a new hold (the INSERT won against holds_no_overlap)
+--   'existing'       this (customer, request id) already has a hold: returned as it is now
+--   'request_reused' the request id was used for another slot
+--   'slot_not_found', 'slot_started', 'cap' (too many active holds)
+--   'taken'          the time is held or booked: up to p_max_alternatives free slots instead
+-- The race for the time is decided by the INSERT ... ON CONFLICT DO NOTHING against the exclusion
+-- constraint; nothing here reads-then-writes to protect it.
+-- The slot is read first and the request id is looked up within its merchant (the idempotency key
+-- is (merchant_id, customer_id, request_id)); the hold gets the slot's merchant and its salon's
+-- cancellation policy. A retry still answers 'existing' after the slot has started (the lookup
+-- comes before that check), and the per-customer lock and cap span every merchant (customers are
+-- global). `taken_over`: the overlapping expired holds that booking_retire_stale marked 'expired'
+-- before the INSERT (booking's "expired holds taken over" metric; 0 when the sweeper had come
+-- first, or on any other outcome).
 CREATE OR REPLACE FUNCTION booking_take_hold(p_hold_id uuid, p_slot_id uuid, p_customer_id text, p_request_id text,
                                   p_ttl_seconds integer, p_max_active integer, p_max_alternatives integer)
 RETURNS TABLE (outcome text, hold holds, alternatives slots[], time_zone text, db_now timestamptz,
@@ -80,7 +67,7 @@ BEGIN
     -- Rows this transaction has updated are invisible to the constraint check of the INSERT.
     taken_over := booking_retire_stale(v_slot.merchant_id, v_slot.resource_id, v_slot.start_time, v_slot.end_time);
 
-    -- Issue 12: the salon's cancellation policy as it is now goes with the hold (the salon is read
+    -- The salon's cancellation policy as it is now goes with the hold (the salon is read
     -- in the same statement, by its key): the policy shown at purchase is the one applied later.
     INSERT INTO holds (id, merchant_id, slot_id, salon_id, resource_id, customer_id, request_id,
                        start_time, end_time, price_minor, currency, expires_at,

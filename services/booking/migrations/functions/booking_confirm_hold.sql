@@ -1,12 +1,11 @@
--- Issue 10, item 2: a late payment never confirms an appointment that has started (or starts
--- within p_cutoff_seconds, CUTY_CONFIRM_CUTOFF_SECONDS). booking_confirm_hold of 0001 confirmed a
--- live hold, or re-took an expired one, without looking at start_time. New outcome 'started'
--- (FAILED_PRECONDITION slot-started: the orchestrator refunds, as for 'lost'). A hold confirmed
--- already stays confirmed: a repeat with its payment ref still answers 'confirmed'.
--- p_cutoff_seconds defaults to 0, so a caller of the two-argument form keeps working.
-DROP FUNCTION booking_confirm_hold(uuid, text);
-
-CREATE FUNCTION booking_confirm_hold(p_hold_id uuid, p_payment_ref text, p_cutoff_seconds double precision DEFAULT 0)
+-- ConfirmHold in one round trip. Outcomes: 'confirmed' (also on a retry with the same payment
+-- ref), 'reacquired' (it had expired but its time was still free), 'lost' (expired and the time
+-- is someone else's now), 'released', 'payment_ref_mismatch', 'not_found', and 'started': a late
+-- payment never confirms an appointment that has started, or starts within p_cutoff_seconds
+-- (CUTY_CONFIRM_CUTOFF_SECONDS; FAILED_PRECONDITION slot-started, the orchestrator refunds, as for
+-- 'lost'). A hold confirmed already stays confirmed: a repeat with its payment ref still answers
+-- 'confirmed'. p_cutoff_seconds defaults to 0, so a caller of the two-argument form keeps working.
+CREATE OR REPLACE FUNCTION booking_confirm_hold(p_hold_id uuid, p_payment_ref text, p_cutoff_seconds double precision DEFAULT 0)
 RETURNS TABLE (outcome text, hold holds, db_now timestamptz)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -39,7 +38,7 @@ BEGIN
             EXIT;
         ELSIF hold.status = 'expired' THEN
             -- Re-acquire: the exclusion constraint decides whether the time is still free.
-            PERFORM booking_retire_stale(hold.resource_id, hold.start_time, hold.end_time, hold.id);
+            PERFORM booking_retire_stale(hold.merchant_id, hold.resource_id, hold.start_time, hold.end_time, hold.id);
             BEGIN
                 UPDATE holds h SET status = 'confirmed', payment_ref = p_payment_ref, updated_at = clock_timestamp()
                  WHERE h.id = p_hold_id AND h.status = 'expired'

@@ -1,0 +1,33 @@
+-- Expired holds still marked 'held' that overlap [p_start, p_end) on a merchant's resource become
+-- 'expired', so that the exclusion constraint holds_no_overlap stops counting them; the lookup
+-- walks holds_no_overlap on all of its columns. The rows are locked in id order first: two takers
+-- of overlapping slots could otherwise lock the same stale rows in different orders and deadlock
+-- (this lock does not decide any race; the constraint does). Then each is updated by its primary
+-- key: as one `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE)` a generic plan built while the
+-- table's statistics lag behind (a table that filled fast) may walk every held hold instead.
+-- Returns how many holds it retired.
+CREATE OR REPLACE FUNCTION booking_retire_stale(p_merchant_id text, p_resource_id uuid, p_start timestamptz,
+                                     p_end timestamptz, p_except uuid DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n    integer := 0;
+    v_id uuid;
+BEGIN
+    FOR v_id IN SELECT h.id FROM holds h
+                 WHERE h.merchant_id = p_merchant_id
+                   AND h.resource_id = p_resource_id
+                   AND h.status = 'held'
+                   AND h.during && tstzrange(p_start, p_end)
+                   AND h.expires_at <= clock_timestamp()
+                   AND h.id IS DISTINCT FROM p_except
+                 ORDER BY h.id
+                   FOR UPDATE
+    LOOP
+        UPDATE holds SET status = 'expired', updated_at = clock_timestamp() WHERE id = v_id AND status = 'held';
+        IF FOUND THEN
+            n := n + 1;
+        END IF;
+    END LOOP;
+    RETURN n;
+END
+$$;
