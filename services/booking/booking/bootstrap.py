@@ -7,7 +7,9 @@ from cuty.booking.v1 import booking_pb2, booking_pb2_grpc
 from cutylib.config import Settings
 from cutylib.db import create_pool
 from cutylib.grpc_server import GrpcServer
+from cutylib.listen import listen
 
+from . import taken
 from .grpc_api import CALLERS, BookingApi
 from .service import BookingService
 from .workers import Sweeper
@@ -32,8 +34,11 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     themselves, or prove that nothing depends on it).
     """
     server = GrpcServer("booking", port, host=host)
-    booking_pb2_grpc.add_BookingServiceServicer_to_server(BookingApi(BookingService(pool, settings)), server.server)
+    service = BookingService(pool, settings)
+    booking_pb2_grpc.add_BookingServiceServicer_to_server(BookingApi(service), server.server)
     server.add_service(SERVICE, CALLERS)
+    server.add_background(lambda: listen(pool, taken.NOTIFY_CHANNEL, service.taken.freed,
+                                         on_listening=service.taken.listening))
     if sweeper:
         server.add_background(Sweeper(pool, settings.sweep_interval_seconds).run)
     return server

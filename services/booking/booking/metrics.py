@@ -16,6 +16,9 @@ class BookingMetrics(Metrics):
             "alternatives were offered", ["alternatives"])
         self.alternatives_offered = self.counter(
             "cuty_booking_alternatives_offered_total", "Alternative slots offered to the losers of a race")
+        self.losers_from_memory = self.counter(
+            "cuty_booking_losers_from_memory_total",
+            "HoldSlot losers answered from what this replica knows of a blocked slot (no database round trip)")
         self.holds_capped = self.counter(
             "cuty_booking_holds_capped_total", "HoldSlot refused: the customer has too many active holds")
         self.holds_taken_over = self.counter(

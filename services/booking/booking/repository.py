@@ -16,6 +16,7 @@ import asyncpg
 from cutylib.errors import AlreadyExists
 
 from .domain import CancellationPolicy, Hold, Resource, Salon, Slot, SlotDraft, effective_status
+from .taken import Blocked
 
 log = logging.getLogger("booking.repository")
 
@@ -207,6 +208,19 @@ UPDATE holds SET expires_at = expires_at + $2::integer * interval '1 second', ex
  WHERE id = $1 AND status = 'held' AND NOT extended AND expires_at > clock_timestamp()
 RETURNING holds AS hold, clock_timestamp() AS db_now
 """
+# What blocks a slot's time now (booking/taken.py): its resource, who holds the time, and until when
+# (NULL: a confirmed booking). The same overlap as holds_no_overlap; no row when nothing blocks it.
+BLOCKING = """
+SELECT s.resource_id, array_agg(DISTINCT h.customer_id) AS holders,
+       CASE WHEN bool_or(h.status = 'confirmed') THEN NULL ELSE max(h.expires_at) END AS until,
+       clock_timestamp() AS db_now
+  FROM slots s
+  JOIN holds h ON h.merchant_id = s.merchant_id AND h.resource_id = s.resource_id
+              AND h.status IN ('held', 'confirmed') AND h.during && tstzrange(s.start_time, s.end_time)
+              AND (h.status = 'confirmed' OR h.expires_at > clock_timestamp())
+ WHERE s.id = $1
+ GROUP BY s.resource_id
+"""
 GET_HOLD = ("SELECT h AS hold, clock_timestamp() AS db_now FROM holds h "
             "WHERE h.id = $1 AND ($2::text IS NULL OR h.merchant_id = $2)")
 # Several sweepers (replicas) at once: SKIP LOCKED hands each a disjoint batch; a row a HoldSlot
@@ -281,6 +295,11 @@ class Holds:
         hold = hold_from(r["hold"], r["db_now"]) if r["outcome"] in ("held", "existing", "request_reused") else None
         alternatives = [slot_from(s, r["time_zone"], True) for s in r["alternatives"] or ()]
         return r["outcome"], hold, alternatives, r["taken_over"] or 0
+
+    async def blocking(self, slot_id: uuid.UUID) -> Blocked | None:
+        """What blocks `slot_id`'s time now, or None when nothing does."""
+        r = await self.db.fetchrow(BLOCKING, slot_id)
+        return Blocked(r["resource_id"], frozenset(r["holders"]), r["until"], r["db_now"]) if r else None
 
     async def confirm(self, hold_id: uuid.UUID, payment_ref: str, cutoff_seconds: float) -> tuple[str, Hold | None]:
         r = await self.db.fetchrow(CONFIRM_HOLD, hold_id, payment_ref, float(cutoff_seconds))

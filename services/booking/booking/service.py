@@ -27,6 +27,7 @@ from cutylib.telemetry import set_span_attributes
 from . import domain, metrics
 from .domain import Hold, Resource, Salon, Slot, SlotDraft
 from .repository import Holds, Slots
+from .taken import TakenSlots
 from .unit_of_work import BookingUnitOfWork, db_now, scoped
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class BookingService:
         self.settings = settings
         self.holds = Holds(pool)
         self.slots = Slots(pool)
+        # The losers of hot slots, answered from memory while this replica listens (taken.py).
+        self.taken = TakenSlots()
 
     def uow(self) -> BookingUnitOfWork:
         return BookingUnitOfWork(self.pool)
@@ -165,6 +168,11 @@ class BookingService:
             # Not a path of the checkout (the orchestrator holds as `system`), but a merchant's
             # user holds only its merchant's slots. A slot's merchant never changes.
             await self.get_slot(caller, slot_id)
+        known = self.taken.answer(slot_id, customer_id)
+        if known is not None:  # a loser of a slot known to be blocked: no database round trip
+            metrics.REGISTRY.losers_from_memory.inc()
+            self._lost(known)
+            raise SlotTaken(slot_id, list(known))
         outcome, hold, alternatives, taken_over = await self.holds.take(
             slot_id, customer_id, request_id, ttl_seconds=self.settings.hold_ttl_seconds,
             max_active=self.settings.max_active_holds, max_alternatives=MAX_ALTERNATIVES)
@@ -178,8 +186,14 @@ class BookingService:
         if outcome == "existing":  # an idempotent retry: the hold as it is now (maybe confirmed)
             return hold
         if outcome == "taken":
-            metrics.REGISTRY.hold_conflicts.labels("yes" if alternatives else "no").inc()
-            metrics.REGISTRY.alternatives_offered.inc(len(alternatives or ()))
+            self._lost(alternatives)
+            generation = self.taken.start_filling(slot_id)
+            if generation is not None:  # what blocks it, so that the next losers need no round trip
+                blocked = None
+                try:
+                    blocked = await self.holds.blocking(slot_id)
+                finally:
+                    self.taken.remember(slot_id, blocked, alternatives, generation)
             raise SlotTaken(slot_id, alternatives)
         if outcome == "cap":
             metrics.REGISTRY.holds_capped.inc()
@@ -194,6 +208,11 @@ class BookingService:
         if outcome == "slot_started":
             raise FailedPrecondition(f"slot {slot_id} has already started", reason="slot-started")
         raise RuntimeError(f"booking_take_hold returned an unknown outcome {outcome!r}")
+
+    @staticmethod
+    def _lost(alternatives) -> None:
+        metrics.REGISTRY.hold_conflicts.labels("yes" if alternatives else "no").inc()
+        metrics.REGISTRY.alternatives_offered.inc(len(alternatives or ()))
 
     async def confirm_hold(self, caller: Principal, hold_id: uuid.UUID, payment_ref: str) -> Hold:
         await self._check_owner(caller, hold_id)
@@ -229,6 +248,7 @@ class BookingService:
         set_span_attributes(hold_id=str(hold_id))
         released = await self.holds.release(hold_id)
         if released is not None:
+            self.taken.freed(str(released.resource_id))  # here at once; other replicas by NOTIFY
             return released
         # Nothing live to release: released or expired already is success (idempotent).
         hold = await self._get(hold_id)
@@ -244,6 +264,7 @@ class BookingService:
         set_span_attributes(hold_id=str(hold_id))
         cancelled = await self.holds.cancel_booking(hold_id, payment_ref)
         if cancelled is not None:
+            self.taken.freed(str(cancelled.resource_id))
             return cancelled
         hold = await self._get(hold_id)
         if hold.status == domain.RELEASED and hold.cancelled_payment_ref == payment_ref:
