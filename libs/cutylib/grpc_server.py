@@ -74,8 +74,8 @@ class Trust:
 # Unary calls one process serves at once (CUTY_GRPC_MAX_CONCURRENT_RPCS). A call holds one of the
 # pool's 20 connections (CUTY_DB_POOL_MAX) for only part of its time (the rest is TLS, protobuf
 # and Python on one event loop), so a few calls per connection keep both the pool and the loop
-# busy; 128 (6 per connection) does, and 64 in flight (the benchmarks' closed loops) stay well
-# below it. At the ~2,500 calls/s one process serves, 128 waiting is ~50 ms of queue: beyond
+# busy; 128 (about 6 per connection) does, and the benchmarks' 64 in flight stay below it. At
+# about 1 ms of server CPU per call (bench/booking.py), 128 is at most ~130 ms of queue: beyond
 # that, waiting only spends the callers' deadlines, so grpc refuses the call at once.
 DEFAULT_MAX_CONCURRENT_RPCS = 128
 # Streams open at once (CUTY_GRPC_MAX_CONCURRENT_STREAMS): as many as payments' own cap of watch
