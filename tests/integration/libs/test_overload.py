@@ -2,6 +2,7 @@
 real gRPC server (mutual TLS) and a real PostgreSQL: the concurrency cap answers at once, a pool
 wait or a statement ends at the caller's deadline, and a call whose deadline is gone starts no work."""
 import asyncio
+import contextlib
 import time
 
 import grpc
@@ -62,16 +63,30 @@ class Stall(grpc.aio.ServerInterceptor):
         return await continuation(details)
 
 
-async def _serve(worker, **kw) -> GrpcServer:
+@contextlib.asynccontextmanager
+async def _serving(worker, **kw):
+    """A booking server (mutual TLS) answering with `worker`, while the block runs: its address."""
     server = GrpcServer("booking", 0, host="127.0.0.1", **kw)
     booking_pb2_grpc.add_BookingServiceServicer_to_server(worker, server.server)
     server.add_service(SERVICE, CALLERS)
     await server.start()
-    return server
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        await server.stop()
 
 
 def _stub(ch):
     return booking_pb2_grpc.BookingServiceStub(ch)
+
+
+async def _deadline_exceeded(call) -> tuple[str, float]:
+    """(details, seconds it took) of `call`, which must end DEADLINE_EXCEEDED."""
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await call
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    return e.value.details(), time.monotonic() - started
 
 
 @pytest.fixture
@@ -85,9 +100,7 @@ async def db(scratch_db):
 
 async def test_the_call_beyond_the_cap_is_refused_at_once_and_streams_have_their_own_cap():
     worker = Worker()
-    server = await _serve(worker, max_concurrent_rpcs=4, max_streams=2)
-    addr = f"127.0.0.1:{server.port}"
-    try:
+    async with _serving(worker, max_concurrent_rpcs=4, max_streams=2) as addr:
         async with channel_as("payments", addr, "booking") as ch, channel_as("gateway", addr, "booking") as gw:
             # Two long-lived streams (health watches) take the streams' places, not the unary calls'.
             health = health_pb2_grpc.HealthStub(gw)
@@ -116,33 +129,24 @@ async def test_the_call_beyond_the_cap_is_refused_at_once_and_streams_have_their
             assert (await _stub(ch).GetSlot(booking_pb2.GetSlotRequest(slot_id="again"))).id == "again"
             for w in watches:
                 w.cancel()
-    finally:
-        await server.stop()
 
 
 async def test_a_pool_wait_ends_at_the_callers_deadline_without_taking_a_connection(db):
     worker = Worker(db)
-    server = await _serve(worker)
-    addr = f"127.0.0.1:{server.port}"
-    try:
+    async with _serving(worker) as addr:
         async with channel_as("gateway", addr, "booking") as ch:
             taken = await db.acquire()  # the pool's only connection is busy
             try:
-                started = time.monotonic()
-                with pytest.raises(grpc.aio.AioRpcError) as e:
-                    await _stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="late"), timeout=0.6)
-                took = time.monotonic() - started
+                details, took = await _deadline_exceeded(
+                    _stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="late"), timeout=0.6))
                 # The service's own answer (not the client giving up): DEADLINE_EXCEEDED just before
                 # the deadline, not UNAVAILABLE after CUTY_DB_ACQUIRE_TIMEOUT_SECONDS (5 s).
-                assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-                assert "database connection" in e.value.details()
+                assert "database connection" in details
                 assert 0.4 < took < 0.6
                 assert worker.entered["CreateSalon"] == 1
                 # Spent already on arrival (less than the margin left): refused at once.
-                with pytest.raises(grpc.aio.AioRpcError) as e:
-                    await _stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="later"),
-                                                timeout=deadlines.MARGIN_SECONDS / 2)
-                assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                await _deadline_exceeded(_stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="later"),
+                                                               timeout=deadlines.MARGIN_SECONDS / 2))
             finally:
                 await db.release(taken)
             # It held nothing: the one connection is free at once, and nothing was written.
@@ -151,48 +155,32 @@ async def test_a_pool_wait_ends_at_the_callers_deadline_without_taking_a_connect
             # With time to wait, the same call is served.
             assert (await _stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="on time"), timeout=2)).name \
                 == "on time"
-    finally:
-        await server.stop()
 
 
 async def test_a_slow_statement_is_cancelled_by_the_database_at_the_callers_deadline(db):
     worker = Worker(db)
-    server = await _serve(worker)
-    addr = f"127.0.0.1:{server.port}"
-    try:
+    async with _serving(worker) as addr:
         async with channel_as("payments", addr, "booking") as ch:
-            started = time.monotonic()
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await _stub(ch).GetHold(booking_pb2.GetHoldRequest(hold_id="x"), timeout=0.8)
-            took = time.monotonic() - started
-            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            details, took = await _deadline_exceeded(_stub(ch).GetHold(booking_pb2.GetHoldRequest(), timeout=0.8))
             # PostgreSQL's statement_timeout ended it (the unit of work's SET LOCAL), in time for
             # the service to answer itself.
-            assert "database statement" in e.value.details()
+            assert "database statement" in details
             assert took < 0.8
         async with db.acquire(timeout=1) as conn:
             running = await conn.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'", SLEEPER)
         assert running == 0  # nothing left running for a caller that is gone
-    finally:
-        await server.stop()
 
 
 async def test_a_call_whose_deadline_passed_before_it_was_looked_at_does_no_work(db):
     """grpc cancels such a call, or the interceptor refuses it (whichever sees it first; the
     interceptor's refusal alone: tests/unit/libs/test_deadlines.py): its handler never starts."""
     worker = Worker(db)
-    server = await _serve(worker, interceptors=[Stall(0.4)])
-    addr = f"127.0.0.1:{server.port}"
-    try:
+    async with _serving(worker, interceptors=[Stall(0.4)]) as addr:
         async with channel_as("gateway", addr, "booking") as ch:
-            with pytest.raises(grpc.aio.AioRpcError) as e:
-                await _stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="gone"), timeout=0.2)
-            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await _deadline_exceeded(_stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="gone"), timeout=0.2))
         assert worker.entered["CreateSalon"] == 0  # the handler was never started
         assert await db.fetchval("SELECT count(*) FROM work_done") == 0
-    finally:
-        await server.stop()
 
 
 async def test_a_unit_of_work_takes_its_statement_timeout_from_the_deadline_in_the_same_round_trip(db):
