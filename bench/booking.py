@@ -309,7 +309,10 @@ async def main() -> None:
         pool = await create_booking_pool(dsn, dataclasses.replace(Settings(), db_pool_min=POOL, db_pool_max=POOL))
         try:
             await uncontended(dsn, workdir, pool, results)
-            async with Server(dsn, workdir, "hot") as stubs:
+            # (b) measures how the race is decided with every racer admitted, so this server takes
+            # all HOT calls at once; as deployed, calls beyond CUTY_GRPC_MAX_CONCURRENT_RPCS are
+            # answered RESOURCE_EXHAUSTED at once instead (tests/integration/libs/test_overload.py).
+            async with Server(dsn, workdir, "hot", CUTY_GRPC_MAX_CONCURRENT_RPCS=HOT) as stubs:
                 await hot_slot_grpc(stubs, results)
                 await hot_slot_db(stubs, pool, results)
         finally:

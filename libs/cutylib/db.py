@@ -1,6 +1,8 @@
 """asyncpg pool, unit of work, and the forward-only migration runner."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -10,6 +12,7 @@ from typing import Any
 
 import asyncpg
 
+from . import deadlines
 from .config import with_database
 
 log = logging.getLogger(__name__)
@@ -65,12 +68,45 @@ class BoundedPool(asyncpg.Pool):
     """A pool whose acquire, unless given its own timeout, waits at most `acquire_timeout` seconds
     (issue 10, item 9): with every connection busy (slow queries, stalled streams) a request fails
     fast with TimeoutError, which the gRPC error mapping answers UNAVAILABLE (retryable), instead of
-    queueing without end. The pool's fetch/execute helpers and UnitOfWork all acquire through it."""
+    queueing without end. The pool's fetch/execute helpers and UnitOfWork all acquire through it.
+
+    Inside an RPC with a deadline (cutylib.deadlines) the wait is also cut at that deadline less a
+    margin: a request whose deadline is (nearly) spent fails at once with DeadlineExceeded, without
+    taking a connection, and one whose deadline passes while it waits gives up then, also with
+    DeadlineExceeded (DEADLINE_EXCEEDED), rather than holding a place in the queue for a caller
+    that is gone."""
 
     __slots__ = ("acquire_timeout",)
 
     def acquire(self, *, timeout: float | None = None):
         return super().acquire(timeout=self.acquire_timeout if timeout is None else timeout)
+
+    async def _acquire(self, timeout: float | None):
+        budget = deadlines.budget("wait for a database connection")
+        if budget is None or (timeout is not None and timeout <= budget):
+            return await super()._acquire(timeout)
+        try:
+            return await super()._acquire(budget)
+        except asyncio.TimeoutError:
+            raise deadlines.exceeded("wait for a database connection") from None
+
+
+# BEGIN of each isolation level a unit of work may ask for.
+_BEGIN = {"read_committed": "BEGIN ISOLATION LEVEL READ COMMITTED",
+          "repeatable_read": "BEGIN ISOLATION LEVEL REPEATABLE READ",
+          "serializable": "BEGIN ISOLATION LEVEL SERIALIZABLE"}
+
+
+def begin_statement(isolation: str) -> str:
+    """BEGIN, and inside an RPC with a deadline `SET LOCAL statement_timeout` to the time left
+    (less the margin): one simple-query message, so bounding the statements by the deadline costs
+    no round trip. PostgreSQL then cancels a statement the caller can no longer wait for
+    (QueryCanceledError, answered DEADLINE_EXCEEDED) and nothing keeps running for it."""
+    begin = _BEGIN[isolation]
+    budget = deadlines.budget("start a transaction")
+    if budget is None:
+        return begin
+    return f"{begin}; SET LOCAL statement_timeout = {max(1, int(budget * 1000))}"
 
 
 class UnitOfWork:
@@ -82,41 +118,59 @@ class UnitOfWork:
         async with UnitOfWork(pool) as uow:
             await uow.conn.execute(...)
             await uow.commit()
+
+    It sends BEGIN / COMMIT / ROLLBACK itself (not through asyncpg's Transaction) so that BEGIN can
+    carry the deadline's statement_timeout in the same round trip (`begin_statement`). asyncpg
+    therefore refuses `uow.conn.transaction()` inside it: use `uow.savepoint()`.
     """
 
     def __init__(self, pool: asyncpg.Pool, *, isolation: str = "read_committed"):
+        if isolation not in _BEGIN:
+            raise ValueError(f"isolation must be one of {', '.join(_BEGIN)}, got {isolation!r}")
         self._pool = pool
         self._isolation = isolation
         self.conn: asyncpg.Connection | None = None
-        self._tx: asyncpg.transaction.Transaction | None = None
         self.committed = False
+        self._savepoints = 0
 
     async def __aenter__(self) -> "UnitOfWork":
         self.conn = await self._pool.acquire()
         try:
-            self._tx = self.conn.transaction(isolation=self._isolation)
-            await self._tx.start()
+            await self.conn.execute(begin_statement(self._isolation))
         except BaseException:
             await self._pool.release(self.conn)
             raise
         return self
 
     async def commit(self) -> None:
-        assert self._tx is not None
-        await self._tx.commit()
+        assert self.conn is not None
+        await self.conn.execute("COMMIT")
         self.committed = True
 
     async def rollback(self) -> None:
-        assert self._tx is not None
+        assert self.conn is not None
         if not self.committed:
-            await self._tx.rollback()
+            await self.conn.execute("ROLLBACK")
             self.committed = True  # finished either way
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self):
+        """A nested block whose writes are undone alone when it raises (the transaction goes on)."""
+        self._savepoints += 1
+        name = f"cuty_savepoint_{self._savepoints}"
+        await self.conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            await self.conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            raise
+        await self.conn.execute(f"RELEASE SAVEPOINT {name}")
 
     async def __aexit__(self, *exc: object) -> None:
         try:
             if not self.committed:
                 try:
-                    await self._tx.rollback()
+                    await self.conn.execute("ROLLBACK")
                 except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                     log.warning("rollback failed; connection will be discarded", exc_info=True)
         finally:

@@ -64,6 +64,12 @@ class Unavailable(DomainError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class DeadlineExceeded(DomainError):
+    """The caller's deadline leaves no time for the work (cutylib.deadlines): it was not started,
+    or was cut off and rolled back. Like UNAVAILABLE, retryable with the same idempotency key."""
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 def require(condition: bool, field: str, message: str) -> None:
     """Validation helper: raise InvalidArgument naming the field unless condition holds."""
     if not condition:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from . import principal, telemetry
+from . import deadlines, principal, telemetry
 from .identity import ASSERTION_KEY
 from .tls import Transport
 
@@ -17,7 +17,10 @@ class _Defaults:
     """Give every call a deadline and forward the current user's signed assertion, unchanged.
 
     Work done as `system` (the saga) forwards no user: the callee then sees only this service.
-    `deadline` is None for streamed answers (a watch lives as long as its caller wants)."""
+    `deadline` is None for streamed answers (a watch lives as long as its caller wants).
+    A call made while serving an RPC with a deadline (cutylib.deadlines) gets at most the time that
+    RPC has left: min(the call's own timeout or the default, the time left), so the callee stops
+    when our caller stops waiting, not seconds later."""
 
     __slots__ = ("_call", "_deadline", "_declared")
 
@@ -34,8 +37,12 @@ class _Defaults:
             md.append((ASSERTION_KEY, assertion))
         if telemetry.propagating_by_hand() and not any(k == "traceparent" for k, _ in md):
             md.extend(telemetry.inject_metadata())
-        return self._call(request, timeout=self._deadline if timeout is None else timeout,
-                          metadata=tuple(md), **kwargs)
+        if timeout is None:
+            timeout = self._deadline
+        left = deadlines.remaining()
+        if left is not None and (timeout is None or left < timeout):
+            timeout = max(left, 0.0)
+        return self._call(request, timeout=timeout, metadata=tuple(md), **kwargs)
 
 
 class Channel:

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 ERROR_DOMAIN = "cuty.app"
 TRANSACTION_CONFLICT = "transaction conflict; retry"
 DATABASE_UNAVAILABLE = "database unavailable; retry"
+STATEMENT_TIMEOUT = "the request's deadline ran out during a database statement; retry"
 
 
 def to_status(err: DomainError) -> grpc.Status:
@@ -47,6 +48,11 @@ def status_for_exception(exc: BaseException) -> grpc.Status | None:
     if isinstance(exc, (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError)):
         log.warning("transaction conflict", extra={"error_type": type(exc).__name__, "error": str(exc)})
         return rpc_status.to_status(status_pb2.Status(code=code_pb2.ABORTED, message=TRANSACTION_CONFLICT))
+    if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
+        # A statement cut off by the statement_timeout a unit of work takes from the request's
+        # deadline (db.UnitOfWork); its transaction is rolled back.
+        log.warning("statement cancelled", extra={"error_type": type(exc).__name__, "error": str(exc)})
+        return rpc_status.to_status(status_pb2.Status(code=code_pb2.DEADLINE_EXCEEDED, message=STATEMENT_TIMEOUT))
     if isinstance(exc, (asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.CannotConnectNowError,
                         asyncpg.exceptions.AdminShutdownError, asyncpg.exceptions.TooManyConnectionsError,
                         asyncpg.exceptions.InterfaceError, asyncpg.exceptions.ConnectionFailureError,

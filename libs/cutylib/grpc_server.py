@@ -11,10 +11,10 @@ from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import principal, telemetry
+from . import deadlines, principal, telemetry
 from .config import env_int, env_str
 from .dbwatch import UNREACHABLE, DatabaseWatch
-from .errors import PermissionDenied
+from .errors import PermissionDenied, ResourceExhausted
 from .grpc_errors import status_for_exception
 from .grpc_metrics import GrpcMetricsInterceptor, WrappedHandlers, rewrap, stream_of
 from .metrics import metrics_enabled
@@ -71,18 +71,38 @@ class Trust:
         return principal.SYSTEM if peer in self.system_peers else principal.ANONYMOUS
 
 
+# Unary calls one process serves at once (CUTY_GRPC_MAX_CONCURRENT_RPCS). A call holds one of the
+# pool's 20 connections (CUTY_DB_POOL_MAX) for only part of its time (the rest is TLS, protobuf
+# and Python on one event loop), so a few calls per connection keep both the pool and the loop
+# busy; 128 (about 6 per connection) does, and the benchmarks' 64 in flight stay below it. At
+# about 1 ms of server CPU per call (bench/booking.py), 128 is at most ~130 ms of queue: beyond
+# that, waiting only spends the callers' deadlines, so grpc refuses the call at once.
+DEFAULT_MAX_CONCURRENT_RPCS = 128
+# Streams open at once (CUTY_GRPC_MAX_CONCURRENT_STREAMS): as many as payments' own cap of watch
+# streams (CUTY_MAX_WATCH_STREAMS); a stream holds no pooled connection while it waits.
+DEFAULT_MAX_STREAMS = 2000
+
 LIVENESS = "liveness"  # a health name that only says the process runs (Kubernetes liveness probes)
 _OPEN_PREFIXES = tuple(f"/{s}/" for s in _OPEN_SERVICES)
 
 
 class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Decides who calls (Trust) and maps escaping domain errors to status codes.
+    """Decides who calls (Trust), records the call's deadline (cutylib.deadlines), refuses a call
+    whose deadline is (nearly) spent or that is cancelled already, caps open streams, and maps
+    escaping domain errors to status codes.
 
     The single place where exceptions become gRPC statuses, so handlers just raise.
+
+    `max_streams`: how many calls that stream (either way: WatchCheckout, ImportCodes, health
+    watches) may be open at once; beyond it a stream is refused with RESOURCE_EXHAUSTED. grpc's own
+    cap (`maximum_concurrent_rpcs`) counts every call, so GrpcServer sizes it as the unary cap plus
+    this one: long-lived streams cannot take the places meant for unary calls.
     """
 
-    def __init__(self, trust: Trust):
+    def __init__(self, trust: Trust, max_streams: int | None = None):
         self.trust = trust
+        self.max_streams = max_streams
+        self.open_streams = 0
         self._handlers = WrappedHandlers(self._wrap)
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -91,8 +111,17 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
             return None
         return self._handlers.get(handler_call_details.method, handler)
 
+    def _admit_stream(self) -> None:
+        if self.max_streams is not None and self.open_streams >= self.max_streams:
+            raise ResourceExhausted(f"this server has {self.max_streams} streams open, as many as it takes; "
+                                    "retry later", reason="too-many-streams")
+        self.open_streams += 1
+
     def _wrap(self, method: str, handler):
         trust = self.trust
+        # Calls that stream either way count against max_streams (stream-unary ones are wrapped
+        # by wrap_unary: one answer, but a request stream that may last).
+        streams = bool(handler.request_streaming or handler.response_streaming)
 
         async def _fail(exc: BaseException, context) -> None:
             status = status_for_exception(exc)
@@ -106,12 +135,26 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                     log.warning("%s: %s", method, status.details)
                 await context.abort_with_status(status)
 
+        def _enter(context, metadata):
+            """The call's principal and deadline, once it is known to be worth starting."""
+            seconds_left = context.time_remaining()
+            if deadlines.spent(seconds_left):
+                # Its caller gives up before an answer could reach it: start nothing.
+                raise deadlines.exceeded("start the call")
+            if context.cancelled():
+                raise asyncio.CancelledError()
+            return principal.set_current(trust.principal(method, context, metadata)), deadlines.start(seconds_left)
+
         def wrap_unary(behavior):
             async def wrapped(request_or_iterator, context):
-                token = None
+                tokens = None
+                admitted = False
                 metadata = context.invocation_metadata()
                 try:
-                    token = principal.set_current(trust.principal(method, context, metadata))
+                    tokens = _enter(context, metadata)
+                    if streams:
+                        self._admit_stream()
+                        admitted = True
                     if telemetry.propagating_by_hand():
                         with telemetry.server_span(method, metadata):
                             return await behavior(request_or_iterator, context)
@@ -121,16 +164,22 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as exc:  # noqa: BLE001 - mapped to a status
                     await _fail(exc, context)
                 finally:
-                    if token is not None:
-                        principal._current.reset(token)
+                    if admitted:
+                        self.open_streams -= 1
+                    if tokens is not None:
+                        principal._current.reset(tokens[0])
+                        deadlines.end(tokens[1])
             return wrapped
 
         def wrap_stream(behavior):
             async def wrapped(request_or_iterator, context):
-                token = None
+                tokens = None
+                admitted = False
                 metadata = context.invocation_metadata()
                 try:
-                    token = principal.set_current(trust.principal(method, context, metadata))
+                    tokens = _enter(context, metadata)
+                    self._admit_stream()
+                    admitted = True
                     async for item in stream_of(behavior(request_or_iterator, context)):
                         yield item
                 except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -138,8 +187,11 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as exc:  # noqa: BLE001
                     await _fail(exc, context)
                 finally:
-                    if token is not None:
-                        principal._current.reset(token)
+                    if admitted:
+                        self.open_streams -= 1
+                    if tokens is not None:
+                        principal._current.reset(tokens[0])
+                        deadlines.end(tokens[1])
             return wrapped
 
         return rewrap(handler, wrap_unary, wrap_stream)
@@ -163,15 +215,27 @@ class GrpcServer:
 
     def __init__(self, name: str, port: int, *, host: str = "0.0.0.0", grace_seconds: float = 5.0,
                  interceptors: Iterable[grpc.aio.ServerInterceptor] = (), transport: Transport | None = None,
-                 verifier: AssertionVerifier | None = None):
+                 verifier: AssertionVerifier | None = None, max_concurrent_rpcs: int | None = None,
+                 max_streams: int | None = None):
         self.name = name
         self.grace_seconds = grace_seconds
         self.transport = transport or Transport.from_env(name)
         self.trust = Trust(name, verifier)
         age_ms = env_int("CUTY_GRPC_MAX_CONNECTION_AGE_SECONDS", 300) * 1000
+        # No unbounded queue inside the service: beyond max_concurrent_rpcs unary calls (and
+        # max_streams streams) grpc answers RESOURCE_EXHAUSTED at once, before any handler runs, so
+        # an overload is turned away while its callers can still go elsewhere or back off. 0: no cap.
+        self.max_concurrent_rpcs = env_int("CUTY_GRPC_MAX_CONCURRENT_RPCS", DEFAULT_MAX_CONCURRENT_RPCS) \
+            if max_concurrent_rpcs is None else max_concurrent_rpcs
+        self.max_streams = env_int("CUTY_GRPC_MAX_CONCURRENT_STREAMS", DEFAULT_MAX_STREAMS) \
+            if max_streams is None else max_streams
+        self.errors = TrustAndErrorInterceptor(self.trust, max_streams=self.max_streams or None)
         self.server = grpc.aio.server(
             interceptors=[*([GrpcMetricsInterceptor()] if metrics_enabled() else []),
-                          TrustAndErrorInterceptor(self.trust), *interceptors],
+                          self.errors, *interceptors],
+            # grpc counts every call; streams are capped apart (TrustAndErrorInterceptor), so the
+            # unary calls keep max_concurrent_rpcs places whatever the streams do.
+            maximum_concurrent_rpcs=(self.max_concurrent_rpcs + self.max_streams) if self.max_concurrent_rpcs else None,
             options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 * 1024 * 1024),
                      # Connections are closed (gracefully) after this age, so clients re-resolve the
                      # name and reach pods added since; keepalive pings are allowed every 20 s.

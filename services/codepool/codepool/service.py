@@ -140,7 +140,7 @@ class ReservationService:
         """The reservation expired or was released before the payment arrived: take fresh codes if
         the stock allows (savepoint: a short take leaves nothing), else refuse so the orchestrator refunds."""
         try:
-            async with uow.conn.transaction():
+            async with uow.savepoint():
                 await repo.reopen(res["order_id"], self.ttl_seconds)
                 code_ids = await repo.take_codes(res)
                 if len(code_ids) < res["quantity"]:

@@ -20,7 +20,7 @@ import logging
 import asyncpg
 from opentelemetry import trace
 
-from cutylib import errors
+from cutylib import deadlines, errors
 from cutylib.telemetry import context_of
 
 from . import crash, domain, repository as repo
@@ -41,6 +41,11 @@ _NOTHING = repo.Fields()
 
 _KEYED_STATES = (domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING)
 
+# Steps that call another service (booking, the code pool, the PSP through the payments core).
+_CALLS_OUT = frozenset(Step) - {Step.OBSERVE, Step.RESCHEDULE_OBSERVE, Step.EXPIRE, Step.LATE_CAPTURE, Step.WAIT}
+# Steps that start moving money: from here on a drive ignores the deadline of the request it runs in.
+_CHARGES = frozenset({Step.CHARGE, Step.RESCHEDULE_CHARGE})
+
 
 def _checkout_trace(saga: Saga):
     """(parent context, links) of a drive: one trace per checkout. Steps continue the trace of
@@ -55,6 +60,11 @@ def _checkout_trace(saga: Saga):
 
 class Fenced(Exception):
     """Another actor moved the saga or took its lease: stop; they carry on."""
+
+
+class OutOfTime(Exception):
+    """The request driving the saga has no time left for its next step that calls another service
+    (no money has moved yet): the request stops, and a worker carries the saga on."""
 
 
 def _merge(a: repo.Fields, b: repo.Fields) -> repo.Fields:
@@ -80,13 +90,25 @@ class Engine:
         started the payment attempt (HELD -> CHARGING), so no payment can exist for its key yet.
 
         Raises Rejected (the hold was refused; the saga is REJECTED) and Refused (bad input; the
-        PENDING row stays for the caller to delete); any other failure is retried later."""
+        PENDING row stays for the caller to delete); any other failure is retried later.
+
+        Driven by a request (cutylib.deadlines has its deadline): until a charge starts, a step that
+        calls another service is started only while the deadline leaves time for it, and its calls
+        get at most that time; otherwise the lease goes back (a worker carries on at once, as after
+        a cancelled request) and DeadlineExceeded is raised. A saga that already charged (or
+        charges in this drive) is driven as by a worker: a deadline never leaves money half-moved.
+        The saga's own reads and writes never wait on the request's deadline."""
         parent, links = _checkout_trace(saga)
-        with tracer.start_as_current_span("checkout.drive", context=parent, links=links,
-                                          attributes={"cuty.checkout.id": saga.id}), \
+        deadline = deadlines.current() if (saga.payment_key is None or unpaid) else None
+        with deadlines.detached(), tracer.start_as_current_span(
+                "checkout.drive", context=parent, links=links, attributes={"cuty.checkout.id": saga.id}), \
                 self._heartbeat(saga.id, owner):
             try:
-                return await self._drive(saga, owner, payment, unpaid)
+                return await self._drive(saga, owner, payment, unpaid, deadline)
+            except OutOfTime as stop:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.sagas.hand_back(saga.id, owner), 1.0)
+                raise deadlines.exceeded(f"start the checkout's {stop} step") from None
             except Fenced:
                 return await self.sagas.get(saga.id) or saga, None
             except (Rejected, Refused):
@@ -99,7 +121,7 @@ class Engine:
                 await self._retry_later(saga, owner, exc)
                 return await self.sagas.get(saga.id) or saga, None
 
-    async def _drive(self, saga: Saga, owner: str, payment, unpaid: bool = False):
+    async def _drive(self, saga: Saga, owner: str, payment, unpaid: bool = False, deadline: float | None = None):
         learned = _NOTHING  # facts a step learned that are not written yet
         key_checked = unpaid
         while not saga.terminal:
@@ -125,7 +147,13 @@ class Engine:
                     return saga, payment
                 payment = None  # a payment changed during our step: look again
                 continue
-            out = await self.steps.perform(step, saga, payment, status)
+            if deadline is not None and step in _CALLS_OUT:
+                if deadlines.spent(deadlines.left(deadline)):
+                    raise OutOfTime(step.value)
+                if step in _CHARGES:
+                    deadline = None  # the charge, and all that follows it, as a worker would
+            with deadlines.within(deadline):  # the step's calls get at most the request's time left
+                out = await self.steps.perform(step, saga, payment, status)
             if step is Step.PAY:
                 key_checked = True  # its move starts the payment attempt: no payment has that key yet
             payment = out.payment or payment

@@ -130,7 +130,9 @@ class IdempotencyStore:
         replayable by the client).
 
         A DomainError marked `recorded` (the request did change something: a REJECTED checkout)
-        is stored and replayed as the answer; other domain errors changed nothing and free the key;
+        is stored and replayed as the answer; UNAVAILABLE, ABORTED and DEADLINE_EXCEEDED (a saga
+        stopped for the request's deadline goes on in a worker) leave the key to be resumed by a
+        retry; other domain errors changed nothing and free the key;
         anything else (a dependency down, a crash) leaves the key to be resumed by a retry.
         `stored_form(answer)`: what is kept for replays (without secrets), when not the answer itself."""
         if key:
@@ -144,7 +146,7 @@ class IdempotencyStore:
             if getattr(exc, "recorded", False):
                 await self.pool.execute(FINISH, customer, operation, key,
                                         _status_bytes(exc), True)
-            elif isinstance(exc, (errors.Unavailable, errors.Aborted)):
+            elif isinstance(exc, (errors.Unavailable, errors.Aborted, errors.DeadlineExceeded)):
                 await self.pool.execute(UNLOCK, customer, operation, key)
             else:
                 await self.pool.execute(ABANDON, customer, operation, key)
