@@ -1,5 +1,5 @@
-"""Shared benchmark plumbing: latency stats, the results JSON of DESIGN.md, a readable table,
-and a throwaway Postgres for benchmarks (CUTY_TEST_DSN or a local cluster).
+"""Shared benchmark plumbing: latency stats, the results JSON (docs/conventions.md, "Benchmarks"), a
+readable table, and a throwaway Postgres for benchmarks (CUTY_TEST_DSN or a local cluster).
 
 Benchmarks are tools, not tests: they print figures and never fail for being slow.
 """

@@ -1,4 +1,4 @@
-"""Configuration from the environment, with working local defaults (DESIGN.md, "Configuration")."""
+"""Configuration from the environment, with working local defaults (README.md, "Configuration")."""
 from __future__ import annotations
 
 import os

@@ -2,8 +2,8 @@
 
 Postgres (embedded in CUTY_DATA_DIR unless CUTY_DATABASE_URL is given), the PSP simulator (its
 webhooks go to the gateway), booking, codepool, payments and the gateway on CUTY_HTTP_PORT; demo
-data on first start; a demo token per role. Every variable of DESIGN.md's table passes through
-to the processes unchanged. A process that dies is reported and restarted with back-off.
+data on first start; a demo token per role. Every variable of the README's configuration table
+passes through to the processes unchanged. A process that dies is reported and restarted with back-off.
 Ctrl-C / SIGTERM stops everything, Postgres included; the next run reuses the data.
 
 The children run in their own sessions, so a terminal's Ctrl-C reaches only this supervisor,

@@ -1,6 +1,6 @@
 """AES-256-GCM keyrings: secrets at rest, each row with the id of the key it is encrypted under, so
-keys can be rotated (DESIGN.md, invariant 8). One implementation for every service: the code pool's
-codes (`CUTY_CODE_KEYS`, codepool/keys.py) and payments' webhook endpoint secrets
+keys can be rotated (docs/architecture.md, invariant 8). One implementation for every service: the
+code pool's codes (`CUTY_CODE_KEYS`, codepool/keys.py) and payments' webhook endpoint secrets
 (`CUTY_WEBHOOK_SECRET_KEYS`, payments/outbound/secrets.py). Each service holds its own keys.
 
 A keyring is configured in one of two forms:

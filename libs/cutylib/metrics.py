@@ -1,4 +1,4 @@
-"""Metrics in Prometheus format, one mechanism for every process (DESIGN.md, "Observability").
+"""Metrics in Prometheus format, one mechanism for every process (docs/observability.md).
 
 prometheus_client, not the OpenTelemetry SDK's Prometheus exporter (docs/observability.md says
 why): counters and histograms are plain Python objects whose `inc()` / `observe()` take a lock
@@ -31,7 +31,7 @@ from .periodic import periodic
 
 log = logging.getLogger(__name__)
 
-# Default metrics port of each process (DESIGN.md); CUTY_<SERVICE>_METRICS_PORT overrides.
+# Default metrics port of each process (README.md, "Configuration"); CUTY_<SERVICE>_METRICS_PORT overrides.
 METRICS_PORTS = {"gateway": 9464, "booking": 9465, "codepool": 9466, "payments": 9467}
 
 # Request durations, in seconds: 1 ms to 10 s (a PayCheckout waits on the PSP's answer).

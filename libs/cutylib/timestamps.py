@@ -1,4 +1,4 @@
-"""Instants on the wire: `google.protobuf.Timestamp` <-> aware UTC `datetime` (DESIGN.md, "Time").
+"""Instants on the wire: `google.protobuf.Timestamp` <-> aware UTC `datetime` (docs/architecture.md, "Time").
 One conversion for every service (issue 11: four `_ts` before)."""
 from __future__ import annotations
 

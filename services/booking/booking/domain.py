@@ -108,7 +108,8 @@ class SlotDraft:
 
 
 def effective_status(status: str, expires_at: datetime, now: datetime) -> str:
-    """A hold is 'held' only until its expiry (database clock), swept or not (DESIGN.md invariant 2)."""
+    """A hold is 'held' only until its expiry (database clock), swept or not (invariant 2,
+    docs/architecture.md)."""
     if status == HELD and expires_at <= now:
         return EXPIRED
     return status

@@ -1,4 +1,4 @@
-"""Booking's metrics (DESIGN.md, "Observability": hold conflicts, expirations swept; issue 15).
+"""Booking's metrics (docs/observability.md: hold conflicts, expirations swept).
 `REGISTRY` is the process's instance, exported on CUTY_BOOKING_METRICS_PORT (cutylib.metrics)."""
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ class BookingUnitOfWork(UnitOfWork):
 
 
 async def db_now(conn: asyncpg.Connection) -> datetime:
-    """The database clock, the only clock booking decisions use (DESIGN.md, "Time")."""
+    """The database clock, the only clock booking decisions use (docs/architecture.md, "Time")."""
     return await conn.fetchval("SELECT clock_timestamp()")
 
 

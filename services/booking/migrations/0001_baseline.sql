@@ -109,7 +109,7 @@ CREATE TABLE holds (
     -- Idempotency of HoldSlot: one hold per (customer, request id) within the slot's merchant; a
     -- retry returns it.
     CONSTRAINT holds_merchant_id_customer_id_request_id_key UNIQUE (merchant_id, customer_id, request_id),
-    -- Invariant 1 (DESIGN.md): no two active holds/bookings of one resource overlap in time (a
+    -- Invariant 1 (docs/architecture.md): no two active holds/bookings of one resource overlap in time (a
     -- resource is one merchant's, so leading with merchant_id weakens nothing). '[)' ranges, so
     -- back-to-back slots touch without overlapping. The predicate cannot say "and not expired" (it
     -- must be immutable), so an expired hold keeps blocking until its status says so:

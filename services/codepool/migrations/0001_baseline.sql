@@ -81,7 +81,7 @@ CREATE TABLE codes (
     CONSTRAINT codes_batch_fkey
         FOREIGN KEY (merchant_id, product_id, batch_id) REFERENCES supplier_batches (merchant_id, product_id, id),
     -- Duplicates are found by the keyed hash, per product: every constraint is keyed by the tenant
-    -- (DESIGN.md "Scale-out") so the table can be distributed by merchant and product later.
+    -- (docs/tenancy.md, "Keys ready for distribution") so the table can be distributed by merchant and product later.
     CONSTRAINT codes_merchant_product_code_hash_key UNIQUE (merchant_id, product_id, code_hash),
     CONSTRAINT codes_merchant_product_id_key UNIQUE (merchant_id, product_id, id)
 );
@@ -166,7 +166,7 @@ CREATE TABLE deliveries (
         FOREIGN KEY (merchant_id, product_id, code_id) REFERENCES codes (merchant_id, product_id, id)
 );
 
--- Invariant 3 of DESIGN.md: a code is in at most one active (reserved or delivered) delivery
+-- Invariant 3 of docs/architecture.md: a code is in at most one active (reserved or delivered) delivery
 -- (within the code's merchant: a code has one merchant).
 CREATE UNIQUE INDEX deliveries_one_active_per_code ON deliveries (merchant_id, code_id)
     WHERE status IN ('reserved', 'delivered');

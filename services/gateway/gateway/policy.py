@@ -1,4 +1,4 @@
-"""Who may call which route (DESIGN.md, "Public HTTP API"), as one table keyed by RPC.
+"""Who may call which route (docs/gateway.md, "Authentication and roles"), as one table keyed by RPC.
 
 The gateway checks roles; ownership ("its customer") is the orchestrator's to check, because only
 it knows whose checkout is whose; it answers NOT_FOUND for someone else's, never PERMISSION_DENIED,
@@ -52,7 +52,8 @@ POLICY: dict[str, Access] = {
     "cuty.codepool.v1.CodePoolService.RevealCode": Access(_roles(ADMIN)),
     "cuty.payments.v1.CheckoutService.CreateCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
     "cuty.payments.v1.CheckoutService.PayCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
-    # DESIGN.md says "its customer, staff"; an admin can do what staff can.
+    # Its customer, and whoever reads the merchant's sales: staff, admins (an admin can do what
+    # staff can) and the operator (docs/gateway.md).
     "cuty.payments.v1.CheckoutService.GetCheckout": Access(READERS | {CUSTOMER}),
     # Issue 12: the customer's own (before the purchase; after it, a booking per its cancellation
     # policy); the merchant's staff and admins cancel a completed booking with a full refund and a

@@ -1,5 +1,5 @@
-"""RFC 9457 problem documents, and the one mapping from gRPC statuses to them (DESIGN.md,
-"Conventions" and "Public HTTP API").
+"""RFC 9457 problem documents, and the one mapping from gRPC statuses to them (docs/gateway.md,
+"Problems (RFC 9457)").
 
 - `type` is a short slug (a relative URI reference): the `google.rpc.ErrorInfo` reason when the
   service gave one (`slot-unavailable`, `idempotency-key-reused`), else the status' own slug.
@@ -20,7 +20,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from .transcode import dumps
 
-# DESIGN.md: ALREADY_EXISTS, FAILED_PRECONDITION, RESOURCE_EXHAUSTED and ABORTED are all
+# docs/gateway.md, "Problems": ALREADY_EXISTS, FAILED_PRECONDITION, RESOURCE_EXHAUSTED and ABORTED are all
 # conflicts with the current state of a resource (409); 429 is kept for the gateway's own rate
 # limit so a client can tell "slow down" from "out of stock". RESOURCE_EXHAUSTED without a domain
 # reason is a service shedding load: 503 `overloaded` (from_rpc_error).

@@ -1,4 +1,5 @@
-"""The gateway's configuration: DESIGN.md's shared variables plus its own `CUTY_GATEWAY_*` ones."""
+"""The gateway's configuration: the shared variables (README.md, "Configuration") plus its own
+`CUTY_GATEWAY_*` ones."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ class GatewaySettings:
     jwt_issuer: str = env_field(env_str, "CUTY_JWT_ISSUER", "")
     jwt_audience: str = env_field(env_str, "CUTY_JWT_AUDIENCE", "")
     # The longest deadline of any call: a PayCheckout may wait on the PSP's synchronous answer
-    # (DESIGN.md, pm_card_sync_timeout). Each route's own is policy.LOAD's, capped by this; a client
+    # (docs/pspsim.md, pm_card_sync_timeout). Each route's own is policy.LOAD's, capped by this; a client
     # may ask for less with the Request-Timeout header.
     deadline_seconds: float = env_field(env_float, "CUTY_GATEWAY_DEADLINE_SECONDS", 15.0)
     max_body_bytes: int = env_field(env_int, "CUTY_GATEWAY_MAX_BODY_BYTES", 1024 * 1024)

@@ -62,7 +62,7 @@ CREATE TABLE payments (
     merchant_id      text NOT NULL CHECK (merchant_id <> '' AND length(merchant_id) <= 200),
     refunded_minor   bigint NOT NULL DEFAULT 0,
     refund_settled_minor bigint NOT NULL DEFAULT 0,
-    -- DESIGN.md invariant 6 at the storage level: only a payment waiting for the customer keeps
+    -- Invariant 6 (docs/architecture.md) at the storage level: only a payment waiting for the customer keeps
     -- the customer action, so no code path can hand a terminal payment's secret to anyone.
     CONSTRAINT payments_action_only_while_waiting
         CHECK (status = 'requires_action' OR (redirect_url IS NULL AND client_secret IS NULL)),
@@ -339,7 +339,7 @@ CREATE TRIGGER payments_wake_checkout AFTER UPDATE OF status ON payments
 
 SELECT cuty_tenant_table('checkouts');
 
--- Idempotency-Key of the checkout API (DESIGN.md invariant 7): UNIQUE (customer, operation, key).
+-- Idempotency-Key of the checkout API (docs/architecture.md, invariant 7): UNIQUE (customer, operation, key).
 -- The first request inserts 'in_flight' and, when done, stores its serialized answer (a Checkout
 -- or a google.rpc.Status), which every replay returns byte for byte.
 CREATE TABLE checkout_idempotency_keys (

@@ -1,7 +1,7 @@
 """Payment rules with no I/O: the forward-only state machine and what a PSP object means for us.
 
 The synchronous PSP answer, the webhook and reconciliation all feed `decide()`; whatever order they
-arrive in, a payment only moves forward (DESIGN.md, "Payment finalize"; the schema repeats the
+arrive in, a payment only moves forward (docs/payments.md, "Finalize"; the schema repeats the
 transition table as a trigger so the database refuses a regression even from a buggy caller).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ PARTIALLY_REFUNDED = "partially_refunded"
 REFUNDED = "refunded"
 
 STATUSES = (CREATED, REQUIRES_ACTION, PROCESSING, SUCCEEDED, FAILED, CANCELED, PARTIALLY_REFUNDED, REFUNDED)
-# No client secret or redirect URL is ever shown for these (DESIGN.md invariant 6).
+# No client secret or redirect URL is ever shown for these (docs/architecture.md, invariant 6).
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELED, PARTIALLY_REFUNDED, REFUNDED})
 # What a refund may start from: the captured payment, whole or partly refunded.
 REFUNDABLE = frozenset({SUCCEEDED, PARTIALLY_REFUNDED})

@@ -1,4 +1,4 @@
-"""The payments service's metrics (DESIGN.md, "Observability"; issue 15): finalize outcomes,
+"""The payments service's metrics (docs/observability.md): finalize outcomes,
 version conflicts, deferred finalizes, lease takeovers, webhooks, reconciliation, and the checkout
 saga's (payments.checkout runs in this process). `REGISTRY` is the process's instance, exported on
 CUTY_PAYMENTS_METRICS_PORT; a test's PaymentsCore gets `PaymentsMetrics()`, a private registry."""

@@ -44,7 +44,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 RETURNING seq
 """
 
-# Step 4 and 5 of DESIGN.md's finalize as one statement: the version-token UPDATE and the event it
+# Steps 4 and 5 of finalize (docs/payments.md) as one statement: the version-token UPDATE and the event it
 # causes commit together or not at all. Zero rows means another path won the race.
 # The customer action is kept only while the new status waits for the customer (the table's CHECK
 # refuses anything else); reconciliation stops once the payment is terminal. A status change also

@@ -1,10 +1,10 @@
 """The payments core: the one `finalize` every source goes through, and the use cases built on it.
 
 This is the Python API the checkout saga (payments/checkout/) codes against; keep its signatures
-stable. DESIGN.md, "Payment finalize: one path for every source", is the specification; see also
-docs/payments.md. A payment's status change wakes its checkout saga in the database (the
-`payments_wake_checkout` trigger, migrations/functions/checkouts_wake_on_payment.sql): this module
-knows nothing about checkouts.
+stable. docs/payments.md, "Finalize: one path for every source", is the specification, and
+docs/architecture.md, "Decisions, and why", says why there is one path. A payment's status change
+wakes its checkout saga in the database (the `payments_wake_checkout` trigger,
+migrations/functions/checkouts_wake_on_payment.sql): this module knows nothing about checkouts.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Verification of the PSP's webhook signature: `Cuty-Signature: t=<unix>,v1=<hex>[,v1=<hex>...]`,
-HMAC-SHA256 keyed with the webhook secret over the raw bytes `b"<t>." + body` (DESIGN.md).
+HMAC-SHA256 keyed with the webhook secret over the raw bytes `b"<t>." + body` (docs/payments.md, "Webhooks").
 
 The timestamp is signed, so a captured delivery cannot be replayed outside the tolerance window,
 which applies in both directions (a timestamp from the future is as suspicious as a stale one).

@@ -41,7 +41,7 @@ class PaymentView:
 
     def __post_init__(self) -> None:
         # Whoever builds a view (a row, a test, the saga), a payment that does not wait for the
-        # customer cannot carry the action: DESIGN.md invariant 6, enforced at the last step too.
+        # customer cannot carry the action: docs/architecture.md invariant 6, enforced at the last step too.
         if not domain.shows_customer_action(self.status):
             object.__setattr__(self, "redirect_url", None)
             object.__setattr__(self, "client_secret", None)

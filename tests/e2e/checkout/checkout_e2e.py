@@ -1,5 +1,5 @@
 """Helpers of the checkout e2e tests: a started Stack plus stubs, catalogue set-up, checks of the
-booking / code-pool databases and the PSP ledger, and the DESIGN.md invariants as one oracle."""
+booking / code-pool databases and the PSP ledger, and the invariants of docs/architecture.md as one oracle."""
 from __future__ import annotations
 
 import asyncio
@@ -238,7 +238,7 @@ class CheckoutStack:
         return await self.db["payments"].fetchval("SELECT count(*) FROM merchant_events")
 
     async def check_invariants(self, checkout_ids: list[str]) -> dict[str, str]:
-        """DESIGN.md invariants 4-6 over these checkouts, checked on the databases and the PSP:
+        """Invariants 4-6 (docs/architecture.md) over these checkouts, checked on the databases and the PSP:
         every captured payment is exactly one completed checkout or one refund; a finished saga holds
         nothing; the PSP charged each attempt at most once; no terminal answer carries a secret.
         Returns {checkout id: final state name}."""

@@ -1,6 +1,6 @@
 """Property test: seeded random interleavings of pay / webhook (3-D Secure completion) / expiry /
-cancel / orchestrator crash (SIGKILL + restart). At the end of every run, DESIGN.md's invariants
-hold (checkout_e2e.CheckoutStack.check_invariants): every captured payment is exactly one
+cancel / orchestrator crash (SIGKILL + restart). At the end of every run, the invariants of
+docs/architecture.md hold (checkout_e2e.CheckoutStack.check_invariants): every captured payment is exactly one
 completed checkout or one refund, nothing stays held, each attempt charged at most once; and every
 saga reached a terminal state within the hold TTL plus a bounded recovery time (invariant 5).
 

@@ -1,4 +1,4 @@
-"""An expired hold never blocks (DESIGN.md invariant 2), swept or not; confirming an expired hold
+"""An expired hold never blocks (docs/architecture.md, invariant 2), swept or not; confirming an expired hold
 re-acquires its time when it is still free and fails when someone else has it.
 
 `short_booking` gives 1-second holds; `booking` (same database, 300-second holds) plays the other

@@ -1,5 +1,5 @@
-"""The database itself refuses what the API refuses, for any writer (DESIGN.md: invariants live in
-constraints)."""
+"""The database itself refuses what the API refuses, for any writer (docs/architecture.md: invariants
+live in constraints)."""
 import pathlib
 
 import asyncpg

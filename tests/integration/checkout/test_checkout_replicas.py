@@ -1,6 +1,6 @@
 """Several saga workers (replicas) on one database, racing webhooks, cancels and expiries: every saga
 ends terminal, no step's effect happens twice, and every captured payment is exactly one completed
-checkout or one refund (DESIGN.md invariant 4)."""
+checkout or one refund (docs/architecture.md, invariant 4)."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""Route policy (DESIGN.md's table), JWT verification and the rate limiter, without I/O."""
+"""Route policy (docs/gateway.md's table), JWT verification and the rate limiter, without I/O."""
 import time
 
 import jwt
@@ -11,7 +11,8 @@ from gateway.ratelimit import RateLimiter, retry_after_header
 
 SECRET = "unit-test-secret-of-at-least-32-bytes!"
 
-# DESIGN.md "Public HTTP API": route -> who may call it ("its customer" is checked by the service).
+# docs/gateway.md, "Authentication and roles": route -> who may call it ("its customer" is checked
+# by the service).
 # Issue 14: staff and admins within their merchant (checked by the services), the operator across.
 DESIGN_TABLE = {
     ("POST", "/v1/salons"): {"admin"},

@@ -1,4 +1,4 @@
-"""The checkout saga's rules, with no I/O (DESIGN.md, "The checkout saga"; docs/checkout.md).
+"""The checkout saga's rules, with no I/O (docs/architecture.md, "The checkout saga"; docs/checkout.md).
 
 The saga is a row advanced by transitions from TRANSITIONS (the database repeats the table as a
 trigger). What a worker does next is decided here from the row and the payment's status, so every

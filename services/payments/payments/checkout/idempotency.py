@@ -1,4 +1,4 @@
-"""Idempotency-Key handling of the checkout API (DESIGN.md invariant 7; saleor's pattern).
+"""Idempotency-Key handling of the checkout API (docs/architecture.md, invariant 7; saleor's pattern).
 
 The key is a row UNIQUE on (customer, operation, key). The first request inserts it `in_flight`
 with a hash of the request; when it ends it stores its serialized answer, which replays return byte

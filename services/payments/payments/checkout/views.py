@@ -1,8 +1,8 @@
 """What callers are told about a checkout: built from the saga row and the payment as re-read.
 
 The customer action (redirect URL / client secret) appears only while the checkout waits for the
-customer (AWAITING_ACTION) and the payment still requires the action (DESIGN.md invariant 6; the
-PaymentView already drops it for any other payment status). Code values only reach the owner of a
+customer (AWAITING_ACTION) and the payment still requires the action (docs/architecture.md, invariant
+6; the PaymentView already drops it for any other payment status). Code values only reach the owner of a
 completed code purchase (the caller decides `codes`)."""
 from __future__ import annotations
 
