@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from observability_names import DEPLOY, RULE_TESTS, RULES, metric_families
+from observability_names import DEPLOY, RULE_TESTS, RULES, SCRAPE_SERIES, exported_families, metric_families, recorded_names
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -46,3 +46,14 @@ def test_names_are_prometheus_style():
     for name, files in metric_families().items():
         assert name.islower() and not name.endswith("_total"), (name, files)
         assert not name.endswith(("_ms", "_milliseconds")), f"{name}: base units (seconds), used in {files}"
+
+
+def test_every_metric_named_by_a_dashboard_or_rule_is_exported():
+    """Offline: the metric-defining modules, imported, register every name the dashboards and rules
+    use (the e2e suite checks the same against a running stack); every recording-rule name used is
+    recorded by the rule file."""
+    exported = exported_families() | SCRAPE_SERIES
+    missing = {name: sorted(files) for name, files in metric_families().items() if name not in exported}
+    assert not missing, f"named in dashboards/rules but defined by no module: {missing}"
+    defined, used = recorded_names()
+    assert used <= defined, used - defined
