@@ -159,6 +159,23 @@ def test_deployments_are_probed_sized_locked_down_and_pinned(objects):
             assert "service" not in c["readinessProbe"]["grpc"]
     for job in by_kind(objects, "Job").values():
         assert containers(job)[0]["args"][-1] == "migrate"
+        assert 0 < job["spec"]["activeDeadlineSeconds"] <= 3600  # never runs on unseen
+
+
+def test_namespace_enforces_the_restricted_pod_security_profile(objects):
+    labels = by_kind(objects, "Namespace")["cuty"]["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_gateway_reaches_the_identity_provider_and_nothing_else_outside(objects):
+    """Token checks fetch the JWKS over HTTPS: one egress rule to an address block, not the internet."""
+    spec = by_kind(objects, "NetworkPolicy")["gateway"]["spec"]
+    outside = [r for r in spec["egress"] if any("ipBlock" in peer for peer in r["to"])]
+    (rule,) = outside
+    assert rule["ports"] == [{"protocol": "TCP", "port": 443}]
+    for peer in rule["to"]:
+        prefix = int(peer["ipBlock"]["cidr"].split("/")[1])
+        assert prefix >= 16, peer  # a provider's range, never 0.0.0.0/0
 
 
 def test_grpc_backends_are_headless_and_dialled_by_dns(objects):
@@ -272,7 +289,12 @@ def test_webhooks_out_runs_alone_with_the_least_it_needs(objects):
 def test_prod_scales_survives_disruption_and_backs_up():
     objects = render("prod")
     assert set(by_kind(objects, "HorizontalPodAutoscaler")) == set(SERVICES)
-    assert set(by_kind(objects, "PodDisruptionBudget")) == set(SERVICES)
+    pdbs = by_kind(objects, "PodDisruptionBudget")
+    assert set(pdbs) == set(SERVICES) | set(WORKERS)
+    assert all(p["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {"app": n}}} for n, p in pdbs.items())
+    # The HPAs own the services' replica counts: an apply must not reset them.
+    for name, d in by_kind(objects, "Deployment").items():
+        assert ("replicas" in d["spec"]) == (name in WORKERS), name
     clusters = by_kind(objects, "Cluster")
     assert all(c["spec"]["instances"] == 3 and c["spec"]["backup"]["barmanObjectStore"] for c in clusters.values())
     backed_up = {b["spec"]["cluster"]["name"] for b in by_kind(objects, "ScheduledBackup").values()}
