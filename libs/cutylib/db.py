@@ -247,17 +247,8 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
             await conn.execute(MIGRATIONS_TABLE)
             done = {r["version"]: r["checksum"] for r in await conn.fetch("SELECT version, checksum FROM schema_migrations")}
             _refuse_foreign_history(done, plan)
-            for attempt in range(1, attempts + 1):
-                try:
-                    applied_now = await _apply_in_one_transaction(conn, plan, done, lock_timeout)
-                    break
-                except asyncpg.LockNotAvailableError:
-                    if attempt == attempts:
-                        raise
-                    pause = min(30.0, 0.5 * 2 ** (attempt - 1))
-                    log.warning("migration waited longer than lock_timeout; retrying",
-                                extra={"attempt": attempt, "lock_timeout_s": lock_timeout, "pause_s": pause})
-                    await asyncio.sleep(pause)
+            applied_now = await _retrying_on_lock_timeout(
+                lambda: _apply_in_one_transaction(conn, plan, done, lock_timeout), attempts, lock_timeout)
             for version in applied_now:
                 log.info("migration applied", extra={"version": version, "database": dsn.rsplit("/", 1)[-1]})
             applied_now += await _apply_outside_transactions(conn, plan, done, lock_timeout, attempts, dsn)
@@ -266,6 +257,21 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     finally:
         await conn.close()
     return applied_now
+
+
+async def _retrying_on_lock_timeout(run, attempts: int, lock_timeout: float):
+    """`await run()`, again after a growing pause (0.5 s doubling, at most 30 s) whenever a lock
+    was not granted within lock_timeout; the last attempt's LockNotAvailableError propagates."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await run()
+        except asyncpg.LockNotAvailableError:
+            if attempt == attempts:
+                raise
+            pause = min(30.0, 0.5 * 2 ** (attempt - 1))
+            log.warning("migration waited longer than lock_timeout; retrying",
+                        extra={"attempt": attempt, "lock_timeout_s": lock_timeout, "pause_s": pause})
+            await asyncio.sleep(pause)
 
 
 async def _apply_in_one_transaction(conn: asyncpg.Connection, plan: list[MigrationFile], done: dict[str, str],
@@ -316,18 +322,14 @@ async def _apply_outside_transactions(conn: asyncpg.Connection, plan: list[Migra
         sql, checksum = m.read()
         if not _no_transaction(sql):
             continue
-        for attempt in range(1, attempts + 1):
+        async def run(sql: str = sql) -> None:
+            await conn.execute(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'")
             try:
-                await conn.execute(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'")
-                try:
-                    await conn.execute(sql)
-                finally:
-                    await conn.execute("RESET lock_timeout")
-                break
-            except asyncpg.LockNotAvailableError:
-                if attempt == attempts:
-                    raise
-                await asyncio.sleep(min(30.0, 0.5 * 2 ** (attempt - 1)))
+                await conn.execute(sql)
+            finally:
+                await conn.execute("RESET lock_timeout")
+
+        await _retrying_on_lock_timeout(run, attempts, lock_timeout)
         await _record(conn, m, checksum, sql=None)
         applied.append(m.version)
         log.info("migration applied", extra={"version": m.version, "database": dsn.rsplit("/", 1)[-1],
