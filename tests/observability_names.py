@@ -40,3 +40,36 @@ def metric_families() -> dict[str, set[str]]:
                 if name not in _LABELS:
                     used.setdefault(family(name), set()).add(fname)
     return used
+
+
+# Every module that defines metrics on prometheus_client's default registry, which each process
+# serves. Importing them all in one process gives the names the platform exports (a name added to a
+# dashboard or a rule must be defined in one of them; tests/e2e/observability checks a live stack).
+EXPORTING_MODULES = ("cutylib.metrics", "cutylib.grpc_metrics", "booking.metrics", "codepool.metrics",
+                     "payments.metrics", "payments.psp", "gateway.access", "gateway.admission")
+# Series Prometheus itself writes for every target.
+SCRAPE_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
+
+
+def exported_families() -> set[str]:
+    import importlib
+
+    import prometheus_client
+
+    for module in EXPORTING_MODULES:
+        importlib.import_module(module)
+    return {f.name for f in prometheus_client.REGISTRY.collect()}
+
+
+_RECORDED = re.compile(r"\b([a-z_]+:[a-zA-Z0-9_:]+)\b")
+
+
+def recorded_names() -> tuple[set[str], set[str]]:
+    """(names the rule file's recording rules define, recording-rule-style names it and the dashboards use)."""
+    import yaml
+
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    defined = {r["record"] for g in groups for r in g["rules"] if "record" in r}
+    used = {n for exprs in expressions().values() for e in exprs for n in _RECORDED.findall(e)
+            if not n.startswith(("http:", "https:"))}
+    return defined, used

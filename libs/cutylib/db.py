@@ -13,7 +13,7 @@ from typing import Any
 import asyncpg
 
 from . import deadlines
-from .config import with_database
+from .config import env_float, env_int, with_database
 
 log = logging.getLogger(__name__)
 
@@ -254,17 +254,41 @@ def migration_plan(migrations_dir: str | pathlib.Path, shared: bool = True) -> l
     return functions + versioned
 
 
+# A migration waits at most this long for a lock (CUTY_MIGRATION_LOCK_TIMEOUT, seconds) and the whole
+# transaction is tried again up to CUTY_MIGRATION_LOCK_ATTEMPTS times: a migration queued behind a
+# long transaction on the serving version would otherwise block every query on that table behind it.
+DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS = 5.0
+DEFAULT_MIGRATION_LOCK_ATTEMPTS = 10
+# First line of a migration that must run outside a transaction (CREATE INDEX CONCURRENTLY).
+NO_TRANSACTION = "-- cuty:no-transaction"
+
+
+def _no_transaction(sql: str) -> bool:
+    return sql.lstrip().startswith(NO_TRANSACTION)
+
+
 async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool = True,
-                  shared: bool = True) -> list[str]:
+                  shared: bool = True, lock_timeout: float | None = None, attempts: int | None = None) -> list[str]:
     """Bring the database to the schema of `migrations_dir`: function files whose text changed since
     they were last applied, then versioned migrations not applied yet (migration_plan's order), all
     in one transaction, so a serving replica sees the old schema or the new one, never a mix.
+
+    Each lock is waited for at most `lock_timeout` seconds (CUTY_MIGRATION_LOCK_TIMEOUT, 5); on a
+    timeout the transaction rolls back and is tried again, up to `attempts` times
+    (CUTY_MIGRATION_LOCK_ATTEMPTS, 10) with a growing pause, so the serving version's queries queue
+    behind the migration for at most `lock_timeout` at a time.
+
+    A versioned migration whose first line is `-- cuty:no-transaction` (one statement, e.g. CREATE
+    INDEX CONCURRENTLY) runs after that transaction, outside any, each recorded once it succeeded.
 
     Forward-only: an applied versioned migration whose text changed is an error (add a new one); a
     function file is meant to change, and is applied again. Replicas starting together are
     serialised by a session advisory lock, so each change is applied exactly once.
     Returns the versions applied by this call.
     """
+    lock_timeout = env_float("CUTY_MIGRATION_LOCK_TIMEOUT", DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS) \
+        if lock_timeout is None else lock_timeout
+    attempts = env_int("CUTY_MIGRATION_LOCK_ATTEMPTS", DEFAULT_MIGRATION_LOCK_ATTEMPTS) if attempts is None else attempts
     if create:
         await ensure_database(dsn)
     plan = migration_plan(migrations_dir, shared)
@@ -276,39 +300,94 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
             await conn.execute(MIGRATIONS_TABLE)
             done = {r["version"]: r["checksum"] for r in await conn.fetch("SELECT version, checksum FROM schema_migrations")}
             _refuse_foreign_history(done, plan)
-            async with conn.transaction():
-                await conn.execute("SET LOCAL check_function_bodies = off")
-                # A function whose signature names a table's row type (RETURNS TABLE (h holds)) cannot
-                # be created before that table, body checks or not: it waits for the versioned ones.
-                deferred: list[MigrationFile] = []
-                for m in plan:
-                    sql, checksum = m.read()
-                    if done.get(m.version) == checksum:
-                        continue
-                    if m.version in done and not m.repeatable:
-                        raise MigrationError(f"migration {m.path.name} was changed after it was applied; add a new migration instead")
-                    if m.repeatable and not await _create_if_types_exist(conn, sql):
-                        deferred.append(m)
-                        continue
-                    await _record(conn, m, checksum, sql=None if m.repeatable else sql)
-                    applied_now.append(m.version)
-                for m in deferred:
-                    sql, checksum = m.read()
-                    await _record(conn, m, checksum, sql=sql)
-                    applied_now.append(m.version)
-                # Now that the tables exist, the changed functions are created once more with their
-                # bodies checked, so a broken function fails here and not at its first call.
-                await conn.execute("SET LOCAL check_function_bodies = on")
-                for m in plan:
-                    if m.repeatable and m.version in applied_now:
-                        await conn.execute(m.read()[0])
+            applied_now = await _retrying_on_lock_timeout(
+                lambda: _apply_in_one_transaction(conn, plan, done, lock_timeout), attempts, lock_timeout)
             for version in applied_now:
                 log.info("migration applied", extra={"version": version, "database": dsn.rsplit("/", 1)[-1]})
+            applied_now += await _apply_outside_transactions(conn, plan, done, lock_timeout, attempts, dsn)
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
     finally:
         await conn.close()
     return applied_now
+
+
+async def _retrying_on_lock_timeout(run, attempts: int, lock_timeout: float):
+    """`await run()`, again after a growing pause (0.5 s doubling, at most 30 s) whenever a lock
+    was not granted within lock_timeout; the last attempt's LockNotAvailableError propagates."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await run()
+        except asyncpg.LockNotAvailableError:
+            if attempt == attempts:
+                raise
+            pause = min(30.0, 0.5 * 2 ** (attempt - 1))
+            log.warning("migration waited longer than lock_timeout; retrying",
+                        extra={"attempt": attempt, "lock_timeout_s": lock_timeout, "pause_s": pause})
+            await asyncio.sleep(pause)
+
+
+async def _apply_in_one_transaction(conn: asyncpg.Connection, plan: list[MigrationFile], done: dict[str, str],
+                                    lock_timeout: float) -> list[str]:
+    applied_now: list[str] = []
+    async with conn.transaction():
+        await conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'")
+        await conn.execute("SET LOCAL check_function_bodies = off")
+        # A function whose signature names a table's row type (RETURNS TABLE (h holds)) cannot
+        # be created before that table, body checks or not: it waits for the versioned ones.
+        deferred: list[MigrationFile] = []
+        for m in plan:
+            sql, checksum = m.read()
+            if done.get(m.version) == checksum:
+                continue
+            if m.version in done and not m.repeatable:
+                raise MigrationError(f"migration {m.path.name} was changed after it was applied; add a new migration instead")
+            if not m.repeatable and _no_transaction(sql):
+                continue  # after this transaction
+            if m.repeatable and not await _create_if_types_exist(conn, sql):
+                deferred.append(m)
+                continue
+            await _record(conn, m, checksum, sql=None if m.repeatable else sql)
+            applied_now.append(m.version)
+        for m in deferred:
+            sql, checksum = m.read()
+            await _record(conn, m, checksum, sql=sql)
+            applied_now.append(m.version)
+        # Now that the tables exist, the changed functions are created once more with their
+        # bodies checked, so a broken function fails here and not at its first call.
+        await conn.execute("SET LOCAL check_function_bodies = on")
+        for m in plan:
+            if m.repeatable and m.version in applied_now:
+                await conn.execute(m.read()[0])
+    return applied_now
+
+
+async def _apply_outside_transactions(conn: asyncpg.Connection, plan: list[MigrationFile], done: dict[str, str],
+                                      lock_timeout: float, attempts: int, dsn: str) -> list[str]:
+    """The `-- cuty:no-transaction` migrations not applied yet, in order, each on its own, recorded
+    once it succeeded. A CREATE INDEX CONCURRENTLY that fails (a lock timeout on every attempt, a
+    duplicate key) leaves an INVALID index and its file unrecorded: drop the index (DROP INDEX
+    CONCURRENTLY) before the next run (docs/deploy.md, "Schema changes while the old version serves")."""
+    applied: list[str] = []
+    for m in plan:
+        if m.repeatable or m.version in done:
+            continue
+        sql, checksum = m.read()
+        if not _no_transaction(sql):
+            continue
+        async def run(sql: str = sql) -> None:
+            await conn.execute(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'")
+            try:
+                await conn.execute(sql)
+            finally:
+                await conn.execute("RESET lock_timeout")
+
+        await _retrying_on_lock_timeout(run, attempts, lock_timeout)
+        await _record(conn, m, checksum, sql=None)
+        applied.append(m.version)
+        log.info("migration applied", extra={"version": m.version, "database": dsn.rsplit("/", 1)[-1],
+                                             "transaction": False})
+    return applied
 
 
 async def _create_if_types_exist(conn: asyncpg.Connection, sql: str) -> bool:

@@ -18,6 +18,8 @@ semantic conventions as translated to Prometheus (`rpc_server_call_duration_seco
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 from typing import Awaitable, Callable, Iterable
 
@@ -85,6 +87,23 @@ class Metrics:
     def histogram(self, name: str, doc: str, labels: Iterable[str] = (), buckets=DURATION_BUCKETS) -> Histogram:
         return Histogram(name, doc, tuple(labels), registry=self.registry, buckets=buckets)
 
+    def db_gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
+        """A gauge read from the database (the same number in every replica): exported only while
+        this process is the metrics leader (refresh_periodically with a MetricsLeader), so a
+        `sum` over replicas counts it once."""
+        if not hasattr(self, "_db_gauges"):
+            self._db_gauges = _LeaderOnly()
+            self.registry.register(self._db_gauges)
+        gauge = Gauge(name, doc, tuple(labels), registry=None)
+        self._db_gauges.gauges.append(gauge)
+        return gauge
+
+    def export_db_gauges(self, leader: bool) -> None:
+        """Export the db_gauge()s or not; when not, their labelled values are dropped too, so a
+        replica that becomes leader again exports nothing stale."""
+        if hasattr(self, "_db_gauges"):
+            self._db_gauges.export(leader)
+
     def value(self, sample: str, **labels: str) -> float:
         """The sum of the samples named `sample` (e.g. `cuty_payments_version_conflicts_total`)
         whose labels include `labels`: what tests and benchmarks read."""
@@ -94,6 +113,77 @@ class Metrics:
                 if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
                     total += s.value
         return total
+
+
+class _LeaderOnly:
+    """Collects its gauges only while exporting (a process that never elects, e.g. a test calling
+    refresh directly, exports them)."""
+
+    def __init__(self) -> None:
+        self.gauges: list[Gauge] = []
+        self.exporting = True
+
+    def export(self, on: bool) -> None:
+        self.exporting = on
+        if not on:
+            for g in self.gauges:
+                if g._labelnames:
+                    g.clear()
+
+    def collect(self):
+        if not self.exporting:
+            return []
+        return [m for g in self.gauges for m in g.collect()]
+
+
+def _leader_key(name: str) -> int:
+    """A stable signed 64-bit advisory lock key per name."""
+    return int.from_bytes(hashlib.sha256(f"cuty-metrics-leader:{name}".encode()).digest()[:8], "big", signed=True)
+
+
+class MetricsLeader:
+    """Which replica exports the gauges read from the database: the one holding a session-level
+    advisory lock (pg_try_advisory_lock) on a connection it takes from the pool and keeps. Every
+    other replica tries again each refresh, so when the leader dies (its session ends, the lock
+    with it) another takes over within one refresh interval.
+
+    The pool must reach PostgreSQL directly: behind PgBouncer in transaction mode a session lock
+    stays on a server connection other clients then share, and two replicas could both lead."""
+
+    def __init__(self, pool, name: str) -> None:
+        self.pool, self.key = pool, _leader_key(name)
+        self._conn = None
+
+    async def elect(self) -> bool:
+        """Whether this process leads now (taking the lock if it is free)."""
+        if self._conn is not None:
+            try:
+                await self._conn.fetchval("SELECT 1")  # the session that holds the lock still lives
+                return True
+            except Exception:
+                log.warning("metrics leader connection lost", extra={"key": self.key})
+                conn, self._conn = self._conn, None
+                with contextlib.suppress(Exception):
+                    await self.pool.release(conn)
+        conn = await self.pool.acquire()
+        try:
+            if await conn.fetchval("SELECT pg_try_advisory_lock($1)", self.key):
+                self._conn, conn = conn, None
+                log.info("metrics leader", extra={"key": self.key})
+                return True
+            return False
+        finally:
+            if conn is not None:
+                await self.pool.release(conn)
+
+    async def resign(self) -> None:
+        """Unlock and give the connection back (the pool's release does not unlock)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.execute("SELECT pg_advisory_unlock($1)", self.key)
+            with contextlib.suppress(Exception):
+                await self.pool.release(conn)
 
 
 def observe(histogram, seconds: float) -> None:
@@ -137,15 +227,41 @@ def register_pool(name: str, pool) -> None:
     _POOLS.pools[name] = pool
 
 
-async def refresh_periodically(refresh: Callable[[], Awaitable[None]], interval: float | None = None) -> None:
+async def refresh_periodically(refresh: Callable[[], Awaitable[None]], interval: float | None = None, *,
+                               leader: MetricsLeader | None = None, metrics: Metrics | None = None) -> None:
     """Run `refresh()` (which sets gauges from the database) now and every `interval` seconds.
+
+    With `leader`, only the elected replica refreshes and exports `metrics`' db_gauge()s; the
+    others export none of them (every replica would report the same database, and a `sum` over
+    replicas would count it N times).
 
     A background task: its queries start no trace (instrumentation is suppressed), so an idle
     stack exports no spans of its own bookkeeping. A failure is logged and retried next round."""
+    def export(on: bool) -> None:
+        if metrics is not None:
+            metrics.export_db_gauges(on)
+
     async def round_() -> None:
         with suppress_instrumentation():
+            if leader is None:
+                await refresh()
+                return
+            try:
+                leads = await leader.elect()
+            except Exception:
+                export(False)  # cannot tell: better absent (an alert) than counted twice
+                raise
+            if not leads:
+                export(False)
+                return
             await refresh()
+            export(True)  # after the refresh: a new leader never exports values it did not read
 
-    # Any failure: the gauges go stale for a round, nothing else.
-    await periodic(round_, refresh_seconds() if interval is None else interval, what="metrics refresh", log=log,
-                   retry_on=(Exception,))
+    try:
+        # Any failure: the gauges go stale for a round, nothing else.
+        await periodic(round_, refresh_seconds() if interval is None else interval, what="metrics refresh", log=log,
+                       retry_on=(Exception,))
+    finally:
+        if leader is not None:
+            export(False)
+            await leader.resign()

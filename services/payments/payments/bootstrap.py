@@ -9,7 +9,7 @@ from cuty.payments.v1 import payments_pb2, payments_pb2_grpc
 from cutylib.config import Settings
 from cutylib.db import create_pool
 from cutylib.grpc_server import GrpcServer
-from cutylib.metrics import refresh_periodically
+from cutylib.metrics import MetricsLeader, refresh_periodically
 
 from . import signature
 from .checkout import wiring
@@ -55,8 +55,10 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
         server.add_background(inbox.run_retries)
         server.add_background(inbox.run_purge)
         server.add_background(Reconciler(core).run)
+        # One replica (the advisory-lock leader) exports the gauges read from the database.
         server.add_background(lambda: refresh_periodically(
-            lambda: core.metrics.refresh(pool, settings.reconcile_after_seconds)))
+            lambda: core.metrics.refresh(pool, settings.reconcile_after_seconds),
+            leader=MetricsLeader(pool, "payments"), metrics=core.metrics))
     if psp is None:
         server.on_stop(core.psp.aclose)
     # Issue 12, item 6: merchants' webhook endpoints and the delivery workers of the outbox.

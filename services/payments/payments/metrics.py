@@ -53,10 +53,11 @@ class PaymentsMetrics(Metrics):
         self.refunds = c("cuty_payments_refunds_total", "Refunds by outcome (reserved in the database, settled "
                          "or refused by the PSP, left pending by a PSP timeout, replayed by key)", ["outcome"])
         self.reconciled = c(RECONCILED_PAYMENTS, "Payments moved by the reconciliation poller")
-        self.reconcile_backlog = g("cuty_payments_reconcile_backlog",
+        self.reconcile_backlog = self.db_gauge("cuty_payments_reconcile_backlog",
                                    "Non-terminal payments unchanged for longer than CUTY_RECONCILE_AFTER_SECONDS")
-        self.oldest_nonterminal = g("cuty_payments_oldest_nonterminal_payment_age_seconds",
+        self.oldest_nonterminal = self.db_gauge("cuty_payments_oldest_nonterminal_payment_age_seconds",
                                     "Age of the oldest payment in a non-terminal status (0 when none)")
+        # The gauges read from the database (refresh below) are db_gauges: one replica exports them.
         # -- the checkout saga (payments.checkout) --
         self.sagas_finished = c("cuty_checkout_sagas_finished_total", "Checkouts that reached an end state",
                                 ["state"])
@@ -71,8 +72,8 @@ class PaymentsMetrics(Metrics):
         self.operator_retries = c(SAGAS_RETRIED_BY_OPERATOR, "NEEDS_ATTENTION checkouts put back to work by an operator")
         self.late_captures = c("cuty_checkout_late_captures_total",
                                "Payments captured after the saga had started releasing")
-        self.sagas = g("cuty_checkout_sagas", "Checkouts per non-terminal state (refreshed periodically)", ["state"])
-        self.oldest_saga = g("cuty_checkout_oldest_saga_age_seconds", "Per non-terminal state, how long the "
+        self.sagas = self.db_gauge("cuty_checkout_sagas", "Checkouts per non-terminal state (refreshed periodically)", ["state"])
+        self.oldest_saga = self.db_gauge("cuty_checkout_oldest_saga_age_seconds", "Per non-terminal state, how long the "
                              "oldest checkout has been in it (0 when none; refreshed periodically)", ["state"])
 
     async def refresh(self, pool, reconcile_after_seconds: float) -> None:
