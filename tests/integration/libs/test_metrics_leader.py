@@ -32,7 +32,7 @@ class Replica(Metrics):
                                                         leader=MetricsLeader(self.pool, "test"), metrics=self))
 
 
-async def until(predicate, timeout: float = 5.0) -> None:
+async def until(predicate, timeout: float = 20.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
