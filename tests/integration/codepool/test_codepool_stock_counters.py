@@ -12,6 +12,7 @@ import shutil
 import uuid
 
 import asyncpg
+import prometheus_client
 import pytest
 
 from cuty.codepool.v1 import codepool_pb2 as pb
@@ -19,9 +20,10 @@ from cutylib.db import migrate
 from cutylib.errors import DomainError
 from cutylib.testing.ids import new_id
 
+from codepool import metrics
 from codepool.domain import ReserveCommand
 from codepool.service import ReservationService
-from codepool_testkit import ADMIN, make_codes, stock_of, stocked_product
+from codepool_testkit import ADMIN, make_codes, new_product, stock_of, stocked_product
 
 SEED = int(os.environ.get("CUTY_TEST_SEED", "20261202"))
 WORKERS = 12
@@ -207,3 +209,20 @@ async def test_the_migration_counts_the_codes_already_there(scratch_db, tmp_path
         assert await conn.fetchval("SELECT sum(available + reserved + delivered) FROM product_stock") == 1000
     finally:
         await conn.close()
+
+
+async def test_the_stock_gauge_reads_the_counters(stub, cp_pool):
+    product_id, _ = await stocked_product(stub, 5)
+    empty = await new_product(stub)
+    service = ReservationService(cp_pool, ttl_seconds=60)
+    for _ in range(2):
+        order = "ord-" + new_id()
+        await service.reserve(ReserveCommand(order, order + "/1", uuid.UUID(product_id), 1, "cust-" + new_id()), "system")
+    await service.deliver(order, "tx-" + new_id(), "system")
+    gauge = metrics.CodePoolMetrics(prometheus_client.CollectorRegistry())
+    await gauge.refresh_stock(cp_pool)
+    seen = {state: gauge.value("cuty_codepool_codes", product_id=product_id, state=state)
+            for state in ("available", "reserved", "delivered")}
+    assert seen == {"available": 3, "reserved": 1, "delivered": 1}
+    assert {state: gauge.value("cuty_codepool_codes", product_id=empty, state=state)
+            for state in ("available", "reserved", "delivered")} == {"available": 0, "reserved": 0, "delivered": 0}
