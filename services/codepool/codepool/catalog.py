@@ -36,13 +36,15 @@ RETURNING {PRODUCT_COLUMNS}
 # $2: the caller's merchant, NULL for any (tenancy.merchant_filter).
 GET_PRODUCT = f"SELECT {PRODUCT_COLUMNS} FROM products WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)"
 
-# One statement, so the three counts come from one snapshot and always add up.
+# The product's counter rows (product_stock, kept by the statements that change its codes), summed:
+# a few rows whatever the number of codes. One statement, so the three come from one snapshot and
+# always add up.
 STOCK = """
 SELECT p.id, p.merchant_id,
-       count(c.id) FILTER (WHERE c.status = 'available') AS available,
-       count(c.id) FILTER (WHERE c.status = 'reserved')  AS reserved,
-       count(c.id) FILTER (WHERE c.status = 'delivered') AS delivered
-FROM products p LEFT JOIN codes c ON c.merchant_id = p.merchant_id AND c.product_id = p.id
+       coalesce(sum(s.available), 0)::bigint AS available,
+       coalesce(sum(s.reserved), 0)::bigint AS reserved,
+       coalesce(sum(s.delivered), 0)::bigint AS delivered
+FROM products p LEFT JOIN product_stock s ON s.merchant_id = p.merchant_id AND s.product_id = p.id
 WHERE p.id = $1 AND ($2::text IS NULL OR p.merchant_id = $2)
 GROUP BY p.id
 """

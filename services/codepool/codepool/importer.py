@@ -38,9 +38,11 @@ CREATE TEMPORARY TABLE {STAGE} (pos bigint, id uuid, key_id text, nonce bytea, c
 ON COMMIT DROP
 """
 # Serialises imports of one product from here to the commit, so two batches carrying the same code
-# cannot both pass the duplicate check. NO KEY UPDATE does not conflict with the KEY SHARE lock that
-# reservations' foreign keys take, so buyers are not held up.
-LOCK_PRODUCT = "SELECT id FROM products WHERE id = $1 FOR NO KEY UPDATE"
+# cannot both pass the duplicate check. An advisory lock, not the product row's: the `stock.low`
+# decision (codepool_check_stock) updates that row while holding the product's stock lock, so an
+# import holding the row from here, then waiting at its insert for a counter row (product_stock)
+# whose holder waits for that stock lock, closed a deadlock cycle.
+LOCK_PRODUCT = "SELECT pg_advisory_xact_lock(hashtextextended('codepool.import:' || $1::uuid::text, 0))"
 # The product's merchant, if the caller may import into it ($2: the caller's merchant, NULL for any).
 PRODUCT_MERCHANT = "SELECT merchant_id FROM products WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)"
 FIND_BATCH = """

@@ -7,13 +7,18 @@ import prometheus_client
 
 from cutylib.metrics import Metrics
 
-# One row per product and state that has codes; products with none report 0 available.
+# One row per product and state, from the counter rows (product_stock): a few rows per product,
+# whatever the number of codes. Products with no codes report 0.
 STOCK_BY_PRODUCT = """
-SELECT p.id::text AS product_id, s.state, count(c.id) AS n
+SELECT p.id::text AS product_id, s.state,
+       coalesce(CASE s.state WHEN 'available' THEN c.available WHEN 'reserved' THEN c.reserved
+                             ELSE c.delivered END, 0)::bigint AS n
 FROM products p
 CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered')) AS s(state)
-LEFT JOIN codes c ON c.product_id = p.id AND c.status = s.state
-GROUP BY p.id, s.state
+LEFT JOIN (SELECT merchant_id, product_id, sum(available) AS available, sum(reserved) AS reserved,
+                  sum(delivered) AS delivered
+           FROM product_stock GROUP BY merchant_id, product_id) c
+       ON c.merchant_id = p.merchant_id AND c.product_id = p.id
 """
 
 

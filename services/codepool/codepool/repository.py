@@ -88,9 +88,9 @@ LIMIT 1
 
 LOCK_RESERVATION = "SELECT * FROM reservations WHERE order_id = $1 FOR UPDATE"
 
+# The product's available codes, from its counter rows (product_stock): what the OutOfStock answer says.
 COUNT_AVAILABLE = """
-SELECT count(*) FROM codes c JOIN products p ON c.merchant_id = p.merchant_id AND c.product_id = p.id
-WHERE p.id = $1 AND c.status = 'available'
+SELECT codepool_stock_available(p.merchant_id, p.id) FROM products p WHERE p.id = $1
 """
 
 PRODUCT_EXISTS = "SELECT EXISTS (SELECT FROM products WHERE id = $1)"

@@ -5,7 +5,7 @@
 -- until commit, so the deciders of one product run one at a time, and each statement below (a fresh
 -- snapshot: VOLATILE plpgsql in READ COMMITTED) sees what every earlier decider committed. Two
 -- reservations that cross the threshold together therefore write one event: the second sees the
--- first's codes gone and the flag set. The count stops at threshold + 1 (codes_available, a few pages).
+-- first's codes gone and the flag set. The stock is the product's counter rows (product_stock).
 -- The event is inserted under the lock 'codepool.stock_events', which keeps stock_events.seq in
 -- commit order (the baseline's stock_events says why).
 CREATE OR REPLACE FUNCTION codepool_check_stock(p_merchant_id text, p_product_id uuid) RETURNS void
@@ -21,10 +21,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    SELECT count(*) INTO available FROM (
-        SELECT 1 FROM codes c
-        WHERE c.merchant_id = p_merchant_id AND c.product_id = p_product_id AND c.status = 'available'
-        LIMIT prod.low_stock_threshold + 1) s;
+    available := codepool_stock_available(p_merchant_id, p_product_id);
     IF available > prod.low_stock_threshold THEN
         -- replenished: re-arm
         UPDATE products SET stock_low = false WHERE merchant_id = p_merchant_id AND id = p_product_id AND stock_low;

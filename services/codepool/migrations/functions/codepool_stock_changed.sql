@@ -1,4 +1,4 @@
--- The products a statement changed the available stock of (codes_stock_after_*), re-decided where a
+-- The products a statement changed the available stock of (codepool_stock_count), re-decided where a
 -- decision may be due. A per-product lock taken by every such statement and held until commit would
 -- serialise a hot product's reservations (measured: 32 in flight on one product, 1,464 -> 768
 -- reservations/s), so the lock is taken only for the products near a decision:
@@ -27,8 +27,7 @@ BEGIN
              FROM jsonb_array_elements(p_changed) x ORDER BY 2 LOOP
         IF NOT EXISTS (SELECT 1 FROM products pr
                        WHERE pr.merchant_id = p.merchant_id AND pr.id = p.product_id AND NOT pr.stock_low
-                         AND codepool_stock_available_upto(pr.merchant_id, pr.id, pr.low_stock_threshold + 1)
-                             > pr.low_stock_threshold) THEN
+                         AND codepool_stock_available(pr.merchant_id, pr.id) > pr.low_stock_threshold) THEN
             PERFORM pg_advisory_xact_lock(hashtextextended('codepool.stock:' || p.product_id::text, 0));
             near := near || p.product_id;
             merchants := merchants || p.merchant_id;

@@ -10,8 +10,7 @@ DECLARE
     n integer := 0;
 BEGIN
     FOR p IN SELECT pr.merchant_id, pr.id FROM products pr
-             WHERE pr.stock_low <> (codepool_stock_available_upto(pr.merchant_id, pr.id, pr.low_stock_threshold + 1)
-                                    <= pr.low_stock_threshold)
+             WHERE pr.stock_low <> (codepool_stock_available(pr.merchant_id, pr.id) <= pr.low_stock_threshold)
              ORDER BY pr.id LOOP
         PERFORM pg_advisory_xact_lock(hashtextextended('codepool.stock:' || p.id::text, 0));
         PERFORM codepool_check_stock(p.merchant_id, p.id);
