@@ -81,6 +81,11 @@ async def test_a_leader_whose_session_dies_leads_again(scratch_db):
     try:
         await until(lambda: "cuty_test_backlog" in replica.exported())
         async with pool.acquire() as conn:
+            for _ in range(2000):  # elected: its session holds the lock (exported() may precede it)
+                if await conn.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                                       " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"):
+                    break
+                await asyncio.sleep(0.01)
             killed = await conn.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted"
                 " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
