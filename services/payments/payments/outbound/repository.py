@@ -58,24 +58,29 @@ WHERE d.merchant_id = $1 AND d.endpoint_id = $2 AND d.id = $3
 # still runs: two POSTs of one delivery at the same time are what the lease rules out) or the
 # endpoint has had $5 redeliveries this minute already. The count is on the endpoint row, in the
 # statement that queues the delivery (concurrent redeliveries queue on that row: exactly $5 pass).
+# The delivery row is locked before the endpoint row, the order of every statement here that
+# writes both (the claim, the end of an attempt): no deadlock between them.
 _WINDOW_OVER = "(w.redeliver_window_start IS NULL OR w.redeliver_window_start <= clock_timestamp() - interval '1 minute')"
 REDELIVER = f"""
-WITH ep AS (
+WITH target AS (
+    SELECT x.merchant_id, x.id FROM webhook_deliveries x
+    WHERE x.merchant_id = $1 AND x.endpoint_id = $2 AND x.id = $3
+      AND (x.lease_until IS NULL OR x.lease_until < clock_timestamp())
+    FOR UPDATE
+), ep AS (
     UPDATE webhook_endpoints w SET
         redeliver_count = CASE WHEN {_WINDOW_OVER} THEN 1 ELSE w.redeliver_count + 1 END,
         redeliver_window_start = CASE WHEN {_WINDOW_OVER} THEN clock_timestamp() ELSE w.redeliver_window_start END
     WHERE w.merchant_id = $1 AND w.id = $2
       AND ({_WINDOW_OVER} OR w.redeliver_count < $5)
-      AND EXISTS (SELECT 1 FROM webhook_deliveries x WHERE x.merchant_id = $1 AND x.endpoint_id = $2 AND x.id = $3
-                  AND (x.lease_until IS NULL OR x.lease_until < clock_timestamp()))
+      AND EXISTS (SELECT 1 FROM target)
     RETURNING w.id
 ), d AS (
-    UPDATE webhook_deliveries SET state = 'pending', next_attempt_at = clock_timestamp(), delivered_at = NULL,
+    UPDATE webhook_deliveries d SET state = 'pending', next_attempt_at = clock_timestamp(), delivered_at = NULL,
            give_up_at = clock_timestamp() + make_interval(secs => $4::float8)
-    WHERE merchant_id = $1 AND endpoint_id = $2 AND id = $3
-      AND (lease_until IS NULL OR lease_until < clock_timestamp())
+    FROM target WHERE d.merchant_id = target.merchant_id AND d.id = target.id
       AND EXISTS (SELECT 1 FROM ep)
-    RETURNING *
+    RETURNING d.*
 )
 SELECT d.*, e.type AS event_type, '[]'::jsonb AS attempt_log
 FROM d JOIN merchant_events e ON e.merchant_id = d.merchant_id AND e.id = d.event_id
