@@ -309,7 +309,8 @@ async def test_two_workers_never_post_one_delivery_at_once_and_every_delivery_en
         eps = [await endpoints.create(ADMIN, rx.url, ["checkout.completed", "codes.delivered"]) for _ in range(2)]
         rx.secrets.extend(e.secret for e in eps)
         ids = [await buy_codes(h) for _ in range(10)]
-        _, tasks = await run_workers(h.pool, 2, dataclasses.replace(FAST, batch_size=3))
+        # Three attempts at a time each: neither worker can take every delivery alone.
+        _, tasks = await run_workers(h.pool, 2, dataclasses.replace(FAST, batch_size=3, concurrency=3))
         try:
             await rx.until(lambda evs: len(evs) == 20, timeout=30)
             await settled(h.pool)

@@ -73,6 +73,14 @@ async def running(workers):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def settled(pool, merchant_id: str) -> None:
+    """Until no delivery of the merchant is pending (the receiver hears an event before its result is written)."""
+    async def none_pending():
+        return not await pool.fetchval("SELECT count(*) FROM webhook_deliveries WHERE merchant_id = $1 "
+                                       "AND state = 'pending'", merchant_id)
+    await wait_for(none_pending, timeout=10, message="no delivery pending")
+
+
 LIVE_LEASES = """
 SELECT endpoint_id, count(*) AS n FROM webhook_deliveries
 WHERE merchant_id = $1 AND lease_owner IS NOT NULL AND lease_until > clock_timestamp() GROUP BY endpoint_id
@@ -140,6 +148,7 @@ async def test_a_merchant_with_16_hanging_endpoints_and_a_redeliver_storm_cannot
                 await asyncio.sleep(options.timeout_seconds + 0.5)  # through a round of timeouts too
                 events.append(await publish(checkout_pool, calm.org, [good.id]))
                 await rx.until(lambda evs: events[-1] in evs, timeout=10)
+                await settled(checkout_pool, calm.org)
             finally:
                 stop.set()
                 await asyncio.gather(sampler, storming)
@@ -181,6 +190,7 @@ async def test_a_failing_endpoint_opens_its_circuit_probes_alone_then_closes(che
             await asyncio.sleep(0.4)
             assert len(rx.requests) == 3  # nothing is sent while open
             await rx.until(lambda evs: set(evs) == {first, *later}, timeout=15)
+            await settled(checkout_pool, shop.org)
         row = await checkout_pool.fetchrow("SELECT consecutive_failures, circuit_open_until FROM webhook_endpoints "
                                            "WHERE id = $1", uuid.UUID(ep.id))
     assert dict(row) == {"consecutive_failures": 0, "circuit_open_until": None}  # closed again

@@ -158,14 +158,23 @@ class DeliveryWorker:
                     free = min(self.options.batch_size, self.options.concurrency - len(self._running))
                     claimed = await self.claim_and_start(client, free) if free > 0 else 0
                     if free <= 0 or claimed < free:
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await asyncio.wait_for(self._wake.wait(), self.options.poll_seconds)
+                        await self._woken(self.options.poll_seconds)
         finally:
             for t in list(self._running):
                 t.cancel()  # their leases run out: delivered again by whoever claims them (at least once)
             await asyncio.gather(*self._running, return_exceptions=True)
             if self._client is None:
                 await client.close()
+
+    async def _woken(self, timeout: float) -> None:
+        """Until a wake-up or `timeout`. Not `asyncio.wait_for`: on Python 3.11 it swallows a
+        cancellation that lands as the event is set, and attempts set it all the time, so
+        stopping the worker could be lost."""
+        waiter = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
 
     async def run_once(self, client: aiohttp.ClientSession) -> int:
         """Claim one batch and deliver it (tests); how many were claimed."""
