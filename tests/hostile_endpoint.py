@@ -6,7 +6,8 @@ answers, `/<mode>/<status>`:
   and its Content-Length: about a thousandth of that on the wire, generated as it is sent (never
   held: a few MiB at the most on this side);
 - `endless`: a chunked body that never ends, as fast as the socket takes it;
-- `trickle`: a chunked body of one byte every `trickle_seconds`, forever.
+- `trickle`: a chunked body of one byte every `trickle_seconds`, forever;
+- `hang`: no answer at all; the connection stays open until the caller closes it.
 
 It counts the requests and the bytes it managed to send (the caller's reading decides that)."""
 from __future__ import annotations
@@ -64,6 +65,7 @@ class HostileEndpoint:
         self.trickle_seconds = trickle_seconds
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, headers in lower case) as POSTed
         self.sent: dict[str, int] = {}  # path -> body bytes written
+        self.hanging = 0  # requests of mode `hang` whose caller is still connected
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
         self._handlers: set[asyncio.Task] = set()
@@ -84,17 +86,26 @@ class HostileEndpoint:
                     self.requests.append((path, headers))
                     self.sent.setdefault(path, 0)
                     _, mode, status = path.split("/")
-                    await self._answer(writer, path, mode, int(status))
+                    await self._answer(reader, writer, path, mode, int(status))
         finally:
             writer.close()
             self._handlers.discard(asyncio.current_task())
 
-    async def _answer(self, writer: asyncio.StreamWriter, path: str, mode: str, status: int) -> None:
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, mode: str,
+                      status: int) -> None:
         async def send(data: bytes) -> None:
             writer.write(data)
             await writer.drain()
             self.sent[path] += len(data)
 
+        if mode == "hang":
+            self.hanging += 1
+            try:
+                while await reader.read(1 << 16):  # until the caller gives up and closes
+                    pass
+            finally:
+                self.hanging -= 1
+            raise ConnectionError("the caller closed")
         head = f"HTTP/1.1 {status} Whatever\r\nContent-Type: application/json\r\n"
         if mode == "bomb":
             writer.write(f"{head}Content-Encoding: gzip\r\nContent-Length: {self.bomb.size}\r\n\r\n".encode())

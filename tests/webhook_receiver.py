@@ -29,6 +29,7 @@ class Receiver:
         self.duplicates = 0
         self.rejected = 0
         self.overlaps: list[str] = []        # delivery ids seen twice in flight at once
+        self.spans: list[tuple[float, float]] = []  # (start, end) of every request, loop.time()
         self._in_flight: collections.Counter = collections.Counter()
         self._arrived = asyncio.Condition()
         self.server: uvicorn.Server | None = None
@@ -40,6 +41,7 @@ class Receiver:
         return f"http://127.0.0.1:{self.port}/hooks"
 
     async def _hook(self, request: Request) -> Response:
+        started = asyncio.get_running_loop().time()
         body = await request.body()
         delivery = request.headers.get("cuty-delivery-id", "")
         self._in_flight[delivery] += 1
@@ -68,6 +70,7 @@ class Receiver:
             return Response(status_code=204)
         finally:
             self._in_flight[delivery] -= 1
+            self.spans.append((started, asyncio.get_running_loop().time()))
 
     async def until(self, predicate, timeout: float = 20.0) -> None:
         """Wait until predicate(self.events) is true."""

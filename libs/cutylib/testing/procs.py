@@ -27,6 +27,7 @@ def base_env(**overrides: str | int | float) -> dict[str, str]:
     env.setdefault("CUTY_LOG_LEVEL", "INFO")
     # Never the fixed metrics ports (9464-9467): parallel test runs would collide; 0 = any free port.
     env.update({f"CUTY_{s.upper()}_METRICS_PORT": "0" for s in METRICS_PORTS})
+    env["CUTY_WEBHOOKS_OUT_METRICS_PORT"] = "0"  # python -m payments webhooks-out
     env.update({k: str(v) for k, v in overrides.items()})
     return env
 

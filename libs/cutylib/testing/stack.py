@@ -82,6 +82,8 @@ class Stack:
             CUTY_PSP_PORT=self.psp_port,
             CUTY_PSP_WEBHOOK_SECRET=DEV_WEBHOOK_SECRET,
             CUTY_PSP_WEBHOOK_DELAY_MS=20,
+            # Merchant webhooks to the tests' local receivers (127.0.0.1): a development-only setting.
+            CUTY_WEBHOOK_ALLOW_PRIVATE=1,
             **self.env,
         )
 

@@ -43,7 +43,9 @@ class Devstack:
                     "CUTY_PAYMENTS_HEALTH_PORT": str(free_port()), "CUTY_PROMETHEUS_PORT": str(free_port()),
                     **{f"CUTY_{s}_METRICS_PORT": str(free_port()) for s in ("GATEWAY", "BOOKING", "CODEPOOL", "PAYMENTS")},
                     "CUTY_JWT_SECRET": SECRET, "CUTY_PSP_WEBHOOK_SECRET": WEBHOOK_SECRET,
-                    "CUTY_PSP_WEBHOOK_DELAY_MS": "20", **env}
+                    "CUTY_PSP_WEBHOOK_DELAY_MS": "20",
+                    # merchant webhooks to the tests' local receivers: the explicit development setting
+                    "CUTY_WEBHOOK_ALLOW_PRIVATE": "1", **env}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Devstack":

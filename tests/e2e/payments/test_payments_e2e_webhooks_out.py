@@ -72,7 +72,8 @@ async def test_the_webhooks_out_process_delivers_alone_and_keeps_its_memory(pg, 
     db = await asyncpg.create_pool(payments_dsn, min_size=1, max_size=4)
     out = None
     try:
-        endpoints = WebhookEndpoints(Endpoints(db, SecretBox.load(KEYS, str(tmp_path))), "development")
+        endpoints = WebhookEndpoints(Endpoints(db, SecretBox.load(KEYS, str(tmp_path))), "development",
+                                     allow_private=True)
         async with Receiver() as rx, HostileEndpoint() as bad:
             good = await endpoints.create(ADMIN, rx.url, ["checkout.completed"])
             rx.secrets.append(good.secret)
@@ -85,9 +86,10 @@ async def test_the_webhooks_out_process_delivers_alone_and_keeps_its_memory(pg, 
             assert dict(await db.fetchrow("SELECT state, attempts FROM webhook_deliveries WHERE merchant_id = $1",
                                           MERCHANT)) == {"state": "pending", "attempts": 0}
 
-            health_port = free_port()
+            health_port, metrics_port = free_port(), free_port()
             env = {**stack.common_env(), "CUTY_WEBHOOKS_OUT_WORKERS": "1",
-                   "CUTY_WEBHOOKS_OUT_HEALTH_PORT": str(health_port)}
+                   "CUTY_WEBHOOKS_OUT_HEALTH_PORT": str(health_port),
+                   "CUTY_WEBHOOKS_OUT_METRICS_PORT": str(metrics_port)}
             log = open(tmp_path / "webhooks-out.log", "ab")
             out = subprocess.Popen([sys.executable, "-m", "payments", "webhooks-out"], env=env, stdout=log,
                                    stderr=subprocess.STDOUT, cwd=str(REPO))
@@ -106,6 +108,13 @@ async def test_the_webhooks_out_process_delivers_alone_and_keeps_its_memory(pg, 
                                          "AND state = 'delivered'", MERCHANT) == 4
             await wait_for(all_answered, timeout=30, interval=0.01, message="every delivery answered")
             peak = max(peak, rss_of(out.pid))
+        # Its own metrics: attempts by outcome and error class, and the gauges read from the database.
+        import urllib.request
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        assert 'cuty_payments_webhook_deliveries_total{error="",outcome="delivered"} 4.0' in scraped, scraped
+        for name in ("cuty_payments_webhook_backlog", "cuty_payments_webhook_oldest_due_age_seconds",
+                     "cuty_payments_webhook_circuits_open", "cuty_payments_webhook_in_flight"):
+            assert f"\n{name} " in scraped, name
         print(f"webhooks-out RSS {before / 2**20:.0f} MiB before the hostile answers, peak {peak / 2**20:.0f} MiB")
         assert peak - before < 50 * 2**20
         assert len(rx.events) == 2 and rx.rejected == 0

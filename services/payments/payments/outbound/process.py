@@ -10,7 +10,9 @@ booking or the code pool), no PSP secret. It never migrates: it waits until the 
 are applied, as a replica started with CUTY_MIGRATE_ON_START=false does.
 
 Health is gRPC health in plaintext on CUTY_WEBHOOKS_OUT_HEALTH_PORT (51054): "liveness" while the
-process runs, "" (readiness) while its database answers, as for the services.
+process runs, "" (readiness) while its database answers, as for the services. Metrics (deliveries by
+outcome and error class, open circuits, backlog, the oldest due delivery's wait; outbound/metrics.py)
+on CUTY_WEBHOOKS_OUT_METRICS_PORT (9468).
 """
 from __future__ import annotations
 
@@ -26,16 +28,18 @@ from cutylib.config import Settings, database_url_for, env_int, env_str
 from cutylib.db import create_pool
 from cutylib.dbwatch import DatabaseWatch
 from cutylib.grpc_server import LIVENESS, _supervised as supervised
+from cutylib.metrics import metrics_enabled, start_metrics_server
 
 from ..settings import new_worker_id
 from .secrets import SecretBox
-from .wiring import delivery_worker_id
+from .wiring import delivery_worker_id, refresh_delivery_gauges
 from .worker import DeliveryOptions, DeliveryWorker
 
 log = logging.getLogger(__name__)
 
 NAME = "payments-webhooks-out"
 HEALTH_PORT = 51054
+METRICS_PORT = 9468
 
 
 class WebhooksOut:
@@ -47,6 +51,7 @@ class WebhooksOut:
         self.options = options or DeliveryOptions()
         if self.options.workers < 1:
             raise SystemExit("CUTY_WEBHOOKS_OUT_WORKERS must be at least 1 in the webhooks-out process")
+        self.egress = self.options.egress()  # production refuses CUTY_WEBHOOK_ALLOW_PRIVATE: before serving
         self.box = box
         self.health = health.aio.HealthServicer()
         self.health_server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -73,8 +78,12 @@ class WebhooksOut:
             if self.watch.ready.is_set() and not self._stopped.is_set():
                 me = new_worker_id()
                 self._tasks = [asyncio.create_task(supervised(
-                    DeliveryWorker(self.pool, delivery_worker_id(me, i), self.options, box=self.box).run),
+                    DeliveryWorker(self.pool, delivery_worker_id(me, i), self.options, box=self.box,
+                                   egress=self.egress).run),
                     name=f"{NAME}:worker-{i}") for i in range(self.options.workers)]
+                refresh_delivery_gauges(
+                    lambda run: self._tasks.append(asyncio.create_task(supervised(run), name=f"{NAME}:gauges")),
+                    self.pool, self.box)
                 log.info("webhook delivery workers started", extra={"workers": self.options.workers,
                                                                     "health_port": self.health_port})
                 await asyncio.wait([stopped, watch], return_when=asyncio.FIRST_COMPLETED)
@@ -100,6 +109,8 @@ async def serve(migrations: pathlib.Path) -> None:
         process = WebhooksOut(pool, dsn, migrations, SecretBox.load(settings.webhook_secret_keys, settings.data_dir),
                               host=env_str("CUTY_WEBHOOKS_OUT_HOST", "0.0.0.0"),
                               health_port=env_int("CUTY_WEBHOOKS_OUT_HEALTH_PORT", HEALTH_PORT))
+        if metrics_enabled():
+            start_metrics_server(NAME, env_int("CUTY_WEBHOOKS_OUT_METRICS_PORT", METRICS_PORT))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, process.stop)

@@ -11,11 +11,17 @@ import secrets
 import urllib.parse
 import uuid
 
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2
+
 from cutylib import paging, tenancy
-from cutylib.errors import FailedPrecondition, InvalidArgument, NotFound
+from cutylib.config import env_int
+from cutylib.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
 
+from .egress import PRODUCTION_PORTS, Egress, parse_ip, refusal, refused_name
+from .metrics import RedeliveryMetrics, process_redelivery_metrics
 from .repository import Delivery, Endpoint, Endpoints
 
 # What the outbox produces today (trigger checkouts_merchant_events, migrations/functions/
@@ -24,16 +30,20 @@ EVENT_TYPES = ("checkout.completed", "booking.confirmed", "codes.delivered", "ch
                "booking.cancelled", "booking.rescheduled", "stock.low")
 MAX_ENDPOINTS_PER_MERCHANT = 16
 MAX_URL = 2048
-LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 SECRET_PREFIX = "whsec_"
 RETRY_WINDOW_SECONDS = 3 * 24 * 3600.0
+# Manual redeliveries per endpoint and minute (the database counts them: repository.REDELIVER).
+REDELIVER_PER_MINUTE = "CUTY_WEBHOOK_REDELIVER_PER_MINUTE"
 
 
 def new_secret() -> str:
     return SECRET_PREFIX + secrets.token_hex(32)
 
 
-def validate_url(url: str, environment: str) -> str:
+def validate_url(url: str, environment: str, allow_private: bool = False) -> str:
+    """The URL as registered: https (http only to a local receiver with CUTY_WEBHOOK_ALLOW_PRIVATE),
+    no credentials or fragment, not a local name or a non-public IP literal, port 443 in production.
+    A name is not resolved here: what it resolves to is checked at every connection (egress.py)."""
     url = url.strip()
     if not url:
         raise InvalidArgument("url", "url is required")
@@ -44,7 +54,6 @@ def validate_url(url: str, environment: str) -> str:
         port = parts.port  # raises ValueError on a bad port
     except ValueError:
         raise InvalidArgument("url", "url is not a valid URL") from None
-    del port
     host = (parts.hostname or "").lower()
     if not host:
         raise InvalidArgument("url", "url must name a host")
@@ -52,13 +61,16 @@ def validate_url(url: str, environment: str) -> str:
         raise InvalidArgument("url", "url must not carry credentials")
     if parts.fragment:
         raise InvalidArgument("url", "url must not have a fragment")
-    if parts.scheme == "https":
-        if host in LOCAL_HOSTS and environment != "development":
-            raise InvalidArgument("url", "url must be a public https:// address")
-        return url
-    if parts.scheme == "http" and host in LOCAL_HOSTS and environment == "development":
-        return url  # a local receiver in development and tests
-    raise InvalidArgument("url", "url must start with https://")
+    ip = parse_ip(host)
+    local = refused_name(host) or (ip is not None and refusal(ip) is not None)
+    # http:// only for a local receiver, and only where local receivers are allowed at all.
+    if parts.scheme != "https" and not (parts.scheme == "http" and local and allow_private):
+        raise InvalidArgument("url", "url must start with https://")
+    if local and not allow_private:
+        raise InvalidArgument("url", "url must be a public https:// address")
+    if environment == "production" and (port or 443) not in PRODUCTION_PORTS:
+        raise InvalidArgument("url", "url must use port 443")
+    return url
 
 
 def validate_events(events) -> list[str]:
@@ -74,14 +86,20 @@ def validate_events(events) -> list[str]:
 
 
 class WebhookEndpoints:
-    def __init__(self, endpoints: Endpoints, environment: str):
+    def __init__(self, endpoints: Endpoints, environment: str, *, allow_private: bool | None = None,
+                 redeliver_per_minute: int | None = None, metrics: RedeliveryMetrics | None = None):
         self.endpoints = endpoints
         self.environment = environment
+        # The delivery workers' rule (production refuses CUTY_WEBHOOK_ALLOW_PRIVATE here as well).
+        self.allow_private = Egress.from_env(environment, allow_private).allow_private
+        self.redeliver_per_minute = (env_int(REDELIVER_PER_MINUTE, 10) if redeliver_per_minute is None
+                                     else redeliver_per_minute)
+        self.metrics = metrics or process_redelivery_metrics()
 
     async def create(self, caller: Principal, url: str, events) -> Endpoint:
         caller.require_role("admin")
         merchant = tenancy.owning_merchant(caller)
-        url = validate_url(url, self.environment)
+        url = validate_url(url, self.environment, self.allow_private)
         events = validate_events(events)
         if len(await self.endpoints.list(caller, merchant)) >= MAX_ENDPOINTS_PER_MERCHANT:
             raise FailedPrecondition(f"a merchant has at most {MAX_ENDPOINTS_PER_MERCHANT} webhook endpoints",
@@ -114,11 +132,17 @@ class WebhookEndpoints:
         caller.require_role("admin")
         eid = canonical_uuid("endpoint_id", endpoint_id)
         did = canonical_uuid("delivery_id", delivery_id)
-        got, queued = await self.endpoints.redeliver(caller, tenancy.owning_merchant(caller), eid, did,
-                                                     RETRY_WINDOW_SECONDS)
+        got, outcome = await self.endpoints.redeliver(caller, tenancy.owning_merchant(caller), eid, did,
+                                                      RETRY_WINDOW_SECONDS, self.redeliver_per_minute)
         if got is None:
             raise NotFound(f"delivery {did} of webhook endpoint {eid} not found")
-        if not queued:
+        self.metrics.redeliveries.labels(outcome).inc()
+        if outcome == "in_flight":
             raise FailedPrecondition("an attempt of this delivery is in flight; try again in a minute",
                                      reason="delivery-in-flight")
+        if outcome == "rate_limited":
+            # Retry-After at the gateway: the window is a minute at the most.
+            raise ResourceExhausted(f"at most {self.redeliver_per_minute} redeliveries per endpoint and minute; "
+                                    "try again in a minute", reason="redeliver-rate-limited",
+                                    detail=error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=60)))
         return got
