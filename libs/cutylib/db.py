@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from . import principal
 from .config import with_database
 
 log = logging.getLogger(__name__)
@@ -32,9 +33,17 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 # The Row-Level Security key of every merchant's table (libs/cutylib/migrations/functions/):
-# unset or ALL_MERCHANTS sees every merchant; cutylib.tenancy.scoped narrows a transaction to one.
+# ALL_MERCHANTS sees every merchant, a merchant id that merchant's rows, unset or '' nothing (fail
+# closed). Every path says which it is (docs/tenancy.md, "Who sets the merchant"): a pool declares
+# the scope of the service's own paths (`create_pool(merchant=ALL_MERCHANTS)`), a caller bound to a
+# merchant (staff, admin) is narrowed to it, whatever pool or unit of work its statements run in.
 MERCHANT_SETTING = "cuty.merchant"
 ALL_MERCHANTS = "*"
+
+# Statements that set the merchant themselves (a function declared `SET cuty.merchant = '*'`): a pool
+# whose sessions do not have ALL_MERCHANTS already runs them as they are, with no transaction of its
+# own around them (HoldSlot's and ReserveCodes' one round trip). See `sets_its_merchant`.
+_SETS_ITS_MERCHANT: set[str] = set()
 
 # Migrations every service database shares (tenancy functions), applied with the service's own.
 SHARED_MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
@@ -43,21 +52,80 @@ SHARED_MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 DEFAULT_ACQUIRE_TIMEOUT_SECONDS = 5.0
 
 
+def sets_its_merchant(sql: str) -> str:
+    """Declare that `sql` sets `cuty.merchant` for its own duration (it calls a function declared
+    with `SET cuty.merchant = '*'`), so a pool runs it for a caller of every merchant as it is.
+    Returns `sql`, for `TAKE_HOLD = sets_its_merchant("SELECT ... FROM booking_take_hold(...)")`."""
+    _SETS_ITS_MERCHANT.add(sql)
+    return sql
+
+
+def quote_merchant(merchant: str) -> str:
+    """`merchant` as an SQL string literal (standard_conforming_strings, the server default)."""
+    if "\x00" in merchant:
+        raise ValueError("a merchant id holds no NUL character")
+    return "'" + merchant.replace("'", "''") + "'"
+
+
+def scope_statement(merchant: str) -> str:
+    """The statement that confines the current transaction to `merchant` (SET LOCAL)."""
+    return f"SELECT set_config('{MERCHANT_SETTING}', {quote_merchant(merchant)}, true);"
+
+
+class ScopedConnection(asyncpg.Connection):
+    """A connection that sends a unit of work's merchant in the same round trip as its BEGIN.
+
+    UnitOfWork calls `begin_with(sql)` just before asyncpg's Transaction.start(), whose BEGIN goes
+    out as a simple query; `sql` rides along in that message, so saying whose rows a transaction
+    sees costs no round trip."""
+
+    _begin_suffix: str | None = None
+
+    def begin_with(self, sql: str) -> None:
+        self._begin_suffix = sql
+
+    async def execute(self, query: str, *args, timeout: float | None = None) -> str:
+        suffix = self._begin_suffix
+        if suffix is not None and not args and query.startswith("BEGIN"):
+            self._begin_suffix = None
+            query = f"{query} {suffix}"
+        return await super().execute(query, *args, timeout=timeout)
+
+
+def caller_scope(default: str | None) -> str | None:
+    """The `cuty.merchant` the current caller's statements run with: its merchant for a caller
+    bound to one (staff, admin; refused without one), else `default` (the pool's declaration)."""
+    merchant = principal.current().merchant()
+    return default if merchant is None else merchant
+
+
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
-                      acquire_timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECONDS, **kwargs: Any) -> asyncpg.Pool:
+                      acquire_timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECONDS,
+                      merchant: str | None = None, merchant_at_connect: bool = True, **kwargs: Any) -> asyncpg.Pool:
     """A pool whose sessions run in UTC with JSON codecs and no per-release reset round trip, and
-    whose acquire gives up after `acquire_timeout` seconds (None: waits for ever)."""
+    whose acquire gives up after `acquire_timeout` seconds (None: waits for ever).
+
+    `merchant`: whose rows the statements of callers not bound to a merchant see (ALL_MERCHANTS for
+    a service's own pool; None: nobody's, the database role's default). With `merchant_at_connect`
+    the sessions get it once, as a startup parameter (no cost per statement; a direct connection
+    only: PgBouncer in transaction mode refuses unknown startup parameters); without, each unit of
+    work sends it with its BEGIN, and a single statement runs in a transaction that does, unless it
+    sets the merchant itself (`sets_its_merchant`)."""
     server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty")}
+    if merchant is not None and merchant_at_connect:
+        server_settings[MERCHANT_SETTING] = merchant
     server_settings.update(kwargs.pop("server_settings", {}))
     kwargs.setdefault("reset", _keep_session)
     kwargs.setdefault("timeout", 5)  # connect timeout: a database that does not answer is UNAVAILABLE soon
     # asyncpg.create_pool's own defaults, for the subclass below (it builds a Pool the same way).
     options: dict[str, Any] = dict(max_queries=50000, max_inactive_connection_lifetime=300.0, loop=None,
-                                   connection_class=asyncpg.Connection, record_class=asyncpg.Record)
+                                   connection_class=ScopedConnection, record_class=asyncpg.Record)
     options.update(kwargs)
     pool = BoundedPool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
                        server_settings=server_settings, **options)
     pool.acquire_timeout = acquire_timeout
+    pool.merchant = merchant
+    pool.session_merchant = server_settings.get(MERCHANT_SETTING)
     return await pool
 
 
@@ -65,12 +133,54 @@ class BoundedPool(asyncpg.Pool):
     """A pool whose acquire, unless given its own timeout, waits at most `acquire_timeout` seconds
     (issue 10, item 9): with every connection busy (slow queries, stalled streams) a request fails
     fast with TimeoutError, which the gRPC error mapping answers UNAVAILABLE (retryable), instead of
-    queueing without end. The pool's fetch/execute helpers and UnitOfWork all acquire through it."""
+    queueing without end. The pool's fetch/execute helpers and UnitOfWork all acquire through it.
 
-    __slots__ = ("acquire_timeout",)
+    Its fetch/execute helpers also run each statement for the right merchant (`caller_scope`): as
+    it is when the session has that setting already (or the statement sets it itself), else in a
+    transaction of its own that sets it with its BEGIN (two round trips more: paths of staff and
+    admins, and the service's own paths behind a transaction pooler)."""
+
+    __slots__ = ("acquire_timeout", "merchant", "session_merchant")
 
     def acquire(self, *, timeout: float | None = None):
         return super().acquire(timeout=self.acquire_timeout if timeout is None else timeout)
+
+    def _scope_for(self, query: str) -> str | None:
+        """The merchant `query` must be wrapped in a transaction for, or None to run it as it is."""
+        want = caller_scope(getattr(self, "merchant", None))
+        if want is None or want == getattr(self, "session_merchant", None):
+            return None
+        if want == ALL_MERCHANTS and query in _SETS_ITS_MERCHANT:
+            return None
+        return want
+
+    async def _run(self, method: str, query: str, args: tuple, kwargs: dict):
+        merchant = self._scope_for(query)
+        if merchant is None:
+            async with self.acquire() as con:
+                return await getattr(con, method)(query, *args, **kwargs)
+        async with UnitOfWork(self, merchant=merchant) as uow:
+            result = await getattr(uow.conn, method)(query, *args, **kwargs)
+            await uow.commit()
+            return result
+
+    async def fetch(self, query, *args, timeout=None, record_class=None) -> list:
+        return await self._run("fetch", query, args, {"timeout": timeout, "record_class": record_class})
+
+    async def fetchrow(self, query, *args, timeout=None, record_class=None):
+        return await self._run("fetchrow", query, args, {"timeout": timeout, "record_class": record_class})
+
+    async def fetchval(self, query, *args, column=0, timeout=None):
+        return await self._run("fetchval", query, args, {"column": column, "timeout": timeout})
+
+    async def execute(self, query: str, *args, timeout: float | None = None) -> str:
+        return await self._run("execute", query, args, {"timeout": timeout})
+
+    async def executemany(self, command: str, args, *, timeout: float | None = None):
+        return await self._run("executemany", command, (args,), {"timeout": timeout})
+
+
+_CALLER = object()  # UnitOfWork's default: the merchant of the current caller, else the pool's
 
 
 class UnitOfWork:
@@ -82,11 +192,18 @@ class UnitOfWork:
         async with UnitOfWork(pool) as uow:
             await uow.conn.execute(...)
             await uow.commit()
+
+    `merchant`: whose rows the transaction sees (`cuty.merchant`, sent with its BEGIN); by default
+    the current caller's merchant for a caller bound to one, else the pool's declaration (nothing is
+    sent when the pool's sessions have that setting already).
     """
 
-    def __init__(self, pool: asyncpg.Pool, *, isolation: str = "read_committed"):
+    def __init__(self, pool: asyncpg.Pool, *, isolation: str = "read_committed", merchant: Any = _CALLER):
         self._pool = pool
         self._isolation = isolation
+        if merchant is _CALLER:
+            merchant = caller_scope(getattr(pool, "merchant", None))
+        self._merchant = None if merchant == getattr(pool, "session_merchant", None) else merchant
         self.conn: asyncpg.Connection | None = None
         self._tx: asyncpg.transaction.Transaction | None = None
         self.committed = False
@@ -95,7 +212,13 @@ class UnitOfWork:
         self.conn = await self._pool.acquire()
         try:
             self._tx = self.conn.transaction(isolation=self._isolation)
+            scope = None if self._merchant is None else scope_statement(self._merchant)
+            if scope is not None and isinstance(getattr(self.conn, "_con", self.conn), ScopedConnection):
+                self.conn.begin_with(scope)  # in BEGIN's own round trip
+                scope = None
             await self._tx.start()
+            if scope is not None:
+                await self.conn.execute(scope)
         except BaseException:
             await self._pool.release(self.conn)
             raise

@@ -112,7 +112,7 @@ async def test_row_level_security_shows_a_wrong_merchant_nothing(served):
                 assert await rows_seen(conn, role, table, "*", where, arg) >= 1, table
                 # a forgotten WHERE merchant_id = ... still shows another merchant nothing
                 assert await rows_seen(conn, role, table, OTHER) == 0, table
-                # unset is every merchant (the saga's and customers' sessions never set it)
-                assert await rows_seen(conn, role, table, None, where, arg) >= 1, table
+                # unset is nobody's (fail closed): the saga's and customers' paths say '*'
+                assert await rows_seen(conn, role, table, None, where, arg) == 0, table
             # the global tables stay readable: the PSP's events and the customers' keys
             assert "psp_events" not in tables and "checkout_idempotency_keys" not in tables
