@@ -60,16 +60,16 @@ def sets_its_merchant(sql: str) -> str:
     return sql
 
 
-def quote_merchant(merchant: str) -> str:
-    """`merchant` as an SQL string literal (standard_conforming_strings, the server default)."""
-    if "\x00" in merchant:
-        raise ValueError("a merchant id holds no NUL character")
-    return "'" + merchant.replace("'", "''") + "'"
+def sql_literal(value: str) -> str:
+    """`value` as an SQL string literal (standard_conforming_strings, the server default)."""
+    if "\x00" in value:
+        raise ValueError("an SQL literal holds no NUL character")
+    return "'" + value.replace("'", "''") + "'"
 
 
 def scope_statement(merchant: str) -> str:
     """The statement that confines the current transaction to `merchant` (SET LOCAL)."""
-    return f"SELECT set_config('{MERCHANT_SETTING}', {quote_merchant(merchant)}, true);"
+    return f"SELECT set_config('{MERCHANT_SETTING}', {sql_literal(merchant)}, true);"
 
 
 class ScopedConnection(asyncpg.Connection):
@@ -246,6 +246,38 @@ class UnitOfWork:
             await self._pool.release(self.conn)
 
 
+# The service role's own statement timeout (the database's default, 0003_service_role.sql, is longer):
+# a request never waits on one statement longer than this; the sweepers' and imports' batches are
+# sized to stay well under it.
+SERVICE_STATEMENT_TIMEOUT = "15s"
+
+
+async def ensure_service_role(admin_dsn: str, role: str, *, password: str | None = None,
+                              statement_timeout: str = SERVICE_STATEMENT_TIMEOUT) -> None:
+    """Create (or bring in line) the login role a service connects as, on the server of `admin_dsn`
+    (a role that may create roles: the tests' and `make run`'s superuser). It owns nothing and
+    cannot bypass Row-Level Security; its sessions start with no merchant (`cuty.merchant` '':
+    no rows until a path says whose) and a statement timeout. The grants come from the service's
+    migrations (0003_service_role.sql). In Kubernetes, CloudNativePG's managed roles do this."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        # Identifiers cannot be parameters: `role` comes from cutylib.config.db_role_for.
+        if not role.replace("_", "").isalnum():
+            raise ValueError(f"not a role name: {role!r}")
+        attributes = "LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOREPLICATION"
+        exists = await conn.fetchval("SELECT true FROM pg_roles WHERE rolname = $1", role)
+        try:
+            await conn.execute(f"{'ALTER' if exists else 'CREATE'} ROLE {role} {attributes}")
+        except asyncpg.DuplicateObjectError:  # another process created it first
+            await conn.execute(f"ALTER ROLE {role} {attributes}")
+        if password is not None:
+            await conn.execute(f"ALTER ROLE {role} PASSWORD {sql_literal(password)}")
+        await conn.execute(f"ALTER ROLE {role} SET {MERCHANT_SETTING} = ''")
+        await conn.execute(f"ALTER ROLE {role} SET statement_timeout = {sql_literal(statement_timeout)}")
+    finally:
+        await conn.close()
+
+
 async def ensure_database(dsn: str) -> None:
     """Create the DSN's database on its server if it does not exist yet."""
     from urllib.parse import urlsplit
@@ -347,6 +379,9 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
             _refuse_foreign_history(done, plan)
             async with conn.transaction():
                 await conn.execute("SET LOCAL check_function_bodies = off")
+                # A migration may rewrite a large table: the database's statement timeout is for
+                # requests and people, not for this transaction.
+                await conn.execute("SET LOCAL statement_timeout = 0")
                 # A function whose signature names a table's row type (RETURNS TABLE (h holds)) cannot
                 # be created before that table, body checks or not: it waits for the versioned ones.
                 deferred: list[MigrationFile] = []
