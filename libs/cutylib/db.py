@@ -213,7 +213,8 @@ class UnitOfWork:
         try:
             self._tx = self.conn.transaction(isolation=self._isolation)
             scope = None if self._merchant is None else scope_statement(self._merchant)
-            if scope is not None and isinstance(getattr(self.conn, "_con", self.conn), ScopedConnection):
+            # By type: asyncpg's Connection answers isinstance() for any connection class.
+            if scope is not None and issubclass(type(getattr(self.conn, "_con", self.conn)), ScopedConnection):
                 self.conn.begin_with(scope)  # in BEGIN's own round trip
                 scope = None
             await self._tx.start()

@@ -50,16 +50,19 @@ def service_roles(admin_dsn: str) -> None:
     import asyncio
     import concurrent.futures
 
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, ensure_service_roles(admin_dsn)).result()
+
+
+async def ensure_service_roles(admin_dsn: str) -> None:
+    """`service_roles`, from a running event loop."""
     from ..config import SERVICES, db_role_for
     from ..db import ensure_service_role
 
-    async def create() -> None:
-        for service in SERVICES:
-            if service != "gateway":
-                await ensure_service_role(admin_dsn, db_role_for(service))
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, create()).result()
+    if os.environ.get("CUTY_TEST_DB_ROLE", "service") == "owner":
+        return
+    for service in SERVICES:
+        await ensure_service_role(admin_dsn, db_role_for(service))
 
 
 def _start_test_postgres() -> TestPostgres:
