@@ -26,7 +26,7 @@ from _common import Result, Run, bench_postgres, closed_loop, cpu_seconds, merge
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from booking.bootstrap import create_booking_pool
+from cutylib.db import create_pool
 from cuty.booking.v1 import booking_pb2 as pb
 from cuty.booking.v1 import booking_pb2_grpc
 from cuty.common.v1 import common_pb2
@@ -150,8 +150,9 @@ class Server:
         trust = self.pki.env("booking")
         self.secure = secure
         self.proc = ServiceProcess("booking", base_env(
+            # one connection more than it warms: the hot-slot listener keeps one of its own
             CUTY_BOOKING_DATABASE_URL=dsn, CUTY_BOOKING_GRPC_PORT=self.port, CUTY_DB_POOL_MIN=POOL,
-            CUTY_DB_POOL_MAX=POOL, CUTY_SWEEP_INTERVAL_SECONDS=3600, CUTY_LOG_LEVEL="WARNING",
+            CUTY_DB_POOL_MAX=POOL + 1, CUTY_SWEEP_INTERVAL_SECONDS=3600, CUTY_LOG_LEVEL="WARNING",
             **(trust if secure else {"CUTY_TLS": "off"}), **env),
             workdir / f"{name}.log", grpc_port=self.port)
         self.channels: list[grpc.aio.Channel] = []
@@ -306,7 +307,8 @@ async def main() -> None:
         t0 = time.perf_counter()
         async with Server(dsn, workdir, "migrate"):
             pass  # the server migrates its database when it starts
-        pool = await create_booking_pool(dsn, dataclasses.replace(Settings(), db_pool_min=POOL, db_pool_max=POOL))
+        # Raw asyncpg, as the superuser: no merchant to say, no transaction around each statement.
+        pool = await create_pool(dsn, min_size=POOL, max_size=POOL)
         try:
             await uncontended(dsn, workdir, pool, results)
             # (b) measures how the race is decided with every racer admitted, so this server takes

@@ -16,7 +16,7 @@ import pytest_asyncio
 
 from cutylib.config import with_database
 from cutylib.db import create_pool, migrate
-from cutylib.testing.postgres import start_test_postgres
+from cutylib.testing.postgres import service_dsn, start_test_postgres
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -37,6 +37,21 @@ async def _migrated(pg, service: str) -> str:
     dsn = with_database(pg.dsn, f"cuty_{service}")
     await migrate(dsn, REPO / "services" / service / "migrations")
     return dsn
+
+
+@pytest_asyncio.fixture(scope="session")
+async def booking_service_dsn(pg, booking_dsn) -> str:
+    return await service_dsn(pg.dsn, "booking", booking_dsn)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def codepool_service_dsn(pg, codepool_dsn) -> str:
+    return await service_dsn(pg.dsn, "codepool", codepool_dsn)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def payments_service_dsn(pg, payments_dsn) -> str:
+    return await service_dsn(pg.dsn, "payments", payments_dsn)
 
 
 @pytest_asyncio.fixture(scope="session")

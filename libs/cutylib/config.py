@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 
 def env_int(name: str, default: int) -> int:
@@ -75,6 +75,31 @@ def database_url_for(service: str) -> str:
     dbname = SERVICES[service][0]
     base = os.environ.get("CUTY_DATABASE_URL") or "postgresql://postgres@127.0.0.1:5439/postgres"
     return with_database(base, dbname)
+
+
+def migration_url_for(service: str) -> str:
+    """DSN the migrations of a service run with: its database's owner (docs/security.md,
+    "Database roles"). `CUTY_<SERVICE>_MIGRATION_DATABASE_URL` wins; else
+    `CUTY_MIGRATION_DATABASE_URL` with the service's database name; else the service's own DSN
+    (one role does both, as before the split)."""
+    own = os.environ.get(f"CUTY_{service.upper()}_MIGRATION_DATABASE_URL")
+    if own:
+        return own
+    base = os.environ.get("CUTY_MIGRATION_DATABASE_URL")
+    return with_database(base, SERVICES[service][0]) if base else database_url_for(service)
+
+
+def db_role_for(service: str) -> str:
+    """The database role a service connects as: it owns nothing (migrations/0003_service_role.sql)."""
+    return f"{service}_service"
+
+
+def with_user(dsn: str, user: str, password: str | None = None) -> str:
+    """`dsn` with its user (and password) replaced."""
+    parts = urlsplit(dsn)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    auth = user if password is None else f"{user}:{quote(password, safe='')}"
+    return urlunsplit((parts.scheme, f"{auth}@{host}", parts.path, parts.query, parts.fragment))
 
 
 def with_database(dsn: str, dbname: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from . import deadlines
+from . import deadlines, principal
 from .config import env_float, env_int, with_database
 
 log = logging.getLogger(__name__)
@@ -35,9 +35,17 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 # The Row-Level Security key of every merchant's table (libs/cutylib/migrations/functions/):
-# unset or ALL_MERCHANTS sees every merchant; cutylib.tenancy.scoped narrows a transaction to one.
+# ALL_MERCHANTS sees every merchant, a merchant id that merchant's rows, unset or '' nothing (fail
+# closed). Every path says which it is (docs/tenancy.md, "Who sets the merchant"): a pool declares
+# the scope of the service's own paths (`create_pool(merchant=ALL_MERCHANTS)`), a caller bound to a
+# merchant (staff, admin) is narrowed to it, whatever pool or unit of work its statements run in.
 MERCHANT_SETTING = "cuty.merchant"
 ALL_MERCHANTS = "*"
+
+# Statements that set the merchant themselves (a function declared `SET cuty.merchant = '*'`): a pool
+# whose sessions do not have ALL_MERCHANTS already runs them as they are, with no transaction of its
+# own around them (HoldSlot's and ReserveCodes' one round trip). See `sets_its_merchant`.
+_SETS_ITS_MERCHANT: set[str] = set()
 
 # Migrations every service database shares (tenancy functions), applied with the service's own.
 SHARED_MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
@@ -46,11 +54,48 @@ SHARED_MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 DEFAULT_ACQUIRE_TIMEOUT_SECONDS = 5.0
 
 
+def sets_its_merchant(sql: str) -> str:
+    """Declare that `sql` sets `cuty.merchant` for its own duration (it calls a function declared
+    with `SET cuty.merchant = '*'`), so a pool runs it for a caller of every merchant as it is.
+    Returns `sql`, for `TAKE_HOLD = sets_its_merchant("SELECT ... FROM booking_take_hold(...)")`."""
+    _SETS_ITS_MERCHANT.add(sql)
+    return sql
+
+
+def sql_literal(value: str) -> str:
+    """`value` as an SQL string literal (standard_conforming_strings, the server default)."""
+    if "\x00" in value:
+        raise ValueError("an SQL literal holds no NUL character")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def scope_statement(merchant: str) -> str:
+    """The statement that confines the current transaction to `merchant` (SET LOCAL)."""
+    return f"SELECT set_config('{MERCHANT_SETTING}', {sql_literal(merchant)}, true);"
+
+
+def caller_scope(default: str | None) -> str | None:
+    """The `cuty.merchant` the current caller's statements run with: its merchant for a caller
+    bound to one (staff, admin; refused without one), else `default` (the pool's declaration)."""
+    merchant = principal.current().merchant()
+    return default if merchant is None else merchant
+
+
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
-                      acquire_timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECONDS, **kwargs: Any) -> asyncpg.Pool:
+                      acquire_timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECONDS,
+                      merchant: str | None = None, merchant_at_connect: bool = True, **kwargs: Any) -> asyncpg.Pool:
     """A pool whose sessions run in UTC with JSON codecs and no per-release reset round trip, and
-    whose acquire gives up after `acquire_timeout` seconds (None: waits for ever)."""
+    whose acquire gives up after `acquire_timeout` seconds (None: waits for ever).
+
+    `merchant`: whose rows the statements of callers not bound to a merchant see (ALL_MERCHANTS for
+    a service's own pool; None: nobody's, the database role's default). With `merchant_at_connect`
+    the sessions get it once, as a startup parameter (no cost per statement; a direct connection
+    only: PgBouncer in transaction mode refuses unknown startup parameters); without, each unit of
+    work sends it with its BEGIN, and a single statement runs in a transaction that does, unless it
+    sets the merchant itself (`sets_its_merchant`)."""
     server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty")}
+    if merchant is not None and merchant_at_connect:
+        server_settings[MERCHANT_SETTING] = merchant
     server_settings.update(kwargs.pop("server_settings", {}))
     kwargs.setdefault("reset", _keep_session)
     kwargs.setdefault("timeout", 5)  # connect timeout: a database that does not answer is UNAVAILABLE soon
@@ -61,6 +106,8 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
     pool = BoundedPool(dsn, min_size=min_size, max_size=max_size, init=_init_connection,
                        server_settings=server_settings, **options)
     pool.acquire_timeout = acquire_timeout
+    pool.merchant = merchant
+    pool.session_merchant = server_settings.get(MERCHANT_SETTING)
     return await pool
 
 
@@ -74,9 +121,14 @@ class BoundedPool(asyncpg.Pool):
     margin: a request whose deadline is (nearly) spent fails at once with DeadlineExceeded, without
     taking a connection, and one whose deadline passes while it waits gives up then, also with
     DeadlineExceeded (DEADLINE_EXCEEDED), rather than holding a place in the queue for a caller
-    that is gone."""
+    that is gone.
 
-    __slots__ = ("acquire_timeout",)
+    Its fetch/execute helpers also run each statement for the right merchant (`caller_scope`): as
+    it is when the session has that setting already (or the statement sets it itself), else in a
+    transaction of its own that sets it with its BEGIN (two round trips more: paths of staff and
+    admins, and the service's own paths behind a transaction pooler)."""
+
+    __slots__ = ("acquire_timeout", "merchant", "session_merchant")
 
     def acquire(self, *, timeout: float | None = None):
         return super().acquire(timeout=self.acquire_timeout if timeout is None else timeout)
@@ -89,6 +141,41 @@ class BoundedPool(asyncpg.Pool):
             return await super()._acquire(budget)
         except asyncio.TimeoutError:
             raise deadlines.exceeded("wait for a database connection") from None
+
+    def _scope_for(self, query: str) -> str | None:
+        """The merchant `query` must be wrapped in a transaction for, or None to run it as it is."""
+        want = caller_scope(getattr(self, "merchant", None))
+        if want is None or want == getattr(self, "session_merchant", None):
+            return None
+        if want == ALL_MERCHANTS and query in _SETS_ITS_MERCHANT:
+            return None
+        return want
+
+    async def _run(self, method: str, query: str, args: tuple, kwargs: dict):
+        merchant = self._scope_for(query)
+        if merchant is None:
+            async with self.acquire() as con:
+                return await getattr(con, method)(query, *args, **kwargs)
+        async with UnitOfWork(self, merchant=merchant) as uow:
+            result = await getattr(uow.conn, method)(query, *args, **kwargs)
+            await uow.commit()
+            return result
+
+    async def fetch(self, query, *args, timeout=None, record_class=None) -> list:
+        return await self._run("fetch", query, args, {"timeout": timeout, "record_class": record_class})
+
+    async def fetchrow(self, query, *args, timeout=None, record_class=None):
+        return await self._run("fetchrow", query, args, {"timeout": timeout, "record_class": record_class})
+
+    async def fetchval(self, query, *args, column=0, timeout=None):
+        return await self._run("fetchval", query, args, {"column": column, "timeout": timeout})
+
+    async def execute(self, query: str, *args, timeout: float | None = None) -> str:
+        return await self._run("execute", query, args, {"timeout": timeout})
+
+    async def executemany(self, command: str, args, *, timeout: float | None = None):
+        return await self._run("executemany", command, (args,), {"timeout": timeout})
+
 
 
 # BEGIN of each isolation level a unit of work may ask for.
@@ -109,6 +196,9 @@ def begin_statement(isolation: str) -> str:
     return f"{begin}; SET LOCAL statement_timeout = {max(1, int(budget * 1000))}"
 
 
+_CALLER = object()  # UnitOfWork's default: the merchant of the current caller, else the pool's
+
+
 class UnitOfWork:
     """One transaction on one connection that rolls back unless `commit()` is called.
 
@@ -122,13 +212,20 @@ class UnitOfWork:
     It sends BEGIN / COMMIT / ROLLBACK itself (not through asyncpg's Transaction) so that BEGIN can
     carry the deadline's statement_timeout in the same round trip (`begin_statement`). asyncpg
     therefore refuses `uow.conn.transaction()` inside it: use `uow.savepoint()`.
+
+    `merchant`: whose rows the transaction sees (`cuty.merchant`, sent with its BEGIN); by default
+    the current caller's merchant for a caller bound to one, else the pool's declaration (nothing is
+    sent when the pool's sessions have that setting already).
     """
 
-    def __init__(self, pool: asyncpg.Pool, *, isolation: str = "read_committed"):
+    def __init__(self, pool: asyncpg.Pool, *, isolation: str = "read_committed", merchant: Any = _CALLER):
         if isolation not in _BEGIN:
             raise ValueError(f"isolation must be one of {', '.join(_BEGIN)}, got {isolation!r}")
         self._pool = pool
         self._isolation = isolation
+        if merchant is _CALLER:
+            merchant = caller_scope(getattr(pool, "merchant", None))
+        self._merchant = None if merchant == getattr(pool, "session_merchant", None) else merchant
         self.conn: asyncpg.Connection | None = None
         self.committed = False
         self._savepoints = 0
@@ -136,7 +233,10 @@ class UnitOfWork:
     async def __aenter__(self) -> "UnitOfWork":
         self.conn = await self._pool.acquire()
         try:
-            await self.conn.execute(begin_statement(self._isolation))
+            begin = begin_statement(self._isolation)
+            if self._merchant is not None:  # whose rows it sees, in BEGIN's own message
+                begin = f"{begin}; {scope_statement(self._merchant)}"
+            await self.conn.execute(begin)
         except BaseException:
             await self._pool.release(self.conn)
             raise
@@ -175,6 +275,38 @@ class UnitOfWork:
                     log.warning("rollback failed; connection will be discarded", exc_info=True)
         finally:
             await self._pool.release(self.conn)
+
+
+# The service role's own statement timeout (the database's default, 0003_service_role.sql, is longer):
+# a request never waits on one statement longer than this; the sweepers' and imports' batches are
+# sized to stay well under it.
+SERVICE_STATEMENT_TIMEOUT = "15s"
+
+
+async def ensure_service_role(admin_dsn: str, role: str, *, password: str | None = None,
+                              statement_timeout: str = SERVICE_STATEMENT_TIMEOUT) -> None:
+    """Create (or bring in line) the login role a service connects as, on the server of `admin_dsn`
+    (a role that may create roles: the tests' and `make run`'s superuser). It owns nothing and
+    cannot bypass Row-Level Security; its sessions start with no merchant (`cuty.merchant` '':
+    no rows until a path says whose) and a statement timeout. The grants come from the service's
+    migrations (0003_service_role.sql). In Kubernetes, CloudNativePG's managed roles do this."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        # Identifiers cannot be parameters: `role` comes from cutylib.config.db_role_for.
+        if not role.replace("_", "").isalnum():
+            raise ValueError(f"not a role name: {role!r}")
+        attributes = "LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE NOREPLICATION"
+        exists = await conn.fetchval("SELECT true FROM pg_roles WHERE rolname = $1", role)
+        try:
+            await conn.execute(f"{'ALTER' if exists else 'CREATE'} ROLE {role} {attributes}")
+        except asyncpg.DuplicateObjectError:  # another process created it first
+            await conn.execute(f"ALTER ROLE {role} {attributes}")
+        if password is not None:
+            await conn.execute(f"ALTER ROLE {role} PASSWORD {sql_literal(password)}")
+        await conn.execute(f"ALTER ROLE {role} SET {MERCHANT_SETTING} = ''")
+        await conn.execute(f"ALTER ROLE {role} SET statement_timeout = {sql_literal(statement_timeout)}")
+    finally:
+        await conn.close()
 
 
 async def ensure_database(dsn: str) -> None:
@@ -333,6 +465,9 @@ async def _apply_in_one_transaction(conn: asyncpg.Connection, plan: list[Migrati
     async with conn.transaction():
         await conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'")
         await conn.execute("SET LOCAL check_function_bodies = off")
+        # A migration may rewrite a large table: the role's statement timeout is for requests and
+        # people, not for this transaction.
+        await conn.execute("SET LOCAL statement_timeout = 0")
         # A function whose signature names a table's row type (RETURNS TABLE (h holds)) cannot
         # be created before that table, body checks or not: it waits for the versioned ones.
         deferred: list[MigrationFile] = []

@@ -150,6 +150,26 @@ class DevStack:
             if r.returncode != 0:
                 raise SystemExit(f"[cuty] Postgres did not start:\n{r.stderr.strip()[-3000:]}")
         self.env["CUTY_DATABASE_URL"] = self.cluster.dsn
+        self.service_roles()
+
+    def service_roles(self) -> None:
+        """Each service connects as its own role, which owns nothing and is bound by Row-Level
+        Security; its migrations run as the cluster's owner (docs/security.md, "Database roles").
+        Only on the embedded cluster: with CUTY_DATABASE_URL the roles are yours to give."""
+        import asyncio
+
+        from .config import db_role_for, with_database, with_user
+        from .db import ensure_service_role
+
+        async def create() -> None:
+            for svc in SERVICES:
+                await ensure_service_role(self.cluster.dsn, db_role_for(svc))
+        asyncio.run(create())
+        self.env["CUTY_MIGRATION_DATABASE_URL"] = self.cluster.dsn
+        for svc, (dbname, _) in SERVICES.items():
+            self.env.setdefault(f"CUTY_{svc.upper()}_DATABASE_URL",
+                                with_user(with_database(self.cluster.dsn, dbname), db_role_for(svc)))
+        say("services connect as their own database roles (" + ", ".join(db_role_for(s) for s in SERVICES) + ")")
 
     def stop_postgres(self) -> None:
         if self.cluster is not None:

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from .config import env_str
 from .errors import Unauthenticated
 from .principal import Principal
+from .tenancy import merchant_id_problem
 
 ASSERTION_KEY = "cuty-user"
 ISSUER = "cuty-gateway"
@@ -129,6 +130,8 @@ class AssertionVerifier:
         sub, role, org = claims.get("sub"), claims.get("role"), claims.get("org", "")
         if not isinstance(sub, str) or not sub or not isinstance(role, str) or not isinstance(org, str):
             raise Unauthenticated("the user assertion's claims are malformed")
+        if org and merchant_id_problem(org) is not None:  # '*' would mean every merchant: never a claim
+            raise Unauthenticated("the user assertion's 'org' claim is not a merchant id")
         who = Principal(subject=sub, role=role, org=org, assertion=token)
         if len(self._cache) >= self.max_entries:
             self._cache.clear()

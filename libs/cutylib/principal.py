@@ -19,6 +19,9 @@ from .errors import PermissionDenied, Unauthenticated
 ANONYMOUS_ROLE = "anonymous"
 SYSTEM_ROLE = "system"
 USER_ROLES = ("customer", "staff", "admin", "operator")
+# Roles bound to one merchant (the token's `org`); every other role acts across merchants (customers
+# by their own customer id, the operator audited, the system for the saga). docs/tenancy.md.
+MERCHANT_ROLES = frozenset({"staff", "admin"})
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,16 @@ class Principal:
             raise Unauthenticated("a signed-in caller is required")
         if self.role not in roles:
             raise PermissionDenied(f"role {self.role!r} may not do this; needs one of {', '.join(roles)}")
+
+    def merchant(self) -> str | None:
+        """The merchant this caller is confined to, or None (any merchant). A staff or admin
+        caller without one is refused (the gateway refuses such a token already; a service does
+        not trust that it did)."""
+        if self.role not in MERCHANT_ROLES:
+            return None
+        if not self.org:
+            raise Unauthenticated(f"role {self.role!r} must belong to a merchant (the token's 'org' claim)")
+        return self.org
 
     def require_subject(self) -> str:
         if not self.subject or self.role in (ANONYMOUS_ROLE, SYSTEM_ROLE):

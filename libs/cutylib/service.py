@@ -14,7 +14,7 @@ from typing import Awaitable, Callable
 
 import asyncpg
 
-from .config import SERVICES, Settings, database_url_for, env_bool, env_int, env_str, health_port_for
+from .config import SERVICES, Settings, database_url_for, env_bool, env_int, env_str, health_port_for, migration_url_for
 from .dbwatch import DatabaseWatch
 from .db import create_pool, migrate
 from .grpc_server import GrpcServer
@@ -45,7 +45,8 @@ async def serve_service(name: str, migrations: pathlib.Path, create_server: Serv
     server = await create_server(settings, pool, port=port, host=host)
     server.add_health_port(host, env_int(f"CUTY_{name.upper()}_HEALTH_PORT", health_port_for(name)))
     # Every replica may migrate at start; the advisory lock in migrate() lets one apply each file.
-    server.watch_database(DatabaseWatch(pool, dsn, migrations, migrate_on_start=env_bool("CUTY_MIGRATE_ON_START", True),
+    # Migrations run as the database's owner; the pool connects as the service's role (docs/security.md).
+    server.watch_database(DatabaseWatch(pool, migration_url_for(name), migrations, migrate_on_start=env_bool("CUTY_MIGRATE_ON_START", True),
                                         warm_connections=settings.db_pool_min))
     server.on_stop(pool.close)
     register_pool(name, pool)
@@ -58,7 +59,7 @@ async def serve_service(name: str, migrations: pathlib.Path, create_server: Serv
 async def migrate_only(name: str, migrations: pathlib.Path) -> int:
     """`python -m <service> migrate`: apply pending migrations and exit (a Kubernetes Job, or an
     init container). Safe to run concurrently with itself and with starting replicas."""
-    applied = await migrate(database_url_for(name), migrations)
+    applied = await migrate(migration_url_for(name), migrations)
     print(f"{name}: {len(applied)} migration(s) applied" + (f": {', '.join(applied)}" if applied else ""))
     return 0
 

@@ -10,8 +10,11 @@ Two lines of defence, both in SQL:
 1. every staff/admin query filters by `merchant_id` (`merchant_filter(principal)` is its
    parameter: the merchant, or NULL for "any"); another merchant's object is NOT_FOUND;
 2. Row-Level Security on every merchant's table (libs/cutylib/migrations/functions/),
-   keyed on `cuty.merchant`: `scoped()` opens a transaction with SET LOCAL cuty.merchant = the
-   caller's merchant, so a query that forgot its WHERE still sees nothing of anyone else's.
+   keyed on `cuty.merchant`, failing closed (unset: no rows): `scoped()` opens a transaction with
+   SET LOCAL cuty.merchant = the caller's merchant, and any statement of such a caller outside it
+   is narrowed the same way by the pool (cutylib.db.BoundedPool), so a query that forgot its WHERE
+   still sees nothing of anyone else's. Callers not bound to a merchant see what the service's
+   pool declares (`create_pool(merchant=ALL_MERCHANTS)`).
 """
 from __future__ import annotations
 
@@ -20,17 +23,28 @@ from typing import AsyncIterator
 
 import asyncpg
 
-from .db import ALL_MERCHANTS, MERCHANT_SETTING, UnitOfWork
+from .db import UnitOfWork
 from .errors import Unauthenticated
-from .principal import Principal, current
+from .principal import MERCHANT_ROLES, Principal, current
 
-# Roles bound to one merchant; every other role sees across merchants (customers by their own
-# customer id, the operator audited, the system for the saga).
-MERCHANT_ROLES = frozenset({"staff", "admin"})
 OPERATOR_ROLE = "operator"
 # The merchant that rows created before merchants existed were moved into (the migrations).
 DEFAULT_MERCHANT = "default"
 MAX_MERCHANT_ID_LENGTH = 200
+
+
+def merchant_id_problem(org: object) -> str | None:
+    """Why `org` cannot be a merchant id, or None when it can. '*' (every merchant, the value of
+    `cuty.merchant` for the service's own paths) and any other value holding '*', surrounding
+    blanks or control characters are refused: a token's claim must never widen what Row-Level
+    Security shows, nor be confused with a setting's special value."""
+    if not isinstance(org, str) or not org.strip():
+        return "must be a non-empty string"
+    if len(org) > MAX_MERCHANT_ID_LENGTH:
+        return f"must be at most {MAX_MERCHANT_ID_LENGTH} characters"
+    if "*" in org or org != org.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in org):
+        return "must not hold '*', surrounding blanks or control characters (reserved)"
+    return None
 
 
 def merchant_filter(principal: Principal | None = None) -> str | None:
@@ -38,12 +52,7 @@ def merchant_filter(principal: Principal | None = None) -> str | None:
 
     A staff or admin caller without a merchant is refused (the gateway refuses such a token
     already; a service does not trust that it did)."""
-    p = principal or current()
-    if p.role in MERCHANT_ROLES:
-        if not p.org:
-            raise Unauthenticated(f"role {p.role!r} must belong to a merchant (the token's 'org' claim)")
-        return p.org
-    return None
+    return (principal or current()).merchant()
 
 
 def owning_merchant(principal: Principal | None = None) -> str:
@@ -52,16 +61,6 @@ def owning_merchant(principal: Principal | None = None) -> str:
     if merchant is None:
         raise Unauthenticated("only a merchant's admin creates its objects (the token's 'org' claim)")
     return merchant
-
-
-def setting_for(principal: Principal | None = None) -> str:
-    """The `cuty.merchant` value of the caller's unit of work."""
-    return merchant_filter(principal) or ALL_MERCHANTS
-
-
-async def narrow(conn: asyncpg.Connection, principal: Principal | None = None) -> None:
-    """Confine the current transaction of `conn` to the caller's merchant (SET LOCAL)."""
-    await conn.execute("SELECT set_config($1, $2, true)", MERCHANT_SETTING, setting_for(principal))
 
 
 async def fetchrow(pool: asyncpg.Pool, query: str, *args, principal: Principal | None = None):
@@ -84,9 +83,11 @@ async def _read(method: str, pool: asyncpg.Pool, query: str, args: tuple, princi
 @asynccontextmanager
 async def scoped(pool: asyncpg.Pool, principal: Principal | None = None, *,
                  isolation: str = "read_committed") -> AsyncIterator[UnitOfWork]:
-    """A unit of work that sees only the caller's merchant's rows (all of them for a caller not
-    bound to one). Commit it as any UnitOfWork; it rolls back otherwise."""
-    async with UnitOfWork(pool, isolation=isolation) as uow:
-        if merchant_filter(principal) is not None:
-            await narrow(uow.conn, principal)
+    """A unit of work that sees only the caller's merchant's rows (for a caller not bound to one,
+    those the pool declares: every merchant's for a service's pool). The setting goes out with the
+    BEGIN (cutylib.db.UnitOfWork). Commit it as any UnitOfWork; it rolls back otherwise."""
+    merchant = merchant_filter(principal)
+    if merchant is None:
+        merchant = getattr(pool, "merchant", None)
+    async with UnitOfWork(pool, isolation=isolation, merchant=merchant) as uow:
         yield uow

@@ -2,6 +2,7 @@
 answers; else a throwaway cluster from the local server binaries. One per test session."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -37,6 +38,34 @@ def _docker_answers() -> bool:
 
 
 def start_test_postgres() -> TestPostgres:
+    """The server, with the services' own database roles on it (`service_roles`)."""
+    server = _start_test_postgres()
+    service_roles(server.dsn)
+    return server
+
+
+def service_roles(admin_dsn: str) -> None:
+    """Create the login role of each service on the server (they connect as it; docs/security.md,
+    "Database roles"); callable with or without an event loop running."""
+    import asyncio
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, ensure_service_roles(admin_dsn)).result()
+
+
+async def ensure_service_roles(admin_dsn: str) -> None:
+    """`service_roles`, from a running event loop."""
+    from ..config import SERVICES, db_role_for
+    from ..db import ensure_service_role
+
+    if os.environ.get("CUTY_TEST_DB_ROLE", "service") == "owner":
+        return
+    for service in SERVICES:
+        await ensure_service_role(admin_dsn, db_role_for(service))
+
+
+def _start_test_postgres() -> TestPostgres:
     dsn = os.environ.get("CUTY_TEST_DSN")
     if dsn:
         return TestPostgres(dsn=dsn)
@@ -52,6 +81,33 @@ def start_test_postgres() -> TestPostgres:
         return TestPostgres(dsn=cluster.dsn, cluster=cluster, workdir=base)
     except PostgresUnavailable as e:
         raise PostgresUnavailable(f"no PostgreSQL for tests: {e}\n{INSTALL_HINT}") from e
+
+
+@contextlib.asynccontextmanager
+async def owner_connection(dsn: str):
+    """A connection of its own to `dsn` (a test's reads and writes as the superuser), closed after."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def service_dsn(admin_dsn: str, service: str, dsn: str) -> str:
+    """`dsn` (a migrated database of `service`) as the service's own role, created on the server
+    of `admin_dsn` (docs/security.md, "Database roles"): the services under test connect as in
+    production, with a role that owns nothing and is bound by Row-Level Security, while the tests'
+    own reads and the migrations use the superuser. CUTY_TEST_DB_ROLE=owner connects the services
+    as the superuser too (to tell a privilege problem from another one)."""
+    from ..config import db_role_for, with_user
+    from ..db import ensure_service_role
+
+    if os.environ.get("CUTY_TEST_DB_ROLE", "service") == "owner":
+        return dsn
+    await ensure_service_role(admin_dsn, db_role_for(service))
+    return with_user(dsn, db_role_for(service))
 
 
 async def migrate_before(dsn: str, migrations_dir, version: str, workdir) -> list[str]:

@@ -32,6 +32,26 @@ def base_env(**overrides: str | int | float) -> dict[str, str]:
     return env
 
 
+def as_service_role(module: str, env: dict[str, str]) -> dict[str, str]:
+    """`env` for a service process that connects as the service's own database role and migrates
+    as the DSN's user (the test server's superuser), as in production (docs/security.md,
+    "Database roles"); unchanged for other programs, when the environment names a migration DSN
+    already, or with CUTY_TEST_DB_ROLE=owner. The roles exist on the test server
+    (cutylib.testing.postgres.start_test_postgres)."""
+    from ..config import SERVICES, db_role_for, with_database, with_user
+
+    upper = module.upper()
+    if module not in SERVICES or module == "gateway" or env.get("CUTY_TEST_DB_ROLE", "service") == "owner" \
+            or env.get(f"CUTY_{upper}_MIGRATION_DATABASE_URL") or env.get("CUTY_MIGRATION_DATABASE_URL"):
+        return env
+    dsn = env.get(f"CUTY_{upper}_DATABASE_URL") or (
+        with_database(env["CUTY_DATABASE_URL"], SERVICES[module][0]) if env.get("CUTY_DATABASE_URL") else "")
+    if not dsn:
+        return env
+    return {**env, f"CUTY_{upper}_MIGRATION_DATABASE_URL": dsn,
+            f"CUTY_{upper}_DATABASE_URL": with_user(dsn, db_role_for(module))}
+
+
 class ServiceProcess:
     """`python -m <module>` as a child process, its output in `log_path`."""
 
@@ -54,7 +74,8 @@ class ServiceProcess:
     def start(self) -> "ServiceProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=self.env, stdout=log,
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=as_service_role(self.module, self.env),
+                                     stdout=log,
                                      stderr=subprocess.STDOUT, cwd=str(REPO))
         log.close()
         return self

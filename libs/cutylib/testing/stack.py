@@ -19,6 +19,7 @@ import httpx
 from ..config import DEV_WEBHOOK_SECRET
 from ..metrics import METRICS_PORTS
 from ..pgcluster import free_port
+from .postgres import ensure_service_roles
 from .procs import ServiceProcess, base_env
 from ..tls import SERVICE_IDENTITIES, DevPki
 from .trust import channel_as, dev_pki
@@ -114,6 +115,9 @@ class Stack:
 
     async def start(self) -> "Stack":
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # The services connect as their own database roles (procs.as_service_role), on whatever
+        # server this stack was given: make sure they exist there.
+        await ensure_service_roles(self.pg_dsn)
         if self.gateway:
             webhook_url = f"{self.gateway_url}/v1/psp/webhooks"
         elif "payments" in self.services:

@@ -50,7 +50,7 @@ async def probe_role(conn: asyncpg.Connection) -> AsyncIterator[str]:
 async def rows_seen(conn: asyncpg.Connection, role: str, table: str, merchant: str | None,
                     where: str = "true", *args) -> int:
     """How many rows of `table` (matching `where`) `role` sees with cuty.merchant = `merchant`
-    (None: the setting unset, which is every merchant, as for the saga's sessions)."""
+    (None: the setting unset, which is no merchant at all: RLS fails closed)."""
     async with conn.transaction():
         await conn.execute(f"SET LOCAL ROLE {role}")
         await conn.execute("SELECT set_config($1, $2, true)", MERCHANT_SETTING, merchant or "")

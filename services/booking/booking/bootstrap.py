@@ -5,7 +5,7 @@ import asyncpg
 
 from cuty.booking.v1 import booking_pb2, booking_pb2_grpc
 from cutylib.config import Settings
-from cutylib.db import create_pool
+from cutylib.db import ALL_MERCHANTS, create_pool
 from cutylib.grpc_server import GrpcServer
 from cutylib.listen import listen
 
@@ -19,9 +19,12 @@ SERVICE = booking_pb2.DESCRIPTOR.services_by_name["BookingService"]
 
 async def create_booking_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     # max_inactive_connection_lifetime=0: no idle timer re-armed on every release; a service pool
-    # of a few connections has nothing to gain from closing idle ones.
+    # of a few connections has nothing to gain from closing idle ones. Booking's own paths (the
+    # orchestrator's, customers') see every merchant; staff and admins are narrowed to theirs. It
+    # reaches its database through PgBouncer in transaction mode in production, so the merchant is
+    # sent per transaction, not at connect (docs/tenancy.md).
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                             application_name="cuty-booking",
+                             application_name="cuty-booking", merchant=ALL_MERCHANTS, merchant_at_connect=False,
                              max_inactive_connection_lifetime=0,
                              acquire_timeout=settings.db_acquire_timeout_seconds)
 

@@ -28,7 +28,7 @@ from .service import BookingService, SlotTaken
 # (issue 14): staff and admins their own merchant's, customers and the operator (ListSlots) any.
 CALLERS = {
     "CreateSalon": {GATEWAY}, "SetCancellationPolicy": {GATEWAY}, "CreateResource": {GATEWAY}, "BatchCreateSlots": {GATEWAY},
-    "ListSlots": {GATEWAY}, "GetSlot": {GATEWAY, PAYMENTS}, "ListBookings": {GATEWAY},
+    "ListSlots": {GATEWAY}, "GetSlot": {PAYMENTS}, "ListBookings": {GATEWAY},
     "HoldSlot": {PAYMENTS}, "ConfirmHold": {PAYMENTS}, "ReleaseHold": {PAYMENTS}, "ExtendHold": {PAYMENTS},
     "GetHold": {PAYMENTS}, "CancelBooking": {PAYMENTS},
 }

@@ -13,6 +13,7 @@ from typing import Any, Union
 
 import asyncpg
 
+from cutylib.db import sets_its_merchant
 from cutylib.errors import AlreadyExists
 
 from .domain import CancellationPolicy, Hold, Resource, Salon, Slot, SlotDraft, effective_status
@@ -180,10 +181,11 @@ class Slots:
 
 # --- holds ---------------------------------------------------------------------------------------
 
-# booking_take_hold and booking_confirm_hold (migrations/functions/) decide in one round trip.
-TAKE_HOLD = ("SELECT outcome, hold, alternatives, time_zone, db_now, taken_over "
-             "FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)")
-CONFIRM_HOLD = "SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2, $3)"
+# booking_take_hold and booking_confirm_hold (migrations/functions/) decide in one round trip; each
+# sets the merchant ('*') for its own call, so the pool runs them as they are (sets_its_merchant).
+TAKE_HOLD = sets_its_merchant("SELECT outcome, hold, alternatives, time_zone, db_now, taken_over "
+                              "FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)")
+CONFIRM_HOLD = sets_its_merchant("SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2, $3)")
 # Only a live hold is released: an expired one stays 'expired' (swept or not), so the answer to
 # a release does not depend on whether the sweeper came by first.
 RELEASE_HOLD = """

@@ -15,9 +15,9 @@ def main(argv: list[str]) -> int:
         return cli_main(argv)
     from cutylib.service import run_service
 
-    from .bootstrap import create_server
+    from .bootstrap import create_codepool_pool, create_server
 
-    run_service("codepool", MIGRATIONS, create_server)
+    run_service("codepool", MIGRATIONS, create_server, pool_factory=create_codepool_pool)
     return 0
 
 

@@ -8,6 +8,7 @@ import asyncpg
 
 from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
 from cutylib.config import Settings, env_float, env_int
+from cutylib.db import ALL_MERCHANTS, create_pool
 from cutylib.grpc_server import GrpcServer
 from cutylib.metrics import refresh_periodically
 
@@ -27,6 +28,16 @@ SERVICE = codepool_pb2.DESCRIPTOR.services_by_name["CodePoolService"]
 RECORD_HASH_KEY = """
 INSERT INTO hash_key_check (fingerprint) VALUES ($1) ON CONFLICT (singleton) DO NOTHING
 """
+
+
+async def create_codepool_pool(dsn: str, settings: Settings, **overrides) -> asyncpg.Pool:
+    """The code pool's own paths (the orchestrator's, customers', the workers') see every merchant;
+    staff and admins are narrowed to theirs. Behind PgBouncer in transaction mode in production, so
+    the merchant goes with each transaction, not at connect (docs/tenancy.md)."""
+    options = dict(min_size=settings.db_pool_min, max_size=settings.db_pool_max, application_name="cuty-codepool",
+                   acquire_timeout=settings.db_acquire_timeout_seconds)
+    options.update(overrides)
+    return await create_pool(dsn, merchant=ALL_MERCHANTS, merchant_at_connect=False, **options)
 
 
 def load_keyring(settings: Settings) -> Keyring:

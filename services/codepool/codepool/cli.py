@@ -56,14 +56,14 @@ async def import_csv(addr: str, product_id: str, path: str | pathlib.Path, *, ba
 
 
 async def rotate_keys(product: str | None, batch_size: int) -> int:
-    from cutylib.db import create_pool
-
-    from .bootstrap import check_hash_key, load_keyring
+    from .bootstrap import check_hash_key, create_codepool_pool, load_keyring
     from .rotate import remaining, rotate
 
     keyring = load_keyring(Settings.from_env())
     product_id = parse_uuid("product", product) if product else None
-    pool = await create_pool(database_url_for("codepool"), min_size=1, max_size=2, application_name="cuty-codepool-rotate")
+    # Re-encrypts every merchant's codes: the pool of the service's own paths (every merchant).
+    pool = await create_codepool_pool(database_url_for("codepool"), Settings.from_env(), min_size=1, max_size=2,
+                                      application_name="cuty-codepool-rotate")
     try:
         await check_hash_key(pool, keyring)
         with tqdm(total=await remaining(pool, keyring, product_id), unit="code", desc=f"rotate to {keyring.active}") as bar:

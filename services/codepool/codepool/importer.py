@@ -175,9 +175,12 @@ class Importer:
             details = {"batch_ref": batch_ref, "received": received, "rejected_duplicates": duplicates}
             if duplicates:
                 await uow.rollback()
-                # after the rollback: outside the scoped transaction, on the session's '*' (the
-                # merchant is the product's, read in SQL)
-                await conn.execute(AUDIT, actor, "import_rejected", product, details)
+                # The refusal is recorded in a unit of work of its own (the batch's is rolled back),
+                # narrowed to the caller's merchant like the batch's; the entry's merchant is the
+                # product's, read in SQL.
+                async with tenancy.scoped(self.pool, principal) as refusal:
+                    await refusal.conn.execute(AUDIT, actor, "import_rejected", product, details)
+                    await refusal.commit()
                 log.warning("import refused: duplicate codes", extra={"product_id": str(product), **details})
                 return ImportResult("", received, 0, duplicates, False)
             batch_id = uuid.uuid4()

@@ -10,11 +10,14 @@ import uuid
 
 import asyncpg
 
+from cutylib.db import sets_its_merchant
+
 # Codes are taken oldest first, `ORDER BY seq`, an order only the partial index codes_available
 # yields for available codes (migrations/0001_baseline.sql says why that matters);
 # tests/integration/codepool/test_codepool_schema.py and `make bench-codepool` check the plan.
 
-# The hot path, one autocommit statement: the order's row, the next free codes (skipping rows other
+# The hot path, one autocommit statement (the function codepool_reserve, which sets the merchant
+# for its call, migrations/functions/codepool_reserve.sql): the order's row, the next free codes (skipping rows other
 # buyers hold), their deliveries and the audit entry. Returns no row when the reservation already
 # exists (a replay) or the product is unknown. When fewer codes than ordered could be taken it
 # raises SQLSTATE CP001 (codepool_short_stock), which undoes the whole statement: all or nothing.
@@ -22,42 +25,10 @@ import asyncpg
 # entry take it from there, and the code scan names it, as codes_available leads with it. The
 # scalar subquery `(SELECT merchant_id FROM r)` is a parameter of the index scan (an InitPlan), so
 # the scan still yields `seq` order with no sort; no reservation inserted (a replay) -> NULL -> no codes.
-RESERVE = """
-WITH cap AS MATERIALIZED (
-    -- the per-customer caps (migrations/functions/codepool_customer_cap.sql): raises CP002 / CP003 when over
-    SELECT codepool_customer_cap($4, $3, $1, $2, $5, $8, $9, p.merchant_id) AS ok
-    FROM products p WHERE p.id = $3
-), r AS (
-    INSERT INTO reservations (merchant_id, order_id, order_item_id, product_id, customer_id, quantity,
-                              unit_price_minor, currency, status, reserved_at, expires_at)
-    SELECT p.merchant_id, $1, $2, p.id, $4, $5, p.price_minor, p.currency, 'reserved', clock_timestamp(),
-           clock_timestamp() + make_interval(secs => $6)
-    FROM cap, products p WHERE cap.ok AND p.id = $3
-    ON CONFLICT DO NOTHING
-    RETURNING *
-), picked AS (
-    SELECT c.id FROM codes c
-    WHERE c.merchant_id = (SELECT r.merchant_id FROM r) AND c.product_id = $3 AND c.status = 'available'
-    ORDER BY c.seq
-    LIMIT $5
-    FOR UPDATE SKIP LOCKED
-), taken AS (
-    UPDATE codes c SET status = 'reserved' FROM picked WHERE c.id = picked.id RETURNING c.id
-), d AS (
-    INSERT INTO deliveries (merchant_id, order_id, order_item_id, product_id, customer_id, code_id, status)
-    SELECT r.merchant_id, $1, $2, $3, $4, taken.id, 'reserved' FROM r, taken
-    RETURNING code_id
-), a AS (
-    INSERT INTO audit_log (merchant_id, actor, action, product_id, order_id, code_ids, details)
-    SELECT r.merchant_id, $7, 'reserve', r.product_id, r.order_id, (SELECT array_agg(code_id ORDER BY code_id) FROM d),
-           jsonb_build_object('quantity', r.quantity)
-    FROM r
-)
-SELECT r.*, got.code_ids
-FROM r, (SELECT array_agg(code_id ORDER BY code_id) AS code_ids, count(*) AS n FROM d) got
--- CASE, not OR: SQL does not promise to evaluate OR left to right.
-WHERE CASE WHEN got.n = r.quantity THEN true ELSE codepool_short_stock(r.quantity, got.n) END
-"""
+RESERVE = sets_its_merchant("""
+SELECT (x.reservation).*, x.code_ids
+FROM codepool_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9) x
+""")
 
 SHORT_STOCK = "CP001"
 TOO_MANY_RESERVATIONS = "CP002"   # the customer's live reservations are at CUTY_MAX_ACTIVE_RESERVATIONS

@@ -20,7 +20,7 @@ import time
 import jwt
 
 from cutylib.principal import Principal
-from cutylib.tenancy import MAX_MERCHANT_ID_LENGTH, MERCHANT_ROLES
+from cutylib.tenancy import MERCHANT_ROLES, merchant_id_problem
 
 from .policy import TOKEN_ROLES
 from .problems import Problem
@@ -130,9 +130,9 @@ def principal_of(claims: dict) -> Principal:
         raise unauthenticated("the token's 'sub' claim must be a non-empty string")
     if role not in TOKEN_ROLES:
         raise unauthenticated(f"the token's 'role' must be one of {', '.join(sorted(TOKEN_ROLES))}, got {role!r}")
-    if org is not None and (not isinstance(org, str) or not org.strip() or len(org) > MAX_MERCHANT_ID_LENGTH):
-        raise unauthenticated(
-            f"the token's 'org' claim must be a non-empty string of at most {MAX_MERCHANT_ID_LENGTH} characters")
+    problem = None if org is None else merchant_id_problem(org)
+    if problem is not None:
+        raise unauthenticated(f"the token's 'org' claim {problem}")
     if role in MERCHANT_ROLES and org is None:
         # Issue 14: staff and admins act for one merchant, named by the identity provider.
         raise unauthenticated(f"a token with role {role!r} must carry the 'org' claim (the merchant it belongs to)")

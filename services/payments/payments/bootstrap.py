@@ -7,7 +7,7 @@ import asyncpg
 
 from cuty.payments.v1 import payments_pb2, payments_pb2_grpc
 from cutylib.config import Settings
-from cutylib.db import create_pool
+from cutylib.db import ALL_MERCHANTS, create_pool
 from cutylib.grpc_server import GrpcServer
 from cutylib.metrics import MetricsLeader, refresh_periodically
 
@@ -27,8 +27,10 @@ SERVICE = payments_pb2.DESCRIPTOR.services_by_name["PaymentService"]
 async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     # max_inactive_connection_lifetime=0: no idle timer re-armed on every release (several per
     # checkout); a service pool of a few dozen connections has nothing to gain from closing idle ones.
+    # The saga, customers' and the workers' paths see every merchant, declared once per session (a
+    # direct connection: LISTEN needs one); staff and admins are narrowed to theirs (docs/tenancy.md).
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-                             application_name="cuty-payments", max_inactive_connection_lifetime=0,
+                             application_name="cuty-payments", merchant=ALL_MERCHANTS, max_inactive_connection_lifetime=0,
                              acquire_timeout=settings.db_acquire_timeout_seconds)
 
 

@@ -26,7 +26,7 @@ CALLERS = {
     "CreatePayment": {PAYMENTS}, "GetPayment": {GATEWAY, PAYMENTS}, "CancelPayment": {PAYMENTS},
     "RefundPayment": {PAYMENTS}, "GetPaymentTimeline": {GATEWAY}, "HandlePspWebhook": {GATEWAY},
     "LookupPayment": {GATEWAY},  # issue 15: staff find a payment by the PSP's intent id
-    "IssueRefund": {GATEWAY, PAYMENTS},  # issue 12: the merchant's staff refund, fully or partly
+    "IssueRefund": {GATEWAY},  # the merchant's staff refund, fully or partly (through the gateway only)
 }
 
 SIGNATURE_KEY = "cuty-signature"

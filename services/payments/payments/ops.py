@@ -368,10 +368,11 @@ async def refund(addr: str, conn, payment_id: str, by: str, reason: str, force: 
 
 async def _connect():
     from cutylib.config import database_url_for
-    from cutylib.db import create_pool
+    from cutylib.db import ALL_MERCHANTS, create_pool
 
+    # The operator's commands act on any merchant's checkout (each names the one it acts on).
     return await create_pool(database_url_for("payments"), min_size=1, max_size=2,
-                             application_name="cuty-payments-ops")
+                             application_name="cuty-payments-ops", merchant=ALL_MERCHANTS)
 
 
 def _dump(data) -> str:

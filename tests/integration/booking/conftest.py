@@ -25,8 +25,8 @@ async def _start(pool, **overrides) -> tuple:
 
 
 @pytest_asyncio.fixture(scope="session")
-async def booking_pool(booking_dsn):
-    p = await create_booking_pool(booking_dsn, dataclasses.replace(Settings(), db_pool_min=2, db_pool_max=20))
+async def booking_pool(booking_service_dsn):
+    p = await create_booking_pool(booking_service_dsn, dataclasses.replace(Settings(), db_pool_min=2, db_pool_max=20))
     yield p
     await p.close()
 

@@ -231,8 +231,8 @@ async def test_row_level_security_bites(booking, booking_dsn):
         await conn.close()
     # a forgotten WHERE still sees only the merchant: the whole table is its 1 + 1 + 1 + 1 rows
     assert {s: counts[s] for s in ("wrong", org)} == {"wrong": [0, 0, 0, 0], org: [1, 1, 1, 1]}
-    # unset is every merchant (the saga's and customers' sessions never set it)
-    assert counts[None] == counts["*"] and all(n >= 1 for n in counts[None])
+    # unset is nobody's (fail closed); only an explicit '*' is every merchant
+    assert counts[None] == [0, 0, 0, 0] and all(n >= 1 for n in counts["*"])
 
 
 async def test_every_merchant_table_has_row_level_security_and_keys_lead_with_the_merchant(booking_pool):

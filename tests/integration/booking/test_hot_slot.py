@@ -2,6 +2,7 @@
 time is bookable again, whichever replica freed it and whether or not the listener was up."""
 import asyncio
 
+import asyncpg
 import grpc
 
 from booking import metrics
@@ -91,7 +92,7 @@ async def test_a_time_freed_by_another_replica_is_bookable_once_notified(booking
     await wait_for(bookable, timeout=5, interval=0.02, message="the freed slot bookable")
 
 
-async def test_a_listener_that_lost_its_connection_forgets_everything(booking, booking_pool):
+async def test_a_listener_that_lost_its_connection_forgets_everything(booking, booking_pool, booking_dsn):
     await _listening(booking_pool)
     salon, (r1,) = await booking.salon()
     target = (await booking.day(salon, [r1], tomorrow(18), count=2))[r1][0]
@@ -102,8 +103,13 @@ async def test_a_listener_that_lost_its_connection_forgets_everything(booking, b
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = 'LISTEN \"booking_time_freed\"'")
     assert killed >= 1
     await _listening(booking_pool)  # listening again: what it knew before the gap is gone
-    async with booking_pool.acquire() as conn, conn.transaction():
-        await conn.execute("SET LOCAL session_replication_role = replica")  # triggers off
-        await conn.execute("UPDATE holds SET status = 'released' WHERE id = $1", winner.id)
+    # Triggers off takes the superuser (the service's role may not; docs/security.md).
+    conn = await asyncpg.connect(booking_dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")
+            await conn.execute("UPDATE holds SET status = 'released' WHERE id = $1", winner.id)
+    finally:
+        await conn.close()
     held = await booking.hold(target.id, customer=new_id())
     assert held.status == pb.HOLD_STATUS_HELD

@@ -17,7 +17,9 @@ import pytest_asyncio
 
 from cuty.payments.v1 import checkout_pb2_grpc, payments_pb2, payments_pb2_grpc
 from cutylib.config import Settings, with_database
-from cutylib.db import create_pool, migrate
+from cutylib.db import migrate
+from cutylib.testing.postgres import service_dsn
+from payments.bootstrap import create_payments_pool
 from cutylib.grpc_server import GrpcServer
 from payments.checkout import crash, wiring
 from cutylib.testing.procs import wait_for
@@ -39,11 +41,19 @@ from checkout_fakes import FakeBooking, FakeCodePool
 REPO_MIGRATIONS = __import__("pathlib").Path(__file__).resolve().parents[3] / "services/payments/migrations"
 
 
+@pytest.fixture(scope="session")
+def checkout_dsn(pg) -> str:
+    """The checkout tests' database, as the superuser (the tests' own reads past Row-Level Security)."""
+    return with_database(pg.dsn, "cuty_payments_checkout_it")
+
+
 @pytest_asyncio.fixture(scope="session")
-async def checkout_pool(pg):
-    dsn = with_database(pg.dsn, "cuty_payments_checkout_it")
+async def checkout_pool(pg, checkout_dsn):
+    """The services' pool: payments' own database role, as in production."""
+    dsn = checkout_dsn
     await migrate(dsn, REPO_MIGRATIONS)
-    pool = await create_pool(dsn, min_size=2, max_size=40)
+    pool = await create_payments_pool(await service_dsn(pg.dsn, "payments", dsn),
+                                      dataclasses.replace(Settings(), db_pool_min=2, db_pool_max=40))
     yield pool
     await pool.close()
 

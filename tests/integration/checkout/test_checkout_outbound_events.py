@@ -12,6 +12,7 @@ import uuid
 import asyncpg
 import pytest
 
+from cutylib.testing.postgres import owner_connection
 from cutylib import errors
 from cutylib.principal import Principal
 from cutylib.testing.procs import wait_for
@@ -406,7 +407,7 @@ async def test_a_merchant_endpoint_answering_a_gzip_bomb_or_an_endless_body_cost
     assert len(bad.requests) >= 7 and {h["accept-encoding"] for _, h in bad.requests} == {"identity"}
 
 
-async def test_row_level_security_on_the_outbound_tables(harness, endpoints):
+async def test_row_level_security_on_the_outbound_tables(harness, endpoints, checkout_dsn):
     """A forgotten `WHERE merchant_id = ...` still shows another merchant none of these rows."""
     from cutylib.testing.tenancy import probe_role, rows_seen, tenant_tables
 
@@ -422,7 +423,7 @@ async def test_row_level_security_on_the_outbound_tables(harness, endpoints):
         finally:
             await stop(tasks)
     outbound = ("merchant_events", "webhook_endpoints", "webhook_deliveries", "webhook_attempts")
-    async with h.pool.acquire() as conn:
+    async with owner_connection(checkout_dsn) as conn:  # the superuser: probe_role makes a role
         tables = {t["table"]: t for t in await tenant_tables(conn)}
         assert set(outbound) <= set(tables)
         assert all(tables[t]["enabled"] and tables[t]["forced"] and tables[t]["has_policy"] for t in outbound)

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc, payments_pb2, payments_pb2_grpc
+from cutylib.testing.postgres import owner_connection
 from cutylib.testing.tenancy import probe_role, rows_seen, tenant_tables
 from cutylib.testing.trust import TEST_MERCHANT, channel_as, user
 
@@ -98,9 +99,9 @@ async def test_the_database_refuses_to_move_a_checkout_or_payment_to_another_mer
         assert await h.pool.fetchval(f"SELECT merchant_id FROM {table} WHERE id = $1", uuid.UUID(pk)) == TEST_MERCHANT
 
 
-async def test_row_level_security_shows_a_wrong_merchant_nothing(served):
+async def test_row_level_security_shows_a_wrong_merchant_nothing(served, checkout_dsn):
     h, checkout_id, payment_id = served
-    async with h.pool.acquire() as conn:
+    async with owner_connection(checkout_dsn) as conn:  # the superuser: probe_role makes a role
         tables = {t["table"]: t for t in await tenant_tables(conn)}
         assert {"checkouts", "payments", "payment_events"} <= set(tables)
         assert all(t["enabled"] and t["forced"] and t["has_policy"] for t in tables.values()), tables
@@ -112,7 +113,7 @@ async def test_row_level_security_shows_a_wrong_merchant_nothing(served):
                 assert await rows_seen(conn, role, table, "*", where, arg) >= 1, table
                 # a forgotten WHERE merchant_id = ... still shows another merchant nothing
                 assert await rows_seen(conn, role, table, OTHER) == 0, table
-                # unset is every merchant (the saga's and customers' sessions never set it)
-                assert await rows_seen(conn, role, table, None, where, arg) >= 1, table
+                # unset is nobody's (fail closed): the saga's and customers' paths say '*'
+                assert await rows_seen(conn, role, table, None, where, arg) == 0, table
             # the global tables stay readable: the PSP's events and the customers' keys
             assert "psp_events" not in tables and "checkout_idempotency_keys" not in tables

@@ -9,12 +9,11 @@ import pytest
 import pytest_asyncio
 
 from cutylib.config import Settings
-from cutylib.db import create_pool
 from codepool.grpc_api import CALLERS
 from cutylib.testing.trust import acting_channel
 from cutylib.telemetry import JsonFormatter
 
-from codepool.bootstrap import create_server
+from codepool.bootstrap import create_codepool_pool, create_server
 from codepool.keys import Keyring
 from cuty.codepool.v1 import codepool_pb2_grpc
 
@@ -60,16 +59,29 @@ def keyring() -> Keyring:
     return Keyring(keys={"t1": os.urandom(32)}, active="t1", hash_key=TEST_HASH_KEY)
 
 
-@pytest_asyncio.fixture(scope="session")
-async def cp_pool(codepool_dsn):
-    pool = await create_pool(codepool_dsn, min_size=2, max_size=30, application_name="codepool-tests")
+async def _pool(dsn: str, name: str):
+    pool = await create_codepool_pool(dsn, Settings(), min_size=2, max_size=30, application_name=name)
     yield pool
     await pool.close()
 
 
 @pytest_asyncio.fixture(scope="session")
-async def cp_server(cp_pool, keyring):
-    server = await create_server(Settings(), cp_pool, keyring=keyring)
+async def cp_pool(codepool_dsn):
+    """The tests' own pool (the superuser: reads and writes past Row-Level Security and triggers)."""
+    async for pool in _pool(codepool_dsn, "codepool-tests"):
+        yield pool
+
+
+@pytest_asyncio.fixture(scope="session")
+async def cp_service_pool(codepool_service_dsn):
+    """The server's pool: the code pool's own database role, as in production."""
+    async for pool in _pool(codepool_service_dsn, "codepool-service"):
+        yield pool
+
+
+@pytest_asyncio.fixture(scope="session")
+async def cp_server(cp_service_pool, keyring):
+    server = await create_server(Settings(), cp_service_pool, keyring=keyring)
     await server.start()
     yield server
     await server.stop()

@@ -127,3 +127,29 @@ async def test_a_function_returning_a_tables_rows_waits_for_its_table(scratch_db
         assert await conn.fetchval("SELECT v FROM newest_a()") == 2
     finally:
         await conn.close()
+
+
+async def test_a_unit_of_work_says_its_merchant_on_any_pool(scratch_db):
+    """The merchant goes out with BEGIN on the platform's pools and as a statement of its own on a
+    plain asyncpg pool; either way the transaction has it, and the next one does not."""
+    from cutylib import principal
+    from cutylib.db import ALL_MERCHANTS, MERCHANT_SETTING, create_pool
+
+    setting = f"SELECT current_setting('{MERCHANT_SETTING}', true)"
+    plain = await asyncpg.create_pool(scratch_db, min_size=1, max_size=1)
+    ours = await create_pool(scratch_db, min_size=1, max_size=1, merchant=ALL_MERCHANTS, merchant_at_connect=False)
+    try:
+        for pool in (plain, ours):
+            async with UnitOfWork(pool, merchant="m-1") as uow:
+                assert await uow.conn.fetchval(setting) == "m-1"
+            async with pool.acquire() as conn:
+                assert await conn.fetchval(setting) in (None, "")
+        # a caller of every merchant on a pool that says '*' per transaction; a merchant's user narrowed
+        assert await ours.fetchval(setting) == ALL_MERCHANTS
+        with principal.acting_as(principal.Principal("u", "staff", "m-2")):
+            assert await ours.fetchval(setting) == "m-2"
+            async with UnitOfWork(ours) as uow:
+                assert await uow.conn.fetchval(setting) == "m-2"
+    finally:
+        await plain.close()
+        await ours.close()

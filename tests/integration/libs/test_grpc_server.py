@@ -37,9 +37,9 @@ class Probe(booking_pb2_grpc.BookingServiceServicer):
         raise AlreadyExists("slot taken", reason="slot-unavailable",
                             detail=booking_pb2.SlotUnavailable(slot_id=request.slot_id))
 
-    async def GetSlot(self, request, context):
+    async def ListSlots(self, request, context):
         await asyncio.sleep(5)
-        return booking_pb2.Slot()
+        return booking_pb2.ListSlotsResponse()
 
     async def GetHold(self, request, context):
         raise ZeroDivisionError("bug")
@@ -114,7 +114,7 @@ async def test_the_user_is_the_signed_assertion_and_never_plain_metadata(probe_s
         assert await code_of(stub(ch).CreateSalon(CREATE, metadata=(("cuty-user", "x" * 5000),))) == \
             grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(ch).GetSlot(booking_pb2.GetSlotRequest())
+            await stub(ch).ListSlots(booking_pb2.ListSlotsRequest())
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
@@ -137,7 +137,7 @@ async def test_the_client_channel_forwards_the_current_user_and_defaults_the_dea
         assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
         started = asyncio.get_running_loop().time()
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(ch).GetSlot(booking_pb2.GetSlotRequest(), timeout=1.0)
+            await stub(ch).ListSlots(booking_pb2.ListSlotsRequest(), timeout=1.0)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert asyncio.get_running_loop().time() - started >= 0.9  # its own 1 s, not the channel's 0.3 s
 

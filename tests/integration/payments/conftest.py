@@ -7,7 +7,7 @@ import pytest
 import pytest_asyncio
 
 from cutylib.config import Settings
-from cutylib.db import create_pool
+from payments.bootstrap import create_payments_pool
 from payments.service import PaymentsCore
 from payments.metrics import PaymentsMetrics
 from payments.settings import PaymentsOptions
@@ -17,8 +17,9 @@ from cutylib.testing.fake_psp import FakePsp
 
 
 @pytest_asyncio.fixture(scope="session")
-async def payments_pool(payments_dsn):
-    pool = await create_pool(payments_dsn, min_size=2, max_size=60)
+async def payments_pool(payments_service_dsn):
+    pool = await create_payments_pool(payments_service_dsn,
+                                      dataclasses.replace(Settings(), db_pool_min=2, db_pool_max=60))
     yield pool
     await pool.close()
 

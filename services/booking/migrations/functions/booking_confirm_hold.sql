@@ -5,9 +5,11 @@
 -- (CUTY_CONFIRM_CUTOFF_SECONDS; FAILED_PRECONDITION slot-started, the orchestrator refunds, as for
 -- 'lost'). A hold confirmed already stays confirmed: a repeat with its payment ref still answers
 -- 'confirmed'. p_cutoff_seconds defaults to 0, so a caller of the two-argument form keeps working.
+-- The orchestrator's alone (system), for every merchant: SET cuty.merchant = '*' for the call, so
+-- ConfirmHold stays one round trip behind PgBouncer (docs/tenancy.md).
 CREATE OR REPLACE FUNCTION booking_confirm_hold(p_hold_id uuid, p_payment_ref text, p_cutoff_seconds double precision DEFAULT 0)
 RETURNS TABLE (outcome text, hold holds, db_now timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET cuty.merchant = '*' AS $$
 #variable_conflict use_column
 BEGIN
     FOR attempt IN 1..3 LOOP

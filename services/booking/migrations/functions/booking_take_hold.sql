@@ -13,11 +13,15 @@
 -- global). `taken_over`: the overlapping expired holds that booking_retire_stale marked 'expired'
 -- before the INSERT (booking's "expired holds taken over" metric; 0 when the sweeper had come
 -- first, or on any other outcome).
+-- It acts for every merchant (SET cuty.merchant = '*', for the call only): the orchestrator and
+-- customers hold any merchant's slot, and saying so here keeps HoldSlot at one round trip behind
+-- PgBouncer (docs/tenancy.md). A merchant's user reaches it only after BookingService.hold_slot
+-- checked that the slot is that merchant's.
 CREATE OR REPLACE FUNCTION booking_take_hold(p_hold_id uuid, p_slot_id uuid, p_customer_id text, p_request_id text,
                                   p_ttl_seconds integer, p_max_active integer, p_max_alternatives integer)
 RETURNS TABLE (outcome text, hold holds, alternatives slots[], time_zone text, db_now timestamptz,
               taken_over integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET cuty.merchant = '*' AS $$
 #variable_conflict use_column
 DECLARE
     v_slot   slots;

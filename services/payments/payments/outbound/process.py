@@ -25,7 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cutylib.config import Settings, database_url_for, env_int, env_str
-from cutylib.db import create_pool
+from cutylib.db import ALL_MERCHANTS, create_pool
 from cutylib.dbwatch import DatabaseWatch
 from cutylib.grpc_server import LIVENESS, _supervised as supervised
 from cutylib.metrics import metrics_enabled, start_metrics_server
@@ -104,7 +104,7 @@ async def serve(migrations: pathlib.Path) -> None:
     dsn = database_url_for("payments")
     # Connected on demand: the database may be away at start (the watch says when it is back).
     pool = await create_pool(dsn, min_size=0, max_size=settings.db_pool_max, application_name=f"cuty-{NAME}",
-                             acquire_timeout=settings.db_acquire_timeout_seconds)
+                             acquire_timeout=settings.db_acquire_timeout_seconds, merchant=ALL_MERCHANTS)
     try:
         process = WebhooksOut(pool, dsn, migrations, SecretBox.load(settings.webhook_secret_keys, settings.data_dir),
                               host=env_str("CUTY_WEBHOOKS_OUT_HOST", "0.0.0.0"),
