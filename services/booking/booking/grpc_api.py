@@ -15,7 +15,7 @@ from cuty.common.v1 import common_pb2
 from cutylib import principal, tenancy
 from cutylib.errors import AlreadyExists, InvalidArgument
 from cutylib.fields import parse_uuid
-from cutylib.timestamps import from_timestamp, to_timestamp
+from cutylib.timestamps import optional_instant, to_timestamp
 from cutylib.tls import GATEWAY, PAYMENTS
 
 from . import domain
@@ -40,16 +40,6 @@ _STATUS = {
     domain.EXPIRED: pb.HOLD_STATUS_EXPIRED,
 }
 
-
-def _instant(msg, name: str, field: str | None = None) -> datetime | None:
-    """The Timestamp field `name` of `msg` as an aware UTC datetime; None when unset."""
-    if not msg.HasField(name):
-        return None
-    try:
-        return from_timestamp(getattr(msg, name))
-    except (ValueError, OverflowError) as e:
-        field = field or name
-        raise InvalidArgument(field, f"{field} is not a valid instant: {e}") from None
 
 
 def slot_pb(s: Slot) -> pb.Slot:
@@ -130,16 +120,16 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         for i, s in enumerate(request.slots):
             price = s.price if s.HasField("price") else None
             drafts.append(domain.slot_draft(
-                i, s.resource_id, _instant(s, "start_time", f"slots[{i}].start_time"),
-                _instant(s, "end_time", f"slots[{i}].end_time"),
+                i, s.resource_id, optional_instant(s, "start_time", f"slots[{i}].start_time"),
+                optional_instant(s, "end_time", f"slots[{i}].end_time"),
                 price.currency_code if price else None, price.amount_minor if price else None))
         slots = await self.service.create_slots(caller, salon_id, drafts)
         return pb.BatchCreateSlotsResponse(slots=[slot_pb(s) for s in slots])
 
     async def ListSlots(self, request: pb.ListSlotsRequest, context: grpc.aio.ServicerContext) -> pb.ListSlotsResponse:
         salon_id = parse_uuid("salon_id", request.salon_id)
-        start = domain.require_instant("start_time", _instant(request, "start_time"))
-        end = domain.require_instant("end_time", _instant(request, "end_time"))
+        start = domain.require_instant("start_time", optional_instant(request, "start_time"))
+        end = domain.require_instant("end_time", optional_instant(request, "end_time"))
         slots, next_token = await self.service.list_slots(principal.current(), salon_id, start, end,
                                                           request.available_only,
                                                           request.page_size, request.page_token)

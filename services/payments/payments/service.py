@@ -110,7 +110,7 @@ class PaymentsCore:
         require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
         require_amount("amount.amount_minor", amount_minor, positive=True)
         require_currency("amount.currency_code", currency)
-        require(bool(payment_method), "payment_method", "payment_method must not be empty")
+        domain.require_payment_method(payment_method)
         require(bool(merchant_id) and len(merchant_id) <= tenancy.MAX_MERCHANT_ID_LENGTH, "merchant_id",
                 f"merchant_id must be 1..{tenancy.MAX_MERCHANT_ID_LENGTH} characters (the merchant paid)")
         checkout = parse_uuid("checkout_id", checkout_id) if checkout_id else None

@@ -1,7 +1,6 @@
-"""The saga's pure rules: transition table, next step, payment routing, keys, backoff, validation."""
+"""The saga's pure rules: transition table, next step, payment routing, keys, validation."""
 from __future__ import annotations
 
-import random
 import uuid
 from dataclasses import replace as dataclasses_replace
 from datetime import datetime, timedelta, timezone
@@ -107,16 +106,6 @@ def test_late_capture_completes_an_expired_checkout_and_refunds_a_cancelled_one(
 def test_wait_until_is_the_hold_expiry_only_while_waiting_for_it():
     assert d.wait_until(saga(d.HELD)) == NOW + timedelta(minutes=5)
     assert d.wait_until(saga(d.CONFIRMING)) is None
-
-
-def test_backoff_grows_is_capped_and_jittered():
-    rng = random.Random(7)
-    seen = [d.backoff_seconds(a, 0.2, 30, rng) for a in range(12)]
-    assert all(0.1 <= s for s in seen)
-    assert seen[0] <= 0.2 and seen[3] >= 0.8  # 0.2 * 2**3 / 2
-    assert max(seen) <= 30
-    assert min(d.backoff_seconds(50, 0.2, 30, rng) for _ in range(100)) >= 15  # capped, still spread
-    assert len({round(d.backoff_seconds(4, 0.2, 30, rng), 6) for _ in range(20)}) > 1
 
 
 def test_validate_create():
@@ -236,3 +225,4 @@ def test_only_the_customer_starts_a_reschedule_that_charges_their_card():
     assert d.initiator_role(None) == ""  # unknown: never the customer
     with pytest.raises(FailedPrecondition):
         d.refuse_unasked_charge(d.initiator_role(None), new_minor=2, paid_minor=1, currency="TRY")
+

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import math
-import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,6 +16,8 @@ from typing import Any, Mapping
 
 from cutylib.errors import FailedPrecondition, InvalidArgument
 from cutylib.fields import canonical_uuid
+
+from ..domain import require_payment_method
 
 # -- states ----------------------------------------------------------------------------------------
 
@@ -448,7 +449,7 @@ def cancel_reason(reason: str) -> str:
 def reschedule_payment_method(requested: str, saga: Saga) -> str | None:
     """The card that pays a price increase: the request's, else the purchase's own (None: none)."""
     if requested:
-        return payment_method(requested)
+        return require_payment_method(requested)
     return saga.payment_method
 
 
@@ -472,28 +473,9 @@ def refuse_unasked_charge(role: str, *, new_minor: int, paid_minor: int, currenc
             reason="reschedule-costs-more")
 
 
-# -- retries --------------------------------------------------------------------------------------
-
-def backoff_seconds(attempts: int, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Capped exponential backoff with 'equal jitter': at least half the step, so a failing
-    dependency is not hammered, and spread so replicas retrying one outage do not stampede."""
-    step = min(cap, base * (2 ** min(attempts, 20)))
-    r = (rng or random).random()
-    return step / 2 + r * step / 2
-
-
 # -- request validation ---------------------------------------------------------------------------
 
 MAX_QUANTITY = 100
-MAX_PAYMENT_METHOD = 64
-
-
-def payment_method(value: str) -> str:
-    """A payment method as PayCheckout, a one-call CreateCheckout and a reschedule take it."""
-    if not value or len(value) > MAX_PAYMENT_METHOD or not value.isprintable():
-        raise InvalidArgument("payment_method", f"payment_method must be 1..{MAX_PAYMENT_METHOD} printable "
-                                                f"characters, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -520,7 +502,7 @@ def validate_create(slot_id: str, product_id: str, quantity: int, pay_with: str 
         if not 1 <= quantity <= MAX_QUANTITY:
             raise InvalidArgument("quantity", f"quantity must be between 1 and {MAX_QUANTITY}, got {quantity!r}")
         kind, slot_id, product_id = CODES, None, canonical_uuid("product_id", product_id)
-    return CreateRequest(kind, slot_id, product_id, quantity, None if pay_with is None else payment_method(pay_with))
+    return CreateRequest(kind, slot_id, product_id, quantity, None if pay_with is None else require_payment_method(pay_with))
 
 
 # -- ListCheckouts' filters (issue 12) ------------------------------------------------------------

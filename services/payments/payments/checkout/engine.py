@@ -21,6 +21,7 @@ import asyncpg
 from opentelemetry import trace
 
 from cutylib import deadlines, errors
+from cutylib.backoff import equal_jitter
 from cutylib.telemetry import context_of
 
 from . import crash, domain, repository as repo
@@ -238,7 +239,7 @@ class Engine:
     async def _retry_later(self, saga: Saga, owner: str, exc: BaseException) -> None:
         current = await self.sagas.get(saga.id)
         attempts = current.attempts if current is not None else saga.attempts
-        delay = domain.backoff_seconds(attempts, self.options.retry_base_seconds, self.options.retry_cap_seconds)
+        delay = equal_jitter(attempts + 1, self.options.retry_base_seconds, self.options.retry_cap_seconds)
         self.core.metrics.retries.labels(saga.state).inc()
         level = logging.INFO if isinstance(exc, TRANSIENT) and attempts < 5 else logging.WARNING
         log.log(level, "saga step failed; retrying in %.2fs", delay, exc_info=not isinstance(exc, TRANSIENT),

@@ -18,6 +18,7 @@ from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
+from ..domain import require_payment_method
 from . import diagnostics, domain, repository as repo, views
 from .domain import Saga
 from .engine import Engine
@@ -125,7 +126,7 @@ class CheckoutService:
     # -- PayCheckout ------------------------------------------------------------------------------
     async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> checkout_pb2.Checkout:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
-        domain.payment_method(payment_method)
+        require_payment_method(payment_method)
         h = request_hash("pay", checkout_id, payment_method)
         owner = new_owner("pay")
         # HELD -> CHARGING is written by the key's own statement (one round trip).
