@@ -8,6 +8,8 @@ import prometheus_client
 
 from cutylib.metrics import LAG_BUCKETS, Metrics
 
+from .checkout import domain as saga_domain
+
 # Sample names tests and benchmarks read with `metrics.value(...)`.
 VERSION_CONFLICTS = "cuty_payments_version_conflicts_total"
 DEFERRED_FINALIZES = "cuty_payments_deferred_finalizes_total"
@@ -20,8 +22,7 @@ SAGAS_NEED_ATTENTION = "cuty_checkout_sagas_need_attention_total"
 SAGAS_RETRIED_BY_OPERATOR = "cuty_checkout_sagas_retried_by_operator_total"
 
 # The saga states a checkout waits in (domain.TERMINAL's complement); the "stuck" gauges report each.
-NON_TERMINAL = ("PENDING", "HELD", "CHARGING", "AWAITING_ACTION", "CONFIRMING", "RELEASING", "REFUNDING",
-                "NEEDS_ATTENTION", "CANCELLING", "RESCHEDULING", "RESCHEDULE_CONFIRMING", "RESCHEDULE_REVERTING")
+NON_TERMINAL = saga_domain.NON_TERMINAL
 
 NON_TERMINAL_PAYMENTS = """
 SELECT count(*) FILTER (WHERE updated_at < clock_timestamp() - make_interval(secs => $1)) AS backlog,

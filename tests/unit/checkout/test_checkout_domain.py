@@ -226,3 +226,17 @@ def test_only_the_customer_starts_a_reschedule_that_charges_their_card():
     with pytest.raises(FailedPrecondition):
         d.refuse_unasked_charge(d.initiator_role(None), new_minor=2, paid_minor=1, currency="TRY")
 
+
+def test_the_free_cancellation_deadline_defaults_to_the_statements_24_hours():
+    start = NOW + timedelta(days=3)
+    assert saga(d.COMPLETED, start_time=start, free_cancellation_hours=None).free_cancellation_deadline \
+        == start - timedelta(hours=d.DEFAULT_FREE_CANCELLATION_HOURS) == start - timedelta(hours=24)
+    assert saga(d.COMPLETED, start_time=start, free_cancellation_hours=0).free_cancellation_deadline == start
+    assert saga(d.COMPLETED, start_time=None).free_cancellation_deadline is None
+
+
+def test_the_watched_payment_follows_the_reschedule_payment_states():
+    for state in d.STATES:
+        s = saga(state, payment_id="purchase", reschedule_payment_id="difference")
+        expected = "difference" if state in d.RESCHEDULE_PAYMENT_STATES else "purchase"
+        assert d.watched_payment_id(s) == expected, state

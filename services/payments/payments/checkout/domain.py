@@ -46,8 +46,20 @@ RESCHEDULE_CONFIRMING = "RESCHEDULE_CONFIRMING"
 RESCHEDULE_REVERTING = "RESCHEDULE_REVERTING"
 RESCHEDULE_STATES = frozenset({RESCHEDULING, RESCHEDULE_CONFIRMING, RESCHEDULE_REVERTING})
 
+# Every state, in the order the schema lists them (checkouts_state_check) and the gauges report them.
+STATES = (PENDING, HELD, CHARGING, AWAITING_ACTION, CONFIRMING, COMPLETED, RELEASING, REJECTED, FAILED, EXPIRED,
+          CANCELLED, REFUNDING, REFUNDED, NEEDS_ATTENTION, CANCELLING, CANCELLED_AFTER_PURCHASE,
+          RESCHEDULING, RESCHEDULE_CONFIRMING, RESCHEDULE_REVERTING)
+# The one list of finished states: Python uses these sets, and the schema's lists (CHECKs, partial
+# indexes, triggers) are checked against them (tests/integration/payments/test_saga_state_lists.py).
 TERMINAL = frozenset({COMPLETED, REJECTED, FAILED, EXPIRED, CANCELLED, REFUNDED, CANCELLED_AFTER_PURCHASE})
+# Nothing for a worker to do: finished, or waiting for an operator.
+IDLE = TERMINAL | {NEEDS_ATTENTION}
+# The states a checkout waits in (the "stuck" gauges and `ops stuck` report these).
+NON_TERMINAL = tuple(s for s in STATES if s not in TERMINAL)
 RELEASE_OUTCOMES = frozenset({FAILED, EXPIRED, CANCELLED})
+# The states whose step routes on the reschedule's own payment (a price increase), not the purchase's.
+RESCHEDULE_PAYMENT_STATES = frozenset({RESCHEDULING, RESCHEDULE_REVERTING})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     PENDING: frozenset({HELD, REJECTED}),
@@ -246,10 +258,12 @@ class Saga:
 
     @property
     def free_cancellation_deadline(self) -> datetime | None:
-        """Issue 12: until when a cancel is free: N elapsed hours before the start (not wall-clock)."""
+        """Until when a cancel is free: N elapsed hours before the start (not wall-clock), N the policy
+        recorded at purchase, else the default (as the statements that decide a cancel or a reschedule)."""
         if self.start_time is None:
             return None
-        return self.start_time - timedelta(hours=self.free_cancellation_hours or 0)
+        hours = DEFAULT_FREE_CANCELLATION_HOURS if self.free_cancellation_hours is None else self.free_cancellation_hours
+        return self.start_time - timedelta(hours=hours)
 
 
 # -- what to do next ------------------------------------------------------------------------------
@@ -414,7 +428,7 @@ def wait_until(saga: Saga, grace_seconds: float = 0.0) -> datetime | None:
 def watched_payment_id(saga: Saga) -> str | None:
     """The payment whose status the current step routes on: a reschedule's difference while it is
     charged or undone, else the purchase's."""
-    if saga.state in (RESCHEDULING, RESCHEDULE_REVERTING):
+    if saga.state in RESCHEDULE_PAYMENT_STATES:
         return saga.reschedule_payment_id
     return saga.payment_id
 
@@ -424,15 +438,6 @@ def watched_payment_id(saga: Saga) -> str | None:
 # Defaults for a booking held before policies existed (docs/booking.md, "Cancellation policy").
 DEFAULT_FREE_CANCELLATION_HOURS, DEFAULT_CANCELLATION_FEE_PERCENT = 24, 0
 MAX_CANCEL_REASON = 500
-
-
-def policy_refund(captured_minor: int, fee_percent: int, free: bool) -> int:
-    """What a customer's cancel refunds: everything before the cutoff, else (100 - fee) % of what
-    was captured, rounded down to minor units (the same rule as the START_CANCEL_AFTER_PURCHASE
-    statement, which decides it with the database clock)."""
-    if free:
-        return captured_minor
-    return captured_minor * (100 - fee_percent) // 100
 
 
 def cancel_reason(reason: str) -> str:

@@ -182,13 +182,14 @@ class Engine:
             saga, status, saga.read_at, self.options.expiry_grace_seconds) is None)
 
     async def _payment(self, saga: Saga, current):
-        if saga.state in (domain.RESCHEDULING, domain.RESCHEDULE_REVERTING):
-            # A reschedule routes on its difference's payment (issue 12, item 2), when there is one.
-            return await self.core.get(saga.reschedule_payment_id) if saga.reschedule_payment_id else None
-        if saga.payment_id is None or saga.state not in (
+        """The payment the step routes on (domain.watched_payment_id), read now where its status decides."""
+        watched = domain.watched_payment_id(saga)
+        if saga.state in domain.RESCHEDULE_PAYMENT_STATES:
+            return await self.core.get(watched) if watched else None  # none: a price decrease or none yet
+        if watched is None or saga.state not in (
                 domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING, domain.REFUNDING):
             return current
-        return await self.core.get(saga.payment_id)
+        return await self.core.get(watched)
 
     async def _move(self, saga: Saga, owner: str, move: Move, learned: repo.Fields, note: str,
                     status: str | None) -> tuple[Saga, bool]:

@@ -19,8 +19,8 @@ import asyncpg
 from cutylib import tenancy
 from cutylib.telemetry import current_trace_id, current_traceparent
 
-from .domain import (COMPLETED, DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS,
-                     RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, Saga)
+from .domain import (COMPLETED, DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS, IDLE,
+                     RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, STATES, TERMINAL, Saga)
 
 # NOTIFY channel of wake-ups; the payments trigger (checkouts_wake_on_payment) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
@@ -28,12 +28,19 @@ WAKE_CHANNEL = "cuty_checkout_wake"
 # checkouts_notify_watchers), payload the checkout id (payments/checkout/live.py).
 WATCH_CHANNEL = "cuty_checkout_events"
 
-_TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE')"
-# Nothing for a worker to do: terminal, or waiting for an operator (issue 10, item 8).
-_IDLE = ("('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE', "
-         "'NEEDS_ATTENTION')")
+
+
+def in_list(states) -> str:
+    """A constant SQL list of saga states, `('A', 'B')`, in the domain's order: the SQL here says
+    the domain's sets, never a copy of them."""
+    return "(" + ", ".join(f"'{s}'" for s in STATES if s in states) + ")"
+
+
+_TERMINAL = in_list(TERMINAL)
+# Nothing for a worker to do: terminal, or waiting for an operator.
+_IDLE = in_list(IDLE)
 _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
-_RESCHEDULE = "('RESCHEDULING', 'RESCHEDULE_CONFIRMING', 'RESCHEDULE_REVERTING')"
+_RESCHEDULE = in_list(RESCHEDULE_STATES)
 
 # CreateCheckout's first write, the PENDING row with the request's saga lease, as part of its
 # Idempotency-Key's statement (idempotency.begin_with): the checkout id is the key's resource id,
