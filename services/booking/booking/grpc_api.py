@@ -24,8 +24,8 @@ from .service import BookingService, SlotTaken
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
 # The catalogue is the gateway's (admins and signed-in users); holds are the orchestrator's alone.
-# Roles are checked here too (require_admin); which merchant's rows a user sees is the service's
-# (issue 14): staff and admins their own merchant's, customers and the operator (ListSlots) any.
+# Roles are checked here too (require_admin); which merchant's rows a user sees is the service's:
+# staff and admins their own merchant's, customers and the operator (ListSlots) any.
 CALLERS = {
     "CreateSalon": {GATEWAY}, "SetCancellationPolicy": {GATEWAY}, "CreateResource": {GATEWAY}, "BatchCreateSlots": {GATEWAY},
     "ListSlots": {GATEWAY}, "GetSlot": {GATEWAY, PAYMENTS}, "ListBookings": {GATEWAY},
@@ -66,7 +66,7 @@ def salon_pb(salon: Salon) -> pb.Salon:
 
 
 def booking_pb(h: Hold, time_zone: str) -> pb.Booking:
-    """One agenda entry (issue 12)."""
+    """One agenda entry."""
     return pb.Booking(hold_id=str(h.id), slot_id=str(h.slot_id), resource_id=str(h.resource_id),
                       start_time=to_timestamp(h.start_time), end_time=to_timestamp(h.end_time),
                       local_start_time=domain.local_time(h.start_time, time_zone), status=_STATUS[h.status],

@@ -19,7 +19,7 @@ PROCESSING = "processing"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 CANCELED = "canceled"
-# Issue 12: part of the captured amount went back to the buyer (payments.refund_settled_minor), the
+# Part of the captured amount went back to the buyer (payments.refund_settled_minor), the
 # rest is still captured; a further refund may follow. Never set by a PSP observation: only by
 # the refund path (repository.SETTLE_REFUND), from the running totals.
 PARTIALLY_REFUNDED = "partially_refunded"

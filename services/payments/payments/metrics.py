@@ -50,7 +50,7 @@ class PaymentsMetrics(Metrics):
         self.webhook_lag = h("cuty_payments_webhook_lag_seconds",
                              "From the PSP event's creation to its change applied to the payment", buckets=LAG_BUCKETS)
         self.psp_events_purged = c(PSP_EVENTS_PURGED, "Handled PSP events purged after CUTY_PSP_EVENT_RETENTION_DAYS")
-        # issue 12; outcome: reserved | replayed | succeeded | failed | pending
+        # the refund path's outcome: reserved | replayed | succeeded | failed | pending
         self.refunds = c("cuty_payments_refunds_total", "Refunds by outcome (reserved in the database, settled "
                          "or refused by the PSP, left pending by a PSP timeout, replayed by key)", ["outcome"])
         self.reconciled = c(RECONCILED_PAYMENTS, "Payments moved by the reconciliation poller")

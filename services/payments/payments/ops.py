@@ -1,4 +1,4 @@
-"""The operator's view (issue 15): `python -m payments ops <command>`, run in a payments pod.
+"""The operator's view: `python -m payments ops <command>`, run in a payments pod.
 
     python -m payments ops story <checkout id | payment id | PSP intent id | idempotency key> [--json]
     python -m payments ops stuck [--older-than SECONDS] [--json]

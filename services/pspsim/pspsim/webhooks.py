@@ -61,8 +61,8 @@ class WebhookDispatcher:
 
     async def start(self) -> None:
         if self._client is None:
-            # aiohttp rather than httpx: about a tenth of the CPU per delivery (docs/benchmarks.md,
-            # issue 11). Connections are kept alive; a burst past 32 in flight waits for one.
+            # aiohttp rather than httpx: about a tenth of the CPU per delivery (docs/benchmarks.md).
+            # Connections are kept alive; a burst past 32 in flight waits for one.
             self._client = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.settings.webhook_timeout_seconds),
                 connector=aiohttp.TCPConnector(limit=32), skip_auto_headers=("User-Agent",))

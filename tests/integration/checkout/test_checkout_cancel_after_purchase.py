@@ -1,4 +1,4 @@
-"""Issue 12, item 1: a COMPLETED booking cancelled after purchase, in process (real PostgreSQL, real
+"""A COMPLETED booking cancelled after purchase, in process (real PostgreSQL, real
 saga and payments core with its refunds, fake booking / code pool / PSP): the policy recorded at
 purchase decides the refund with the database clock (one second either side of the cutoff, across a
 DST change: elapsed hours), the fee rounded down, a 100 % fee, staff's full refund with a reason,
@@ -317,7 +317,7 @@ async def test_a_cancel_that_keeps_failing_needs_attention_and_an_operator_retri
 
 
 async def test_a_cancel_after_purchase_is_an_outbound_booking_cancelled_event(harness):
-    """Issue 12, item 6 with item 1: the state change writes `booking.cancelled` for the merchant
+    """The state change writes `booking.cancelled` for the merchant
     (trigger checkouts_merchant_events), with the refund amount and the reason, beside the purchase's own events."""
     h = harness
     start = await db_now(h) + timedelta(hours=2)  # past its 24 hours of free cancellation: a 25 % fee

@@ -27,7 +27,7 @@ def saga(state=d.HELD, **kw) -> Saga:
 def test_terminal_states_go_nowhere():
     for s in d.TERMINAL - {d.COMPLETED}:
         assert not d.TRANSITIONS[s]
-    # Issue 12: a completed purchase goes on only by a cancel after purchase or a reschedule.
+    # A completed purchase goes on only by a cancel after purchase or a reschedule.
     assert d.TRANSITIONS[d.COMPLETED] == {d.CANCELLING, d.RESCHEDULING}
     assert not d.can_transition(d.COMPLETED, d.REFUNDING)
     assert d.can_transition(d.RELEASING, d.CONFIRMING)  # late capture
@@ -144,7 +144,7 @@ def test_validate_create_refuses_bad_input(slot, product, qty, field):
 
 
 def test_a_payment_extends_the_hold_only_when_less_than_the_pay_window_is_left():
-    """Issue 11: the hold expires at NOW + 5 min in these sagas."""
+    """The hold expires at NOW + 5 min in these sagas."""
     paying = saga(d.CHARGING, payment_key="k")
     assert d.next_step(paying, None, NOW, pay_window_seconds=120) is Step.CHARGE
     assert d.next_step(paying, None, NOW + timedelta(minutes=3, seconds=1), pay_window_seconds=120) is Step.EXTEND
@@ -154,7 +154,7 @@ def test_a_payment_extends_the_hold_only_when_less_than_the_pay_window_is_left()
                        pay_window_seconds=120) is Step.EXTEND  # expiry unknown: extend
 
 
-# -- reschedule (issue 12, item 2) --------------------------------------------------------------------
+# -- reschedule ------------------------------------------------------------------------------------
 
 def rescheduling(**kw) -> Saga:
     base = dict(reschedule_seq=1, reschedule_status="in_progress", reschedule_slot_id=str(uuid.uuid4()),

@@ -45,7 +45,7 @@ def test_only_apply_moves_and_every_apply_is_forward():
 def test_terminal_statuses_have_no_way_out_except_refund():
     for s in domain.TERMINAL:
         assert domain.TRANSITIONS[s] <= {"partially_refunded", "refunded"}
-    # issue 12: a partly refunded payment may only be refunded further; a late "succeeded" is old news
+    # A partly refunded payment may only be refunded further; a late "succeeded" is old news
     assert domain.TRANSITIONS["partially_refunded"] == {"refunded"}
     assert decide("partially_refunded", "succeeded") is Outcome.STALE
     assert decide("partially_refunded", "refunded") is Outcome.APPLY

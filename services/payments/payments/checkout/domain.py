@@ -34,12 +34,12 @@ EXPIRED = "EXPIRED"
 CANCELLED = "CANCELLED"
 REFUNDING = "REFUNDING"
 REFUNDED = "REFUNDED"
-# A finishing step (confirm, release, refund) that kept failing: waits for an operator (issue 10).
+# A finishing step (confirm, release, refund) that kept failing: waits for an operator.
 NEEDS_ATTENTION = "NEEDS_ATTENTION"
-# Issue 12: a COMPLETED booking cancelled after purchase: refund per its policy, free the slot, end.
+# A COMPLETED booking cancelled after purchase: refund per its policy, free the slot, end.
 CANCELLING = "CANCELLING"
 CANCELLED_AFTER_PURCHASE = "CANCELLED_AFTER_PURCHASE"
-# Issue 12, item 2: a COMPLETED booking moved to another slot (docs/checkout.md, "Reschedule"): the new
+# A COMPLETED booking moved to another slot (docs/checkout.md, "Reschedule"): the new
 # slot held (and a price increase charged), then confirmed and the old booking released; or undone.
 RESCHEDULING = "RESCHEDULING"
 RESCHEDULE_CONFIRMING = "RESCHEDULE_CONFIRMING"
@@ -77,7 +77,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RESCHEDULE_CONFIRMING: frozenset({COMPLETED, RESCHEDULE_REVERTING, NEEDS_ATTENTION}),
     RESCHEDULE_REVERTING: frozenset({COMPLETED, NEEDS_ATTENTION}),
     **{s: frozenset() for s in TERMINAL},
-    # Issue 12: a purchase is finished when COMPLETED; its one way on is a cancel after purchase
+    # A purchase is finished when COMPLETED; its one way on is a cancel after purchase
     # (a booking's customer per its policy, or the merchant's staff), which starts a new saga leg,
     # or a reschedule (item 2), which ends COMPLETED again (on the new slot, or unchanged).
     COMPLETED: frozenset({CANCELLING, RESCHEDULING}),
@@ -98,7 +98,7 @@ CODES = "codes"
 # Payment statuses (payments/domain.py), as far as the saga cares.
 P_CREATED, P_REQUIRES_ACTION, P_PROCESSING = "created", "requires_action", "processing"
 P_SUCCEEDED, P_FAILED, P_CANCELED, P_REFUNDED = "succeeded", "failed", "canceled", "refunded"
-# Issue 12: staff refunded part of the payment; for the saga the rest is still captured (succeeded).
+# Staff refunded part of the payment; for the saga the rest is still captured (succeeded).
 P_PARTIALLY_REFUNDED = "partially_refunded"
 P_TERMINAL = frozenset({P_SUCCEEDED, P_FAILED, P_CANCELED, P_PARTIALLY_REFUNDED, P_REFUNDED})
 
@@ -140,19 +140,19 @@ def refund_key(checkout_id) -> str:
 
 
 def cancel_refund_key(checkout_id) -> str:
-    """Issue 12: the refund of a cancel after purchase (one per checkout: a cancel happens once)."""
+    """The refund of a cancel after purchase (one per checkout: a cancel happens once)."""
     return step_key(checkout_id, "cancel-refund")
 
 
 def reschedule_key(checkout_id, seq: int, step: str) -> str:
-    """Issue 12, item 2: the key of a step of the checkout's `seq`-th reschedule (hold, payment,
+    """The key of a step of the checkout's `seq`-th reschedule (hold, payment,
     refund, revert-refund): repeated with the same key after a crash, distinct for the next reschedule."""
     return step_key(checkout_id, f"reschedule:{seq}:{step}")
 
 
 def payment_ref(saga: "Saga") -> str | None:
     """What confirms the purchase at booking / the code pool: the payment, or for a free item
-    (no payment, issue 10) the payment attempt key, equally stable across retries."""
+    (no payment) the payment attempt key, equally stable across retries."""
     return saga.payment_id or saga.payment_key
 
 
@@ -187,11 +187,11 @@ class Saga:
     read_at: datetime
     # The W3C traceparent of the request that created the checkout (its steps continue that trace).
     traceparent: str | None = None
-    # Issue 14: the merchant of what is bought, from the hold or reservation (None before).
+    # The merchant of what is bought, from the hold or reservation (None before).
     merchant_id: str | None = None
-    # Issue 12: a booking's salon, from the hold (None for code purchases and older checkouts).
+    # A booking's salon, from the hold (None for code purchases and older checkouts).
     salon_id: str | None = None
-    # Issue 12: a booking's cancellation policy and start, from the hold (None for code purchases
+    # A booking's cancellation policy and start, from the hold (None for code purchases
     # and older checkouts); a cancel after purchase: the refund it decided, who and why.
     free_cancellation_hours: int | None = None
     cancellation_fee_percent: int | None = None
@@ -277,8 +277,8 @@ class Step(enum.Enum):
     CANCEL_PAYMENT = "cancel_payment"  # core.cancel of a payment that is not terminal
     RELEASE = "release"                # booking.ReleaseHold | codepool.ReleaseReservation
     REFUND = "refund"                  # core.refund, then release
-    CANCEL_PURCHASE = "cancel_purchase"  # issue 12: core.issue_refund (the policy's amount), then booking.CancelBooking
-    # Issue 12, item 2 (reschedule):
+    CANCEL_PURCHASE = "cancel_purchase"  # core.issue_refund (the policy's amount), then booking.CancelBooking
+    # reschedule:
     RESCHEDULE_HOLD = "reschedule_hold"        # booking.HoldSlot of the new slot
     RESCHEDULE_CHARGE = "reschedule_charge"    # core.create_and_charge of a price increase
     RESCHEDULE_OBSERVE = "reschedule_observe"  # route on the difference's payment
@@ -433,7 +433,7 @@ def watched_payment_id(saga: Saga) -> str | None:
     return saga.payment_id
 
 
-# -- cancel after purchase (issue 12) ----------------------------------------------------------------
+# -- cancel after purchase -------------------------------------------------------------------------
 
 # Defaults for a booking held before policies existed (docs/booking.md, "Cancellation policy").
 DEFAULT_FREE_CANCELLATION_HOURS, DEFAULT_CANCELLATION_FEE_PERCENT = 24, 0
@@ -449,7 +449,7 @@ def cancel_reason(reason: str) -> str:
     return reason
 
 
-# -- reschedule (issue 12, item 2) ------------------------------------------------------------------
+# -- reschedule ------------------------------------------------------------------------------------
 
 def reschedule_payment_method(requested: str, saga: Saga) -> str | None:
     """The card that pays a price increase: the request's, else the purchase's own (None: none)."""
@@ -510,7 +510,7 @@ def validate_create(slot_id: str, product_id: str, quantity: int, pay_with: str 
     return CreateRequest(kind, slot_id, product_id, quantity, None if pay_with is None else require_payment_method(pay_with))
 
 
-# -- ListCheckouts' filters (issue 12) ------------------------------------------------------------
+# -- ListCheckouts' filters ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ListFilters:

@@ -207,7 +207,7 @@ class Engine:
         if new is None:
             raise Fenced()
         if new.state != saga.state:
-            # Issue 12, item 6: e.g. `recorded:COMPLETED`, a crash right after the state change (and
+            # E.g. `recorded:COMPLETED`, a crash right after the state change (and
             # the outbox event its trigger wrote) committed, before anything else happens.
             crash.point(f"recorded:{new.state}")
             if new.terminal:

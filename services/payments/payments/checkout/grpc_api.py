@@ -29,7 +29,7 @@ STREAM_OPEN = ("cuty-stream", "open")
 CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout": {GATEWAY},
            "CancelCheckout": {GATEWAY}, "RescheduleCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY},
            "WatchCheckout": {GATEWAY}}
-# Who may put a NEEDS_ATTENTION checkout back to work (issue 10, item 8).
+# Who may put a NEEDS_ATTENTION checkout back to work.
 OPERATOR_ROLES = ("operator", "admin", "system")
 
 
@@ -89,7 +89,7 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                              context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         caller = principal.current()
         if caller.role in ("staff", "admin"):
-            # Issue 12: the merchant cancels a completed booking, full refund, with a reason.
+            # The merchant cancels a completed booking, full refund, with a reason.
             caller.require_subject()
             return await self.service.cancel_by_staff(caller, request.checkout_id, request.reason)
         customer = caller.require_subject()
