@@ -6,13 +6,18 @@ NOTIFY invalidates (a cache, a sleeping worker) must therefore treat "not listen
 missed one": `on_listening(True)` is called once the LISTEN is in place, `on_listening(False)` as
 soon as the connection is lost (or cannot be had), before the loop tries again after `retry`
 seconds. Bounded: one connection, one task, a fixed retry interval.
+
+A connection lost without a FIN (a dead peer, a dropped route) sends no termination: a listener
+given `tick` runs it on the listening connection once listening starts and then every `every`
+seconds (`tick(conn)`: a statement the caller wants run periodically anyway, or a plain SELECT), and
+a tick that fails or takes longer than `every` counts as a lost connection.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 import asyncpg
 
@@ -23,9 +28,12 @@ log = logging.getLogger(__name__)
 
 
 async def listen(pool: asyncpg.Pool, channel: str, on_notify: Callable[[str], None], *,
-                 on_listening: Callable[[bool], None] = lambda _up: None, retry: float = 1.0) -> None:
+                 on_listening: Callable[[bool], None] = lambda _up: None, retry: float = 1.0,
+                 tick: Callable[[asyncpg.Connection], Awaitable[object]] | None = None,
+                 every: float = 10.0) -> None:
     """Forever: LISTEN on `channel` with a connection of `pool`, calling `on_notify(payload)` for each
-    notification; on a lost connection, `on_listening(False)`, wait `retry` seconds, listen again."""
+    notification; on a lost connection, `on_listening(False)`, wait `retry` seconds, listen again.
+    With `tick`: `await tick(conn)` on the listening connection first and then every `every` seconds."""
     while True:
         lost = asyncio.Event()
         try:
@@ -46,10 +54,13 @@ async def listen(pool: asyncpg.Pool, channel: str, on_notify: Callable[[str], No
             conn.add_termination_listener(terminated)
             with quiet():
                 await conn.add_listener(channel, notified)
-            on_listening(True)
-            await lost.wait()
+            if tick is None:
+                on_listening(True)
+                await lost.wait()
+            else:
+                await _ticking(conn, lost, tick, every, on_listening)
             log.warning("listening connection on %s lost; listening again", channel)
-        except TRANSIENT as e:
+        except (*TRANSIENT, TimeoutError) as e:
             log.warning("listening on %s failed; retrying", channel, extra={"error": type(e).__name__})
         finally:
             on_listening(False)
@@ -60,3 +71,23 @@ async def listen(pool: asyncpg.Pool, channel: str, on_notify: Callable[[str], No
             with contextlib.suppress(Exception):
                 await pool.release(conn)
         await asyncio.sleep(retry)
+
+
+async def _ticking(conn: asyncpg.Connection, lost: asyncio.Event,
+                   tick: Callable[[asyncpg.Connection], Awaitable[object]], every: float,
+                   on_listening: Callable[[bool], None]) -> None:
+    """Run `tick` on the listening connection now and every `every` seconds until it is lost.
+    (asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that lands as
+    the awaited thing finishes, and a loop that swallowed one never stops.)"""
+    with quiet():
+        async with asyncio.timeout(every):
+            await tick(conn)
+    on_listening(True)
+    while not lost.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(every):
+                await lost.wait()
+        if not lost.is_set():
+            with quiet():
+                async with asyncio.timeout(every):
+                    await tick(conn)

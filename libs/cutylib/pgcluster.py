@@ -68,6 +68,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_settings(max_connections: int, *, fast_unsafe: bool) -> list[str]:
+    """The server settings (`name=value`, passed as `-c` flags) of a cluster started here, and of the
+    test suite's container (cutylib.testing.postgres), so both behave alike. fast_unsafe: no fsync,
+    no synchronous commit, no full-page writes (throwaway data only)."""
+    settings = [f"max_connections={max_connections}", "shared_buffers=256MB", "timezone=UTC"]
+    if fast_unsafe:
+        settings += ["fsync=off", "synchronous_commit=off", "full_page_writes=off"]
+    return settings
+
+
 class LocalCluster:
     """initdb once into `datadir`, then start/stop with pg_ctl. Reuses an existing data directory."""
 
@@ -124,9 +134,7 @@ class LocalCluster:
         self.sockdir.mkdir(parents=True, exist_ok=True)
         self._chown(self.sockdir)
         opts = [f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-k {self.sockdir}",
-                f"-c max_connections={self.max_connections}", "-c shared_buffers=256MB", "-c timezone=UTC"]
-        if self.fast_unsafe:
-            opts += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+                *(f"-c {s}" for s in server_settings(self.max_connections, fast_unsafe=self.fast_unsafe))]
         log = self.datadir.parent / (self.datadir.name + ".log")
         if not log.exists():
             log.touch()

@@ -1,10 +1,12 @@
 """Instants on the wire: `google.protobuf.Timestamp` <-> aware UTC `datetime` (docs/architecture.md, "Time").
-One conversion for every service (issue 11: four `_ts` before)."""
+One conversion for every service, and one way to read an optional Timestamp field of a request."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
+from .errors import InvalidArgument
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -24,3 +26,15 @@ def to_timestamp(value: datetime | None) -> Timestamp | None:
 def from_timestamp(ts: Timestamp) -> datetime:
     """A Timestamp as an aware UTC datetime."""
     return ts.ToDatetime(tzinfo=timezone.utc)
+
+
+def optional_instant(msg, name: str, field: str | None = None) -> datetime | None:
+    """The Timestamp field `name` of the request `msg` as an aware UTC datetime; None when unset. A
+    value no datetime can hold is INVALID_ARGUMENT on `field` (default `name`: the path in the request)."""
+    if not msg.HasField(name):
+        return None
+    try:
+        return from_timestamp(getattr(msg, name))
+    except (ValueError, OverflowError) as e:
+        field = field or name
+        raise InvalidArgument(field, f"{field} is not a valid instant: {e}") from None

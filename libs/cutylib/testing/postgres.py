@@ -1,5 +1,8 @@
-"""The test suite's PostgreSQL: CUTY_TEST_DSN when set; else testcontainers when a Docker engine
-answers; else a throwaway cluster from the local server binaries. One per test session."""
+"""The test suite's PostgreSQL, one per test session: CUTY_TEST_DSN when set; else as CUTY_TEST_PG
+says: `local` (the default), a throwaway cluster from the local server binaries; `container`, a
+testcontainers PostgreSQL in Docker. Both get the same settings (cutylib.pgcluster.server_settings:
+the connection limit, no fsync, no synchronous commit, no full-page writes). The choice is explicit:
+`container` without a Docker engine fails with a message, it never falls back to the other."""
 from __future__ import annotations
 
 import contextlib
@@ -8,7 +11,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from ..pgcluster import INSTALL_HINT, LocalCluster, PostgresUnavailable
+from ..pgcluster import INSTALL_HINT, LocalCluster, PostgresUnavailable, server_settings
+
+CHOICE = "CUTY_TEST_PG"
+LOCAL, CONTAINER = "local", "container"
+# Every suite's pools at once (tests/conftest.py and the in-process servers) stay under it.
+MAX_CONNECTIONS = 600
+IMAGE = "postgres:15"  # the major version of the local binaries (CUTY_PG_BIN)
 
 
 @dataclass
@@ -27,14 +36,52 @@ class TestPostgres:
             self.container.stop()
 
 
-def _docker_answers() -> bool:
+def choice() -> str:
+    """CUTY_TEST_PG: `local` (unset or empty too) or `container`."""
+    value = os.environ.get(CHOICE, "").strip().lower() or LOCAL
+    if value not in (LOCAL, CONTAINER):
+        raise ValueError(f"{CHOICE} must be {LOCAL} or {CONTAINER}, got {value!r}")
+    return value
+
+
+def container_command(max_connections: int = MAX_CONNECTIONS) -> list[str]:
+    """The container's command: the server with the local cluster's settings as `-c` flags."""
+    return ["postgres", *(arg for setting in server_settings(max_connections, fast_unsafe=True)
+                          for arg in ("-c", setting))]
+
+
+def _docker_engine():
+    """A client of the Docker engine, or PostgresUnavailable saying why there is none."""
     try:
         import docker  # installed with testcontainers
 
-        docker.from_env(timeout=2).ping()
-        return True
-    except Exception:  # noqa: BLE001 - no engine
-        return False
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return client
+    except Exception as e:  # noqa: BLE001 - no engine, no socket, no permission: all say the same
+        raise PostgresUnavailable(
+            f"{CHOICE}={CONTAINER} needs a Docker engine, and none answers ({type(e).__name__}: {e}); "
+            f"start one (DOCKER_HOST), or run with {CHOICE}={LOCAL} for a throwaway local cluster") from None
+
+
+def _start_container() -> TestPostgres:
+    _docker_engine()
+    from testcontainers.community.postgres import PostgresContainer
+
+    # The image's /dev/shm (64 MB) is too small for shared_buffers and 600 connections' dynamic memory.
+    c = PostgresContainer(IMAGE, driver=None, shm_size="512m").with_command(container_command())
+    c.start()
+    return TestPostgres(dsn=c.get_connection_url(), container=c)
+
+
+def _start_local() -> TestPostgres:
+    try:
+        base = tempfile.mkdtemp(prefix="cuty-test-pg-")
+        cluster = LocalCluster(os.path.join(base, "data"), fast_unsafe=True, max_connections=MAX_CONNECTIONS)
+        cluster.start()
+        return TestPostgres(dsn=cluster.dsn, cluster=cluster, workdir=base)
+    except PostgresUnavailable as e:
+        raise PostgresUnavailable(f"no PostgreSQL for tests: {e}\n{INSTALL_HINT}") from e
 
 
 def start_test_postgres() -> TestPostgres:
@@ -69,18 +116,7 @@ def _start_test_postgres() -> TestPostgres:
     dsn = os.environ.get("CUTY_TEST_DSN")
     if dsn:
         return TestPostgres(dsn=dsn)
-    if _docker_answers():
-        from testcontainers.postgres import PostgresContainer
-
-        c = PostgresContainer("postgres:15", driver=None).start()
-        return TestPostgres(dsn=c.get_connection_url(), container=c)
-    try:
-        base = tempfile.mkdtemp(prefix="cuty-test-pg-")
-        cluster = LocalCluster(os.path.join(base, "data"), fast_unsafe=True, max_connections=600)
-        cluster.start()
-        return TestPostgres(dsn=cluster.dsn, cluster=cluster, workdir=base)
-    except PostgresUnavailable as e:
-        raise PostgresUnavailable(f"no PostgreSQL for tests: {e}\n{INSTALL_HINT}") from e
+    return _start_container() if choice() == CONTAINER else _start_local()
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ from cuty.common.v1 import common_pb2
 from cutylib import principal, tenancy
 from cutylib.errors import AlreadyExists, InvalidArgument
 from cutylib.fields import parse_uuid
-from cutylib.timestamps import from_timestamp, to_timestamp
+from cutylib.timestamps import optional_instant, to_timestamp
 from cutylib.tls import GATEWAY, PAYMENTS
 
 from . import domain
@@ -24,8 +24,8 @@ from .service import BookingService, SlotTaken
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
 # The catalogue is the gateway's (admins and signed-in users); holds are the orchestrator's alone.
-# Roles are checked here too (require_admin); which merchant's rows a user sees is the service's
-# (issue 14): staff and admins their own merchant's, customers and the operator (ListSlots) any.
+# Roles are checked here too (require_admin); which merchant's rows a user sees is the service's:
+# staff and admins their own merchant's, customers and the operator (ListSlots) any.
 CALLERS = {
     "CreateSalon": {GATEWAY}, "SetCancellationPolicy": {GATEWAY}, "CreateResource": {GATEWAY}, "BatchCreateSlots": {GATEWAY},
     "ListSlots": {GATEWAY}, "GetSlot": {PAYMENTS}, "ListBookings": {GATEWAY},
@@ -40,16 +40,6 @@ _STATUS = {
     domain.EXPIRED: pb.HOLD_STATUS_EXPIRED,
 }
 
-
-def _instant(msg, name: str, field: str | None = None) -> datetime | None:
-    """The Timestamp field `name` of `msg` as an aware UTC datetime; None when unset."""
-    if not msg.HasField(name):
-        return None
-    try:
-        return from_timestamp(getattr(msg, name))
-    except (ValueError, OverflowError) as e:
-        field = field or name
-        raise InvalidArgument(field, f"{field} is not a valid instant: {e}") from None
 
 
 def slot_pb(s: Slot) -> pb.Slot:
@@ -76,7 +66,7 @@ def salon_pb(salon: Salon) -> pb.Salon:
 
 
 def booking_pb(h: Hold, time_zone: str) -> pb.Booking:
-    """One agenda entry (issue 12)."""
+    """One agenda entry."""
     return pb.Booking(hold_id=str(h.id), slot_id=str(h.slot_id), resource_id=str(h.resource_id),
                       start_time=to_timestamp(h.start_time), end_time=to_timestamp(h.end_time),
                       local_start_time=domain.local_time(h.start_time, time_zone), status=_STATUS[h.status],
@@ -130,16 +120,16 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         for i, s in enumerate(request.slots):
             price = s.price if s.HasField("price") else None
             drafts.append(domain.slot_draft(
-                i, s.resource_id, _instant(s, "start_time", f"slots[{i}].start_time"),
-                _instant(s, "end_time", f"slots[{i}].end_time"),
+                i, s.resource_id, optional_instant(s, "start_time", f"slots[{i}].start_time"),
+                optional_instant(s, "end_time", f"slots[{i}].end_time"),
                 price.currency_code if price else None, price.amount_minor if price else None))
         slots = await self.service.create_slots(caller, salon_id, drafts)
         return pb.BatchCreateSlotsResponse(slots=[slot_pb(s) for s in slots])
 
     async def ListSlots(self, request: pb.ListSlotsRequest, context: grpc.aio.ServicerContext) -> pb.ListSlotsResponse:
         salon_id = parse_uuid("salon_id", request.salon_id)
-        start = domain.require_instant("start_time", _instant(request, "start_time"))
-        end = domain.require_instant("end_time", _instant(request, "end_time"))
+        start = domain.require_instant("start_time", optional_instant(request, "start_time"))
+        end = domain.require_instant("end_time", optional_instant(request, "end_time"))
         slots, next_token = await self.service.list_slots(principal.current(), salon_id, start, end,
                                                           request.available_only,
                                                           request.page_size, request.page_token)

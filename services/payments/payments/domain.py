@@ -11,13 +11,15 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from cutylib.errors import InvalidArgument
+
 CREATED = "created"
 REQUIRES_ACTION = "requires_action"
 PROCESSING = "processing"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 CANCELED = "canceled"
-# Issue 12: part of the captured amount went back to the buyer (payments.refund_settled_minor), the
+# Part of the captured amount went back to the buyer (payments.refund_settled_minor), the
 # rest is still captured; a further refund may follow. Never set by a PSP observation: only by
 # the refund path (repository.SETTLE_REFUND), from the running totals.
 PARTIALLY_REFUNDED = "partially_refunded"
@@ -153,3 +155,17 @@ def intent_body(*, payment_id: str, checkout_id: str | None, amount_minor: int, 
     if checkout_id:
         metadata["checkout_id"] = checkout_id
     return {"amount": amount_minor, "currency": currency, "payment_method": payment_method, "metadata": metadata}
+
+
+# -- request validation ------------------------------------------------------------------------------
+
+MAX_PAYMENT_METHOD = 64
+
+
+def require_payment_method(value: str) -> str:
+    """A payment method as every request takes it (CreatePayment, PayCheckout, a one-call
+    CreateCheckout, a reschedule's price increase): 1..64 printable characters, passed to the PSP as is."""
+    if not value or len(value) > MAX_PAYMENT_METHOD or not value.isprintable():
+        raise InvalidArgument("payment_method", f"payment_method must be 1..{MAX_PAYMENT_METHOD} printable "
+                                                f"characters, got {value!r}")
+    return value

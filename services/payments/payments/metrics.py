@@ -8,6 +8,8 @@ import prometheus_client
 
 from cutylib.metrics import LAG_BUCKETS, Metrics
 
+from .checkout import domain as saga_domain
+
 # Sample names tests and benchmarks read with `metrics.value(...)`.
 VERSION_CONFLICTS = "cuty_payments_version_conflicts_total"
 DEFERRED_FINALIZES = "cuty_payments_deferred_finalizes_total"
@@ -20,8 +22,7 @@ SAGAS_NEED_ATTENTION = "cuty_checkout_sagas_need_attention_total"
 SAGAS_RETRIED_BY_OPERATOR = "cuty_checkout_sagas_retried_by_operator_total"
 
 # The saga states a checkout waits in (domain.TERMINAL's complement); the "stuck" gauges report each.
-NON_TERMINAL = ("PENDING", "HELD", "CHARGING", "AWAITING_ACTION", "CONFIRMING", "RELEASING", "REFUNDING",
-                "NEEDS_ATTENTION", "CANCELLING", "RESCHEDULING", "RESCHEDULE_CONFIRMING", "RESCHEDULE_REVERTING")
+NON_TERMINAL = saga_domain.NON_TERMINAL
 
 NON_TERMINAL_PAYMENTS = """
 SELECT count(*) FILTER (WHERE updated_at < clock_timestamp() - make_interval(secs => $1)) AS backlog,
@@ -49,7 +50,7 @@ class PaymentsMetrics(Metrics):
         self.webhook_lag = h("cuty_payments_webhook_lag_seconds",
                              "From the PSP event's creation to its change applied to the payment", buckets=LAG_BUCKETS)
         self.psp_events_purged = c(PSP_EVENTS_PURGED, "Handled PSP events purged after CUTY_PSP_EVENT_RETENTION_DAYS")
-        # issue 12; outcome: reserved | replayed | succeeded | failed | pending
+        # the refund path's outcome: reserved | replayed | succeeded | failed | pending
         self.refunds = c("cuty_payments_refunds_total", "Refunds by outcome (reserved in the database, settled "
                          "or refused by the PSP, left pending by a PSP timeout, replayed by key)", ["outcome"])
         self.reconciled = c(RECONCILED_PAYMENTS, "Payments moved by the reconciliation poller")

@@ -1,4 +1,4 @@
-"""The operator's view (issue 15): `python -m payments ops <command>`, run in a payments pod.
+"""The operator's view: `python -m payments ops <command>`, run in a payments pod.
 
     python -m payments ops story <checkout id | payment id | PSP intent id | idempotency key> [--json]
     python -m payments ops stuck [--older-than SECONDS] [--json]
@@ -34,6 +34,7 @@ import asyncpg
 
 from .checkout import domain as saga_domain
 from .checkout.diagnostics import trace_id_of
+from .checkout.repository import in_list
 
 TRACE_URL_TEMPLATE = "CUTY_TRACE_URL_TEMPLATE"
 OPERATOR_KEY = "cuty-operator"  # payments.operator.OPERATOR_KEY (not imported: keeps the reads light)
@@ -83,13 +84,12 @@ FROM psp_events WHERE payment_id = ANY($1::uuid[]) ORDER BY received_at, event_i
 
 # Sagas not finished (NEEDS_ATTENTION included) whose state is older than $1 seconds; the partial
 # index checkouts_live_by_state covers it, as it does the stuck-saga gauges.
-STUCK = """
+STUCK = f"""
 SELECT c.id, c.kind, c.state, c.attention_from, c.attempts, c.last_error, c.failing_since, c.updated_at,
        c.created_at, c.payment_id, p.status AS payment_status, p.psp_intent_id,
        extract(epoch FROM clock_timestamp() - c.updated_at) AS age_seconds
 FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
-WHERE c.state NOT IN ('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED',
-                      'CANCELLED_AFTER_PURCHASE')
+WHERE c.state NOT IN {in_list(saga_domain.TERMINAL)}
   AND c.updated_at < clock_timestamp() - make_interval(secs => $1::float8)
 ORDER BY c.updated_at
 LIMIT $2

@@ -62,7 +62,7 @@ class PaymentsCore:
         return PaymentView.from_row(row) if row is not None else None
 
     async def get(self, payment_id: str, *, seen_by: Principal | None = None) -> PaymentView:
-        """The payment; for a user (`seen_by`) only within their merchant (issue 14): another
+        """The payment; for a user (`seen_by`) only within their merchant: another
         merchant's payment is not found, and Row-Level Security narrows the read as well."""
         pid = parse_uuid("payment_id", payment_id)
         if seen_by is None:
@@ -84,7 +84,7 @@ class PaymentsCore:
         return [TimelineEvent.from_row(r) for r in rows]
 
     async def audit_operator_read(self, caller: Principal, rpc: str, object_id: str, merchant_id: str | None) -> None:
-        """Issue 14: the platform's operator reads across merchants, and every such read is kept
+        """The platform's operator reads across merchants, and every such read is kept
         (who, what, whose), before the answer leaves."""
         if caller.role == tenancy.OPERATOR_ROLE:
             await self.pool.execute(sql.AUDIT_OPERATOR_READ, caller.subject, rpc, object_id, merchant_id,
@@ -110,7 +110,7 @@ class PaymentsCore:
         require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
         require_amount("amount.amount_minor", amount_minor, positive=True)
         require_currency("amount.currency_code", currency)
-        require(bool(payment_method), "payment_method", "payment_method must not be empty")
+        domain.require_payment_method(payment_method)
         require(bool(merchant_id) and len(merchant_id) <= tenancy.MAX_MERCHANT_ID_LENGTH, "merchant_id",
                 f"merchant_id must be 1..{tenancy.MAX_MERCHANT_ID_LENGTH} characters (the merchant paid)")
         checkout = parse_uuid("checkout_id", checkout_id) if checkout_id else None
@@ -313,7 +313,7 @@ class PaymentsCore:
     async def refund(self, payment_id: str, idempotency_key: str, *, note: str = "refund requested",
                      actor: str = "system") -> PaymentView:
         """The saga's (and ops') full refund of a succeeded payment, idempotent on `idempotency_key`
-        -> refunded. Issue 12: it refunds only what the merchant's own refunds left (one more refund
+        -> refunded. It refunds only what the merchant's own refunds left (one more refund
         row, "the rest"); when they refunded everything already there is nothing to do."""
         require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
         view = await self.get(payment_id)
@@ -359,7 +359,7 @@ class PaymentsCore:
                            amount_minor: int | None, currency: str | None, reason: str, actor: str,
                            codes_delivered_ok: bool, note: str | None = None,
                            seen_by: Principal | None = None) -> RefundView:
-        """Issue 12: refund `amount_minor` (None: the rest of what was captured) of a captured payment
+        """Refund `amount_minor` (None: the rest of what was captured) of a captured payment
         of `merchant_id`. Idempotent on (merchant, payment, key): the same key and body answer the same
         refund (finishing it at the PSP if it was left pending); another body is refused. The running
         total never passes the captured amount: RESERVE_REFUND decides, whoever races."""

@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 
+from cutylib.backoff import equal_jitter
+
 from . import signing
 from .settings import Settings
 from .state import new_id
@@ -59,8 +61,8 @@ class WebhookDispatcher:
 
     async def start(self) -> None:
         if self._client is None:
-            # aiohttp rather than httpx: about a tenth of the CPU per delivery (docs/benchmarks.md,
-            # issue 11). Connections are kept alive; a burst past 32 in flight waits for one.
+            # aiohttp rather than httpx: about a tenth of the CPU per delivery (docs/benchmarks.md).
+            # Connections are kept alive; a burst past 32 in flight waits for one.
             self._client = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.settings.webhook_timeout_seconds),
                 connector=aiohttp.TCPConnector(limit=32), skip_auto_headers=("User-Agent",))
@@ -144,8 +146,7 @@ class WebhookDispatcher:
     def backoff(self, attempt: int) -> float:
         """Sleep after failed attempt number ``attempt`` (1-based): equal jitter, capped."""
         s = self.settings
-        d = min(s.webhook_retry_cap_seconds, s.webhook_retry_base_seconds * (2 ** (attempt - 1)))
-        return d / 2 + self._rng.uniform(0, d / 2)
+        return equal_jitter(attempt, s.webhook_retry_base_seconds, s.webhook_retry_cap_seconds, self._rng)
 
     async def _run(self, event: Event, *, delay: float, first_attempt: int = 1) -> None:
         if delay > 0:

@@ -1,7 +1,6 @@
-"""The saga's pure rules: transition table, next step, payment routing, keys, backoff, validation."""
+"""The saga's pure rules: transition table, next step, payment routing, keys, validation."""
 from __future__ import annotations
 
-import random
 import uuid
 from dataclasses import replace as dataclasses_replace
 from datetime import datetime, timedelta, timezone
@@ -28,7 +27,7 @@ def saga(state=d.HELD, **kw) -> Saga:
 def test_terminal_states_go_nowhere():
     for s in d.TERMINAL - {d.COMPLETED}:
         assert not d.TRANSITIONS[s]
-    # Issue 12: a completed purchase goes on only by a cancel after purchase or a reschedule.
+    # A completed purchase goes on only by a cancel after purchase or a reschedule.
     assert d.TRANSITIONS[d.COMPLETED] == {d.CANCELLING, d.RESCHEDULING}
     assert not d.can_transition(d.COMPLETED, d.REFUNDING)
     assert d.can_transition(d.RELEASING, d.CONFIRMING)  # late capture
@@ -109,16 +108,6 @@ def test_wait_until_is_the_hold_expiry_only_while_waiting_for_it():
     assert d.wait_until(saga(d.CONFIRMING)) is None
 
 
-def test_backoff_grows_is_capped_and_jittered():
-    rng = random.Random(7)
-    seen = [d.backoff_seconds(a, 0.2, 30, rng) for a in range(12)]
-    assert all(0.1 <= s for s in seen)
-    assert seen[0] <= 0.2 and seen[3] >= 0.8  # 0.2 * 2**3 / 2
-    assert max(seen) <= 30
-    assert min(d.backoff_seconds(50, 0.2, 30, rng) for _ in range(100)) >= 15  # capped, still spread
-    assert len({round(d.backoff_seconds(4, 0.2, 30, rng), 6) for _ in range(20)}) > 1
-
-
 def test_validate_create():
     sid, pid = str(uuid.uuid4()), str(uuid.uuid4())
     assert d.validate_create(sid, "", 0) == d.CreateRequest(d.BOOKING, sid, None, 1)
@@ -155,7 +144,7 @@ def test_validate_create_refuses_bad_input(slot, product, qty, field):
 
 
 def test_a_payment_extends_the_hold_only_when_less_than_the_pay_window_is_left():
-    """Issue 11: the hold expires at NOW + 5 min in these sagas."""
+    """The hold expires at NOW + 5 min in these sagas."""
     paying = saga(d.CHARGING, payment_key="k")
     assert d.next_step(paying, None, NOW, pay_window_seconds=120) is Step.CHARGE
     assert d.next_step(paying, None, NOW + timedelta(minutes=3, seconds=1), pay_window_seconds=120) is Step.EXTEND
@@ -165,7 +154,7 @@ def test_a_payment_extends_the_hold_only_when_less_than_the_pay_window_is_left()
                        pay_window_seconds=120) is Step.EXTEND  # expiry unknown: extend
 
 
-# -- reschedule (issue 12, item 2) --------------------------------------------------------------------
+# -- reschedule ------------------------------------------------------------------------------------
 
 def rescheduling(**kw) -> Saga:
     base = dict(reschedule_seq=1, reschedule_status="in_progress", reschedule_slot_id=str(uuid.uuid4()),
@@ -236,3 +225,18 @@ def test_only_the_customer_starts_a_reschedule_that_charges_their_card():
     assert d.initiator_role(None) == ""  # unknown: never the customer
     with pytest.raises(FailedPrecondition):
         d.refuse_unasked_charge(d.initiator_role(None), new_minor=2, paid_minor=1, currency="TRY")
+
+
+def test_the_free_cancellation_deadline_defaults_to_the_statements_24_hours():
+    start = NOW + timedelta(days=3)
+    assert saga(d.COMPLETED, start_time=start, free_cancellation_hours=None).free_cancellation_deadline \
+        == start - timedelta(hours=d.DEFAULT_FREE_CANCELLATION_HOURS) == start - timedelta(hours=24)
+    assert saga(d.COMPLETED, start_time=start, free_cancellation_hours=0).free_cancellation_deadline == start
+    assert saga(d.COMPLETED, start_time=None).free_cancellation_deadline is None
+
+
+def test_the_watched_payment_follows_the_reschedule_payment_states():
+    for state in d.STATES:
+        s = saga(state, payment_id="purchase", reschedule_payment_id="difference")
+        expected = "difference" if state in d.RESCHEDULE_PAYMENT_STATES else "purchase"
+        assert d.watched_payment_id(s) == expected, state

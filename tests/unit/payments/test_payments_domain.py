@@ -45,7 +45,7 @@ def test_only_apply_moves_and_every_apply_is_forward():
 def test_terminal_statuses_have_no_way_out_except_refund():
     for s in domain.TERMINAL:
         assert domain.TRANSITIONS[s] <= {"partially_refunded", "refunded"}
-    # issue 12: a partly refunded payment may only be refunded further; a late "succeeded" is old news
+    # A partly refunded payment may only be refunded further; a late "succeeded" is old news
     assert domain.TRANSITIONS["partially_refunded"] == {"refunded"}
     assert decide("partially_refunded", "succeeded") is Outcome.STALE
     assert decide("partially_refunded", "refunded") is Outcome.APPLY
@@ -108,3 +108,15 @@ def test_view_carries_the_customer_action_only_while_waiting(status):
     else:
         assert (v.redirect_url, v.client_secret) == (None, None)
         assert not proto.HasField("next_action") and proto.client_secret == ""
+
+
+@pytest.mark.parametrize("bad", ["", "x" * (domain.MAX_PAYMENT_METHOD + 1), "pm_card\nok"])
+def test_a_payment_method_is_one_rule_for_the_core_and_the_checkout(bad):
+    from cutylib.errors import InvalidArgument
+    from payments.checkout import domain as checkout
+    assert domain.require_payment_method("pm_card_ok") == "pm_card_ok"
+    with pytest.raises(InvalidArgument) as e:
+        domain.require_payment_method(bad)
+    assert e.value.field == "payment_method"
+    with pytest.raises(InvalidArgument):  # a one-call CreateCheckout takes it by the same rule
+        checkout.validate_create("", "00000000-0000-0000-0000-000000000001", 1, bad)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import math
-import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -17,6 +16,8 @@ from typing import Any, Mapping
 
 from cutylib.errors import FailedPrecondition, InvalidArgument
 from cutylib.fields import canonical_uuid
+
+from ..domain import require_payment_method
 
 # -- states ----------------------------------------------------------------------------------------
 
@@ -33,20 +34,32 @@ EXPIRED = "EXPIRED"
 CANCELLED = "CANCELLED"
 REFUNDING = "REFUNDING"
 REFUNDED = "REFUNDED"
-# A finishing step (confirm, release, refund) that kept failing: waits for an operator (issue 10).
+# A finishing step (confirm, release, refund) that kept failing: waits for an operator.
 NEEDS_ATTENTION = "NEEDS_ATTENTION"
-# Issue 12: a COMPLETED booking cancelled after purchase: refund per its policy, free the slot, end.
+# A COMPLETED booking cancelled after purchase: refund per its policy, free the slot, end.
 CANCELLING = "CANCELLING"
 CANCELLED_AFTER_PURCHASE = "CANCELLED_AFTER_PURCHASE"
-# Issue 12, item 2: a COMPLETED booking moved to another slot (docs/checkout.md, "Reschedule"): the new
+# A COMPLETED booking moved to another slot (docs/checkout.md, "Reschedule"): the new
 # slot held (and a price increase charged), then confirmed and the old booking released; or undone.
 RESCHEDULING = "RESCHEDULING"
 RESCHEDULE_CONFIRMING = "RESCHEDULE_CONFIRMING"
 RESCHEDULE_REVERTING = "RESCHEDULE_REVERTING"
 RESCHEDULE_STATES = frozenset({RESCHEDULING, RESCHEDULE_CONFIRMING, RESCHEDULE_REVERTING})
 
+# Every state, in the order the schema lists them (checkouts_state_check) and the gauges report them.
+STATES = (PENDING, HELD, CHARGING, AWAITING_ACTION, CONFIRMING, COMPLETED, RELEASING, REJECTED, FAILED, EXPIRED,
+          CANCELLED, REFUNDING, REFUNDED, NEEDS_ATTENTION, CANCELLING, CANCELLED_AFTER_PURCHASE,
+          RESCHEDULING, RESCHEDULE_CONFIRMING, RESCHEDULE_REVERTING)
+# The one list of finished states: Python uses these sets, and the schema's lists (CHECKs, partial
+# indexes, triggers) are checked against them (tests/integration/payments/test_saga_state_lists.py).
 TERMINAL = frozenset({COMPLETED, REJECTED, FAILED, EXPIRED, CANCELLED, REFUNDED, CANCELLED_AFTER_PURCHASE})
+# Nothing for a worker to do: finished, or waiting for an operator.
+IDLE = TERMINAL | {NEEDS_ATTENTION}
+# The states a checkout waits in (the "stuck" gauges and `ops stuck` report these).
+NON_TERMINAL = tuple(s for s in STATES if s not in TERMINAL)
 RELEASE_OUTCOMES = frozenset({FAILED, EXPIRED, CANCELLED})
+# The states whose step routes on the reschedule's own payment (a price increase), not the purchase's.
+RESCHEDULE_PAYMENT_STATES = frozenset({RESCHEDULING, RESCHEDULE_REVERTING})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     PENDING: frozenset({HELD, REJECTED}),
@@ -64,7 +77,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     RESCHEDULE_CONFIRMING: frozenset({COMPLETED, RESCHEDULE_REVERTING, NEEDS_ATTENTION}),
     RESCHEDULE_REVERTING: frozenset({COMPLETED, NEEDS_ATTENTION}),
     **{s: frozenset() for s in TERMINAL},
-    # Issue 12: a purchase is finished when COMPLETED; its one way on is a cancel after purchase
+    # A purchase is finished when COMPLETED; its one way on is a cancel after purchase
     # (a booking's customer per its policy, or the merchant's staff), which starts a new saga leg,
     # or a reschedule (item 2), which ends COMPLETED again (on the new slot, or unchanged).
     COMPLETED: frozenset({CANCELLING, RESCHEDULING}),
@@ -85,7 +98,7 @@ CODES = "codes"
 # Payment statuses (payments/domain.py), as far as the saga cares.
 P_CREATED, P_REQUIRES_ACTION, P_PROCESSING = "created", "requires_action", "processing"
 P_SUCCEEDED, P_FAILED, P_CANCELED, P_REFUNDED = "succeeded", "failed", "canceled", "refunded"
-# Issue 12: staff refunded part of the payment; for the saga the rest is still captured (succeeded).
+# Staff refunded part of the payment; for the saga the rest is still captured (succeeded).
 P_PARTIALLY_REFUNDED = "partially_refunded"
 P_TERMINAL = frozenset({P_SUCCEEDED, P_FAILED, P_CANCELED, P_PARTIALLY_REFUNDED, P_REFUNDED})
 
@@ -127,19 +140,19 @@ def refund_key(checkout_id) -> str:
 
 
 def cancel_refund_key(checkout_id) -> str:
-    """Issue 12: the refund of a cancel after purchase (one per checkout: a cancel happens once)."""
+    """The refund of a cancel after purchase (one per checkout: a cancel happens once)."""
     return step_key(checkout_id, "cancel-refund")
 
 
 def reschedule_key(checkout_id, seq: int, step: str) -> str:
-    """Issue 12, item 2: the key of a step of the checkout's `seq`-th reschedule (hold, payment,
+    """The key of a step of the checkout's `seq`-th reschedule (hold, payment,
     refund, revert-refund): repeated with the same key after a crash, distinct for the next reschedule."""
     return step_key(checkout_id, f"reschedule:{seq}:{step}")
 
 
 def payment_ref(saga: "Saga") -> str | None:
     """What confirms the purchase at booking / the code pool: the payment, or for a free item
-    (no payment, issue 10) the payment attempt key, equally stable across retries."""
+    (no payment) the payment attempt key, equally stable across retries."""
     return saga.payment_id or saga.payment_key
 
 
@@ -174,11 +187,11 @@ class Saga:
     read_at: datetime
     # The W3C traceparent of the request that created the checkout (its steps continue that trace).
     traceparent: str | None = None
-    # Issue 14: the merchant of what is bought, from the hold or reservation (None before).
+    # The merchant of what is bought, from the hold or reservation (None before).
     merchant_id: str | None = None
-    # Issue 12: a booking's salon, from the hold (None for code purchases and older checkouts).
+    # A booking's salon, from the hold (None for code purchases and older checkouts).
     salon_id: str | None = None
-    # Issue 12: a booking's cancellation policy and start, from the hold (None for code purchases
+    # A booking's cancellation policy and start, from the hold (None for code purchases
     # and older checkouts); a cancel after purchase: the refund it decided, who and why.
     free_cancellation_hours: int | None = None
     cancellation_fee_percent: int | None = None
@@ -245,10 +258,12 @@ class Saga:
 
     @property
     def free_cancellation_deadline(self) -> datetime | None:
-        """Issue 12: until when a cancel is free: N elapsed hours before the start (not wall-clock)."""
+        """Until when a cancel is free: N elapsed hours before the start (not wall-clock), N the policy
+        recorded at purchase, else the default (as the statements that decide a cancel or a reschedule)."""
         if self.start_time is None:
             return None
-        return self.start_time - timedelta(hours=self.free_cancellation_hours or 0)
+        hours = DEFAULT_FREE_CANCELLATION_HOURS if self.free_cancellation_hours is None else self.free_cancellation_hours
+        return self.start_time - timedelta(hours=hours)
 
 
 # -- what to do next ------------------------------------------------------------------------------
@@ -262,8 +277,8 @@ class Step(enum.Enum):
     CANCEL_PAYMENT = "cancel_payment"  # core.cancel of a payment that is not terminal
     RELEASE = "release"                # booking.ReleaseHold | codepool.ReleaseReservation
     REFUND = "refund"                  # core.refund, then release
-    CANCEL_PURCHASE = "cancel_purchase"  # issue 12: core.issue_refund (the policy's amount), then booking.CancelBooking
-    # Issue 12, item 2 (reschedule):
+    CANCEL_PURCHASE = "cancel_purchase"  # core.issue_refund (the policy's amount), then booking.CancelBooking
+    # reschedule:
     RESCHEDULE_HOLD = "reschedule_hold"        # booking.HoldSlot of the new slot
     RESCHEDULE_CHARGE = "reschedule_charge"    # core.create_and_charge of a price increase
     RESCHEDULE_OBSERVE = "reschedule_observe"  # route on the difference's payment
@@ -413,25 +428,16 @@ def wait_until(saga: Saga, grace_seconds: float = 0.0) -> datetime | None:
 def watched_payment_id(saga: Saga) -> str | None:
     """The payment whose status the current step routes on: a reschedule's difference while it is
     charged or undone, else the purchase's."""
-    if saga.state in (RESCHEDULING, RESCHEDULE_REVERTING):
+    if saga.state in RESCHEDULE_PAYMENT_STATES:
         return saga.reschedule_payment_id
     return saga.payment_id
 
 
-# -- cancel after purchase (issue 12) ----------------------------------------------------------------
+# -- cancel after purchase -------------------------------------------------------------------------
 
 # Defaults for a booking held before policies existed (docs/booking.md, "Cancellation policy").
 DEFAULT_FREE_CANCELLATION_HOURS, DEFAULT_CANCELLATION_FEE_PERCENT = 24, 0
 MAX_CANCEL_REASON = 500
-
-
-def policy_refund(captured_minor: int, fee_percent: int, free: bool) -> int:
-    """What a customer's cancel refunds: everything before the cutoff, else (100 - fee) % of what
-    was captured, rounded down to minor units (the same rule as the START_CANCEL_AFTER_PURCHASE
-    statement, which decides it with the database clock)."""
-    if free:
-        return captured_minor
-    return captured_minor * (100 - fee_percent) // 100
 
 
 def cancel_reason(reason: str) -> str:
@@ -443,12 +449,12 @@ def cancel_reason(reason: str) -> str:
     return reason
 
 
-# -- reschedule (issue 12, item 2) ------------------------------------------------------------------
+# -- reschedule ------------------------------------------------------------------------------------
 
 def reschedule_payment_method(requested: str, saga: Saga) -> str | None:
     """The card that pays a price increase: the request's, else the purchase's own (None: none)."""
     if requested:
-        return payment_method(requested)
+        return require_payment_method(requested)
     return saga.payment_method
 
 
@@ -472,28 +478,9 @@ def refuse_unasked_charge(role: str, *, new_minor: int, paid_minor: int, currenc
             reason="reschedule-costs-more")
 
 
-# -- retries --------------------------------------------------------------------------------------
-
-def backoff_seconds(attempts: int, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Capped exponential backoff with 'equal jitter': at least half the step, so a failing
-    dependency is not hammered, and spread so replicas retrying one outage do not stampede."""
-    step = min(cap, base * (2 ** min(attempts, 20)))
-    r = (rng or random).random()
-    return step / 2 + r * step / 2
-
-
 # -- request validation ---------------------------------------------------------------------------
 
 MAX_QUANTITY = 100
-MAX_PAYMENT_METHOD = 64
-
-
-def payment_method(value: str) -> str:
-    """A payment method as PayCheckout, a one-call CreateCheckout and a reschedule take it."""
-    if not value or len(value) > MAX_PAYMENT_METHOD or not value.isprintable():
-        raise InvalidArgument("payment_method", f"payment_method must be 1..{MAX_PAYMENT_METHOD} printable "
-                                                f"characters, got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -520,10 +507,10 @@ def validate_create(slot_id: str, product_id: str, quantity: int, pay_with: str 
         if not 1 <= quantity <= MAX_QUANTITY:
             raise InvalidArgument("quantity", f"quantity must be between 1 and {MAX_QUANTITY}, got {quantity!r}")
         kind, slot_id, product_id = CODES, None, canonical_uuid("product_id", product_id)
-    return CreateRequest(kind, slot_id, product_id, quantity, None if pay_with is None else payment_method(pay_with))
+    return CreateRequest(kind, slot_id, product_id, quantity, None if pay_with is None else require_payment_method(pay_with))
 
 
-# -- ListCheckouts' filters (issue 12) ------------------------------------------------------------
+# -- ListCheckouts' filters ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ListFilters:

@@ -21,6 +21,7 @@ import asyncpg
 from opentelemetry import trace
 
 from cutylib import deadlines, errors
+from cutylib.backoff import equal_jitter
 from cutylib.telemetry import context_of
 
 from . import crash, domain, repository as repo
@@ -181,13 +182,14 @@ class Engine:
             saga, status, saga.read_at, self.options.expiry_grace_seconds) is None)
 
     async def _payment(self, saga: Saga, current):
-        if saga.state in (domain.RESCHEDULING, domain.RESCHEDULE_REVERTING):
-            # A reschedule routes on its difference's payment (issue 12, item 2), when there is one.
-            return await self.core.get(saga.reschedule_payment_id) if saga.reschedule_payment_id else None
-        if saga.payment_id is None or saga.state not in (
+        """The payment the step routes on (domain.watched_payment_id), read now where its status decides."""
+        watched = domain.watched_payment_id(saga)
+        if saga.state in domain.RESCHEDULE_PAYMENT_STATES:
+            return await self.core.get(watched) if watched else None  # none: a price decrease or none yet
+        if watched is None or saga.state not in (
                 domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING, domain.REFUNDING):
             return current
-        return await self.core.get(saga.payment_id)
+        return await self.core.get(watched)
 
     async def _move(self, saga: Saga, owner: str, move: Move, learned: repo.Fields, note: str,
                     status: str | None) -> tuple[Saga, bool]:
@@ -205,7 +207,7 @@ class Engine:
         if new is None:
             raise Fenced()
         if new.state != saga.state:
-            # Issue 12, item 6: e.g. `recorded:COMPLETED`, a crash right after the state change (and
+            # E.g. `recorded:COMPLETED`, a crash right after the state change (and
             # the outbox event its trigger wrote) committed, before anything else happens.
             crash.point(f"recorded:{new.state}")
             if new.terminal:
@@ -238,7 +240,7 @@ class Engine:
     async def _retry_later(self, saga: Saga, owner: str, exc: BaseException) -> None:
         current = await self.sagas.get(saga.id)
         attempts = current.attempts if current is not None else saga.attempts
-        delay = domain.backoff_seconds(attempts, self.options.retry_base_seconds, self.options.retry_cap_seconds)
+        delay = equal_jitter(attempts + 1, self.options.retry_base_seconds, self.options.retry_cap_seconds)
         self.core.metrics.retries.labels(saga.state).inc()
         level = logging.INFO if isinstance(exc, TRANSIENT) and attempts < 5 else logging.WARNING
         log.log(level, "saga step failed; retrying in %.2fs", delay, exc_info=not isinstance(exc, TRANSIENT),

@@ -10,7 +10,7 @@ from grpc_status import rpc_status
 
 from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
 from cutylib import errors, principal
-from cutylib.timestamps import from_timestamp
+from cutylib.timestamps import optional_instant
 from cutylib.tls import GATEWAY, PAYMENTS
 
 from .. import operator
@@ -29,7 +29,7 @@ STREAM_OPEN = ("cuty-stream", "open")
 CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout": {GATEWAY},
            "CancelCheckout": {GATEWAY}, "RescheduleCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY},
            "WatchCheckout": {GATEWAY}}
-# Who may put a NEEDS_ATTENTION checkout back to work (issue 10, item 8).
+# Who may put a NEEDS_ATTENTION checkout back to work.
 OPERATOR_ROLES = ("operator", "admin", "system")
 
 
@@ -43,15 +43,6 @@ async def _replay(context: grpc.aio.ServicerContext, replay: Replay) -> checkout
         await context.abort_with_status(rpc_status.to_status(replay.status()))
     return checkout_pb2.Checkout.FromString(replay.response)
 
-
-def _instant(msg, name: str):
-    """The Timestamp field `name` as an aware UTC datetime; None when unset."""
-    if not msg.HasField(name):
-        return None
-    try:
-        return from_timestamp(getattr(msg, name))
-    except (ValueError, OverflowError) as e:
-        raise errors.InvalidArgument(name, f"{name} is not a valid instant: {e}") from None
 
 
 def _state(value: int) -> str | None:
@@ -98,7 +89,7 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                              context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         caller = principal.current()
         if caller.role in ("staff", "admin"):
-            # Issue 12: the merchant cancels a completed booking, full refund, with a reason.
+            # The merchant cancels a completed booking, full refund, with a reason.
             caller.require_subject()
             return await self.service.cancel_by_staff(caller, request.checkout_id, request.reason)
         customer = caller.require_subject()
@@ -120,8 +111,8 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                             context: grpc.aio.ServicerContext) -> checkout_pb2.ListCheckoutsResponse:
         caller = principal.current()
         caller.require_subject()
-        after = _instant(request, "created_after")
-        before = _instant(request, "created_before")
+        after = optional_instant(request, "created_after")
+        before = optional_instant(request, "created_before")
         filters = domain.list_filters(salon_id=request.salon_id, product_id=request.product_id,
                                       state=_state(request.state), created_after=after, created_before=before)
         return await self.service.list(caller, filters, request.page_size, request.page_token)

@@ -1,16 +1,17 @@
-"""Live updates of checkouts (issue 12, item 5): WatchCheckout's stream, driven by LISTEN/NOTIFY.
+"""Live updates of checkouts: WatchCheckout's stream, driven by LISTEN/NOTIFY.
 
 Every change of a checkout's state or version sends `pg_notify('cuty_checkout_events', id)` in the
 transaction that made it (trigger checkouts_notify_watchers), delivered at commit.
-Each payments process holds ONE listening connection (`Watchers.run`, a background task that
-reconnects when the connection is lost) and fans each notification out to the streams of this
+Each payments process holds ONE listening connection (`Watchers.run`, a background task on
+cutylib.listen, which listens again when the connection is lost) and fans each notification out to the streams of this
 process that watch that checkout; nothing polls per client. A stream that is told re-reads the
 checkout's transitions after the last id it sent and sends what is new.
 
 Resuming: a stream subscribes BEFORE its first read, so a change committed between the replay read
 and going live is heard (its notification sets the flag the loop waits on), and ids only grow, so
-nothing is sent twice. After a reconnect of the listener every stream re-reads once (what was
-committed while nobody listened is in the event log).
+nothing is sent twice. The listener's one outage behaviour (cutylib.listen: a lost connection may
+have missed notifications) is answered here by a re-read: once listening again, every stream reads
+the log after its last id (what was committed while nobody listened is there).
 
 `hold-expiring` is a timer per stream, set from the database clock when the stream starts (the
 hold's expire_time minus CUTY_HOLD_EXPIRING_WARNING_SECONDS), sent once if the checkout is still
@@ -31,8 +32,8 @@ import asyncpg
 from cuty.payments.v1 import checkout_pb2
 from cutylib import errors
 from cutylib.fields import canonical_uuid
+from cutylib.listen import listen
 from cutylib.principal import Principal
-from cutylib.telemetry import quiet
 from cutylib.timestamps import to_timestamp
 
 from . import domain, repository as repo, views
@@ -67,7 +68,7 @@ class Watchers:
         self._open = 0
         self.connected = asyncio.Event()  # set while the LISTEN connection is up (tests wait on it)
         self.reconnects = 0
-        self._conn: asyncpg.Connection | None = None
+        self._pid: int | None = None  # the listening connection's backend
 
     # -- the streams' side ------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -117,7 +118,7 @@ class Watchers:
         return self._open
 
 
-    def _notify(self, _conn, _pid, _channel, payload: str) -> None:
+    def _notify(self, payload: str) -> None:
         for flag in self._subs.get(payload, ()):
             flag.set()
 
@@ -128,52 +129,29 @@ class Watchers:
 
     # -- the listener (a background task of the payments server) ------------------------------------
     async def run(self) -> None:
-        """LISTEN on one connection for the process's life; on its loss, connect again and wake
-        every stream so it re-reads what was committed meanwhile."""
-        while True:
-            try:
-                await self._listen_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the database is away or the connection dropped
-                log.warning("checkout watch listener lost its connection; reconnecting",
-                            extra={"error": type(e).__name__})
+        """LISTEN on one connection for the process's life (cutylib.listen), renewing this process's
+        places (per-user cap) on it every watch_check_seconds: one statement per period, which also
+        finds a connection lost without a FIN. Once listening again after a lost connection, every
+        stream re-reads: what was committed while nobody listened is in the event log."""
+        await listen(self.pool, repo.WATCH_CHANNEL, self._notify, on_listening=self._listening, retry=0.2,
+                     tick=self._renew_places, every=self.options.watch_check_seconds)
+
+    async def _renew_places(self, conn: asyncpg.Connection) -> None:
+        self._pid = conn.get_server_pid()
+        await conn.execute(repo.RENEW_WATCH_PLACES, self.process, self.lease_seconds)
+
+    def _listening(self, up: bool) -> None:
+        if up:
+            self.connected.set()
+            self._wake_all()  # may have missed notifications: every stream reads again
+        elif self.connected.is_set():
             self.connected.clear()
             self.reconnects += 1
-            await asyncio.sleep(0.2)
-
-    async def _listen_once(self) -> None:
-        lost = asyncio.Event()
-        conn = await self.pool.acquire()
-        self._conn = conn
-        try:
-            conn.add_termination_listener(lambda _c: lost.set())
-            with quiet():
-                await conn.add_listener(repo.WATCH_CHANNEL, self._notify)
-            self.connected.set()
-            self._wake_all()  # anything committed while nobody listened is in the log
-            while not lost.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(lost.wait(), self.options.watch_check_seconds)
-                if not lost.is_set():
-                    # Renew this process's places (per-user cap) on the listening connection: one
-                    # statement per period, which also finds a connection lost without a FIN.
-                    with quiet():
-                        await asyncio.wait_for(conn.execute(repo.RENEW_WATCH_PLACES, self.process, self.lease_seconds),
-                                               self.options.watch_check_seconds)
-            raise ConnectionError("the LISTEN connection was closed")
-        finally:
-            self._conn = None
-            if not conn.is_closed():
-                with contextlib.suppress(Exception):
-                    await conn.remove_listener(repo.WATCH_CHANNEL, self._notify)
-            with contextlib.suppress(Exception):
-                await self.pool.release(conn)
+            self._pid = None
 
     async def listener_pid(self) -> int | None:
         """The backend pid of the listening connection (tests terminate it)."""
-        conn = self._conn
-        return None if conn is None else conn.get_server_pid()
+        return self._pid
 
 
 async def watch(service, watchers: Watchers, caller: Principal, checkout_id: str,

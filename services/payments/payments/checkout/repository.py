@@ -19,8 +19,8 @@ import asyncpg
 from cutylib import tenancy
 from cutylib.telemetry import current_trace_id, current_traceparent
 
-from .domain import (COMPLETED, DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS,
-                     RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, Saga)
+from .domain import (COMPLETED, DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS, IDLE,
+                     RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, STATES, TERMINAL, Saga)
 
 # NOTIFY channel of wake-ups; the payments trigger (checkouts_wake_on_payment) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
@@ -28,12 +28,19 @@ WAKE_CHANNEL = "cuty_checkout_wake"
 # checkouts_notify_watchers), payload the checkout id (payments/checkout/live.py).
 WATCH_CHANNEL = "cuty_checkout_events"
 
-_TERMINAL = "('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE')"
-# Nothing for a worker to do: terminal, or waiting for an operator (issue 10, item 8).
-_IDLE = ("('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE', "
-         "'NEEDS_ATTENTION')")
+
+
+def in_list(states) -> str:
+    """A constant SQL list of saga states, `('A', 'B')`, in the domain's order: the SQL here says
+    the domain's sets, never a copy of them."""
+    return "(" + ", ".join(f"'{s}'" for s in STATES if s in states) + ")"
+
+
+_TERMINAL = in_list(TERMINAL)
+# Nothing for a worker to do: terminal, or waiting for an operator.
+_IDLE = in_list(IDLE)
 _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
-_RESCHEDULE = "('RESCHEDULING', 'RESCHEDULE_CONFIRMING', 'RESCHEDULE_REVERTING')"
+_RESCHEDULE = in_list(RESCHEDULE_STATES)
 
 # CreateCheckout's first write, the PENDING row with the request's saga lease, as part of its
 # Idempotency-Key's statement (idempotency.begin_with): the checkout id is the key's resource id,
@@ -88,7 +95,7 @@ LAST_EVENT = """
 SELECT seq, to_status, created_at FROM payment_events
 WHERE checkout_id = $1 AND source = 'saga' ORDER BY seq DESC LIMIT 1
 """
-# A staff or admin read (issue 14): $2 the caller's merchant, NULL for any.
+# A staff or admin read: $2 the caller's merchant, NULL for any.
 GET_SEEN_BY = ("SELECT *, clock_timestamp() AS db_now FROM checkouts "
                "WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
 
@@ -118,7 +125,7 @@ WITH upd AS (
         free_cancellation_hours = COALESCE(free_cancellation_hours, $20::int),
         cancellation_fee_percent = COALESCE(cancellation_fee_percent, $21::int),
         start_time = COALESCE(start_time, $22::timestamptz),
-        -- issue 12, item 2: what a reschedule's steps learn (START_RESCHEDULE reset them); its
+        -- What a reschedule's steps learn (START_RESCHEDULE reset them); its
         -- failure is the reschedule's, never the purchase's failure_reason
         reschedule_hold_id = COALESCE($23, reschedule_hold_id),
         reschedule_amount_minor = COALESCE($24::bigint, reschedule_amount_minor),
@@ -190,7 +197,7 @@ SELECT * FROM upd
 
 # docs/booking.md's policy defaults (domain.DEFAULT_*), for bookings held before policies existed.
 DEFAULT_FREE_HOURS, DEFAULT_FEE_PERCENT = DEFAULT_FREE_CANCELLATION_HOURS, DEFAULT_CANCELLATION_FEE_PERCENT
-# Issue 12: a COMPLETED booking cancelled after purchase: -> CANCELLING with the request's lease,
+# A COMPLETED booking cancelled after purchase: -> CANCELLING with the request's lease,
 # the refund decided here with the database clock and never changed after. $2: the customer (their
 # own checkout, refund per the policy recorded at purchase: everything before start - N hours, else
 # (100 - fee) % of what was captured, rounded down), or NULL for staff ($3 their merchant: a full
@@ -209,7 +216,7 @@ WITH upd AS (
                  ELSE COALESCE(c.amount_minor, 0)
                       * (100 - COALESCE(c.cancellation_fee_percent, {DEFAULT_FEE_PERCENT})) / 100 END,
             -- what is left of every captured payment of the checkout: the purchase's and the price
-            -- increases of its reschedules (issue 12, item 2)
+            -- increases of its reschedules
             COALESCE((SELECT sum(p.amount_minor - p.refunded_minor) FROM payments p
                       WHERE p.checkout_id = c.id AND p.status IN ('succeeded', 'partially_refunded', 'refunded')), 0)),
         cancelled_by = $8, cancel_reason = $9,
@@ -233,7 +240,7 @@ WITH upd AS (
 SELECT * FROM upd
 """
 
-# Issue 12, item 2: COMPLETED -> RESCHEDULING, the request's first write, as part of its
+# COMPLETED -> RESCHEDULING, the request's first write, as part of its
 # Idempotency-Key's statement (idempotency.begin_with: only when the key was taken). A new reschedule
 # number (its steps' keys carry it), the target slot, the old slot and hold remembered, the facts of
 # the last reschedule cleared. $13: the customer (their own booking, until its free-cancellation
@@ -297,7 +304,7 @@ WITH upd AS (
 SELECT * FROM upd
 """
 
-# A cancel after purchase refunds across the checkout's captured payments (issue 12, item 2: a
+# A cancel after purchase refunds across the checkout's captured payments (a
 # reschedule to a dearer slot charged a second one): the purchase's first, then by time; what is
 # left of each, and what an earlier attempt of this cancel asked of it ($2: the purchase's refund
 # key; $3: the prefix of the others', completed by the payment id).
@@ -367,8 +374,8 @@ WHERE id = $1 AND lease_owner = $2 AND state NOT IN {_IDLE}
 
 # A failed step: back off ($3 seconds) and let any replica take the next attempt. A finishing step
 # (CONFIRMING, RELEASING, REFUNDING) that has now failed $5 times, or for $6 seconds, gives up
-# instead: NEEDS_ATTENTION, off the queue, remembering the state to return to, with its event
-# (issue 10, item 8). Returns the row's state afterwards.
+# instead: NEEDS_ATTENTION, off the queue, remembering the state to return to, with its event.
+# Returns the row's state afterwards.
 RETRY_LATER = """
 WITH g AS (
     SELECT id, state AS from_state,
@@ -484,13 +491,13 @@ class Fields:
     payment_id: str | None = None
     payment_key: str | None = None  # a one-call checkout's payment attempt, set by its PAY step
     failure_reason: str = ""
-    merchant_id: str | None = None  # recorded once, with the hold (issue 14)
-    salon_id: str | None = None  # a booking's salon, recorded once with the hold (issue 12)
-    # A booking's cancellation policy and start, recorded once with the hold (issue 12).
+    merchant_id: str | None = None  # recorded once, with the hold
+    salon_id: str | None = None  # a booking's salon, recorded once with the hold
+    # A booking's cancellation policy and start, recorded once with the hold.
     free_cancellation_hours: int | None = None
     cancellation_fee_percent: int | None = None
     start_time: object | None = None
-    # What a reschedule's steps learn (issue 12, item 2).
+    # What a reschedule's steps learn.
     reschedule_hold_id: str | None = None
     reschedule_amount_minor: int | None = None
     reschedule_start_time: object | None = None
@@ -525,7 +532,7 @@ def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, o
 
 def start_reschedule(*, checkout_id: str, slot_id: str, payment_method: str | None, who: str, owner: str,
                      customer: str | None, merchant: str | None, lease_seconds: float) -> tuple[str, tuple]:
-    """RescheduleCheckout's first write (issue 12, item 2), for IdempotencyStore.run(first=...)."""
+    """RescheduleCheckout's first write, for IdempotencyStore.run(first=...)."""
     return START_RESCHEDULE, (checkout_id, slot_id, payment_method, who, owner, customer, merchant, lease_seconds,
                               current_trace_id())
 
@@ -556,7 +563,7 @@ class Sagas:
         """The new row, or None when fenced (another actor moved the saga or took the lease).
         `release`: give the lease back, due again at `wake_at` (the row's lease_owner then says
         whether it was given back or kept because a wake-up arrived). A reschedule's way back to
-        COMPLETED is END_RESCHEDULE (issue 12, item 2)."""
+        COMPLETED is END_RESCHEDULE."""
         if saga.state in RESCHEDULE_STATES and state == COMPLETED:
             return saga_of(await self.db.fetchrow(
                 END_RESCHEDULE, saga.id, saga.version, owner, saga.state == RESCHEDULE_CONFIRMING,
@@ -576,7 +583,7 @@ class Sagas:
     async def start_cancel_after_purchase(self, saga: Saga, owner: str, lease_seconds: float, *,
                                           customer: str | None, merchant: str | None, who: str,
                                           reason: str | None) -> Saga | None:
-        """COMPLETED -> CANCELLING (issue 12), None when refused or the row moved since `saga` was read."""
+        """COMPLETED -> CANCELLING, None when refused or the row moved since `saga` was read."""
         return saga_of(await self.db.fetchrow(START_CANCEL_AFTER_PURCHASE, saga.id, customer, merchant, owner,
                                               lease_seconds, saga.version, current_trace_id(), who, reason))
 
@@ -612,11 +619,11 @@ class Sagas:
 
     async def retry_by_operator(self, checkout_id: str, operator: str, merchant: str | None = None) -> Saga | None:
         """NEEDS_ATTENTION -> the state it left, due now; None when the saga was not waiting for one
-        (or is not of `merchant`, when given: issue 14)."""
+        (or is not of `merchant`, when given)."""
         return saga_of(await self.db.fetchrow(RETRY_BY_OPERATOR, checkout_id, current_trace_id(), operator, merchant))
 
     async def get_seen_by(self, checkout_id: str, caller) -> Saga | None:
-        """The checkout as a staff or admin user may see it: their merchant's only (issue 14), read
+        """The checkout as a staff or admin user may see it: their merchant's only, read
         inside tenancy.scoped (Row-Level Security narrows it too). `self.db` must be the pool."""
         return saga_of(await tenancy.fetchrow(self.db, GET_SEEN_BY, checkout_id, tenancy.merchant_filter(caller),
                                               principal=caller))

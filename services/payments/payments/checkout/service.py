@@ -18,6 +18,7 @@ from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
+from ..domain import require_payment_method
 from . import diagnostics, domain, repository as repo, views
 from .domain import Saga
 from .engine import Engine
@@ -26,7 +27,7 @@ from .live import Watchers
 from .remote import Inventory, Refused, Rejected
 
 # Callers who may read any checkout (staff see it without the buyer's action or codes).
-# Who reads any checkout of their merchant (issue 14: staff and admins their own merchant's, the
+# Who reads any checkout of their merchant (staff and admins their own merchant's, the
 # platform's operator and the system every merchant's).
 STAFF_ROLES = ("staff", "admin", "operator", "system")
 
@@ -35,7 +36,7 @@ CANCEL_ROUNDS = 5
 
 
 def _cancelled_after_purchase(saga: Saga) -> bool:
-    """A cancel after purchase has begun (a repeat answers where it stands, issue 12)."""
+    """A cancel after purchase has begun (a repeat answers where it stands)."""
     return saga.refund_amount_minor is not None
 
 
@@ -125,7 +126,7 @@ class CheckoutService:
     # -- PayCheckout ------------------------------------------------------------------------------
     async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> checkout_pb2.Checkout:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
-        domain.payment_method(payment_method)
+        require_payment_method(payment_method)
         h = request_hash("pay", checkout_id, payment_method)
         owner = new_owner("pay")
         # HELD -> CHARGING is written by the key's own statement (one round trip).
@@ -141,7 +142,7 @@ class CheckoutService:
 
     async def _current_action(self, replay: Replay) -> Replay:
         """A replayed PayCheckout (or one-call CreateCheckout) answer is stored without the customer
-        action (issue 10, invariant 6); it is shown again only while the payment, read now, still
+        action (invariant 6); it is shown again only while the payment, read now, still
         requires it. An answer without a payment is replayed as stored."""
         if replay.is_error:
             return replay
@@ -213,7 +214,7 @@ class CheckoutService:
     # -- CancelCheckout ---------------------------------------------------------------------------
     async def cancel(self, customer: str, checkout_id: str) -> checkout_pb2.Checkout:
         """The customer's cancel: before the purchase, the hold goes back (nothing was taken or
-        the intent is cancelled); a COMPLETED booking is cancelled after purchase (issue 12)."""
+        the intent is cancelled); a COMPLETED booking is cancelled after purchase."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         owner = new_owner("cancel")
         for _ in range(CANCEL_ROUNDS):
@@ -236,7 +237,7 @@ class CheckoutService:
         raise errors.Aborted(f"checkout {checkout_id} kept changing; retry", reason="version-conflict")
 
     async def cancel_by_staff(self, caller: Principal, checkout_id: str, reason: str) -> checkout_pb2.Checkout:
-        """Issue 12: the merchant's staff or admin cancel a COMPLETED booking of their merchant
+        """The merchant's staff or admin cancel a COMPLETED booking of their merchant
         (another merchant's: NOT_FOUND) with a full refund and a reason, whenever it starts."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         reason = domain.cancel_reason(reason)
@@ -288,7 +289,7 @@ class CheckoutService:
             f"only a COMPLETED booking is cancelled after purchase; checkout {current.id} is {current.state}",
             reason="checkout-not-cancellable")
 
-    # -- RescheduleCheckout (issue 12, item 2) ------------------------------------------------------
+    # -- RescheduleCheckout ------------------------------------------------------------------------
     async def reschedule(self, caller: Principal, checkout_id: str, slot_id: str, payment_method: str,
                          key: str) -> checkout_pb2.Checkout:
         """Move a COMPLETED booking to another slot of its salon: its customer until the booking's
@@ -367,8 +368,8 @@ class CheckoutService:
 
     # -- RetryCheckout (operators) -----------------------------------------------------------------
     async def retry(self, caller: Principal, operator: str, checkout_id: str) -> checkout_pb2.Checkout:
-        """NEEDS_ATTENTION -> the step that kept failing, due now (issue 10, item 8); an admin only
-        their merchant's (issue 14)."""
+        """NEEDS_ATTENTION -> the step that kept failing, due now; an admin only
+        their merchant's."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         async with tenancy.scoped(self.pool, caller) as uow:
             saga = await repo.Sagas(uow.conn).retry_by_operator(checkout_id, operator, tenancy.merchant_filter(caller))
@@ -382,7 +383,7 @@ class CheckoutService:
         self.core.metrics.operator_retries.inc()
         return await self.view(saga)
 
-    # -- ListCheckouts (issue 12) -----------------------------------------------------------------
+    # -- ListCheckouts -----------------------------------------------------------------------------
     async def list(self, caller: Principal, filters: domain.ListFilters, page_size: int,
                    page_token: str) -> checkout_pb2.ListCheckoutsResponse:
         """One page, newest first. A customer's own checkouts across merchants (the filters narrow

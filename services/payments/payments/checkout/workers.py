@@ -4,6 +4,10 @@ Any number of replicas run this loop against one database. A saga is due when it
 passed: a wake-up from a payment change (the payments trigger payments_wake_checkout, which also NOTIFYs
 every replica on commit), a hold running out, a retry's backoff ending, or a lease left behind by a crashed
 process. Polling every CUTY_SAGA_POLL_SECONDS is only the safety net under NOTIFY.
+
+The NOTIFY is heard on one pooled connection per replica (cutylib.listen). When that connection is
+lost, the worker may have missed a wake-up: it claims at once, on the loss and again once listening,
+so what was committed meanwhile is found without waiting for the next poll.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import time
 
 import asyncpg
 
+from cutylib.listen import listen
 from cutylib.telemetry import quiet
 
 from . import repository as repo
@@ -43,7 +48,9 @@ class SagaWorker:
 
     async def run(self) -> None:
         """The background task (GrpcServer.add_background): listen, claim, drive, forever."""
-        async with self._listening():
+        listener = asyncio.create_task(listen(self.pool, repo.WAKE_CHANNEL, self._notified,
+                                              on_listening=self._listening))
+        try:
             next_purge = time.monotonic()
             while True:
                 # Cleared before claiming: a NOTIFY that lands while we claim keeps it set, so the
@@ -55,8 +62,22 @@ class SagaWorker:
                     with contextlib.suppress(*TRANSIENT), quiet():
                         await self.keys.purge_expired()
                 if claimed < self.options.batch_size:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.options.poll_seconds)
+                    # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the cancellation
+                    # that stops the worker when a wake-up lands at the same moment.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.options.poll_seconds):
+                            await self._wake.wait()
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+            await self.drain()
+
+    def _notified(self, _payload: str) -> None:
+        self._wake.set()
+
+    def _listening(self, _up: bool) -> None:
+        # Lost, or listening again: a wake-up may have been missed meanwhile, so claim now.
+        self._wake.set()
 
     async def claim_and_start(self) -> int:
         """Claim up to as many due sagas as there are free driving slots and start driving them.
@@ -97,25 +118,3 @@ class SagaWorker:
         for t in list(self._running):
             t.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
-
-    @contextlib.asynccontextmanager
-    async def _listening(self):
-        """LISTEN on a pooled connection held for the worker's life: a NOTIFY (sent at the commit
-        of a payment change) wakes the loop at once, on every replica."""
-        conn = await self.pool.acquire()
-
-        def on_notify(*_args) -> None:
-            self._wake.set()
-
-        try:
-            with quiet():
-                await conn.add_listener(repo.WAKE_CHANNEL, on_notify)
-            try:
-                yield
-            finally:
-                with contextlib.suppress(Exception):
-                    await conn.remove_listener(repo.WAKE_CHANNEL, on_notify)
-        finally:
-            await self.pool.release(conn)
-            await self.drain()
-
