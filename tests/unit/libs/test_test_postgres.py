@@ -61,7 +61,9 @@ def test_the_container_is_started_with_that_command(monkeypatch):
     monkeypatch.setenv("CUTY_TEST_PG", "container")
     monkeypatch.setattr(postgres, "_docker_engine", lambda: None)
     monkeypatch.setattr(tc, "PostgresContainer", FakeContainer)
+    monkeypatch.setattr(postgres, "service_roles", lambda dsn: started.setdefault("roles_on", dsn))
     pg = postgres.start_test_postgres()
     assert pg.dsn == "postgresql://test:test@127.0.0.1:1/test" and pg.cluster is None
     assert started["image"] == postgres.IMAGE and started["kwargs"]["driver"] is None
     assert started["command"] == postgres.container_command() and started["started"]
+    assert started["roles_on"] == pg.dsn  # the services' roles are made on the container too
