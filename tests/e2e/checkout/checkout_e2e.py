@@ -287,7 +287,7 @@ class CheckoutStack:
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
-async def persist(call, *, timeout: float = 30, what: str = "a definitive answer", tolerate=()):
+async def persist(call, *, timeout: float = 90, what: str = "a definitive answer", tolerate=()):
     """A client that keeps retrying through orchestrator crashes: UNAVAILABLE / DEADLINE_EXCEEDED
     (the process died or restarts) and ABORTED (the first attempt with this key is in flight) are
     retried, with the same Idempotency-Key, until any other answer. An error whose code is in
@@ -347,7 +347,7 @@ async def start_stack(pg, workdir, *, replicas: int = 1, gateway: bool = False, 
 
 
 async def crash_at_each_point(shop: "CheckoutStack", matrix, proc_name: str = "payments-0",
-                              timeout: float = 30) -> list:
+                              timeout: float = 90) -> list:
     """The crash matrices' loop: for each (crash point, scenario), restart `proc_name` armed to
     SIGKILL itself at that point, start the scenario, and wait for the crash (checked in its log);
     then restart it unarmed. Returns the scenarios' results, in the matrix's order."""
