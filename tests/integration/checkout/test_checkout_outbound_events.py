@@ -20,7 +20,8 @@ from cutylib.testing.trust import TEST_MERCHANT
 from payments import signature
 from payments.checkout.domain import validate_create
 from payments.outbound.service import validate_url
-from payments.outbound.worker import DeliveryWorker, backoff
+from cutylib.backoff import equal_jitter as backoff
+from payments.outbound.worker import DeliveryWorker
 
 from hostile_endpoint import HostileEndpoint, RssPeak
 from outbound_testkit import FAST

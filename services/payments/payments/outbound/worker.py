@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from dataclasses import dataclass
 
@@ -35,6 +34,7 @@ import asyncpg
 from cutylib.config import env_bool, env_field, env_float, env_int, env_str
 from cutylib.metrics import observe
 from cutylib.telemetry import quiet
+from cutylib.backoff import equal_jitter
 
 from .. import signature
 from .egress import ALLOW_PRIVATE, Egress, connector, error_class
@@ -85,13 +85,6 @@ class DeliveryOptions:
 
     def egress(self, environment: str | None = None) -> Egress:
         return Egress.from_env(environment or env_str("CUTY_ENV", "development"), self.allow_private)
-
-
-def backoff(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
-    """Seconds until the retry after failed attempt `attempt` (1-based): exponential, capped, with
-    "equal jitter" so replicas retrying one failing receiver do not march in step."""
-    full = min(cap, base * 2 ** min(max(attempt - 1, 0), 30))
-    return full * (0.5 + 0.5 * (rng or random).random())
 
 
 def headers(c: Claimed, t: int | None = None) -> dict[str, str]:
@@ -231,7 +224,7 @@ class DeliveryWorker:
         ok = 200 <= status < 300
         took = time.perf_counter() - t0
         observe(self.metrics.duration, took)
-        wait = 0.0 if ok else backoff(c.attempt, self.options.retry_base_seconds, self.options.retry_cap_seconds)
+        wait = 0.0 if ok else equal_jitter(c.attempt, self.options.retry_base_seconds, self.options.retry_cap_seconds)
         try:
             done = await self.deliveries.finish(c, self.worker_id, delivered=ok, retry_in=wait, started_at=c.db_now,
                                                 http_status=status, error=error, duration_ms=int(1000 * took))
