@@ -246,7 +246,8 @@ def test_network_denies_by_default_and_allows_the_designed_edges(objects):
 
 def test_webhooks_out_runs_alone_with_the_least_it_needs(objects):
     """The merchants' webhook delivery workers: their own Deployment, identity, memory limit and
-    network (DNS, the payments database, HTTPS outside the cluster, nothing else); the payments
+    network (DNS, the payments database, HTTPS outside the cluster, nothing else; in, the probes and
+    Prometheus on its metrics port); the payments
     Deployment runs none of them."""
     deployments = by_kind(objects, "Deployment")
     d = deployments["payments-webhooks-out"]
@@ -272,7 +273,8 @@ def test_webhooks_out_runs_alone_with_the_least_it_needs(objects):
     mine = [p for p in policies.values()
             if p["spec"]["podSelector"] in ({}, {"matchLabels": {"app": "payments-webhooks-out"}})
             or "payments-webhooks-out" in p["spec"]["podSelector"].get("matchExpressions", [{}])[0].get("values", [])]
-    assert {p["metadata"]["name"] for p in mine} == {"default-deny", "allow-dns", "payments-webhooks-out"}
+    # allow-prometheus: the monitoring namespace's Prometheus to the metrics port, nothing else
+    assert {p["metadata"]["name"] for p in mine} == {"default-deny", "allow-dns", "allow-prometheus", "payments-webhooks-out"}
     spec = policies["payments-webhooks-out"]["spec"]
     assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
     assert [r["ports"] for r in spec["ingress"]] == [[{"protocol": "TCP", "port": 51054}]] \
@@ -346,11 +348,18 @@ def admitted(objects: list[dict], pod_labels: dict, port: int, port_name: str | 
 PROMETHEUS = ("monitoring", {"app.kubernetes.io/name": "prometheus"})
 
 
-def test_every_process_declares_its_metrics_port_and_prometheus_may_reach_it(objects):
+def metrics_ports() -> dict[str, int]:
+    """Every process's own metrics port, from the code that serves it."""
     from cutylib.metrics import METRICS_PORTS
+    from payments.outbound import process
 
+    return {**METRICS_PORTS, process.NAME: process.METRICS_PORT}
+
+
+def test_every_process_declares_its_metrics_port_and_prometheus_may_reach_it(objects):
     deployments, services = by_kind(objects, "Deployment"), by_kind(objects, "Service")
-    for name, port in METRICS_PORTS.items():
+    assert set(metrics_ports()) == set(deployments)
+    for name, port in metrics_ports().items():
         pod = deployments[name]["spec"]["template"]
         declared = {p["name"]: p["containerPort"] for p in containers(deployments[name])[0]["ports"]}
         assert declared["metrics"] == port, name
@@ -382,7 +391,7 @@ def test_every_scraped_port_is_declared_and_admitted():
                     assert admitted(objects, d["spec"]["template"]["metadata"]["labels"], cport["containerPort"],
                                     cport.get("name"), *PROMETHEUS), (d["metadata"]["name"], cport)
                     scraped.add(d["metadata"]["name"])
-    assert scraped == set(SERVICES)
+    assert scraped == set(SERVICES) | set(WORKERS)
     # The databases' exporter (CloudNativePG names its port `metrics`, 9187 on every instance).
     for pm in by_kind(objects, "PodMonitor").values():
         assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["metrics"]
@@ -398,7 +407,7 @@ def test_monitors_label_the_job_as_the_local_prometheus_does():
     (relabel,) = monitor["spec"]["endpoints"][0]["relabelings"]
     assert relabel == {"sourceLabels": ["__meta_kubernetes_service_name"], "targetLabel": "job", "replacement": "cuty-$1"}
     local = yaml.safe_load((REPO / "deploy" / "observability" / "prometheus" / "prometheus.yml").read_text())
-    assert {j["job_name"] for j in local["scrape_configs"]} >= {f"cuty-{s}" for s in SERVICES}
+    assert {j["job_name"] for j in local["scrape_configs"]} >= {f"cuty-{s}" for s in SERVICES + WORKERS}
 
 
 def test_generated_objects_are_the_rule_file_and_the_dashboards():
