@@ -15,11 +15,13 @@ BENCHES := bench-booking bench-codepool bench-payments bench-checkout bench-gate
 
 all: gen
 
-$(VENV)/.installed: requirements.lock requirements-test.lock pyproject.toml
+# Closed lock files: every package pinned with its hashes; pip refuses anything else. The venv's
+# own pip (ensurepip's) installs them, so nothing unpinned is fetched.
+LOCKS := requirements.lock requirements-build.lock requirements-test.lock
+$(VENV)/.installed: $(LOCKS) pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 (Debian: apt-get install python3.11 python3.11-venv)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.lock -r requirements-test.lock
+	$(PY) -m pip install --quiet --require-hashes $(addprefix -r ,$(LOCKS))
 	touch $@
 
 venv: $(VENV)/.installed
