@@ -429,3 +429,42 @@ def test_the_schema_check_bites_on_monitors():
                "spec": {"selector": {}, "endpoints": [{"port": "metrics", "intervall": "15s"}]}}
     with pytest.raises(jsonschema.ValidationError, match="intervall"):
         jsonschema.validate(monitor, crd_schemas()[("monitoring.coreos.com/v1", "ServiceMonitor")])
+
+
+# --- migration Jobs per release ------------------------------------------------------------------
+
+def generator():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("k8s_generate", K8S / "components" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_migration_jobs_are_named_for_their_migrations_and_image(overlay):
+    """A Job's template cannot change: each release's Job has a name of its own (the hash of the
+    service's migration files and the image it runs), so applying a new release never meets the
+    previous release's finished Job; the pods and policies find it by its label."""
+    gen = generator()
+    jobs = by_kind(render(overlay), "Job")
+    assert len(jobs) == len(GRPC_BACKENDS)
+    for name, job in jobs.items():
+        svc = job["metadata"]["labels"]["app"].removesuffix("-migrate")
+        image = containers(job)[0]["image"]
+        assert name == f"{svc}-migrate-{gen.migration_set_hash(svc, image)}", name
+        assert job["spec"]["template"]["metadata"]["labels"]["app"] == f"{svc}-migrate"
+        assert 0 < job["spec"]["activeDeadlineSeconds"] <= 3600
+
+
+def test_the_job_name_changes_with_a_migration_or_the_image(tmp_path, monkeypatch):
+    gen = generator()
+    before = gen.migration_set_hash("booking", "reg/cuty:1")
+    assert gen.migration_set_hash("booking", "reg/cuty:2") != before
+    root = tmp_path / "services" / "booking"
+    shutil.copytree(REPO / "services" / "booking" / "migrations", root / "migrations")
+    monkeypatch.setattr(gen, "REPO", tmp_path)
+    assert gen.migration_set_hash("booking", "reg/cuty:1") == before
+    (root / "migrations" / "0099_more.sql").write_text("SELECT 1;\n")
+    assert gen.migration_set_hash("booking", "reg/cuty:1") != before
