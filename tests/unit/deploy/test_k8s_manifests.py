@@ -298,9 +298,7 @@ def test_prod_scales_survives_disruption_and_backs_up():
     for name, d in by_kind(objects, "Deployment").items():
         assert ("replicas" in d["spec"]) == (name in WORKERS), name
     clusters = by_kind(objects, "Cluster")
-    assert all(c["spec"]["instances"] == 3 and c["spec"]["backup"]["barmanObjectStore"] for c in clusters.values())
-    backed_up = {b["spec"]["cluster"]["name"] for b in by_kind(objects, "ScheduledBackup").values()}
-    assert backed_up == set(clusters)
+    assert all(c["spec"]["instances"] == 3 for c in clusters.values())
     assert {p["spec"]["cluster"]["name"] for p in by_kind(objects, "Pooler").values()} == \
         {"cuty-booking-db", "cuty-codepool-db"}
     # Connection arithmetic (docs/deploy.md): at the HPA's maximum, payments' direct pools fit.
@@ -468,3 +466,80 @@ def test_the_job_name_changes_with_a_migration_or_the_image(tmp_path, monkeypatc
     assert gen.migration_set_hash("booking", "reg/cuty:1") == before
     (root / "migrations" / "0099_more.sql").write_text("SELECT 1;\n")
     assert gen.migration_set_hash("booking", "reg/cuty:1") != before
+
+
+# --- databases -----------------------------------------------------------------------------------
+
+BARMAN = "barman-cloud.cloudnative-pg.io"
+
+
+def test_prod_databases_back_up_through_the_barman_cloud_plugin():
+    """WAL archived by the plugin to each database's own ObjectStore, a base backup on a schedule
+    and one at once; nothing uses the deprecated in-tree barmanObjectStore."""
+    objects = render("prod")
+    clusters, stores = by_kind(objects, "Cluster"), by_kind(objects, "ObjectStore")
+    assert "barmanObjectStore" not in json.dumps(objects)
+    for name, c in clusters.items():
+        (plugin,) = c["spec"]["plugins"]
+        assert plugin["name"] == BARMAN and plugin["isWALArchiver"] is True, name
+        store = stores[plugin["parameters"]["barmanObjectName"]]
+        assert store["spec"]["configuration"]["destinationPath"] == \
+            f"s3://cuty-backups/{name.removeprefix('cuty-').removesuffix('-db')}"
+        assert store["spec"]["retentionPolicy"]
+        assert "backup" not in c["spec"]
+    assert len(stores) == len(clusters)  # one each, none shared
+    backups = by_kind(objects, "ScheduledBackup")
+    assert {b["spec"]["cluster"]["name"] for b in backups.values()} == set(clusters)
+    for name, b in backups.items():
+        assert b["spec"]["method"] == "plugin" and b["spec"]["pluginConfiguration"] == {"name": BARMAN}, name
+        assert b["spec"]["immediate"] is True, name  # recoverable from the first hour, not the first night
+    assert "plugins" not in json.dumps(by_kind(render("dev"), "Cluster"))  # dev: no backups
+
+
+def guaranteed(resources: dict) -> bool:
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    return {"cpu", "memory"} <= set(limits) and all(requests.get(k, limits[k]) == limits[k] for k in limits)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_database_pods_are_guaranteed_with_wal_on_its_own_volume(overlay):
+    objects = render(overlay)
+    for name, c in by_kind(objects, "Cluster").items():
+        assert guaranteed(c["spec"]["resources"]), name
+        assert c["spec"]["walStorage"]["size"], name
+    # the plugin's sidecar runs in every instance pod: it must be Guaranteed too, or the pod is not
+    for name, store in by_kind(objects, "ObjectStore").items():
+        assert guaranteed(store["spec"]["instanceSidecarConfiguration"]["resources"]), name
+    assert not guaranteed({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}})
+
+
+def test_the_payments_ledger_commits_synchronously_in_prod():
+    clusters = by_kind(render("prod"), "Cluster")
+    sync = clusters["cuty-payments-db"]["spec"]["postgresql"]["synchronous"]
+    assert sync == {"method": "any", "number": 1, "dataDurability": "required"}
+    assert sync["number"] < clusters["cuty-payments-db"]["spec"]["instances"]
+    # one instance cannot wait for a standby: never in dev
+    assert "synchronous" not in by_kind(render("dev"), "Cluster")["cuty-payments-db"]["spec"]["postgresql"]
+
+
+def schema_versions() -> dict[str, str]:
+    """folder -> release tag, from the vendored schemas' README."""
+    import re
+
+    text = (K8S / "schemas" / "README.md").read_text()
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\| `([^`]+)/` \|[^|]+\| [^|]*?\b(v\d+\.\d+\.\d+)\b", text, re.M)}
+
+
+def test_the_documented_operators_are_the_vendored_releases():
+    """docs/deploy.md installs the CloudNativePG, Barman Cloud plugin and approver-policy releases
+    whose CRD schemas the checks use."""
+    import re
+
+    docs = (REPO / "docs" / "deploy.md").read_text()
+    versions = schema_versions()
+    cnpg = versions["cloudnative-pg"]
+    minor = cnpg.removeprefix("v").rsplit(".", 1)[0]
+    assert f"cloudnative-pg/release-{minor}/releases/cnpg-{cnpg.removeprefix('v')}.yaml" in docs
+    assert set(re.findall(r"releases/cnpg-([\d.]+)\.yaml", docs)) == {cnpg.removeprefix("v")}
+    barman = versions["plugin-barman-cloud"]
+    assert set(re.findall(r"plugin-barman-cloud/releases/download/(v[\d.]+)/", docs)) == {barman}
