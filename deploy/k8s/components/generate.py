@@ -3,6 +3,7 @@ stays the source and the cluster gets the same thing:
 
   prometheus-operator/prometheusrule.yaml  the PrometheusRule: the groups of prometheus/rules/cuty.rules.yml
   grafana-dashboards/dashboards.yaml       one ConfigMap per dashboard JSON, labelled for Grafana's sidecar
+  tracing/configs.yaml                     the collector's and Jaeger's configs (otel-collector.yaml, jaeger.yaml)
 
 and, per overlay, the migration Jobs' names for its release:
 
@@ -81,6 +82,15 @@ def dashboards() -> str:
     return HEADER.format(src="dashboards/*.json") + dump(maps)
 
 
+def tracing_configs() -> str:
+    maps = [{"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": f"{name}-config", "namespace": "observability",
+                          "labels": {"app.kubernetes.io/part-of": "cuty"}},
+             "data": {f"{name}.yaml": (OBSERVABILITY / f"{name}.yaml").read_text()}}
+            for name in ("otel-collector", "jaeger")]
+    return HEADER.format(src="{otel-collector,jaeger}.yaml") + dump(maps)
+
+
 def overlay_image(overlay: str) -> str:
     """The image reference the overlay's `images:` entry gives cuty/checkout (tag or digest)."""
     kustomization = yaml.safe_load((K8S / "overlays" / overlay / "kustomization.yaml").read_text())
@@ -115,6 +125,7 @@ def migration_jobs(overlay: str) -> str:
 
 OUTPUTS = {HERE / "prometheus-operator" / "prometheusrule.yaml": prometheus_rule,
            HERE / "grafana-dashboards" / "dashboards.yaml": dashboards,
+           HERE / "tracing" / "configs.yaml": tracing_configs,
            **{K8S / "overlays" / o / "migration-jobs" / "kustomization.yaml": (lambda o=o: migration_jobs(o))
               for o in OVERLAYS}}
 

@@ -22,7 +22,7 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[3]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = ("dev", "prod")
-COMPONENTS = ("prometheus-operator", "grafana-dashboards")
+COMPONENTS = ("prometheus-operator", "grafana-dashboards", "tracing")
 KUBERNETES_VERSION = "1.32.0"
 SERVICES = ("gateway", "booking", "codepool", "payments")
 GRPC_BACKENDS = ("booking", "codepool", "payments")
@@ -63,8 +63,11 @@ def objects(request) -> list[dict]:
     return render(*request.param)
 
 
-def by_kind(objects, kind) -> dict[str, dict]:
-    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+def by_kind(objects, kind, namespace: str | None = None) -> dict[str, dict]:
+    out = {o["metadata"]["name"]: o for o in objects if o["kind"] == kind
+           and namespace in (None, o["metadata"].get("namespace"))}
+    assert namespace or len(out) == sum(o["kind"] == kind for o in objects), f"two {kind}s of one name"
+    return out
 
 
 # --- schemas -------------------------------------------------------------------------------------
@@ -137,7 +140,7 @@ def containers(o: dict) -> list[dict]:
 
 def test_deployments_are_probed_sized_locked_down_and_pinned(objects):
     deployments = by_kind(objects, "Deployment")
-    assert set(deployments) == set(SERVICES) | set(WORKERS)
+    assert set(by_kind(objects, "Deployment", "cuty")) == set(SERVICES) | set(WORKERS)
     for name, d in deployments.items():
         pod = d["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
@@ -205,7 +208,7 @@ def secrets_used(deployment: dict) -> set[str]:
 
 def test_each_service_mounts_only_its_own_secrets_and_certificate(objects):
     certs = by_kind(objects, "Certificate")
-    for name, d in by_kind(objects, "Deployment").items():
+    for name, d in by_kind(objects, "Deployment", "cuty").items():
         assert secrets_used(d) == OWN_SECRETS[name], name
         if name in WORKERS:
             continue  # no certificate at all: test_webhooks_out_...
@@ -269,7 +272,7 @@ def test_webhooks_out_runs_alone_with_the_least_it_needs(objects):
     payments_env = {e["name"]: e.get("value") for e in containers(deployments["payments"])[0]["env"]}
     assert payments_env["CUTY_WEBHOOKS_OUT_WORKERS"] == "0"
 
-    policies = by_kind(objects, "NetworkPolicy")
+    policies = by_kind(objects, "NetworkPolicy", "cuty")
     mine = [p for p in policies.values()
             if p["spec"]["podSelector"] in ({}, {"matchLabels": {"app": "payments-webhooks-out"}})
             or "payments-webhooks-out" in p["spec"]["podSelector"].get("matchExpressions", [{}])[0].get("values", [])]
@@ -295,7 +298,7 @@ def test_prod_scales_survives_disruption_and_backs_up():
     assert set(pdbs) == set(SERVICES) | set(WORKERS)
     assert all(p["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {"app": n}}} for n, p in pdbs.items())
     # The HPAs own the services' replica counts: an apply must not reset them.
-    for name, d in by_kind(objects, "Deployment").items():
+    for name, d in by_kind(objects, "Deployment", "cuty").items():
         assert ("replicas" in d["spec"]) == (name in WORKERS), name
     clusters = by_kind(objects, "Cluster")
     assert all(c["spec"]["instances"] == 3 for c in clusters.values())
@@ -337,8 +340,10 @@ def admitted(objects: list[dict], pod_labels: dict, port: int, port_name: str | 
                 continue
             for peer in rule.get("from", []):
                 ns = {"kubernetes.io/metadata.name": namespace}
-                if "namespaceSelector" in peer and selects(peer["namespaceSelector"], ns) \
-                        and selects(peer.get("podSelector", {}), peer_labels):
+                # a peer without a namespaceSelector is in the policy's own namespace
+                ns_ok = selects(peer["namespaceSelector"], ns) if "namespaceSelector" in peer \
+                    else namespace == p["metadata"]["namespace"] and "podSelector" in peer
+                if ns_ok and selects(peer.get("podSelector", {}), peer_labels):
                     return True
     return False
 
@@ -355,7 +360,7 @@ def metrics_ports() -> dict[str, int]:
 
 
 def test_every_process_declares_its_metrics_port_and_prometheus_may_reach_it(objects):
-    deployments, services = by_kind(objects, "Deployment"), by_kind(objects, "Service")
+    deployments, services = by_kind(objects, "Deployment", "cuty"), by_kind(objects, "Service", "cuty")
     assert set(metrics_ports()) == set(deployments)
     for name, port in metrics_ports().items():
         pod = deployments[name]["spec"]["template"]
@@ -372,7 +377,7 @@ def test_every_scraped_port_is_declared_and_admitted():
     objects = render("prod", COMPONENTS)
     monitors = by_kind(objects, "ServiceMonitor")
     assert monitors
-    services, deployments = by_kind(objects, "Service"), by_kind(objects, "Deployment")
+    services, deployments = by_kind(objects, "Service", "cuty"), by_kind(objects, "Deployment", "cuty")
     scraped = set()
     for m in monitors.values():
         for svc in services.values():
@@ -543,3 +548,61 @@ def test_the_documented_operators_are_the_vendored_releases():
     assert set(re.findall(r"releases/cnpg-([\d.]+)\.yaml", docs)) == {cnpg.removeprefix("v")}
     barman = versions["plugin-barman-cloud"]
     assert set(re.findall(r"plugin-barman-cloud/releases/download/(v[\d.]+)/", docs)) == {barman}
+
+
+# --- traces --------------------------------------------------------------------------------------
+
+def test_spans_go_nowhere_without_the_tracing_component():
+    for overlay in OVERLAYS:
+        objects = render(overlay)
+        assert by_kind(objects, "ConfigMap")["cuty-config"]["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == ""
+        assert "allow-otlp" not in by_kind(objects, "NetworkPolicy")
+
+
+def test_the_tracing_component_wires_the_services_to_its_collector_and_jaeger():
+    objects = render("prod", ("tracing",))
+    endpoint = by_kind(objects, "ConfigMap")["cuty-config"]["data"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    host, port = endpoint.removeprefix("http://").split(":")
+    name, namespace = host.split(".")[:2]
+    service = by_kind(objects, "Service", namespace)[name]
+    (otlp,) = [p for p in service["spec"]["ports"] if p["port"] == int(port)]
+    collector = by_kind(objects, "Deployment", namespace)[name]
+    collector_labels = collector["spec"]["template"]["metadata"]["labels"]
+    assert selects({"matchLabels": service["spec"]["selector"]}, collector_labels)
+    # every service may send to it (its egress and the collector's ingress), nobody else
+    for name_, d in by_kind(objects, "Deployment", "cuty").items():
+        pod = d["spec"]["template"]["metadata"]["labels"]
+        sends = name_ in SERVICES
+        assert egress_allowed(objects, "cuty", pod, namespace, collector_labels, int(port)) == sends, name_
+        assert admitted(objects, collector_labels, int(port), None, "cuty", pod) == sends, name_
+    # the collector's config sends traces to the Jaeger Service of its namespace, which admits it
+    config = yaml.safe_load(by_kind(objects, "ConfigMap", namespace)["otel-collector-config"]["data"]["otel-collector.yaml"])
+    jaeger_host, jaeger_port = config["exporters"]["otlp/jaeger"]["endpoint"].split(":")
+    jaeger = by_kind(objects, "Deployment", namespace)[jaeger_host]
+    jaeger_labels = jaeger["spec"]["template"]["metadata"]["labels"]
+    assert egress_allowed(objects, namespace, collector_labels, namespace, jaeger_labels, int(jaeger_port))
+    assert admitted(objects, jaeger_labels, int(jaeger_port), None, namespace, collector_labels)
+    assert not admitted(objects, jaeger_labels, int(jaeger_port), None, "cuty", {"app": "payments"})
+    # the namespace denies by default and runs restricted pods
+    policies = by_kind(objects, "NetworkPolicy", namespace)
+    assert any(p["spec"]["podSelector"] == {} and "ingress" not in p["spec"] for p in policies.values())
+    assert by_kind(objects, "Namespace")[namespace]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    # the configs are the files `make run` uses
+    assert config == yaml.safe_load((REPO / "deploy" / "observability" / "otel-collector.yaml").read_text())
+
+
+def egress_allowed(objects, namespace: str, pod_labels: dict, peer_namespace: str, peer_labels: dict, port: int) -> bool:
+    """Whether some NetworkPolicy of `namespace` lets the pod send to the peer's `port`."""
+    for p in by_kind(objects, "NetworkPolicy", namespace).values():
+        spec = p["spec"]
+        if "Egress" not in spec["policyTypes"] or not selects(spec["podSelector"], pod_labels):
+            continue
+        for rule in spec.get("egress", []):
+            if rule.get("ports") and not any(x.get("port") == port for x in rule["ports"]):
+                continue
+            for peer in rule.get("to", []):
+                ns_ok = selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": peer_namespace}) \
+                    if "namespaceSelector" in peer else peer_namespace == namespace
+                if ns_ok and "podSelector" in peer and selects(peer["podSelector"], peer_labels):
+                    return True
+    return False
