@@ -21,6 +21,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
+import socket
+import uuid
 from typing import Awaitable, Callable, Iterable
 
 from opentelemetry import trace
@@ -148,7 +151,8 @@ class MetricsLeader:
     with it) another takes over within one refresh interval.
 
     The pool must reach PostgreSQL directly: behind PgBouncer in transaction mode a session lock
-    stays on a server connection other clients then share, and two replicas could both lead."""
+    stays on a server connection other clients then share, and two replicas could both lead
+    (LeaseLeader is the election for such a pool)."""
 
     def __init__(self, pool, name: str) -> None:
         self.pool, self.key = pool, _leader_key(name)
@@ -184,6 +188,41 @@ class MetricsLeader:
                 await conn.execute("SELECT pg_advisory_unlock($1)", self.key)
             with contextlib.suppress(Exception):
                 await self.pool.release(conn)
+
+
+# Take the lease if it is free or expired, renew it if it is ours; no row back: another holds it.
+# One statement (its own transaction), the database's clock: no session state, no clock skew.
+_LEASE_ELECT = """
+INSERT INTO metrics_leases AS l (name, holder, expires_at)
+VALUES ($1, $2, now() + make_interval(secs => $3))
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+WHERE l.holder = excluded.holder OR l.expires_at < now()
+RETURNING holder"""
+_LEASE_RESIGN = "DELETE FROM metrics_leases WHERE name = $1 AND holder = $2"
+
+
+class LeaseLeader:
+    """MetricsLeader's election for a pool behind PgBouncer in transaction mode: a lease row
+    (table `metrics_leases`, the service's migrations) instead of a session lock. The leader renews
+    it every refresh; when it stops renewing (dies, loses the database), another replica takes the
+    lease once it has expired, `ttl` seconds after the last renewal (default: three refresh
+    intervals). A leader that finds the lease taken over stops exporting at that round, so two
+    replicas export at once for at most one refresh interval, and only after a leader stalled past
+    its lease."""
+
+    def __init__(self, pool, name: str, *, ttl: float | None = None, holder: str | None = None) -> None:
+        self.pool, self.name = pool, name
+        self.ttl = 3 * refresh_seconds() if ttl is None else ttl
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+    async def elect(self) -> bool:
+        """Whether this process leads now (taking, renewing or taking over the lease)."""
+        return await self.pool.fetchval(_LEASE_ELECT, self.name, self.holder, float(self.ttl)) is not None
+
+    async def resign(self) -> None:
+        """Give the lease up at once (a clean stop): the next replica need not wait for it to expire."""
+        with contextlib.suppress(Exception):
+            await self.pool.execute(_LEASE_RESIGN, self.name, self.holder)
 
 
 def observe(histogram, seconds: float) -> None:

@@ -10,7 +10,7 @@ from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
 from cutylib.config import Settings, env_float, env_int
 from cutylib.db import ALL_MERCHANTS, create_pool
 from cutylib.grpc_server import GrpcServer
-from cutylib.metrics import refresh_periodically
+from cutylib.metrics import LeaseLeader, refresh_periodically
 
 from . import metrics
 from .catalog import Catalog
@@ -75,7 +75,10 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
     server.add_background(sweeper.run)
     server.add_background(stock_events.run_recheck)
-    server.add_background(lambda: refresh_periodically(lambda: metrics.REGISTRY.refresh_stock(pool)))
+    # The stock gauges are the database's numbers: one replica exports them. A lease row, not an
+    # advisory lock, elects it: in Kubernetes the pool goes through PgBouncer in transaction mode.
+    server.add_background(lambda: refresh_periodically(lambda: metrics.REGISTRY.refresh_stock(pool),
+                                                       leader=LeaseLeader(pool, "codepool"), metrics=metrics.REGISTRY))
     server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters
     log.info("code pool wired", extra={"keys": sorted(keyring.keys), "active_key": keyring.active,
                                        "reservation_ttl_seconds": settings.code_reservation_ttl_seconds})

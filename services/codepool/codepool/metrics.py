@@ -25,8 +25,9 @@ LEFT JOIN (SELECT merchant_id, product_id, sum(available) AS available, sum(rese
 class CodePoolMetrics(Metrics):
     def __init__(self, registry=None):
         super().__init__(registry)
-        self.codes = self.gauge("cuty_codepool_codes", "Codes per product and state (refreshed periodically)",
-                                ["product_id", "state"])
+        # Read from the database: exported by the metrics leader only (bootstrap.py, LeaseLeader).
+        self.codes = self.db_gauge("cuty_codepool_codes", "Codes per product and state (refreshed periodically)",
+                                   ["product_id", "state"])
         # outcome: reserved | out_of_stock | capped (a per-customer cap)
         self.reservations = self.counter("cuty_codepool_reservations_total", "ReserveCodes results", ["outcome"])
         self.codes_reserved = self.counter("cuty_codepool_codes_reserved_total", "Codes reserved")

@@ -4,9 +4,12 @@ the other exports nothing; when the leader stops, the other takes over within a 
 from __future__ import annotations
 
 import asyncio
+import pathlib
+
+import asyncpg
 
 from cutylib.db import create_pool
-from cutylib.metrics import Metrics, MetricsLeader, refresh_periodically
+from cutylib.metrics import LeaseLeader, Metrics, MetricsLeader, refresh_periodically
 
 INTERVAL = 0.05
 
@@ -97,3 +100,112 @@ async def test_a_leader_whose_session_dies_leads_again(scratch_db):
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await pool.close()
+
+
+# --- the lease row (LeaseLeader): what codepool uses behind PgBouncer in transaction mode ----------
+
+LEASES = pathlib.Path(__file__).resolve().parents[3] / "services" / "codepool" / "migrations" / "0040_metrics_leases.sql"
+
+
+class LeaseReplica(Replica):
+    def __init__(self, pool, ttl: float = 30.0):
+        super().__init__(pool)
+        self.leader = LeaseLeader(pool, "test", ttl=ttl)
+        self.elections = 0  # rounds whose election finished
+        elect = self.leader.elect
+
+        async def counted() -> bool:
+            try:
+                return await elect()
+            finally:
+                self.elections += 1
+        self.leader.elect = counted
+
+    def start(self) -> asyncio.Task:
+        return asyncio.create_task(refresh_periodically(self.refresh, INTERVAL, leader=self.leader, metrics=self))
+
+
+async def leases_db(scratch_db) -> list:
+    conn = await asyncpg.connect(scratch_db)
+    await conn.execute(LEASES.read_text())
+    await conn.close()
+    return [await create_pool(scratch_db, min_size=0, max_size=3) for _ in range(2)]
+
+
+DB_GAUGES = {"cuty_test_backlog", "cuty_test_by_state"}
+
+
+async def test_one_replica_exports_by_lease_and_the_other_takes_over_when_it_stops(scratch_db):
+    pools = await leases_db(scratch_db)
+    replicas = [LeaseReplica(p) for p in pools]
+    tasks = [r.start() for r in replicas]
+    try:
+        await until(lambda: sum(DB_GAUGES <= r.exported() for r in replicas) == 1)
+        await asyncio.sleep(INTERVAL * 5)  # several renewals later, still exactly one
+        (leader,) = [i for i, r in enumerate(replicas) if DB_GAUGES <= r.exported()]
+        follower = 1 - leader
+        assert replicas[follower].exported() & DB_GAUGES == set()
+        # A clean stop gives the lease up: the follower takes over without waiting for the expiry
+        # (30 s here, far longer than `until` allows the takeover).
+        tasks[leader].cancel()
+        await asyncio.gather(tasks[leader], return_exceptions=True)
+        assert replicas[leader].exported() & DB_GAUGES == set()
+        await until(lambda: DB_GAUGES <= replicas[follower].exported(), timeout=15)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for p in pools:
+            await p.close()
+
+
+async def test_the_lease_does_not_live_in_a_session(scratch_db):
+    """What a transaction pooler does to sessions: every connection of the leader is cut between
+    rounds. The leader keeps the lease (it is a row, not a session lock) and the other replica never
+    leads while it is renewed."""
+    pools = await leases_db(scratch_db)
+    replicas = [LeaseReplica(p) for p in pools]
+    tasks = [r.start() for r in replicas]
+    try:
+        await until(lambda: sum(DB_GAUGES <= r.exported() for r in replicas) == 1)
+        (leader,) = [i for i, r in enumerate(replicas) if DB_GAUGES <= r.exported()]
+        conn = await asyncpg.connect(scratch_db)
+        try:
+            for _ in range(5):
+                await conn.fetchval("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                                    " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                await asyncio.sleep(INTERVAL * 3)
+                assert replicas[1 - leader].exported() & DB_GAUGES == set()
+            holders = await conn.fetch("SELECT holder FROM metrics_leases WHERE name = 'test'")
+        finally:
+            await conn.close()
+        assert [r["holder"] for r in holders] == [replicas[leader].leader.holder]
+        await until(lambda: DB_GAUGES <= replicas[leader].exported())  # renewed through new connections
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for p in pools:
+            await p.close()
+
+
+async def test_a_dead_leaders_lease_is_taken_over_once_it_expires(scratch_db):
+    """A replica that died without resigning holds the lease until it expires: nobody exports (an
+    absent alert, never a double count) until then, and the next replica leads after."""
+    pools = await leases_db(scratch_db)
+    conn = await asyncpg.connect(scratch_db)
+    await conn.execute("INSERT INTO metrics_leases VALUES ('test', 'dead-replica', now() + interval '1 hour')")
+    replica = LeaseReplica(pools[0])
+    task = replica.start()
+    try:
+        await until(lambda: replica.elections >= 3)  # three rounds ran, each refused
+        assert replica.exported() & DB_GAUGES == set()
+        await conn.execute("UPDATE metrics_leases SET expires_at = now() - interval '1 second'")  # time passes
+        await until(lambda: DB_GAUGES <= replica.exported())
+        assert await conn.fetchval("SELECT holder FROM metrics_leases") == replica.leader.holder
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await conn.close()
+        for p in pools:
+            await p.close()
