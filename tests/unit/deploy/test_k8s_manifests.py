@@ -22,7 +22,7 @@ import yaml
 REPO = pathlib.Path(__file__).resolve().parents[3]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = ("dev", "prod")
-COMPONENTS = ("prometheus-operator", "grafana-dashboards", "tracing")
+COMPONENTS = ("prometheus-operator", "grafana-dashboards", "tracing", "approver-policy")
 KUBERNETES_VERSION = "1.32.0"
 SERVICES = ("gateway", "booking", "codepool", "payments")
 GRPC_BACKENDS = ("booking", "codepool", "payments")
@@ -606,3 +606,60 @@ def egress_allowed(objects, namespace: str, pod_labels: dict, peer_namespace: st
                 if ns_ok and "podSelector" in peer and selects(peer["podSelector"], peer_labels):
                     return True
     return False
+
+
+# --- certificate approval ------------------------------------------------------------------------
+
+def hours(duration: str) -> float:
+    assert duration.endswith("h"), duration
+    return float(duration[:-1])
+
+
+def permits(policy: dict, certificate: dict, namespace: str = "cuty") -> bool:
+    """approver-policy's decision for the CertificateRequest of `certificate` (the fields used here)."""
+    spec, want = policy["spec"], certificate["spec"]
+    sel = spec["selector"]
+    if {k: want["issuerRef"].get(k, "cert-manager.io" if k == "group" else None) for k in sel["issuerRef"]} != sel["issuerRef"] \
+            or namespace not in sel["namespace"]["matchNames"]:
+        return False
+    allowed, constraints = spec["allowed"], spec["constraints"]
+    key = want["privateKey"]
+    return (want.get("commonName") == allowed["commonName"]["value"]
+            and bool(want.get("dnsNames")) and set(want["dnsNames"]) <= set(allowed["dnsNames"]["values"])
+            and set(want["usages"]) <= set(allowed["usages"])
+            and not want.get("isCA") and not want.get("uris") and not want.get("ipAddresses")
+            and hours(want["duration"]) <= hours(constraints["maxDuration"])
+            and key["algorithm"] == constraints["privateKey"]["algorithm"]
+            and constraints["privateKey"]["minSize"] <= key["size"] <= constraints["privateKey"]["maxSize"])
+
+
+def test_each_identity_is_approved_by_its_own_policy_only():
+    objects = render("prod", ("approver-policy",))
+    policies, certs = by_kind(objects, "CertificateRequestPolicy"), by_kind(objects, "Certificate")
+    assert set(policies) == {f"cuty-{svc}" for svc in SERVICES}
+    for name, cert in certs.items():
+        svc = name.removesuffix("-tls")
+        assert {p for p, pol in policies.items() if permits(pol, cert)} == {f"cuty-{svc}"}, name
+        assert not any(permits(pol, cert, namespace="elsewhere") for pol in policies.values())
+    # what a namespace user might ask for: another identity, an extra name, a CA, a long life
+    gateway = certs["gateway-tls"]
+    for forged in ({"commonName": "payments"}, {"dnsNames": ["gateway", "payments"]}, {"isCA": True},
+                   {"duration": "8760h"}, {"dnsNames": ["*.cuty.svc"]}, {"privateKey": {"algorithm": "RSA", "size": 2048}}):
+        cert = {**gateway, "spec": {**gateway["spec"], **forged}}
+        assert not any(permits(pol, cert) for pol in policies.values()), forged
+    # only cert-manager's controller may use them, and only in namespace cuty
+    (role,) = by_kind(objects, "ClusterRole").values()
+    (rule,) = role["rules"]
+    assert {**rule, "resourceNames": set(rule["resourceNames"])} == {
+        "apiGroups": ["policy.cert-manager.io"], "resources": ["certificaterequestpolicies"], "verbs": ["use"],
+        "resourceNames": set(policies)}
+    (binding,) = by_kind(objects, "RoleBinding").values()
+    assert binding["metadata"]["namespace"] == "cuty" and binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "cert-manager", "namespace": "cert-manager"}]
+
+
+def test_the_schema_check_bites_on_policies():
+    policy = {"apiVersion": "policy.cert-manager.io/v1alpha1", "kind": "CertificateRequestPolicy",
+              "metadata": {"name": "x"}, "spec": {"selector": {"issuerRef": {}}, "allowed": {"commonNames": {}}}}
+    with pytest.raises(jsonschema.ValidationError, match="commonNames"):
+        jsonschema.validate(policy, crd_schemas()[("policy.cert-manager.io/v1alpha1", "CertificateRequestPolicy")])
