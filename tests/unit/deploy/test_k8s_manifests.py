@@ -548,6 +548,7 @@ def test_the_documented_operators_are_the_vendored_releases():
     assert set(re.findall(r"releases/cnpg-([\d.]+)\.yaml", docs)) == {cnpg.removeprefix("v")}
     barman = versions["plugin-barman-cloud"]
     assert set(re.findall(r"plugin-barman-cloud/releases/download/(v[\d.]+)/", docs)) == {barman}
+    assert set(re.findall(r"cert-manager-approver-policy\s+--version (v[\d.]+)", docs)) == {versions["approver-policy"]}
 
 
 # --- traces --------------------------------------------------------------------------------------
