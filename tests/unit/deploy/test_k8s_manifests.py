@@ -512,6 +512,8 @@ def test_database_pods_are_guaranteed_with_wal_on_its_own_volume(overlay):
     for name, c in by_kind(objects, "Cluster").items():
         assert guaranteed(c["spec"]["resources"]), name
         assert c["spec"]["walStorage"]["size"], name
+        # deprecated by CloudNativePG: the PodMonitor of components/prometheus-operator instead
+        assert "enablePodMonitor" not in c["spec"].get("monitoring", {}), name
     # the plugin's sidecar runs in every instance pod: it must be Guaranteed too, or the pod is not
     for name, store in by_kind(objects, "ObjectStore").items():
         assert guaranteed(store["spec"]["instanceSidecarConfiguration"]["resources"]), name
