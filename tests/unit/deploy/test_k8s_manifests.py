@@ -216,6 +216,12 @@ def test_each_service_mounts_only_its_own_secrets_and_certificate(objects):
         assert env["CUTY_TLS_CERT"] and env["CUTY_TLS_KEY"] and env["CUTY_TLS_CA"], name
         assert certs[f"{name}-tls"]["spec"]["dnsNames"][0] == name  # the identity in the SAN
         assert ("CUTY_USER_ASSERTION_KEY" in env) == (name == "gateway")  # only the gateway signs users
+        # The certificate's Secret is mounted whole (no subPath), so cert-manager's renewal reaches the
+        # running pod's files, which it re-reads (cutylib.tls.CertificateFiles; docs/security.md, "Rotation").
+        (tls,) = [m for m in containers(d)[0]["volumeMounts"] if m["mountPath"] == env["CUTY_TLS_CERT"].rsplit("/", 1)[0]]
+        assert "subPath" not in tls and tls["readOnly"], name
+        (volume,) = [v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == tls["name"]]
+        assert volume["secret"]["secretName"] == f"{name}-tls", name
 
 
 def test_network_denies_by_default_and_allows_the_designed_edges(objects):
