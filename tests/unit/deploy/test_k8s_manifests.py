@@ -301,8 +301,15 @@ def test_prod_scales_survives_disruption_and_backs_up():
     objects = render("prod")
     assert set(by_kind(objects, "HorizontalPodAutoscaler")) == set(SERVICES)
     pdbs = by_kind(objects, "PodDisruptionBudget")
-    assert set(pdbs) == set(SERVICES) | set(WORKERS)
-    assert all(p["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {"app": n}}} for n, p in pdbs.items())
+    poolers = by_kind(objects, "Pooler")
+    assert set(pdbs) == set(SERVICES) | set(WORKERS) | set(poolers)
+    for n, p in pdbs.items():
+        # One pod at a time, whatever the scale; a pod that is not Ready never blocks a drain.
+        selector = {"cnpg.io/poolerName": n} if n in poolers else {"app": n}
+        assert p["spec"] == {"maxUnavailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                             "selector": {"matchLabels": selector}}, n
+    assert all(p["spec"]["instances"] >= 2 for p in poolers.values())
+    assert all(c["spec"].get("enablePDB", True) for c in by_kind(objects, "Cluster").values())
     # The HPAs own the services' replica counts: an apply must not reset them.
     for name, d in by_kind(objects, "Deployment", "cuty").items():
         assert ("replicas" in d["spec"]) == (name in WORKERS), name
