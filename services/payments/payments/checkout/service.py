@@ -298,9 +298,13 @@ class CheckoutService:
         are the engine's, driven here and, after a crash, by any worker."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         slot_id = canonical_uuid("slot_id", slot_id)
-        h = request_hash("reschedule", checkout_id, slot_id, payment_method)
-        await self.keys.replay_if_answered(caller.require_subject(), "reschedule", key, h)
+        # Who may see the checkout is asked before any stored answer is given back, and the key is
+        # bound to the role and merchant it was used with: the same subject in another role or as
+        # another merchant's staff is refused as a reuse, never handed the first answer
+        # (docs/security.md, "Replays are the sender's own").
         current = await self.seen(caller, checkout_id)
+        h = request_hash("reschedule", checkout_id, slot_id, payment_method, caller.role, caller.org)
+        await self.keys.replay_if_answered(caller.require_subject(), "reschedule", key, h)
         staff = caller.role in STAFF_ROLES
         if current.kind != domain.BOOKING:
             raise errors.FailedPrecondition(f"checkout {checkout_id} bought codes; only a booking is rescheduled",
