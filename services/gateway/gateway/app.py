@@ -16,6 +16,7 @@ short (see bench/gateway.py).
 """
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import math
@@ -56,6 +57,12 @@ MAX_REQUEST_TIMEOUT = 3600.0
 # Rate-limit buckets per client address, one per kind of route, so that a flood of API calls from
 # an address does not starve the PSP's webhooks or the health probes from the same one.
 _API, _WEBHOOK, _OWN_ROUTES = 0, 1, 2
+# An answer given before the request's body was read (413, 401, 429...): the gateway reads and
+# drops at most this much more of the body, for at most this long, before it closes the
+# connection, so that the client has read the answer before the close (a close with unread data
+# resets the connection, and the client sees a broken pipe instead of the answer).
+DRAIN_MAX_BYTES = 8 * 1024 * 1024
+DRAIN_MAX_SECONDS = 2.0
 
 
 class ClientGone(Exception):
@@ -152,6 +159,9 @@ class Gateway:
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1").split("?", 1)[0]
         query = scope.get("query_string", b"").decode("latin-1")
         route, bound, allowed = self.match(method, raw_path)
+        unread = None
+        if "transfer-encoding" in headers or headers.get("content-length", "0") != "0":
+            receive = unread = _BodyReader(receive)
         route_name = route.template.source if route else (raw_path if raw_path in _OWN else "(unmatched)")
         name = f"{method} {route_name}"
         # Health probes start no trace: every few seconds per replica, they would bury the real ones.
@@ -202,8 +212,17 @@ class Gateway:
         if tp:
             out += [(b"traceparent", tp.encode()), (b"x-trace-id", trace_id.encode())]
         out += [(k.encode(), v.encode()) for k, v in extra.items()]
-        await send({"type": "http.response.start", "status": status, "headers": out})
-        await send({"type": "http.response.body", "body": body})
+        if unread is not None and not unread.done:
+            # Answered before the body was read: answer, take a bounded amount more of the body,
+            # then close (docs/security.md, "A refused body still gets its answer").
+            out.append((b"connection", b"close"))
+            await send({"type": "http.response.start", "status": status, "headers": out})
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            await _drain(unread, DRAIN_MAX_BYTES, DRAIN_MAX_SECONDS)
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await send({"type": "http.response.start", "status": status, "headers": out})
+            await send({"type": "http.response.body", "body": body})
         access_log.record(method, route_name, status, time.perf_counter() - t0, trace_id,
                           log_line=self.settings.access_log)
 
@@ -397,6 +416,33 @@ def _too_large(limit: int, size: int | None = None) -> Problem:
     got = f", got {size} bytes" if size is not None else ""
     return Problem(413, "payload-too-large", f"the request body may be at most {limit} bytes{got}",
                    extra={"maxBytes": limit})
+
+
+class _BodyReader:
+    """`receive` of a request that has a body, noting when the body has been read to its end."""
+    __slots__ = ("receive", "done")
+
+    def __init__(self, receive):
+        self.receive = receive
+        self.done = False
+
+    async def __call__(self):
+        msg = await self.receive()
+        if msg["type"] == "http.disconnect" or not msg.get("more_body"):
+            self.done = True
+        return msg
+
+
+async def _drain(reader: _BodyReader, max_bytes: int, max_seconds: float) -> None:
+    """Read and drop the rest of a body: at most `max_bytes`, for at most `max_seconds`."""
+    async def drop() -> None:
+        taken = 0
+        while not reader.done and taken <= max_bytes:
+            taken += len((await reader()).get("body", b""))
+    try:
+        await asyncio.wait_for(drop(), max_seconds)
+    except asyncio.TimeoutError:
+        pass
 
 
 async def _read_body(receive, limit: int) -> bytes:

@@ -162,3 +162,54 @@ async def test_path_ids_are_decoded_and_passed_verbatim(client, fake, bearer):
     r = await client.get("/v1/checkouts/1%27%20OR%20%271%27%3D%271", headers=bearer("customer"))
     assert r.status_code == 200
     assert fake.last("GetCheckout").request.checkout_id == "1' OR '1'='1"
+
+
+def _post_raw(url: str, head: bytes, body_chunks, *, read_timeout: float = 10) -> bytes:
+    """A real socket: send the head and the whole body as fast as the kernel takes it (what a
+    client does that does not wait for 100-continue), then read the answer to its end. A reset
+    or broken pipe on the way is what the client would see."""
+    import socket
+    import threading
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=read_timeout) as s:
+        answer: list[bytes] = []
+
+        def read():
+            try:
+                while chunk := s.recv(65536):
+                    answer.append(chunk)
+            except OSError as e:  # a reset while reading
+                answer.append(f"<{type(e).__name__}>".encode())
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            s.sendall(head)
+            for chunk in body_chunks:
+                s.sendall(chunk)
+        except OSError as e:  # the peer closed before taking the body: the client's broken pipe
+            reader.join(read_timeout)
+            return b"".join(answer) + f"<send: {type(e).__name__}>".encode()
+        reader.join(read_timeout)
+        return b"".join(answer)
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_two_mib_post_gets_its_413_answer_and_the_connection_is_closed(gw, bearer, framing):
+    """Over the limit, the gateway answers 413 while the body still comes, takes a bounded amount
+    more so the client is never reset before it has read the answer, and closes the connection."""
+    mib2 = 2 * 1024 * 1024
+    auth = bearer("admin")["Authorization"]
+    for _ in range(5):
+        if framing == "content-length":
+            head = (f"POST /v1/salons HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {mib2}\r\n\r\n").encode()
+            chunks = [b"x" * 65536] * (mib2 // 65536)
+        else:
+            head = (f"POST /v1/salons HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\n"
+                    "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+            chunks = [b"10000\r\n" + b"x" * 65536 + b"\r\n"] * (mib2 // 65536) + [b"0\r\n\r\n"]
+        answer = await asyncio.to_thread(_post_raw, gw.url, head, chunks)
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        head_part, _, body = answer.partition(b"\r\n\r\n")
+        assert b"connection: close" in head_part.lower(), head_part
+        assert json.loads(body)["type"] == "payload-too-large"
