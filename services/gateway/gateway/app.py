@@ -33,7 +33,7 @@ from . import access as access_log, admission, auth, openapi, problems, tracing
 from .admission import AdmissionControl
 from .backends import Backends
 from .descriptors import Route, load_routes
-from .memo import Memo
+from .memo import Memo, can_carry_secrets, carries_secrets
 from .policy import LOAD, Access, access_for, load_for
 from .problems import Problem, bad_request
 from .ratelimit import RateLimiter, retry_after_header
@@ -102,6 +102,10 @@ class Gateway:
         self._matches = Memo(max_entries=4096, max_bytes=2 * 1024 * 1024)
         self._requests = Memo(max_entries=4096, max_bytes=8 * 1024 * 1024)
         self._answers = Memo(max_entries=1024, max_bytes=32 * 1024 * 1024)
+        # RPCs whose requests may hold a secret (plaintext codes) are never memoised; those whose
+        # answers may hold one (a client secret, a code's value) only when this answer holds none.
+        self._secret_requests = {r.rpc for r in self.routes if can_carry_secrets(r.input_type.DESCRIPTOR)}
+        self._secret_answers = {r.rpc for r in self.routes if can_carry_secrets(r.output_type.DESCRIPTOR)}
         for rpc, a in self.access.items():
             if a.roles == frozenset():
                 log.warning("route has no access policy; refused to everyone", extra={"rpc": rpc})
@@ -250,8 +254,10 @@ class Gateway:
         key = (route.rpc, raw)
         body = self._answers.get(key)
         if body is None:
-            body = to_json(route.output_type.FromString(raw))
-            self._answers.put(key, body, 2 * len(raw) + len(body))
+            answer = route.output_type.FromString(raw)
+            body = to_json(answer)
+            if route.rpc not in self._secret_answers or not carries_secrets(answer):
+                self._answers.put(key, body, 2 * len(raw) + len(body))
         return body
 
     async def _stream(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
@@ -378,7 +384,8 @@ class Gateway:
         body) when they are small. A refused request (400) is never memoised."""
         key = (route.rpc, tuple(bound.items()), query, body)
         size = len(query) + len(body) + sum(len(k) + len(v) for k, v in bound.items())
-        if size <= MEMO_MAX_INPUT:
+        memo = size <= MEMO_MAX_INPUT and route.rpc not in self._secret_requests
+        if memo:
             data = self._requests.get(key)
             if data is not None:
                 return data
@@ -386,7 +393,7 @@ class Gateway:
             data = build_request(route, bound, query, body).SerializeToString()
         except TranscodeError as e:
             raise bad_request(e.field, e.message) from None
-        if size <= MEMO_MAX_INPUT:
+        if memo:
             self._requests.put(key, data, 2 * size + len(data) + 64)
         return data
 

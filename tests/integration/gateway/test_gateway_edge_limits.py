@@ -135,14 +135,12 @@ async def test_the_address_comes_from_the_trusted_proxy_header_when_configured(s
         assert (await c.get("/readyz", headers={"X-Forwarded-For": "203.0.113.6"})).status_code == 200
 
 
-async def test_traceparent_is_continued_and_propagated(client, fake, bearer):
-    incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    r = await client.get(SLOTS, headers={**bearer("customer"), "traceparent": incoming})
-    assert r.headers["x-trace-id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+async def test_the_edge_spans_trace_is_propagated_and_answered(client, fake, bearer):
+    r = await client.get(SLOTS, headers=bearer("customer"))
     version, trace_id, span_id, flags = r.headers["traceparent"].split("-")
-    assert (version, trace_id) == ("00", "4bf92f3577b34da6a3ce929d0e0e4736") and span_id != "00f067aa0ba902b7"
+    assert version == "00" and trace_id == r.headers["x-trace-id"]
     sent = fake.last("ListSlots").metadata["traceparent"]
-    assert sent.split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert sent.split("-")[1] == trace_id
 
 
 async def test_every_answer_has_a_fresh_trace_id(client, bearer):
@@ -213,3 +211,56 @@ async def test_a_two_mib_post_gets_its_413_answer_and_the_connection_is_closed(g
         head_part, _, body = answer.partition(b"\r\n\r\n")
         assert b"connection: close" in head_part.lower(), head_part
         assert json.loads(body)["type"] == "payload-too-large"
+
+
+async def test_a_clients_traceparent_is_a_link_of_a_new_trace_and_its_baggage_is_dropped(gw, fake, bearer):
+    """A client chooses its traceparent: it may not put its spans into our traces (nor choose
+    whether we sample), so the edge span starts a trace of its own that links the client's; the
+    client's baggage never reaches a service."""
+    from opentelemetry import trace as otel
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exporter = InMemorySpanExporter()
+    otel.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+    incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        r = await client.get(SLOTS, headers={**bearer("customer"), "traceparent": incoming,
+                                             "baggage": "tenant=other-merchant,role=operator"})
+    assert r.status_code == 200
+    ours = r.headers["x-trace-id"]
+    assert ours != "4bf92f3577b34da6a3ce929d0e0e4736" and r.headers["traceparent"].split("-")[1] == ours
+    sent = fake.last("ListSlots").metadata
+    assert sent["traceparent"].split("-")[1] == ours and "baggage" not in sent
+    (edge,) = [s for s in exporter.get_finished_spans() if s.name == f"GET {SLOTS_ROUTE}"]
+    assert edge.parent is None and format(edge.context.trace_id, "032x") == ours
+    assert [(format(link.context.trace_id, "032x"), format(link.context.span_id, "016x")) for link in edge.links] == [
+        ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")]
+
+
+async def test_the_gateways_memo_never_keeps_secrets(gw, fake, script, bearer):
+    """Answers carrying a client secret or a code's value, and requests carrying plaintext codes,
+    are never kept in the gateway's memo tables; answers without them still are."""
+    from cuty.payments.v1 import checkout_pb2
+    secret, code = "cs_" + secrets.token_hex(8), "CODE-" + secrets.token_hex(6)
+
+    def checkout(request, md):
+        out = checkout_pb2.Checkout(id=request.checkout_id)
+        if request.checkout_id == "with-secrets":
+            out.payment.client_secret = secret
+            out.payment.next_action.redirect_url = f"https://psp.example/3ds/{secret}"
+            out.codes.add(id="c1", value=code)
+        return out
+    script("GetCheckout", checkout)
+    me = bearer("customer")
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        for _ in range(2):
+            r = await client.get("/v1/checkouts/with-secrets", headers=me)
+            assert r.status_code == 200 and r.json()["payment"]["clientSecret"] == secret
+            r = await client.get("/v1/checkouts/plain", headers=me)
+            assert r.status_code == 200
+        r = await client.post("/v1/products/p1/codes:import", headers=bearer("admin"),
+                              json={"batchRef": "b", "codes": [code]})
+        assert r.status_code == 200 and list(fake.last("ImportCodeBatch").request.codes) == [code]
+    kept = repr(list(gw.app._answers._data.items()) + list(gw.app._requests._data.items()))
+    assert secret not in kept and code not in kept
+    assert "plain" in kept  # the memo still works for answers without secrets
