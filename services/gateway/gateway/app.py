@@ -269,6 +269,12 @@ class Gateway:
         criticality, budget, since = self._budget(route, headers, t0)
         request, metadata = await self._prepare(route, bound, query, headers, receive)
         timeout = self._admit(route, criticality, budget, since)
+        expires_in = None
+        if not self.access[route.rpc].public:
+            # The stream ends when its token would no longer be accepted (sse.py); the call's own
+            # deadline a moment later bounds the service's side even if the gateway's is missed.
+            expires_in = self.verify.seconds_left(auth.token_of(headers.get("authorization")))
+            timeout = min(timeout, max(expires_in, 0) + 1.0)
         call = self.backends.stream(route, request, metadata=metadata, timeout=timeout)
         adm = self.admission
         started, outcome = adm.clock(), admission.OK
@@ -280,7 +286,7 @@ class Gateway:
         finally:
             adm.release(route.rpc, started, outcome)
         body = sse.events(call, first, heartbeat=self.settings.sse_heartbeat_seconds, service=route.owner,
-                          deadline=budget, trace_id=trace_id)
+                          deadline=budget, trace_id=trace_id, expires_in=expires_in)
         # no-transform / X-Accel-Buffering: proxies must pass each event on as it comes.
         return StreamingResponse(body, media_type=sse.MEDIA_TYPE, headers={
             "cache-control": "no-store, no-transform", "x-accel-buffering": "no"})
