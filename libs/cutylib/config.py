@@ -94,6 +94,18 @@ def db_role_for(service: str) -> str:
     return f"{service}_service"
 
 
+# The role of payments' webhook delivery process (`python -m payments webhooks-out`): grants on the
+# delivery tables only (payments migration 0050_webhooks_out_role.sql; docs/security.md).
+WEBHOOKS_OUT_DB_ROLE = "payments_webhooks_out"
+# Its plaintext gRPC health and its /metrics (CUTY_WEBHOOKS_OUT_HEALTH_PORT / _METRICS_PORT).
+WEBHOOKS_OUT_HEALTH_PORT, WEBHOOKS_OUT_METRICS_PORT = 51054, 9468
+
+
+def webhooks_out_database_url() -> str:
+    """DSN of the webhook delivery process: `CUTY_WEBHOOKS_OUT_DATABASE_URL`, else payments' own."""
+    return os.environ.get("CUTY_WEBHOOKS_OUT_DATABASE_URL") or database_url_for("payments")
+
+
 def with_user(dsn: str, user: str, password: str | None = None) -> str:
     """`dsn` with its user (and password) replaced."""
     parts = urlsplit(dsn)
