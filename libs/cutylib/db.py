@@ -391,6 +391,10 @@ def migration_plan(migrations_dir: str | pathlib.Path, shared: bool = True) -> l
 # long transaction on the serving version would otherwise block every query on that table behind it.
 DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS = 5.0
 DEFAULT_MIGRATION_LOCK_ATTEMPTS = 10
+# A migration may rewrite a large table or build an index: the roles' statement timeouts are for
+# requests and people, so the migration's session has a bound of its own
+# (CUTY_MIGRATION_STATEMENT_TIMEOUT, seconds; the migrate Jobs' activeDeadlineSeconds is the same hour).
+DEFAULT_MIGRATION_STATEMENT_TIMEOUT_SECONDS = 3600.0
 # First line of a migration that must run outside a transaction (CREATE INDEX CONCURRENTLY).
 NO_TRANSACTION = "-- cuty:no-transaction"
 
@@ -427,6 +431,8 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     conn = await asyncpg.connect(dsn)
     applied_now: list[str] = []
     try:
+        bound = env_float("CUTY_MIGRATION_STATEMENT_TIMEOUT", DEFAULT_MIGRATION_STATEMENT_TIMEOUT_SECONDS)
+        await conn.execute(f"SET statement_timeout = '{max(1, int(bound * 1000))}ms'")
         await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
         try:
             await conn.execute(MIGRATIONS_TABLE)
@@ -465,9 +471,6 @@ async def _apply_in_one_transaction(conn: asyncpg.Connection, plan: list[Migrati
     async with conn.transaction():
         await conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'")
         await conn.execute("SET LOCAL check_function_bodies = off")
-        # A migration may rewrite a large table: the role's statement timeout is for requests and
-        # people, not for this transaction.
-        await conn.execute("SET LOCAL statement_timeout = 0")
         # A function whose signature names a table's row type (RETURNS TABLE (h holds)) cannot
         # be created before that table, body checks or not: it waits for the versioned ones.
         deferred: list[MigrationFile] = []
