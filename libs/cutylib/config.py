@@ -152,6 +152,8 @@ class Settings:
     grpc_deadline_seconds: float = env_field(env_float, "CUTY_GRPC_DEADLINE_SECONDS", 5)
     db_pool_min: int = env_field(env_int, "CUTY_DB_POOL_MIN", 2)
     db_pool_max: int = env_field(env_int, "CUTY_DB_POOL_MAX", 20)
+    # Reporting reads' own pool (lists, a salon's agenda): cutylib.db.reports.
+    db_reporting_pool_max: int = env_field(env_int, "CUTY_DB_REPORTING_POOL_MAX", 3)
     environment: str = env_field(env_str, "CUTY_ENV", "development")
     # Issue 10: one customer may not hoard a product's stock (code pool ReserveCodes).
     max_active_reservations: int = env_field(env_int, "CUTY_MAX_ACTIVE_RESERVATIONS", 3)

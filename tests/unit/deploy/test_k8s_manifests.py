@@ -319,8 +319,10 @@ def test_prod_scales_survives_disruption_and_backs_up():
     max_conn = int(clusters["cuty-payments-db"]["spec"]["postgresql"]["parameters"]["max_connections"])
     out = by_kind(objects, "Deployment")["payments-webhooks-out"]
     out_pool = int({e["name"]: e.get("value") for e in containers(out)[0]["env"]}["CUTY_DB_POOL_MAX"])
-    # CUTY_DB_POOL_MAX=20 per replica, the webhook delivery workers' pools, plus operator and migrations
-    assert hpa * 20 + out["spec"]["replicas"] * out_pool + 10 <= max_conn
+    # CUTY_DB_POOL_MAX=20 per replica and its reporting pool (CUTY_DB_REPORTING_POOL_MAX=3), the
+    # webhook delivery workers' pools, plus operator and migrations
+    from cutylib.config import Settings
+    assert hpa * (20 + Settings().db_reporting_pool_max) + out["spec"]["replicas"] * out_pool + 10 <= max_conn
     assert all(d["spec"]["replicas"] == 1 for d in by_kind(render("dev"), "Deployment").values())
 
 

@@ -14,6 +14,7 @@ import asyncpg
 
 from cuty.payments.v1 import checkout_pb2
 from cutylib import errors, paging, tenancy
+from cutylib.db import reports
 from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
@@ -407,7 +408,7 @@ class CheckoutService:
                                                filters.created_before_key)
         key = paging.decode_keyset(page_token, fingerprint, 1)
         after = None if key is None else (key[0], key[1][0])
-        async with tenancy.scoped(self.pool, caller) as uow:
+        async with tenancy.scoped(reports(self.pool), caller) as uow:  # a report: its own pool
             rows = await repo.Sagas(uow.conn).list(q, after, size + 1)
         page = rows[:size]
         if caller.role == tenancy.OPERATOR_ROLE:
