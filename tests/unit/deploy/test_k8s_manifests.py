@@ -33,7 +33,8 @@ OWN_SECRETS = {"gateway": {"cuty-gateway-secrets", "cuty-gateway-assertion-key",
                "codepool": {"cuty-codepool-secrets", "codepool-tls", "cuty-codepool-db-app"},
                "payments": {"cuty-payments-secrets", "payments-tls", "cuty-payments-db-app"},
                # of payments' secrets, the endpoint secrets' keyring alone (test_webhooks_out_...)
-               "payments-webhooks-out": {"cuty-payments-secrets", "cuty-payments-db-app"}}
+               # and its own database role's password, never the owner's (cuty-payments-db-app)
+               "payments-webhooks-out": {"cuty-payments-secrets", "cuty-payments-db-webhooks-out"}}
 
 
 @functools.cache
@@ -277,6 +278,15 @@ def test_webhooks_out_runs_alone_with_the_least_it_needs(objects):
         {"name": "cuty-payments-secrets", "key": "CUTY_WEBHOOK_SECRET_KEYS"}
     payments_env = {e["name"]: e.get("value") for e in containers(deployments["payments"])[0]["env"]}
     assert payments_env["CUTY_WEBHOOKS_OUT_WORKERS"] == "0"
+    # its own database role, declared on the payments cluster with the password it connects with
+    assert env["CUTY_WEBHOOKS_OUT_DATABASE_URL"]["value"].startswith(
+        "postgresql://payments_webhooks_out:$(CUTY_WEBHOOKS_OUT_DB_PASSWORD)@cuty-payments-db-rw:5432/")
+    assert env["CUTY_WEBHOOKS_OUT_DB_PASSWORD"]["valueFrom"]["secretKeyRef"] == \
+        {"name": "cuty-payments-db-webhooks-out", "key": "password"}
+    assert "CUTY_PAYMENTS_DATABASE_URL" not in env
+    cluster = by_kind(objects, "Cluster")["cuty-payments-db"]
+    roles = {r["name"]: r for r in cluster["spec"]["managed"]["roles"]}
+    assert roles["payments_webhooks_out"]["passwordSecret"] == {"name": "cuty-payments-db-webhooks-out"}
 
     policies = by_kind(objects, "NetworkPolicy", "cuty")
     mine = [p for p in policies.values()
@@ -322,8 +332,10 @@ def test_prod_scales_survives_disruption_and_backs_up():
     max_conn = int(clusters["cuty-payments-db"]["spec"]["postgresql"]["parameters"]["max_connections"])
     out = by_kind(objects, "Deployment")["payments-webhooks-out"]
     out_pool = int({e["name"]: e.get("value") for e in containers(out)[0]["env"]}["CUTY_DB_POOL_MAX"])
-    # CUTY_DB_POOL_MAX=20 per replica, the webhook delivery workers' pools, plus operator and migrations
-    assert hpa * 20 + out["spec"]["replicas"] * out_pool + 10 <= max_conn
+    # CUTY_DB_POOL_MAX=20 per replica and its reporting pool (CUTY_DB_REPORTING_POOL_MAX=3), the
+    # webhook delivery workers' pools, plus operator and migrations
+    from cutylib.config import Settings
+    assert hpa * (20 + Settings().db_reporting_pool_max) + out["spec"]["replicas"] * out_pool + 10 <= max_conn
     assert all(d["spec"]["replicas"] == 1 for d in by_kind(render("dev"), "Deployment").values())
 
 
