@@ -30,7 +30,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import Run, bench_postgres, closed_loop, cpu_seconds, merged, percentile, report
+from _common import Run, all_cpu, bench_postgres, closed_loop, merged, percentile, report
 
 import asyncpg
 import grpc
@@ -66,34 +66,6 @@ ENV = {
     "CUTY_MAX_ACTIVE_HOLDS": 1000,
     "CUTY_DB_POOL_MAX": 40,
 }
-
-
-def postgres_cpu(server) -> dict[int, float]:
-    """CPU seconds of each backend of the benchmark's own cluster (children of its postmaster)."""
-    cluster = getattr(server, "cluster", None)
-    if cluster is None:
-        return {}
-    with open(os.path.join(cluster.datadir, "postmaster.pid")) as f:
-        postmaster = f.readline().strip()
-    out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[1] == postmaster:
-                    out[int(pid)] = cpu_seconds(int(pid))
-        except OSError:
-            continue
-    return out
-
-
-def all_cpu(stack, server) -> dict[str, float]:
-    """CPU seconds so far: each service process, Postgres' backends, and this client (with the
-    in-process webhook relay)."""
-    cpu = {n: cpu_seconds(p.proc.pid) for n, p in stack.procs.items()}
-    cpu["postgres"] = sum(postgres_cpu(server).values())
-    t = os.times()
-    cpu["client+relay"] = t.user + t.system
-    return cpu
 
 
 class Catalogue:
@@ -268,9 +240,9 @@ def buyer(kind: str, flow: str, side: Side, product: str, done: list[str]):
 
 async def measure(side: Side, server, purchase, conc: int, seconds: float) -> tuple[Run, dict[str, float]]:
     """One closed-loop run and the CPU seconds every process (and Postgres, and this client) used in it."""
-    cpu0 = all_cpu(side.stack, server)
+    cpu0 = all_cpu(side.stack, server, client="client+relay")
     run = await closed_loop(purchase, concurrency=conc, duration=seconds)
-    return run, {n: s - cpu0[n] for n, s in all_cpu(side.stack, server).items()}
+    return run, {n: s - cpu0[n] for n, s in all_cpu(side.stack, server, client="client+relay").items()}
 
 
 def per_checkout(cpu: dict[str, float], ops: int) -> dict[str, float]:
