@@ -23,7 +23,8 @@ the services run, so that on a machine it shares with them it takes CPU only whe
 The load generator runs on the same cores as everything it measures. Each level therefore reports
 where the machine's CPU went while it ran: seconds per process (the services, Postgres, this client)
 and the machine's busy time none of them used (other work on a shared machine), plus the arrivals
-the generator actually made per second. A closed-loop buyer refused for load waits 50 ms before
+the generator actually made per second; and goodput per CPU-second of the platform (the services
+and Postgres) against the capacity run's, which other work's share of the cores does not move. A closed-loop buyer refused for load waits 50 ms before
 its next checkout (as a client honouring Retry-After would, only shorter) instead of spinning.
 
 4. A hot slot: BENCH_HOT_BUYERS buyers at once for one slot. One wins; every other is told at once,
@@ -284,13 +285,16 @@ async def hot_slot(stack: Stack, buyers: Buyers, n: int) -> Result:
 
 
 async def settle(stack: Stack, timeout: float = 180) -> dict:
-    """Waits until no checkout is left in a non-final state, then compares the money."""
+    """Waits until no checkout is left in a state where money may still move, then compares the
+    money. A HELD checkout (its buyer never paid: refused, or gone) moves no money; it ends EXPIRED
+    at its hold's expiry, minutes later, and is counted, not waited for."""
     dsn = with_database(stack.pg_dsn, "cuty_payments")
     conn = await asyncpg.connect(dsn)
     try:
         deadline = time.monotonic() + timeout
         while True:
-            open_ = await conn.fetchval("SELECT count(*) FROM checkouts WHERE state <> ALL($1::text[])", list(FINAL))
+            open_ = await conn.fetchval("SELECT count(*) FROM checkouts WHERE state <> ALL($1::text[])",
+                                        [*FINAL, "HELD"])
             if open_ == 0 or time.monotonic() > deadline:
                 break
             await asyncio.sleep(1)
@@ -325,8 +329,18 @@ class CpuWatch:
                 "cpu_s": {n: round(v, 1) for n, v in sorted(ours.items())}}
 
 
+def per_cpu(out: Outcome, cpu: dict | None) -> float | None:
+    """Checkouts completed within patience per CPU-second of the platform (the services and
+    Postgres, not the load generator): the goodput on a shared machine, whatever share of the
+    cores other work took during the level."""
+    if not cpu:
+        return None
+    used = sum(v for n, v in cpu["cpu_s"].items() if n != "client")
+    return len(out.ok) / used if used > 0 else None
+
+
 def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, offered: float | None,
-        cpu: dict | None = None) -> Result:
+        cpu: dict | None = None, capacity_per_cpu: float | None = None) -> Result:
     ok, refused = sorted(out.ok), sorted(out.refused)
     goodput = len(ok) / seconds
     r = Result(f"{kind} {label}", CAP_BUYERS if offered is None else 0, round(goodput, 1),
@@ -336,8 +350,16 @@ def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, of
                "arrivals_per_s": round(out.arrivals / seconds, 1), "completed": len(ok),
                "refused": len(refused), "refusal_p99_ms": round(percentile(refused, 0.99), 1),
                "gave_up": out.gave_up, "failed": out.failed, "answers": out.statuses, "cpu": cpu}
+    efficiency = per_cpu(out, cpu)
+    if efficiency is not None:
+        r.extra["checkouts_per_platform_cpu_s"] = round(efficiency, 2)
+        if capacity_per_cpu:
+            r.extra["per_cpu_vs_capacity"] = round(efficiency / capacity_per_cpu, 3)
     r.notes = (f"goodput {r.ratio_to_limit:.2f} of capacity; refused {len(refused)} (p99 "
                f"{r.extra['refusal_p99_ms']} ms); gave up {out.gave_up}" if offered else "capacity (closed loop)")
+    if cpu:
+        r.notes += (f"; per platform CPU-s {r.extra.get('per_cpu_vs_capacity', 1.0):.2f} of capacity's; "
+                    f"other work took {cpu['other_work_share']:.0%} of the machine")
     return r
 
 
@@ -361,13 +383,16 @@ async def main() -> None:
             watch = CpuWatch(stack, pg)
             capacity, cap_out = await closed_capacity(stack.http_port, buyers, bodies, CAP_SECONDS)
             print(f"{kind}: capacity {capacity:.1f} checkouts/s", flush=True)
-            results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None, watch.report()))
+            cap_cpu = watch.report()
+            capacity_per_cpu = per_cpu(cap_out, cap_cpu)
+            results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None, cap_cpu))
             for x in LOADS:
                 rate = capacity * x
                 print(f"{kind}: {x:g}x = {rate:.0f} arrivals/s for {LOAD_SECONDS:g} s ...", flush=True)
                 watch = CpuWatch(stack, pg)
                 out = await open_loop(stack.http_port, buyers, bodies, rate, LOAD_SECONDS)
-                results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate, watch.report()))
+                results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate, watch.report(),
+                                   capacity_per_cpu))
                 await asyncio.sleep(2)  # the backlog of the level before drains
         if HOT_BUYERS:
             print(f"hot slot: {HOT_BUYERS} buyers at once ...", flush=True)
