@@ -553,6 +553,7 @@ async def db_sizes(dsns: dict[str, str]) -> dict:
 async def vacuum(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
+        await conn.execute("SET statement_timeout = 0")
         await conn.execute("VACUUM ANALYZE")
     finally:
         await conn.close()

@@ -45,6 +45,7 @@ def sizes(scale: float) -> dict[str, int]:
 
 async def replica(conn: asyncpg.Connection) -> None:
     await conn.execute("SET session_replication_role = replica")
+    await conn.execute("SET statement_timeout = 0")  # the databases' 60 s is for the services' statements
 
 
 async def chunks(conn: asyncpg.Connection, what: str, total: int, sql: str, *args) -> None:
