@@ -28,7 +28,7 @@ BEGIN
         IF r.start_time = p_slot.start_time AND r.resource_id = p_slot.resource_id THEN
             r.resource_id := (SELECT x FROM unnest(r.resource_ids) x WHERE x <> p_slot.resource_id LIMIT 1);
         END IF;
-        SELECT s.slot INTO v_s FROM booking_service_slot(gen_random_uuid(), p_slot.merchant_id, p_slot.service_id,
+        SELECT (s.slot).* INTO v_s FROM booking_service_slot(gen_random_uuid(), p_slot.merchant_id, p_slot.service_id,
                                                          r.resource_id, r.start_time) s;
         v_out := v_out || v_s;
     END LOOP;
