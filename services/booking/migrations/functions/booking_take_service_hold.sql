@@ -13,7 +13,7 @@
 CREATE OR REPLACE FUNCTION booking_take_service_hold(p_hold_id uuid, p_slot slots, p_customer_id text,
                                                      p_request_id text, p_expires_at timestamptz, p_offered boolean)
 RETURNS holds
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_sv    services;
     v_sa    salons;

@@ -9,40 +9,35 @@ CREATE OR REPLACE FUNCTION booking_working_ranges(p_merchant_id text, p_salon_id
                                                   p_from date, p_to date)
 RETURNS TABLE (resource_id uuid, during tstzrange)
 LANGUAGE sql STABLE AS $$
-    WITH salon AS (
-        SELECT sa.time_zone FROM salons sa WHERE sa.merchant_id = p_merchant_id AND sa.id = p_salon_id
-    ), days AS (
-        SELECT d::date AS day FROM generate_series(p_from, p_to, interval '1 day') d
-    ), res AS (
-        SELECT r.id FROM resources r
-         WHERE r.merchant_id = p_merchant_id AND r.salon_id = p_salon_id
-           AND (p_resources IS NULL OR r.id = ANY (p_resources))
-    ), overrides AS (
+    WITH overrides AS MATERIALIZED (
         SELECT o.resource_id, o.day, o.opens, o.closes FROM hours_overrides o
          WHERE o.merchant_id = p_merchant_id AND o.salon_id = p_salon_id AND o.day BETWEEN p_from AND p_to
     ), hours AS (
         -- the resource's own override of the day
         SELECT o.resource_id AS rid, o.day, o.opens, o.closes
-          FROM overrides o JOIN res ON res.id = o.resource_id
+          FROM overrides o
+         WHERE o.resource_id IS NOT NULL AND (p_resources IS NULL OR o.resource_id = ANY (p_resources))
         UNION ALL
         -- else the salon's override of the day
-        SELECT res.id, o.day, o.opens, o.closes
-          FROM overrides o CROSS JOIN res
-         WHERE o.resource_id IS NULL
-           AND NOT EXISTS (SELECT 1 FROM overrides mine WHERE mine.resource_id = res.id AND mine.day = o.day)
+        SELECT r.id, o.day, o.opens, o.closes
+          FROM overrides o JOIN resources r ON r.merchant_id = p_merchant_id AND r.salon_id = p_salon_id
+         WHERE o.resource_id IS NULL AND (p_resources IS NULL OR r.id = ANY (p_resources))
+           AND NOT EXISTS (SELECT 1 FROM overrides mine WHERE mine.resource_id = r.id AND mine.day = o.day)
         UNION ALL
         -- else the weekly hours
-        SELECT w.resource_id, days.day, w.opens, w.closes
-          FROM days JOIN working_hours w
+        SELECT w.resource_id, d.day, w.opens, w.closes
+          FROM generate_series(p_from, p_to, interval '1 day') g(d)
+         CROSS JOIN LATERAL (SELECT g.d::date AS day) d
+          JOIN working_hours w
             ON w.merchant_id = p_merchant_id AND w.salon_id = p_salon_id
-           AND w.weekday = extract(isodow FROM days.day)
-          JOIN res ON res.id = w.resource_id
-         WHERE NOT EXISTS (SELECT 1 FROM overrides o
-                            WHERE o.day = days.day AND (o.resource_id = w.resource_id OR o.resource_id IS NULL))
+           AND w.weekday = extract(isodow FROM d.day)::smallint
+         WHERE (p_resources IS NULL OR w.resource_id = ANY (p_resources))
+           AND NOT EXISTS (SELECT 1 FROM overrides o
+                            WHERE o.day = d.day AND (o.resource_id = w.resource_id OR o.resource_id IS NULL))
     )
     SELECT h.rid,
-           tstzrange((h.day + h.opens) AT TIME ZONE salon.time_zone,
-                     (h.day + CASE WHEN h.closes <= h.opens THEN 1 ELSE 0 END + h.closes) AT TIME ZONE salon.time_zone)
-      FROM hours h CROSS JOIN salon
+           tstzrange((h.day + h.opens) AT TIME ZONE sa.time_zone,
+                     (h.day + CASE WHEN h.closes <= h.opens THEN 1 ELSE 0 END + h.closes) AT TIME ZONE sa.time_zone)
+      FROM hours h JOIN salons sa ON sa.merchant_id = p_merchant_id AND sa.id = p_salon_id
      WHERE h.opens IS NOT NULL
 $$;
