@@ -3,7 +3,10 @@ free times and checks out a service time with any free stylist; the buyer who lo
 an alternative held for them and takes it with one call (docs/booking.md)."""
 from datetime import datetime, timedelta, timezone
 
-from conftest import state_of
+
+
+def state_of(checkout: dict) -> str:
+    return checkout["state"].removeprefix("CHECKOUT_STATE_")
 
 
 async def _service_salon(http, auth, stylists: int = 1) -> tuple[str, list[str], dict]:
