@@ -115,10 +115,8 @@ def _wall(field: str, value: str, *, midnight: bool) -> str:
 def interval(field: str, opens: str, closes: str, weekday: int = 0) -> Interval:
     o = _wall(f"{field}.opens", opens, midnight=False)
     c = _wall(f"{field}.closes", closes, midnight=True)
-    if o == c or (o == "00:00" and c == "24:00"):
-        # a whole day is 00:00-24:00; equal times would be ambiguous (nothing or a full day)
-        if o == c:
-            raise InvalidArgument(f"{field}.closes", f"{field}.closes must differ from opens ({o})")
+    if o == c:  # nothing or a whole day? A whole day is 00:00-24:00.
+        raise InvalidArgument(f"{field}.closes", f"{field}.closes must differ from opens ({o})")
     return Interval(o, c, weekday)
 
 
