@@ -50,6 +50,10 @@ class Salon:
     # Issue 12: the cancellation policy (docs/booking.md, "Cancellation policy").
     free_cancellation_hours: int = 24
     cancellation_fee_percent: int = 0
+    # Booking settings of services (docs/booking.md, "Services and working hours").
+    min_notice_minutes: int = 60
+    booking_horizon_days: int = 90
+    time_step_minutes: int = 15
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Slot:
     currency: str
     time_zone: str
     available: bool
+    service_id: uuid.UUID | None = None  # a service slot (resource_id None: any able resource)
 
     @property
     def local_start_time(self) -> str:
@@ -99,6 +104,10 @@ class Hold:
     cancellation_fee_percent: int = 0
     # Issue 12: the payment a booking cancelled after purchase had been confirmed with ("" if none).
     cancelled_payment_ref: str = ""
+    service_id: uuid.UUID | None = None
+    buffer_before_minutes: int = 0
+    buffer_after_minutes: int = 0
+    offered: bool = False  # a short hold offered to a race loser (docs/booking.md)
 
 
 @dataclass(frozen=True)
@@ -234,6 +243,14 @@ def extension_seconds(requested: int, maximum: int) -> int:
         return maximum
     if not 0 < requested <= maximum:
         raise InvalidArgument("seconds", f"seconds must be between 1 and {maximum} (or 0 for {maximum}), got {requested}")
+    return requested
+
+
+def offer_seconds(requested: int, maximum: int) -> int:
+    """HoldSlot's offer_seconds: how long a loser's alternative is held for them (0: not at all),
+    never longer than a hold."""
+    if not 0 <= requested <= maximum:
+        raise InvalidArgument("offer_seconds", f"offer_seconds must be between 0 and {maximum}, got {requested}")
     return requested
 
 

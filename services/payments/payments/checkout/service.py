@@ -125,6 +125,18 @@ class CheckoutService:
                                  reason="idempotency-key-in-flight")
         return leased
 
+    async def service_slot(self, request: checkout_pb2.CreateCheckoutRequest) -> str:
+        """A service time's slot id (booking makes it on first use; the same time is the same slot,
+        so an Idempotency-Key's retry resolves to the slot of its first attempt)."""
+        if request.slot_id or request.product_id:
+            raise errors.InvalidArgument("service_id", "give a service time (service_id, start_time) or slot_id or "
+                                                       "product_id, not more than one")
+        service_id = canonical_uuid("service_id", request.service_id)
+        if not request.HasField("start_time"):
+            raise errors.InvalidArgument("start_time", "start_time is required with service_id")
+        resource_id = canonical_uuid("resource_id", request.resource_id) if request.resource_id else ""
+        return await self.holds.booking.service_slot(service_id, request.start_time, resource_id)
+
     # -- PayCheckout ------------------------------------------------------------------------------
     async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> checkout_pb2.Checkout:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
