@@ -26,7 +26,8 @@ async def create_booking_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
                              application_name="cuty-booking", merchant=ALL_MERCHANTS, merchant_at_connect=False,
                              max_inactive_connection_lifetime=0,
-                             acquire_timeout=settings.db_acquire_timeout_seconds)
+                             acquire_timeout=settings.db_acquire_timeout_seconds,
+                             reporting_max_size=settings.db_reporting_pool_max)
 
 
 async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0, host: str = "127.0.0.1",

@@ -15,7 +15,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from cutylib import paging, tenancy
 from cutylib.errors import InvalidArgument, PermissionDenied
 from cutylib.fields import parse_uuid
-from cutylib.money import require_money
+from cutylib.money import require_money, worth_of_euros_minor
 from cutylib.principal import Principal
 
 
@@ -26,10 +26,15 @@ MAX_NAME = 200
 MAX_KEY = 200  # customer ids, request ids, payment refs: opaque strings chosen by callers
 MAX_BATCH = 1000
 MAX_LIST_WINDOW = timedelta(days=93)
-# A slot's price at the most, in minor units (one million in a currency of cents). An admin's typo
-# or worse would otherwise be a price any card could be asked for: a customer buying the slot, or
-# moving a booking to it (docs/security.md, "Who may spend a customer's card").
-MAX_SLOT_PRICE_MINOR = 100_000_000
+# A slot's price at the most: about a million euros' worth in its currency (cutylib.money: one
+# number of minor units for every currency would be 52 EUR in rupiah and a fortune in dinars). An
+# admin's typo or worse would otherwise be a price any card could be asked for: a customer buying
+# the slot, or moving a booking to it (docs/security.md, "Who may spend a customer's card").
+MAX_SLOT_PRICE_EUROS = 1_000_000
+
+
+def max_slot_price_minor(currency: str) -> int:
+    return worth_of_euros_minor(currency, MAX_SLOT_PRICE_EUROS)
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 500
 ADMIN_ROLES = ("admin", "system")
 # Postgres and zoneinfo both list these, but none is a place: a salon's zone must be one.
@@ -200,11 +205,18 @@ def slot_draft(index: int, resource_id: str, start: datetime | None, end: dateti
     if end_utc <= start_utc:
         raise InvalidArgument(f"{f}.end_time", f"{f}.end_time must be after start_time "
                                                f"({start_utc.isoformat()}), got {end_utc.isoformat()}")
-    cur, amount = require_money(f"{f}.price", currency, amount_minor)
-    if amount > MAX_SLOT_PRICE_MINOR:
-        raise InvalidArgument(f"{f}.price.amount_minor", f"{f}.price.amount_minor must be at most "
-                                                         f"{MAX_SLOT_PRICE_MINOR} (minor units), got {amount}")
+    cur, amount = require_price(f"{f}.price", currency, amount_minor)
     return SlotDraft(index, rid, start_utc, end_utc, amount, cur)
+
+
+def require_price(field: str, currency: str | None, amount_minor: int | None) -> tuple[str, int]:
+    """A price a salon may ask (a slot's or a service's): valid money, at most the bound of its currency."""
+    cur, amount = require_money(field, currency, amount_minor)
+    top = max_slot_price_minor(cur)
+    if amount > top:
+        raise InvalidArgument(f"{field}.amount_minor", f"{field}.amount_minor must be at most {top} "
+                                                       f"(minor units of {cur}), got {amount}")
+    return cur, amount
 
 
 def check_slot_batch(drafts: list[SlotDraft], now: datetime) -> None:

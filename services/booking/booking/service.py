@@ -20,6 +20,7 @@ import asyncpg
 
 from cutylib import tenancy
 from cutylib.config import Settings
+from cutylib.db import reports
 from cutylib.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
@@ -62,14 +63,15 @@ class BookingService:
         return BookingUnitOfWork(self.pool)
 
     @asynccontextmanager
-    async def _reading(self, caller: Principal) -> AsyncIterator[tuple[Slots, Holds, str | None]]:
+    async def _reading(self, caller: Principal, pool=None) -> AsyncIterator[tuple[Slots, Holds, str | None]]:
         """Repositories for one read and the caller's merchant filter: straight on the pool for
-        callers not bound to a merchant (no extra round trip), in a scoped transaction otherwise."""
+        callers not bound to a merchant (no extra round trip), in a scoped transaction otherwise.
+        `pool`: another pool to read from (the reporting pool, `cutylib.db.reports`)."""
         merchant = tenancy.merchant_filter(caller)
-        if merchant is None:
+        if merchant is None and pool is None:
             yield self.slots, self.holds, None
             return
-        async with scoped(self.pool, caller) as uow:
+        async with scoped(pool or self.pool, caller) as uow:
             yield uow.slots, uow.holds, merchant
 
     # --- catalog (admin) -------------------------------------------------------------------------
@@ -154,7 +156,7 @@ class BookingService:
         size = domain.page_size(page_size)
         query = domain.agenda_query(salon_id, day, include_held)
         after = domain.decode_agenda_token(page_token, query)
-        async with self._reading(caller) as (_, holds, merchant):
+        async with self._reading(caller, reports(self.pool)) as (_, holds, merchant):  # a report: its own pool
             found = await holds.agenda(salon_id, day, include_held, after, size + 1, merchant)
         if found is None:
             raise NotFound(f"salon {salon_id} not found")
