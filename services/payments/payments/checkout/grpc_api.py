@@ -29,6 +29,10 @@ STREAM_OPEN = ("cuty-stream", "open")
 CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout": {GATEWAY},
            "CancelCheckout": {GATEWAY}, "RescheduleCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY},
            "WatchCheckout": {GATEWAY}}
+# Where a caller other than the gateway acts as `system`: the operator's retry (the `ops` CLI).
+SYSTEM_RPCS = frozenset({"RetryCheckout"})
+# The user roles the gateway may bring: customers, and merchants' staff and admins, the operator.
+USER_ROLES = frozenset({"customer", "staff", "admin", "operator"})
 # Who may put a NEEDS_ATTENTION checkout back to work.
 OPERATOR_ROLES = ("operator", "admin", "system")
 
