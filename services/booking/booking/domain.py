@@ -260,6 +260,21 @@ def offer_seconds(requested: int, maximum: int) -> int:
     return min(requested, maximum)
 
 
+# The longest hold: a payment link's (docs/checkout.md, "Staff book for a customer").
+MAX_HOLD_TTL_SECONDS = 86_400
+
+
+def hold_ttl_seconds(caller: Principal, requested: int, default: int) -> int:
+    """HoldSlot's ttl_seconds: 0 is a hold's length (`default`); 1..MAX_HOLD_TTL_SECONDS only for the
+    system (the orchestrator holding a staff-made checkout until its payment link expires)."""
+    if requested == 0:
+        return default
+    if requested < 0 or requested > MAX_HOLD_TTL_SECONDS:
+        raise InvalidArgument("ttl_seconds", f"ttl_seconds must be 0..{MAX_HOLD_TTL_SECONDS}, got {requested}")
+    caller.require_role("system")
+    return requested
+
+
 # --- who may act ---------------------------------------------------------------------------------
 
 def require_admin(caller: Principal) -> None:

@@ -80,6 +80,12 @@ POLICY: dict[str, Access] = {
         READERS | {CUSTOMER}, forward_headers=(("last-event-id", "last-event-id"),)),
     # Issue 10: the merchant's admin, or the platform's operator, retries a NEEDS_ATTENTION checkout.
     "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN, OPERATOR)),
+    # Staff book for a customer (phone, walk-in): the salon's merchant's staff and admins (another
+    # merchant's slot or checkout: 404); they record a payment at the desk and a no-show. Neither
+    # customers (they buy with CreateCheckout) nor the operator (who does not sell for a merchant).
+    "cuty.payments.v1.CheckoutService.CreateStaffCheckout": Access(_roles(STAFF, ADMIN), idempotency_key=True),
+    "cuty.payments.v1.CheckoutService.MarkPaidAtVenue": Access(_roles(STAFF, ADMIN)),
+    "cuty.payments.v1.CheckoutService.MarkNoShow": Access(_roles(STAFF, ADMIN)),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(READERS),
     # Issue 15: staff find the payment behind a PSP intent id (GET /v1/payments:lookup?pspIntentId=).
     "cuty.payments.v1.PaymentService.LookupPayment": Access(READERS),
@@ -149,6 +155,10 @@ LOAD: dict[str, Load] = {
     "cuty.payments.v1.CheckoutService.ListCheckouts": Load(SHEDDABLE, READ),
     "cuty.payments.v1.CheckoutService.WatchCheckout": Load(CRITICAL, STREAM),
     "cuty.payments.v1.CheckoutService.RetryCheckout": Load(NORMAL, PSP),
+    # A payment link's creation asks the PSP for the intent of the hosted page.
+    "cuty.payments.v1.CheckoutService.CreateStaffCheckout": Load(NORMAL, PSP),
+    "cuty.payments.v1.CheckoutService.MarkPaidAtVenue": Load(NORMAL, WRITE),
+    "cuty.payments.v1.CheckoutService.MarkNoShow": Load(NORMAL, WRITE),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Load(SHEDDABLE, READ),
     "cuty.payments.v1.PaymentService.LookupPayment": Load(SHEDDABLE, READ),
     "cuty.payments.v1.PaymentService.IssueRefund": Load(NORMAL, PSP),

@@ -50,3 +50,12 @@ AUTHENTICATION_ERROR = {
     "code": "payment_intent_authentication_failure",
     "message": "The customer failed 3D Secure authentication.",
 }
+
+# An intent created without a payment method, to collect one on the PSP's hosted page (a payment
+# link): it waits in requires_action with the page as its redirect URL, and sends its webhooks as a
+# plain card does; once the customer presents a card, that card's scenario applies.
+HOSTED_PAGE = Scenario("", REQUIRES_ACTION)
+
+
+def scenario_of(payment_method: str) -> Scenario:
+    return SCENARIOS.get(payment_method, HOSTED_PAGE)

@@ -41,6 +41,10 @@ DESIGN_TABLE = {
     ("GET", "/v1/checkouts"): {"customer", "staff", "admin", "operator"},  # issue 12: lists
     ("GET", "/v1/checkouts/{checkout_id}:watch"): {"customer", "staff", "admin", "operator"},  # issue 12: SSE
     ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # issue 10: retry of NEEDS_ATTENTION
+    # staff book for a customer, record a payment at the desk and a no-show (their merchant's only)
+    ("POST", "/v1/checkouts:createForCustomer"): {"staff", "admin"},
+    ("POST", "/v1/checkouts/{checkout_id}:markPaid"): {"staff", "admin"},
+    ("POST", "/v1/checkouts/{checkout_id}:markNoShow"): {"staff", "admin"},
     ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin", "operator"},
     ("GET", "/v1/payments:lookup"): {"staff", "admin", "operator"},  # issue 15: a payment by its PSP intent id
     ("POST", "/v1/payments/{payment_id}:refund"): {"staff", "admin"},  # issue 12: the merchant's refunds
@@ -64,7 +68,7 @@ def test_every_annotated_route_has_the_designed_policy(routes):
 def test_idempotency_key_required_exactly_on_create_pay_reschedule_and_refund(routes):
     need = {r.template.source for r in routes.values() if access_for(r.rpc).idempotency_key}
     assert need == {"/v1/checkouts", "/v1/checkouts/{checkout_id}:pay", "/v1/payments/{payment_id}:refund",
-                    "/v1/checkouts/{checkout_id}:reschedule"}
+                    "/v1/checkouts/{checkout_id}:reschedule", "/v1/checkouts:createForCustomer"}
 
 
 def test_unknown_rpc_is_denied_to_everyone():
