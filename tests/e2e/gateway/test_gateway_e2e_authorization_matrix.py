@@ -91,6 +91,12 @@ MATRIX = {
     ("GET", "/v1/checkouts/{checkout_id}:watch"): row(roles=("customer", "staff", "admin", "operator")),
     # Allowed, and then refused by the saga (409): the checkout does not need attention.
     ("POST", "/v1/checkouts/{checkout_id}:retry"): row(409, roles=("admin", "operator")),
+    # Staff book for a customer (a fresh slot of TEST_MERCHANT's, paid at the venue): another
+    # merchant's slot does not exist for them. Marking the world's checkout (codes, not paid at the
+    # venue) is refused by the service (409); another merchant's checkout does not exist for them.
+    ("POST", "/v1/checkouts:createForCustomer"): row(roles=("staff", "admin")),
+    ("POST", "/v1/checkouts/{checkout_id}:markPaid"): row(409, roles=("staff", "admin")),
+    ("POST", "/v1/checkouts/{checkout_id}:markNoShow"): row(409, roles=("staff", "admin")),
     ("GET", "/v1/payments/{payment_id}/events"): row(roles=("staff", "admin", "operator")),
     ("GET", "/v1/payments:lookup"): row(roles=("staff", "admin", "operator")),
     # Issue 12: the world's payment bought codes that were delivered: staff are refused (409
@@ -247,7 +253,16 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
     elif template.endswith(":reschedule"):
         body = {"slotId": str(uuid.uuid4())}
         h.update(key)
-    elif template.endswith(":retry") or template.endswith(":reveal"):
+    elif template == "/v1/checkouts:createForCustomer":
+        made = await http.post(f"/v1/salons/{w.salon}/slots:batchCreate", json={"slots": [future_slot(w.resource)]},
+                               headers=headers("admin", TEST_MERCHANT))
+        assert made.status_code == 200, made.text
+        body = {"slotId": made.json()["slots"][0]["id"], "customerId": w.customer, "settlement": "SETTLEMENT_AT_VENUE"}
+        h.update(key)
+    elif template.endswith(":markPaid"):
+        body = {"method": "VENUE_PAYMENT_METHOD_CASH", "amount": {"currencyCode": "TRY", "amountMinor": "1"},
+                "reference": "matrix"}
+    elif template.endswith(":retry") or template.endswith(":reveal") or template.endswith(":markNoShow"):
         body = {}
     elif template.endswith(":refund"):
         body = {"amount": {"currencyCode": "TRY", "amountMinor": "1"}, "reason": "authorization matrix"}

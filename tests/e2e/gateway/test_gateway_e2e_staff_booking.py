@@ -192,3 +192,22 @@ async def test_no_show_only_from_the_start(http, auth, fresh_key, salon, stack):
         "reference": "t-1"})
     assert (r.status_code, r.json()["type"]) == (409, "no-show"), r.text
     assert (await _events(stack, cid))[-1] == "booking.no_show"
+
+
+async def test_no_show_not_after_a_day(http, auth, fresh_key, new_slots, stack):
+    """The window's end is the database's: a booking whose start is 24 h past refuses a no-show."""
+    slot = (await new_slots(1, days_ahead=6))[0]
+    staff = auth("staff")
+    r = await http.post("/v1/checkouts:createForCustomer", headers={**staff, **fresh_key()},
+                        json={"slotId": slot["id"], "customerId": "customer-old", "settlement": VENUE})
+    assert r.status_code == 200, r.text
+    cid = r.json()["id"]
+    db = await asyncpg.connect(with_database(stack.state()["database_url"], "cuty_payments"))
+    try:  # the appointment, as far as the checkout knows, began a day and a minute ago
+        await db.execute("UPDATE checkouts SET start_time = clock_timestamp() - interval '24 hours 1 minute' "
+                         "WHERE id = $1", uuid.UUID(cid))
+        r = await http.post(f"/v1/checkouts/{cid}:markNoShow", json={}, headers=staff)
+        assert (r.status_code, r.json()["type"]) == (409, "outside-no-show-window"), r.text
+        assert await db.fetchval("SELECT no_show_at FROM checkouts WHERE id = $1", uuid.UUID(cid)) is None
+    finally:
+        await db.close()
