@@ -230,7 +230,7 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
                   for p in (big, small)]
         plans += [await explain(conn, f"ListCodes middle page, {p.name}", catalog.LIST_CODES, p.merchant, p.id,
                                 p.middle, PAGE) for p in (big, small)]
-        plans.append(await explain(conn, "stock gauge", metrics.STOCK_BY_PRODUCT))
+        plans.append(await explain(conn, "stock gauge", metrics.STOCK_BY_PRODUCT, 50))
         plans.append(await explain(conn, "stock gauge by count (before)", COUNTED_GAUGE))
         plans.append(await explain(conn, "OutOfStock's count, big", repository.COUNT_AVAILABLE, big.id))
         plans.append(await explain(conn, "sweeper claim (idle)", repository.CLAIM_EXPIRED, 500))

@@ -39,7 +39,8 @@ async def create_codepool_pool(dsn: str, settings: Settings, **overrides) -> asy
     staff and admins are narrowed to theirs. Behind PgBouncer in transaction mode in production, so
     the merchant goes with each transaction, not at connect (docs/tenancy.md)."""
     options = dict(min_size=settings.db_pool_min, max_size=settings.db_pool_max, application_name="cuty-codepool",
-                   acquire_timeout=settings.db_acquire_timeout_seconds)
+                   acquire_timeout=settings.db_acquire_timeout_seconds,
+                   reporting_max_size=settings.db_reporting_pool_max)
     options.update(overrides)
     return await create_pool(dsn, merchant=ALL_MERCHANTS, merchant_at_connect=False, **options)
 

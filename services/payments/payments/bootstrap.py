@@ -36,7 +36,8 @@ async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     # direct connection: LISTEN needs one); staff and admins are narrowed to theirs (docs/tenancy.md).
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
                              application_name="cuty-payments", merchant=ALL_MERCHANTS, max_inactive_connection_lifetime=0,
-                             acquire_timeout=settings.db_acquire_timeout_seconds)
+                             acquire_timeout=settings.db_acquire_timeout_seconds,
+                             reporting_max_size=settings.db_reporting_pool_max)
 
 
 def build_core(settings: Settings, pool: asyncpg.Pool, *, psp=None,
