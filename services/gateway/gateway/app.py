@@ -19,6 +19,7 @@ short (see bench/gateway.py).
 """
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import math
@@ -35,7 +36,7 @@ from . import access as access_log, admission, auth, openapi, problems, tracing
 from .admission import AdmissionControl
 from .backends import Backends
 from .descriptors import Route, load_routes
-from .memo import Memo
+from .memo import Memo, can_carry_secrets, carries_secrets
 from .policy import LOAD, Access, access_for, load_for
 from .problems import Problem, bad_request
 from .ratelimit import RateLimiter, retry_after_header
@@ -59,6 +60,12 @@ MAX_REQUEST_TIMEOUT = 3600.0
 # Rate-limit buckets per client address, one per kind of route, so that a flood of API calls from
 # an address does not starve the PSP's webhooks or the health probes from the same one.
 _API, _WEBHOOK, _OWN_ROUTES = 0, 1, 2
+# An answer given before the request's body was read (413, 401, 429...): the gateway reads and
+# drops at most this much more of the body, for at most this long, before it closes the
+# connection, so that the client has read the answer before the close (a close with unread data
+# resets the connection, and the client sees a broken pipe instead of the answer).
+DRAIN_MAX_BYTES = 8 * 1024 * 1024
+DRAIN_MAX_SECONDS = 2.0
 
 
 class ClientGone(Exception):
@@ -98,6 +105,10 @@ class Gateway:
         self._matches = Memo(max_entries=4096, max_bytes=2 * 1024 * 1024)
         self._requests = Memo(max_entries=4096, max_bytes=8 * 1024 * 1024)
         self._answers = Memo(max_entries=1024, max_bytes=32 * 1024 * 1024)
+        # RPCs whose requests may hold a secret (plaintext codes) are never memoised; those whose
+        # answers may hold one (a client secret, a code's value) only when this answer holds none.
+        self._secret_requests = {r.rpc for r in self.routes if can_carry_secrets(r.input_type.DESCRIPTOR)}
+        self._secret_answers = {r.rpc for r in self.routes if can_carry_secrets(r.output_type.DESCRIPTOR)}
         for rpc, a in self.access.items():
             if a.roles == frozenset():
                 log.warning("route has no access policy; refused to everyone", extra={"rpc": rpc})
@@ -155,6 +166,9 @@ class Gateway:
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1").split("?", 1)[0]
         query = scope.get("query_string", b"").decode("latin-1")
         route, bound, allowed = self.match(method, raw_path)
+        unread = None
+        if "transfer-encoding" in headers or headers.get("content-length", "0") != "0":
+            receive = unread = _BodyReader(receive)
         route_name = route.template.source if route else (raw_path if raw_path in _OWN else "(unmatched)")
         name = f"{method} {route_name}"
         # Health probes start no trace: every few seconds per replica, they would bury the real ones.
@@ -205,8 +219,17 @@ class Gateway:
         if tp:
             out += [(b"traceparent", tp.encode()), (b"x-trace-id", trace_id.encode())]
         out += [(k.encode(), v.encode()) for k, v in extra.items()]
-        await send({"type": "http.response.start", "status": status, "headers": out})
-        await send({"type": "http.response.body", "body": body})
+        if unread is not None and not unread.done:
+            # Answered before the body was read: answer, take a bounded amount more of the body,
+            # then close (docs/security.md, "A refused body still gets its answer").
+            out.append((b"connection", b"close"))
+            await send({"type": "http.response.start", "status": status, "headers": out})
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            await _drain(unread, DRAIN_MAX_BYTES, DRAIN_MAX_SECONDS)
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await send({"type": "http.response.start", "status": status, "headers": out})
+            await send({"type": "http.response.body", "body": body})
         access_log.record(method, route_name, status, time.perf_counter() - t0, trace_id,
                           log_line=self.settings.access_log)
 
@@ -233,8 +256,10 @@ class Gateway:
         key = (route.rpc, raw)
         body = self._answers.get(key)
         if body is None:
-            body = to_json(route.output_type.FromString(raw))
-            self._answers.put(key, body, 2 * len(raw) + len(body))
+            answer = route.output_type.FromString(raw)
+            body = to_json(answer)
+            if route.rpc not in self._secret_answers or not carries_secrets(answer):
+                self._answers.put(key, body, 2 * len(raw) + len(body))
         return body
 
     async def _stream(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
@@ -245,6 +270,12 @@ class Gateway:
         held a place for its hour would leave none to the calls the limit is measured on."""
         request, metadata, timeout, budget, criticality = await self._admit_and_prepare(
             route, bound, query, headers, receive, t0)
+        expires_in = None
+        if not self.access[route.rpc].public:
+            # The stream ends when its token would no longer be accepted (sse.py); the call's own
+            # deadline a moment later bounds the service's side even if the gateway's is missed.
+            expires_in = self.verify.seconds_left(auth.token_of(headers.get("authorization")))
+            timeout = min(timeout, max(expires_in, 0) + 1.0)
         call = self.backends.stream(route, request, metadata=metadata, timeout=timeout)
         adm = self.admission
         started, outcome = adm.clock(), admission.OK
@@ -256,7 +287,7 @@ class Gateway:
         finally:
             adm.release(route.rpc, started, outcome)
         body = sse.events(call, first, heartbeat=self.settings.sse_heartbeat_seconds, service=route.owner,
-                          deadline=budget, trace_id=trace_id)
+                          deadline=budget, trace_id=trace_id, expires_in=expires_in)
         # no-transform / X-Accel-Buffering: proxies must pass each event on as it comes.
         return StreamingResponse(body, media_type=sse.MEDIA_TYPE, headers={
             "cache-control": "no-store, no-transform", "x-accel-buffering": "no"})
@@ -382,7 +413,8 @@ class Gateway:
         body) when they are small. A refused request (400) is never memoised."""
         key = (route.rpc, tuple(bound.items()), query, body)
         size = len(query) + len(body) + sum(len(k) + len(v) for k, v in bound.items())
-        if size <= MEMO_MAX_INPUT:
+        memo = size <= MEMO_MAX_INPUT and route.rpc not in self._secret_requests
+        if memo:
             data = self._requests.get(key)
             if data is not None:
                 return data
@@ -390,7 +422,7 @@ class Gateway:
             data = build_request(route, bound, query, body).SerializeToString()
         except TranscodeError as e:
             raise bad_request(e.field, e.message) from None
-        if size <= MEMO_MAX_INPUT:
+        if memo:
             self._requests.put(key, data, 2 * size + len(data) + 64)
         return data
 
@@ -420,6 +452,33 @@ def _too_large(limit: int, size: int | None = None) -> Problem:
     got = f", got {size} bytes" if size is not None else ""
     return Problem(413, "payload-too-large", f"the request body may be at most {limit} bytes{got}",
                    extra={"maxBytes": limit})
+
+
+class _BodyReader:
+    """`receive` of a request that has a body, noting when the body has been read to its end."""
+    __slots__ = ("receive", "done")
+
+    def __init__(self, receive):
+        self.receive = receive
+        self.done = False
+
+    async def __call__(self):
+        msg = await self.receive()
+        if msg["type"] == "http.disconnect" or not msg.get("more_body"):
+            self.done = True
+        return msg
+
+
+async def _drain(reader: _BodyReader, max_bytes: int, max_seconds: float) -> None:
+    """Read and drop the rest of a body: at most `max_bytes`, for at most `max_seconds`."""
+    async def drop() -> None:
+        taken = 0
+        while not reader.done and taken <= max_bytes:
+            taken += len((await reader()).get("body", b""))
+    try:
+        await asyncio.wait_for(drop(), max_seconds)
+    except asyncio.TimeoutError:
+        pass
 
 
 async def _read_body(receive, limit: int) -> bytes:

@@ -14,6 +14,7 @@ import asyncpg
 
 from cuty.payments.v1 import checkout_pb2
 from cutylib import deadlines, errors, paging, tenancy
+from cutylib.db import reports
 from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
@@ -123,6 +124,18 @@ class CheckoutService:
             raise errors.Aborted("the checkout is being created by another request; retry",
                                  reason="idempotency-key-in-flight")
         return leased
+
+    async def service_slot(self, request: checkout_pb2.CreateCheckoutRequest) -> str:
+        """A service time's slot id (booking makes it on first use; the same time is the same slot,
+        so an Idempotency-Key's retry resolves to the slot of its first attempt)."""
+        if request.slot_id or request.product_id:
+            raise errors.InvalidArgument("service_id", "give a service time (service_id, start_time) or slot_id or "
+                                                       "product_id, not more than one")
+        service_id = canonical_uuid("service_id", request.service_id)
+        if not request.HasField("start_time"):
+            raise errors.InvalidArgument("start_time", "start_time is required with service_id")
+        resource_id = canonical_uuid("resource_id", request.resource_id) if request.resource_id else ""
+        return await self.holds.booking.service_slot(service_id, request.start_time, resource_id)
 
     # -- PayCheckout ------------------------------------------------------------------------------
     async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> checkout_pb2.Checkout:
@@ -303,9 +316,13 @@ class CheckoutService:
         are the engine's, driven here and, after a crash, by any worker."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         slot_id = canonical_uuid("slot_id", slot_id)
-        h = request_hash("reschedule", checkout_id, slot_id, payment_method)
-        await self.keys.replay_if_answered(caller.require_subject(), "reschedule", key, h)
+        # Who may see the checkout is asked before any stored answer is given back, and the key is
+        # bound to the role and merchant it was used with: the same subject in another role or as
+        # another merchant's staff is refused as a reuse, never handed the first answer
+        # (docs/security.md, "Replays are the sender's own").
         current = await self.seen(caller, checkout_id)
+        h = request_hash("reschedule", checkout_id, slot_id, payment_method, caller.role, caller.org)
+        await self.keys.replay_if_answered(caller.require_subject(), "reschedule", key, h)
         staff = caller.role in STAFF_ROLES
         if current.kind != domain.BOOKING:
             raise errors.FailedPrecondition(f"checkout {checkout_id} bought codes; only a booking is rescheduled",
@@ -408,7 +425,7 @@ class CheckoutService:
                                                filters.created_before_key)
         key = paging.decode_keyset(page_token, fingerprint, 1)
         after = None if key is None else (key[0], key[1][0])
-        async with tenancy.scoped(self.pool, caller) as uow:
+        async with tenancy.scoped(reports(self.pool), caller) as uow:  # a report: its own pool
             rows = await repo.Sagas(uow.conn).list(q, after, size + 1)
         page = rows[:size]
         if caller.role == tenancy.OPERATOR_ROLE:
