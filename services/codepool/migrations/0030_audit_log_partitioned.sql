@@ -10,7 +10,6 @@ LOCK TABLE audit_log IN ACCESS EXCLUSIVE MODE;
 ALTER TABLE audit_log RENAME TO audit_log_legacy;
 ALTER TABLE audit_log_legacy DROP CONSTRAINT audit_log_pkey;
 ALTER INDEX audit_log_by_order RENAME TO audit_log_legacy_by_order;
-ALTER INDEX IF EXISTS audit_log_by_code RENAME TO audit_log_legacy_by_code;
 DROP TRIGGER audit_log_append_only ON audit_log_legacy;
 DROP TRIGGER audit_log_no_truncate ON audit_log_legacy;
 DROP TRIGGER merchant_immutable ON audit_log_legacy;
@@ -25,8 +24,6 @@ SELECT setval(pg_get_serial_sequence('audit_log', 'id'), greatest(1, (SELECT max
 ALTER TABLE audit_log_legacy ALTER COLUMN id DROP IDENTITY;
 ALTER TABLE audit_log ADD CONSTRAINT audit_log_pkey PRIMARY KEY (id, at);
 CREATE INDEX audit_log_by_order ON audit_log (merchant_id, order_id) WHERE order_id IS NOT NULL;
--- The entries that name a code without an order (the incident story; 0081 made it on the table before).
-CREATE INDEX audit_log_by_code ON audit_log USING gin (code_ids) WHERE order_id IS NULL;
 CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log FOR EACH ROW
     EXECUTE FUNCTION refuse_change('the audit log is append-only');
 CREATE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log FOR EACH STATEMENT
