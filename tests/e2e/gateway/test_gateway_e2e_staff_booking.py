@@ -12,7 +12,7 @@ import httpx
 
 from cutylib.config import with_database
 
-from conftest import make_token
+from tests.e2e.gateway.conftest import make_token
 
 VENUE, LINK = "SETTLEMENT_AT_VENUE", "SETTLEMENT_PAYMENT_LINK"
 
