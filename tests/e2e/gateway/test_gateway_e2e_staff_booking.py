@@ -72,10 +72,16 @@ async def test_pay_at_venue_booking_marked_paid(http, auth, fresh_key, new_slots
     r = await http.post("/v1/checkouts:createForCustomer", json=body, headers={**other_merchant_staff(), **fresh_key()})
     assert r.status_code == 404, r.text
 
-    r = await http.post("/v1/checkouts:createForCustomer", json=body, headers={**staff, **fresh_key()})
+    key = fresh_key()
+    r = await http.post("/v1/checkouts:createForCustomer", json=body, headers={**staff, **key})
     assert r.status_code == 200, r.text
     c = r.json()
     assert state_of(c) == "COMPLETED" and "payment" not in c
+    # The same request again (the receptionist's retry) is the same booking; the key with another request is refused.
+    again = await http.post("/v1/checkouts:createForCustomer", json=body, headers={**staff, **key})
+    assert again.status_code == 200 and again.json()["id"] == c["id"], again.text
+    reused = await http.post("/v1/checkouts:createForCustomer", json={**body, "settlement": LINK}, headers={**staff, **key})
+    assert (reused.status_code, reused.json()["type"]) == (422, "idempotency-key-reused"), reused.text
     b = c["staffBooking"]
     assert b["settlement"] == VENUE and b["customerId"] == customer_sub and b["createdBy"].startswith("staff:")
     assert b["venuePayment"]["status"] == "unpaid" and not b["venuePayment"].get("reference")
