@@ -21,7 +21,12 @@ from cutylib.testing.trust import channel_as, dev_pki, user
 from cutylib.tls import DevPki, TlsFiles, Transport, issue, make_ca
 
 SERVICE = booking_pb2.DESCRIPTOR.services_by_name["BookingService"]
-CREATE = booking_pb2.CreateSalonRequest(name="x")
+CREATE = booking_pb2.CreateSalonRequest(name="x", time_zone="UTC")
+# Requests that keep their contracts (the server checks every request before the handler).
+SLOT = "00000000-0000-4000-8000-000000000001"
+HOLD = booking_pb2.HoldSlotRequest(slot_id=SLOT, request_id="r-1")
+GET_HOLD = booking_pb2.GetHoldRequest(hold_id=SLOT)
+LIST_SLOTS = booking_pb2.ListSlotsRequest(salon_id=SLOT, start_time={"seconds": 1}, end_time={"seconds": 2})
 
 
 class Probe(booking_pb2_grpc.BookingServiceServicer):
@@ -84,13 +89,13 @@ async def test_domain_errors_become_status_with_details(probe_server):
         assert bad_field(e.value) == "name"
 
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(pay).HoldSlot(booking_pb2.HoldSlotRequest(slot_id="s1"))
+            await stub(pay).HoldSlot(HOLD)
         assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
         assert error_reason(e.value) == "slot-unavailable"
-        assert unpack_detail(e.value, booking_pb2.SlotUnavailable).slot_id == "s1"
+        assert unpack_detail(e.value, booking_pb2.SlotUnavailable).slot_id == SLOT
 
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(pay).GetHold(booking_pb2.GetHoldRequest())
+            await stub(pay).GetHold(GET_HOLD)
         assert e.value.code() == grpc.StatusCode.INTERNAL
         assert "bug" not in e.value.details() and "ZeroDivision" not in e.value.details()  # no internals leak
 
@@ -114,7 +119,7 @@ async def test_the_user_is_the_signed_assertion_and_never_plain_metadata(probe_s
         assert await code_of(stub(ch).CreateSalon(CREATE, metadata=(("cuty-user", "x" * 5000),))) == \
             grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(ch).ListSlots(booking_pb2.ListSlotsRequest())
+            await stub(ch).ListSlots(LIST_SLOTS)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
@@ -137,7 +142,7 @@ async def test_the_client_channel_forwards_the_current_user_and_defaults_the_dea
         assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
         started = asyncio.get_running_loop().time()
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(ch).ListSlots(booking_pb2.ListSlotsRequest(), timeout=1.0)
+            await stub(ch).ListSlots(LIST_SLOTS, timeout=1.0)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert asyncio.get_running_loop().time() - started >= 0.9  # its own 1 s, not the channel's 0.3 s
 
@@ -162,13 +167,13 @@ async def test_each_rpc_only_from_the_services_in_its_table(probe_server):
             channel_as("payments", addr(probe_server), "booking") as pay, \
             channel_as("intruder", addr(probe_server), "booking") as intruder:
         admin = user("a", "admin")
-        assert await code_of(stub(gw).HoldSlot(booking_pb2.HoldSlotRequest(), metadata=admin)) == \
+        assert await code_of(stub(gw).HoldSlot(HOLD, metadata=admin)) == \
             grpc.StatusCode.PERMISSION_DENIED
         assert await code_of(stub(pay).CreateSalon(CREATE, metadata=admin)) == grpc.StatusCode.PERMISSION_DENIED
         # A valid certificate of the same CA, for a service no table names.
         assert await code_of(stub(intruder).CreateSalon(CREATE, metadata=admin)) == \
             grpc.StatusCode.PERMISSION_DENIED
-        assert await code_of(stub(intruder).HoldSlot(booking_pb2.HoldSlotRequest())) == \
+        assert await code_of(stub(intruder).HoldSlot(HOLD)) == \
             grpc.StatusCode.PERMISSION_DENIED
     assert pki.cert_path("intruder").exists()
 
