@@ -96,7 +96,20 @@ async def test_unknown_route_and_wrong_method(client, bearer):
     r = await client.get("/v1/nothing-here")
     assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
     r = await client.delete("/v1/checkouts/00000000-0000-4000-8000-000000000001", headers=bearer("customer"))
-    assert r.status_code == 405 and "GET" in r.headers["allow"]
+    assert r.status_code == 405 and r.headers["allow"] == "GET"
+
+
+@pytest.mark.parametrize("verb", ["pay", "cancel", "reschedule", "retry"])
+async def test_a_wrong_method_on_a_custom_method_allows_exactly_its_own(client, bearer, fake, verb):
+    """`GET /v1/checkouts/{id}:pay` is not GetCheckout of an id "x:pay": 405, Allow: POST (the
+    document's one method for that path), and nothing reaches a service."""
+    path = f"/v1/checkouts/00000000-0000-4000-8000-000000000001:{verb}"
+    before = len(fake.calls)
+    for method in ("GET", "PUT", "DELETE", "PATCH"):
+        r = await client.request(method, path, headers=bearer("customer"))
+        assert r.status_code == 405 and r.headers["allow"] == "POST", (method, verb, r.text)
+        assert r.headers["content-type"] == "application/problem+json"
+    assert len(fake.calls) == before
 
 
 async def test_openapi_json_is_served(client):
