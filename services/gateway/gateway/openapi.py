@@ -57,9 +57,15 @@ IDEMPOTENCY_KEY = {
                    "it, or malformed: 400 `idempotency-key-required` / `invalid-argument` with `field: Idempotency-Key`.",
 }
 
+# Forwarded headers' own rules: a Last-Event-ID is an event id (checkout/grpc_api._last_event_id).
+FORWARDED_HEADERS = {"last-event-id": {"type": "string", "pattern": "^[0-9]{1,18}$", "example": "1841"},
+                     "cuty-signature": {"type": "string", "pattern": "^[\\x20-\\x7e]+$"}}
+
 REQUEST_TIMEOUT = {
     "name": "Request-Timeout", "in": "header", "required": False,
-    "schema": {"type": "string", "pattern": r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)$", "example": "2.5"},
+    # Above 0 and at most 3600 (app._request_timeout), as a pattern: 0.001 .. 3599.999..., or 3600(.000).
+    "schema": {"type": "string", "pattern": r"^0*(([1-9][0-9]{0,2}|[1-2][0-9]{3}|3[0-5][0-9]{2})(\.[0-9]*)?"
+                                            r"|0?\.[0-9]*[1-9][0-9]*|3600(\.0*)?)$", "example": "2.5"},
     "description": "How long the client will wait, in seconds (a decimal above 0, at most 3600): the call's deadline "
                    "is the lesser of this and the route's own limit (reads 5 s, writes 10 s, writes that may wait on "
                    "the payment provider 15 s), less the time the request already spent in the gateway. Anything "
@@ -130,6 +136,10 @@ class _Schemas:
             required = [d.fields_by_name[n].json_name for n in contract.required_fields(d) if n not in skip]
             if required:
                 out["required"] = required
+            for name, prop in out["properties"].items():
+                # proto3 JSON reads null as "not given": said so for the fields a request may leave out.
+                if name not in required:
+                    prop["nullable"] = True
             for fields, needed in contract.message_oneofs(d):
                 # At most one of them (exactly one when needed); a member given is given in full.
                 names = [d.fields_by_name[n].json_name for n in fields]
@@ -206,7 +216,8 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
     if access.idempotency_key:
         params.append(IDEMPOTENCY_KEY)
     for header, _ in access.forward_headers:
-        params.append({"name": header, "in": "header", "required": False, "schema": {"type": "string"}})
+        params.append({"name": header, "in": "header", "required": False,
+                       "schema": dict(FORWARDED_HEADERS.get(header, {"type": "string"}))})
     params.append(REQUEST_TIMEOUT)
     op["parameters"] = params
     op["x-cuty-criticality"] = load_for(r.rpc).criticality
