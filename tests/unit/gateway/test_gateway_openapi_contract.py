@@ -59,7 +59,7 @@ def test_the_rules_are_in_the_schemas(doc):
     assert slots["pageSize"]["schema"]["maximum"] == 500 and slots["pageSize"]["schema"]["minimum"] == 0
     create = doc["paths"]["/v1/checkouts"]["post"]
     schema = create["requestBody"]["content"]["application/json"]["schema"]
-    assert schema["oneOf"] == [{"required": ["slotId"]}, {"required": ["productId"]}]
+    assert schema["oneOf"] == [{"required": ["slotId"]}, {"required": ["productId"]}, {"required": ["serviceId"]}]
     assert schema["properties"]["quantity"]["maximum"] == 100
     key = _params(create)["Idempotency-Key"]
     assert key["required"] and key["schema"]["minLength"] == 1 and key["schema"]["maxLength"] == 255
