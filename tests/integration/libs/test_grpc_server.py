@@ -7,6 +7,7 @@ import datetime as dt
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from booking.grpc_api import CALLERS
@@ -324,3 +325,21 @@ async def test_certificates_are_reloaded_without_a_restart(tmp_path, monkeypatch
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_a_request_breaking_its_contract_is_refused_before_the_handler(probe_server):
+    """The interceptor checks every request against the protos' buf.validate rules: the Probe would
+    answer CreateSalon for any non-empty name, so an INVALID_ARGUMENT naming time_zone is the
+    contract's, and every violation is a BadRequest field violation."""
+    async with channel_as("gateway", addr(probe_server), "booking") as gw:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(gw).CreateSalon(booking_pb2.CreateSalonRequest(name="x", time_zone="not a zone!",
+                                                                      free_cancellation_hours=-1),
+                                       metadata=user("a", "admin"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_field(e.value) == "time_zone"
+    assert e.value.details() == ("time_zone: does not match regex pattern `^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$`; "
+                                 "free_cancellation_hours: must be greater than or equal to 0 and less than or equal "
+                                 "to 8760")
+    br = unpack_detail(e.value, error_details_pb2.BadRequest)
+    assert [v.field for v in br.field_violations] == ["time_zone", "free_cancellation_hours"]
