@@ -245,11 +245,12 @@ async def test_the_gateways_memo_never_keeps_secrets(gw, fake, script, bearer):
     """Answers carrying a client secret or a code's value, and requests carrying plaintext codes,
     are never kept in the gateway's memo tables; answers without them still are."""
     from cuty.payments.v1 import checkout_pb2
+    WITH_SECRETS, PLAIN = "00000000-0000-4000-8000-0000000000c1", "00000000-0000-4000-8000-0000000000c2"  # ids keep the contract: UUIDs
     secret, code = "cs_" + secrets.token_hex(8), "CODE-" + secrets.token_hex(6)
 
     def checkout(request, md):
         out = checkout_pb2.Checkout(id=request.checkout_id)
-        if request.checkout_id == "with-secrets":
+        if request.checkout_id == WITH_SECRETS:
             out.payment.client_secret = secret
             out.payment.next_action.redirect_url = f"https://psp.example/3ds/{secret}"
             out.codes.add(id="c1", value=code)
@@ -258,13 +259,13 @@ async def test_the_gateways_memo_never_keeps_secrets(gw, fake, script, bearer):
     me = bearer("customer")
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
         for _ in range(2):
-            r = await client.get("/v1/checkouts/with-secrets", headers=me)
+            r = await client.get(f"/v1/checkouts/{WITH_SECRETS}", headers=me)
             assert r.status_code == 200 and r.json()["payment"]["clientSecret"] == secret
-            r = await client.get("/v1/checkouts/plain", headers=me)
+            r = await client.get(f"/v1/checkouts/{PLAIN}", headers=me)
             assert r.status_code == 200
-        r = await client.post("/v1/products/p1/codes:import", headers=bearer("admin"),
+        r = await client.post("/v1/products/00000000-0000-4000-8000-0000000000c3/codes:import", headers=bearer("admin"),
                               json={"batchRef": "b", "codes": [code]})
         assert r.status_code == 200 and list(fake.last("ImportCodeBatch").request.codes) == [code]
     kept = repr(list(gw.app._answers._data.items()) + list(gw.app._requests._data.items()))
     assert secret not in kept and code not in kept
-    assert "plain" in kept  # the memo still works for answers without secrets
+    assert PLAIN in kept  # the memo still works for answers without secrets
