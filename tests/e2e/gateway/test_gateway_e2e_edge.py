@@ -96,6 +96,7 @@ async def test_openapi_lists_every_route(http):
             ("POST", "/v1/payments/{payment_id}:refund")} <= ops
     assert ("GET", "/v1/checkouts") in ops and ("GET", "/v1/salons/{salon_id}/bookings") in ops  # issue 12
     assert ("POST", "/v1/webhookEndpoints") in ops  # issue 12, item 6
+    assert ("GET", "/v1/salons/{salon_id}/services/{service_id}/availability") in ops  # services and hours
     # 34 annotated RPCs (issue 12: lists, agenda, :watch, :refund, :reschedule, 5 webhook endpoint
     # routes, :setCancellationPolicy; services, :setWorkingHours, :setHoursOverride,
     # :setBookingSettings, availability) + /healthz + /readyz + /openapi.json
