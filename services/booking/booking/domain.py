@@ -150,13 +150,8 @@ def cancellation_policy(hours: int | None, fee_percent: int | None) -> Cancellat
 
 
 def policy_change(hours: int | None, fee_percent: int | None) -> tuple[int | None, int | None]:
-    """Policy fields as given, checked; None: not given."""
-    if hours is not None and not 0 <= hours <= MAX_FREE_CANCELLATION_HOURS:
-        raise InvalidArgument("free_cancellation_hours", f"free_cancellation_hours must be between 0 and "
-                                                         f"{MAX_FREE_CANCELLATION_HOURS}, got {hours}")
-    if fee_percent is not None and not 0 <= fee_percent <= 100:
-        raise InvalidArgument("cancellation_fee_percent",
-                              f"cancellation_fee_percent must be between 0 and 100, got {fee_percent}")
+    """Policy fields as given (None: not given). Their ranges are the contract's rules
+    (booking.proto: hours 0..MAX_FREE_CANCELLATION_HOURS, fee 0..100), checked before any handler."""
     return hours, fee_percent
 
 

@@ -99,9 +99,9 @@ async def test_openapi_lists_every_route(http):
     assert ("GET", "/v1/checkouts") in ops and ("GET", "/v1/salons/{salon_id}/bookings") in ops  # issue 12
     assert ("POST", "/v1/webhookEndpoints") in ops  # issue 12, item 6
     assert ("GET", "/v1/salons/{salon_id}/services/{service_id}/availability") in ops  # services and hours
-    # Every route annotated in the protos (the gateway's own table), plus /healthz and /openapi.json.
+    # Every route annotated in the protos (the gateway's own table), plus /healthz, /readyz and /openapi.json.
     annotated = {(r.http_method.upper(), r.template.openapi_path) for r in load_routes()}
-    assert ops == annotated | {("GET", "/healthz"), ("GET", "/openapi.json")}
+    assert ops == annotated | {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/openapi.json")}
     watch = doc["paths"]["/v1/checkouts/{checkout_id}:watch"]["get"]["responses"]["200"]["content"]
     assert set(watch) == {"text/event-stream"}
 

@@ -542,10 +542,7 @@ class CreateRequest:
 
 def validate_create(slot_id: str, product_id: str, quantity: int, pay_with: str | None = None) -> CreateRequest:
     """`pay_with`: the request's payment method when it has one (None: absent; empty is invalid)."""
-    if slot_id and product_id:
-        raise InvalidArgument("slot_id", "give either slot_id or product_id with quantity, not both")
-    if not slot_id and not product_id:
-        raise InvalidArgument("slot_id", "slot_id or product_id is required")
+    # Exactly one of slot_id and product_id, each a UUID: the contract's rules (checkout.proto).
     if slot_id:
         if quantity not in (0, 1):
             raise InvalidArgument("quantity", f"a slot is booked once; quantity must be 0 or 1, got {quantity!r}")
