@@ -71,7 +71,7 @@ async def main() -> None:
     await migrate(dsn, pathlib.Path(MIGRATIONS))
     keyring = Keyring(keys={"b1": os.urandom(32)}, active="b1", hash_key=os.urandom(32))
     big = Product("big", "m-big", CODES, 0.5)
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(dsn, server_settings={"statement_timeout": "0"})  # the fill is long
     print(f"filling: {CODES:,} codes (half sold), {MERCHANTS:,} more merchants", flush=True)
     await fill(conn, big)
     await fill_merchants(conn, MERCHANTS)
