@@ -1,10 +1,13 @@
 """The gateway as one ASGI application: every route goes through the same steps.
 
     match route (404/405) -> server span -> rate limit per client address (429) -> Request-Timeout
-    (400) -> body size (413) -> bearer header (401) -> token signature (401) -> rate limit per
-    subject (429) -> role (403) -> Idempotency-Key (400) -> transcode (400) -> time left (504)
-    -> admission by criticality (503 overloaded) -> gRPC call over mutual TLS, the user as a
+    (400) -> admission by criticality (503 overloaded) -> body size (413) -> bearer header (401)
+    -> token signature (401) -> rate limit per subject (429) -> role (403) -> Idempotency-Key
+    (400) -> transcode (400) -> time left (504) -> gRPC call over mutual TLS, the user as a
     signed assertion, with a deadline -> JSON answer, or the gRPC status as an RFC 9457 problem
+
+The refusals that come by thousands when the platform is flooded (429 per address, 503 overloaded)
+are decided before anything costly: no token is verified, no body read, nothing transcoded.
 
 A server-streaming RPC takes the same steps up to the call, and is then answered as Server-Sent
 Events (sse.py): a refusal before the stream opens is still a problem.
@@ -233,9 +236,8 @@ class Gateway:
     # The one generic route handler ---------------------------------------------------------------
     async def _rpc(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
                    t0: float) -> bytes:
-        criticality, budget, since = self._budget(route, headers, t0)
-        request, metadata = await self._prepare(route, bound, query, headers, receive)
-        timeout = self._admit(route, criticality, budget, since)
+        request, metadata, timeout, budget, criticality = await self._admit_and_prepare(
+            route, bound, query, headers, receive, t0)
         adm = self.admission
         started, outcome = adm.clock(), admission.OK
         try:
@@ -266,9 +268,8 @@ class Gateway:
         messages as Server-Sent Events (sse.py); the call is cancelled when the client leaves.
         Admission counts the opening only: an open stream costs the service little, and one that
         held a place for its hour would leave none to the calls the limit is measured on."""
-        criticality, budget, since = self._budget(route, headers, t0)
-        request, metadata = await self._prepare(route, bound, query, headers, receive)
-        timeout = self._admit(route, criticality, budget, since)
+        request, metadata, timeout, budget, criticality = await self._admit_and_prepare(
+            route, bound, query, headers, receive, t0)
         expires_in = None
         if not self.access[route.rpc].public:
             # The stream ends when its token would no longer be accepted (sse.py); the call's own
@@ -290,6 +291,24 @@ class Gateway:
         # no-transform / X-Accel-Buffering: proxies must pass each event on as it comes.
         return StreamingResponse(body, media_type=sse.MEDIA_TYPE, headers={
             "cache-control": "no-store, no-transform", "x-accel-buffering": "no"})
+
+    async def _admit_and_prepare(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str],
+                                 receive, t0: float) -> tuple[bytes, tuple, float, float, str]:
+        """Admission first, then every other check of the route: (the serialized request, the call's
+        metadata, its timeout, the request's budget, its criticality). A refusal for load (503)
+        costs no token verification, no body read and no transcoding: past capacity the gateway
+        refuses several times more requests than it admits, and each must cost almost nothing.
+        An admitted request that fails a later check (401, 403, 400, 413, 504) gives its place
+        back unmeasured; one that reaches the call gives it back in `release` after it."""
+        criticality, budget, since = self._budget(route, headers, t0)
+        self._admit(route, criticality)
+        try:
+            request, metadata = await self._prepare(route, bound, query, headers, receive)
+            timeout = self._time_left(route, criticality, budget, since)
+        except BaseException:
+            self.admission.cancel()
+            raise
+        return request, metadata, timeout, budget, criticality
 
     async def _prepare(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str],
                        receive) -> tuple[bytes, tuple]:
@@ -360,19 +379,23 @@ class Gateway:
             return criticality, longest, None
         return criticality, min(longest, _request_timeout(raw)), t0
 
-    def _admit(self, route: Route, criticality: str, budget: float, since: float | None) -> float:
-        """The call's deadline, what is left of `budget` (counted from `since` when given); or the
-        request refused now: 504 when nothing is left, 503 `overloaded` when its criticality's
-        share of the concurrency limit is in use."""
+    def _admit(self, route: Route, criticality: str) -> None:
+        """A place for the request among the backend calls in flight, or the request refused now:
+        503 `overloaded` when its criticality's share of the concurrency limit is in use."""
+        if not self.admission.admit(criticality):
+            access_log.shed(route.template.source, criticality, "overloaded")
+            raise problems.overloaded("the platform is at capacity and serves purchases already under way first; "
+                                      "nothing was done, retry after Retry-After", admission.retry_after())
+
+    @staticmethod
+    def _time_left(route: Route, criticality: str, budget: float, since: float | None) -> float:
+        """The call's deadline, what is left of `budget` (counted from `since` when given); 504 when
+        nothing is left."""
         left = budget if since is None else budget - (time.perf_counter() - since)
         if left <= 0:
             access_log.shed(route.template.source, criticality, "deadline")
             raise Problem(504, "deadline-exceeded", f"the request's time ({budget:g} s) ran out before the gateway "
                           "called the service: nothing was done; retry with more time")
-        if not self.admission.admit(criticality):
-            access_log.shed(route.template.source, criticality, "overloaded")
-            raise problems.overloaded("the platform is at capacity and serves purchases already under way first; "
-                                      "nothing was done, retry after Retry-After", admission.retry_after())
         return left
 
     def _outcome(self, route: Route, criticality: str, p: Problem) -> int:
