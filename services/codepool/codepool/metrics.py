@@ -12,11 +12,12 @@ from cutylib.metrics import Metrics
 STOCK_BY_PRODUCT = """
 SELECT p.id::text AS product_id, s.state,
        coalesce(CASE s.state WHEN 'available' THEN c.available WHEN 'reserved' THEN c.reserved
-                             ELSE c.delivered END, 0)::bigint AS n
+                             WHEN 'delivered' THEN c.delivered WHEN 'quarantined' THEN c.quarantined
+                             ELSE c.revoked END, 0)::bigint AS n
 FROM products p
-CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered')) AS s(state)
+CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered'), ('quarantined'), ('revoked')) AS s(state)
 LEFT JOIN (SELECT merchant_id, product_id, sum(available) AS available, sum(reserved) AS reserved,
-                  sum(delivered) AS delivered
+                  sum(delivered) AS delivered, sum(quarantined) AS quarantined, sum(revoked) AS revoked
            FROM product_stock GROUP BY merchant_id, product_id) c
        ON c.merchant_id = p.merchant_id AND c.product_id = p.id
 """
@@ -39,6 +40,9 @@ class CodePoolMetrics(Metrics):
         # Plaintext reads by the buyer (GetDeliveredCodes), codes per read; each also audited (issue 10).
         self.buyer_reads = self.counter("cuty_codepool_codes_read_by_buyer_total",
                                         "Delivered codes read in plaintext by their buyer (audited)")
+        # outcome: opened | replace | reject | refund | refunded | reopen (docs/codepool.md, "Claims")
+        self.claims = self.counter("cuty_codepool_claims_total", "Claims on delivered codes: opened, and each "
+                                   "step of their resolution", ["outcome"])
         self._stock_labels: set[tuple[str, str]] = set()
 
     async def refresh_stock(self, pool) -> None:

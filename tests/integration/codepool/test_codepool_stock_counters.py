@@ -176,10 +176,12 @@ async def test_the_migration_counts_the_codes_already_there(scratch_db, tmp_path
     """A database holding codes before the counters existed gets them counted by the migration."""
     migrations = pathlib.Path(__file__).resolve().parents[3] / "services" / "codepool" / "migrations"
     # The schema before the counters: the baseline, and the functions but the one whose SQL body
-    # names product_stock (checked when created; the others are PL/pgSQL, checked when they run).
+    # names product_stock (checked when created; the others are PL/pgSQL, checked when they run)
+    # and the claims' ones, which name the later table code_claims.
     older = tmp_path / "before-0002"
     shutil.copytree(migrations, older, ignore=lambda d, names: [
-        n for n in names if n == "codepool_stock_available.sql" or (n[:4].isdigit() and n >= "0002")])
+        n for n in names if n == "codepool_stock_available.sql" or n.startswith("codepool_claim_")
+        or (n[:4].isdigit() and n >= "0002")])
     await migrate(scratch_db, older)
     conn = await asyncpg.connect(scratch_db)
     try:
