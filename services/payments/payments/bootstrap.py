@@ -13,6 +13,7 @@ from cutylib.metrics import MetricsLeader, refresh_periodically
 
 from . import signature
 from .checkout import wiring
+from .claims import wiring as claims
 from .outbound import wiring as outbound
 from .service import PaymentsCore
 from .grpc_api import CALLERS, PaymentApi
@@ -65,6 +66,8 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
         server.on_stop(core.psp.aclose)
     # Issue 12, item 6: merchants' webhook endpoints and the delivery workers of the outbox.
     outbound.register(server, settings, pool, core.worker_id, workers=workers)
+    # Claims on delivered codes: an admin's resolution (replace, refund, reject) and its finisher.
+    claims.register(server, pool, core, workers=workers)
     registered = wiring.register(server, settings, pool, core)
     if inspect.isawaitable(registered):
         await registered
