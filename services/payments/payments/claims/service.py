@@ -28,6 +28,8 @@ from cutylib.errors import FailedPrecondition, NotFound, Unavailable
 from cutylib.principal import Principal
 from cutylib.telemetry import quiet
 
+from ..checkout import crash
+
 log = logging.getLogger("payments.claims")
 
 REPLACE, REFUND, REJECT = "replace", "refund", "reject"
@@ -67,8 +69,13 @@ class ClaimResolver:
             return await self.finish_refund(claim)
 
     async def _settle(self, claim_id: str, step, actor: str, note: str = "", refund_id: str = "") -> cpb.CodeClaim:
-        return await self.stub.SettleCodeClaim(cpb.SettleCodeClaimRequest(
+        # Crash points of the crash matrix (tests/e2e/checkout/test_checkout_e2e_claim_crash_matrix.py):
+        # before the code pool decides the step, and after it did but before anything else is recorded.
+        crash.point("claim_settle:before")
+        claim = await self.stub.SettleCodeClaim(cpb.SettleCodeClaimRequest(
             claim_id=claim_id, step=step, actor=actor, note=note, refund_id=refund_id))
+        crash.point("claim_settle:after")
+        return claim
 
     async def finish_refund(self, claim: cpb.CodeClaim) -> cpb.CodeClaim:
         """Refund a `refunding` claim's code and record it (idempotent: the refund's key is the claim's
