@@ -34,12 +34,15 @@ OPS_PER_WORKER = 30
 MISMATCHES = """
 WITH counted AS (
     SELECT c.product_id, s.state, count(*) FILTER (WHERE c.status = s.state) AS n
-    FROM codes c CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered')) s(state)
+    FROM codes c CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered'), ('quarantined'), ('revoked')) s(state)
     WHERE c.product_id = ANY($1::uuid[]) GROUP BY 1, 2
 ), kept AS (
     SELECT k.product_id, s.state,
-           sum(CASE s.state WHEN 'available' THEN k.available WHEN 'reserved' THEN k.reserved ELSE k.delivered END) AS n
-    FROM product_stock k CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered')) s(state)
+           sum(CASE s.state WHEN 'available' THEN k.available WHEN 'reserved' THEN k.reserved
+                            WHEN 'delivered' THEN k.delivered WHEN 'quarantined' THEN k.quarantined
+                            ELSE k.revoked END) AS n
+    FROM product_stock k CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered'), ('quarantined'),
+                                            ('revoked')) s(state)
     WHERE k.product_id = ANY($1::uuid[]) GROUP BY 1, 2
 )
 SELECT coalesce(c.product_id, k.product_id) AS product_id, coalesce(c.state, k.state) AS state,
@@ -95,8 +98,26 @@ async def test_counters_equal_a_count_under_random_concurrent_changes(stub, cp_p
         await cp_pool.execute("UPDATE codes SET key_id = key_id WHERE id IN (SELECT id FROM codes WHERE "
                               "product_id = $1 ORDER BY random() LIMIT 20 FOR UPDATE SKIP LOCKED)", rng.choice(products))
 
+    async def claim_and_replace(rng: random.Random) -> None:
+        # a claim on a delivered code, replaced at once (docs/codepool.md, "Claims"): two codes change
+        await cp_pool.execute(
+            "SELECT codepool_claim_replace(c.id, NULL, 'system', NULL) FROM codepool_claim_open(gen_random_uuid(), "
+            "(SELECT order_id FROM deliveries WHERE product_id = $1 AND status = 'delivered' ORDER BY random() LIMIT 1), "
+            "(SELECT code_id FROM deliveries WHERE product_id = $1 AND status = 'delivered' ORDER BY random() LIMIT 1), "
+            "NULL, NULL, 'does_not_work', 'random', 'system') c WHERE c.id IS NOT NULL", rng.choice(products))
+
+    async def batch_decision(rng: random.Random) -> None:
+        # a batch held back, released or retired ("Batch quarantine"): many codes in one statement
+        step = rng.choice(["quarantine", "quarantine", "release", "retire"])
+        batch = await cp_pool.fetchrow("SELECT merchant_id, product_id, id FROM supplier_batches WHERE product_id = $1 "
+                                       "ORDER BY random() LIMIT 1", rng.choice(products))
+        if step == "quarantine":
+            await cp_pool.execute("SELECT codepool_batch_quarantine($1, $2, $3, 'system', '{}')", *batch)
+        else:
+            await cp_pool.execute("SELECT codepool_batch_release($1, $2, $3, $4, 'system', NULL)", *batch, step)
+
     ops = [(reserve, 6), (deliver, 3), (release, 2), (expire, 2), (import_codes, 1), (delete_available, 1),
-           (rewrite, 1)]
+           (rewrite, 1), (claim_and_replace, 2), (batch_decision, 1)]
 
     async def worker(i: int) -> None:
         rng = random.Random(SEED * 100 + i)
@@ -106,6 +127,9 @@ async def test_counters_equal_a_count_under_random_concurrent_changes(stub, cp_p
                 await op(rng)
                 stats[op.__name__] = stats.get(op.__name__, 0) + 1
             except DomainError:  # out of stock, delivered already, lapsed: the counters must hold anyway
+                stats["refused"] = stats.get("refused", 0) + 1
+            except asyncpg.PostgresError as e:  # a claim open already, no code to replace with, ...
+                assert (getattr(e, "sqlstate", "") or "").startswith("CP0"), e
                 stats["refused"] = stats.get("refused", 0) + 1
             if rng.random() < 0.2:
                 await asyncio.sleep(rng.random() * 0.1)
@@ -127,6 +151,11 @@ async def test_counters_equal_a_count_under_random_concurrent_changes(stub, cp_p
         stop.set()
     assert await checker > 3
     assert stats.get("reserve", 0) > 20 and stats.get("deliver", 0) and stats.get("import_codes", 0), stats
+    assert stats.get("claim_and_replace", 0) and stats.get("batch_decision", 0), stats
+    assert await cp_pool.fetchval("SELECT count(*) FROM code_claims WHERE product_id = ANY($1) AND status = 'replaced'",
+                                  products) > 0
+    assert await cp_pool.fetchval("SELECT count(*) FROM supplier_batches WHERE product_id = ANY($1) AND status <> 'active'",
+                                  products) > 0
     while await service.expire_due(500):  # whatever is left due
         pass
     assert await _mismatches(cp_pool, products) == []
