@@ -11,13 +11,13 @@ from cutylib.errors import DomainError, InvalidArgument
 from cutylib.fields import canonical_uuid
 from cutylib.grpc_errors import bad_field, error_reason
 from cutylib.telemetry import set_span_attributes
-from cutylib.tls import GATEWAY, PAYMENTS
+from cutylib.tls import GATEWAY
 
 from .. import operator
 from .service import REFUND, REJECT, REPLACE, ClaimResolver
 
-# The merchant's admins through the gateway; the service's own tooling (its certificate) too.
-CALLERS = {"ResolveClaim": {GATEWAY, PAYMENTS}}
+# The merchant's admins, through the gateway.
+CALLERS = {"ResolveClaim": {GATEWAY}}
 IDEMPOTENCY_KEY = "idempotency-key"
 RESOLUTION = {pb.CLAIM_RESOLUTION_REPLACE: REPLACE, pb.CLAIM_RESOLUTION_REFUND: REFUND,
               pb.CLAIM_RESOLUTION_REJECT: REJECT}
@@ -38,7 +38,7 @@ class ClaimApi(claims_pb2_grpc.ClaimServiceServicer):
 
     async def ResolveClaim(self, request: pb.ResolveClaimRequest, context: grpc.aio.ServicerContext) -> cpb.CodeClaim:
         caller = principal.current()
-        caller.require_role("admin", "system")  # the merchant's decision: its admins (or the ops tooling)
+        caller.require_role("admin")  # the merchant's decision: its admins
         claim_id = canonical_uuid("claim_id", request.claim_id)
         set_span_attributes(claim_id=claim_id)
         if request.resolution not in RESOLUTION:
