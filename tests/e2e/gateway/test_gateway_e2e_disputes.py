@@ -4,6 +4,8 @@ its timeline and merchant events, assembles the evidence from what the platform 
 the delivery and the buyer's plaintext reads; for a booking, its confirmation and the policy
 accepted), submits it before the deadline, and records the outcome; a lost one is counted."""
 import json
+import subprocess
+import sys
 
 import asyncpg
 import httpx
@@ -85,3 +87,9 @@ async def test_a_lost_booking_dispute_is_recorded_and_counted(http, auth, fresh_
     assert d["reason"] == "fraudulent" and d["amount_minor"] == 75000
     metrics = httpx.get(f"http://127.0.0.1:{stack.env['CUTY_PAYMENTS_METRICS_PORT']}/metrics", timeout=10).text
     assert 'cuty_payments_disputes_total{status="lost"}' in metrics
+    # the operator's story of the payment shows the lost dispute and its evidence
+    told = subprocess.run([sys.executable, "-m", "payments", "ops", "story", payment], capture_output=True, text=True,
+                          timeout=60, env={**stack.env, "CUTY_PAYMENTS_DATABASE_URL": with_database(
+                              stack.state()["database_url"], "cuty_payments")})
+    assert told.returncode == 0, told.stderr
+    assert f"DISPUTE {d['psp_dispute_id']}: LOST 75000 TRY" in told.stdout and "evidence submitted" in told.stdout
