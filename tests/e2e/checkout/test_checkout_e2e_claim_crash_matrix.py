@@ -1,9 +1,10 @@
-"""Crash matrix of a claim's resolution (docs/payments.md, "Code claims"): the orchestrator SIGKILLs
-itself before and after the code pool settles a step (CUTY_CRASH_AT=claim_settle:before|after) and
-around the refund's PSP call (psp_refund:before|after), and is restarted; the admin's client retries
-with the same Idempotency-Key until answered. Every claim must end resolved once: a replaced claim
-has exactly one replacement delivered and its code revoked; a refunded one was refunded one code's
-price at the PSP, once."""
+"""Crash matrix after the sale (docs/payments.md, "Code claims", "Disputes"): the orchestrator SIGKILLs
+itself before and after the code pool settles a claim's step (CUTY_CRASH_AT=claim_settle:before|after),
+around the claim refund's PSP call (psp_refund:before|after) and around a dispute's evidence
+submission (dispute_evidence:before|after), and is restarted; the admin's client retries with the
+same Idempotency-Key until answered. Every claim must end resolved once: a replaced claim has exactly
+one replacement delivered and its code revoked; a refunded one was refunded one code's price at the
+PSP, once. Every dispute ends closed with its evidence recorded once."""
 from __future__ import annotations
 
 import uuid
@@ -13,6 +14,7 @@ import pytest_asyncio
 from cuty.codepool.v1 import claims_pb2 as ccpb, claims_pb2_grpc as ccgrpc
 from cuty.payments.v1 import claims_pb2 as rpb, claims_pb2_grpc as rgrpc
 from codepool.claims_api import CALLERS as CODE_CLAIM_CALLERS
+from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import acting_channel
 from payments.claims.grpc_api import CALLERS as CLAIM_CALLERS
 
@@ -61,15 +63,29 @@ async def refund(shop):
     return [(checkout, claim.id, "refunded")]
 
 
+async def disputed(shop):
+    """A codes purchase the PSP disputes (pm_card_disputed): the evidence worker submits the evidence."""
+    customer = f"dispute-{uuid.uuid4().hex[:8]}"
+    product = await shop.new_product(stock=1, price=PRICE)
+    c = await persist(lambda: shop.create(customer, product=product, quantity=1))
+    await persist(lambda: shop.pay(customer, c.id, "pm_card_disputed"))
+    await shop.until(c.id, timeout=60)
+    return [(c.id, None, "disputed")]
+
+
 MATRIX = [
     ("claim_settle:before", replace), ("claim_settle:after", replace),
     ("claim_settle:after", refund), ("psp_refund:before", refund), ("psp_refund:after", refund),
+    ("dispute_evidence:before", disputed), ("dispute_evidence:after", disputed),
 ]
 
 
 @pytest_asyncio.fixture(scope="module")
 async def crashy(pg, tmp_path_factory):
-    s = await start_stack(pg, tmp_path_factory.mktemp("claim-crash"))
+    s = await start_stack(pg, tmp_path_factory.mktemp("claim-crash"), CUTY_DISPUTE_EVIDENCE_POLL_SECONDS="0.3",
+                          CUTY_DISPUTE_RECHECK_SECONDS="3",
+                          # the PSP keeps retrying a webhook through the restarts (a real one does for days)
+                          CUTY_PSP_WEBHOOK_MAX_ATTEMPTS="120")
     yield s
     await s.close()
 
@@ -80,6 +96,18 @@ async def test_sigkill_around_every_claim_step_then_recover(crashy):
     cp, pay = shop.db["codepool"], shop.db["payments"]
     ledger = await shop.ledger()
     for checkout, claim_id, want in results:
+        if want == "disputed":
+            payment = await pay.fetchval("SELECT payment_id FROM checkouts WHERE id = $1", uuid.UUID(checkout))
+
+            async def closed():
+                return await pay.fetchval("SELECT status FROM disputes WHERE payment_id = $1", payment) in ("won", "lost")
+            await wait_for(closed, timeout=60, interval=0.3, message="the dispute closed")
+            d = await pay.fetchrow("SELECT * FROM disputes WHERE payment_id = $1", payment)
+            assert d["status"] == "won" and d["evidence"] is not None, dict(d)
+            submitted = await pay.fetchval("SELECT count(*) FROM payment_events WHERE payment_id = $1 AND "
+                                           "note LIKE 'evidence submitted%'", payment)
+            assert submitted <= 1  # recorded once (or taken from the PSP's closing word)
+            continue
         row = await cp.fetchrow("SELECT * FROM code_claims WHERE id = $1", uuid.UUID(claim_id))
         assert row["status"] == want, (claim_id, row["status"])
         assert await cp.fetchval("SELECT status FROM codes WHERE id = $1", row["code_id"]) == "revoked"

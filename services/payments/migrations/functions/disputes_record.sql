@@ -14,6 +14,11 @@ DECLARE
     pay record;
     d disputes;
     before text;
+    psp_evidence jsonb := CASE WHEN jsonb_typeof(obj->'evidence') = 'object'
+                                    AND (obj #>> '{evidence_details,submitted_at}') IS NOT NULL
+                               THEN obj->'evidence' END;
+    psp_submitted timestamptz := CASE WHEN jsonb_typeof(obj->'evidence') = 'object'
+                                      THEN to_timestamp((obj #>> '{evidence_details,submitted_at}')::float8) END;
     rank_of jsonb := '{"needs_response": 1, "under_review": 2, "won": 3, "lost": 3}';
     t text;
     ev_id uuid;
@@ -57,8 +62,12 @@ BEGIN
             RETURN QUERY SELECT 'processed'::text, d.id, d.status, false, before;
             RETURN;
         END IF;
+        -- The PSP's word on the evidence it holds, should it close the dispute before our record of
+        -- the submission (a crash between the PSP's answer and the record): kept, never replaced.
         UPDATE disputes x SET status = new_status, updated_at = clock_timestamp(),
-                              closed_at = CASE WHEN new_status IN ('won', 'lost') THEN clock_timestamp() END
+                              closed_at = CASE WHEN new_status IN ('won', 'lost') THEN clock_timestamp() END,
+                              evidence = coalesce(x.evidence, psp_evidence),
+                              evidence_submitted_at = coalesce(x.evidence_submitted_at, psp_submitted)
          WHERE x.merchant_id = d.merchant_id AND x.id = d.id
         RETURNING * INTO d;
     END IF;

@@ -73,6 +73,20 @@ WITH d AS (
 SELECT count(*) FROM d
 """
 
+# Disputes whose evidence is recorded but whose outcome has not come (a lost or late webhook) for
+# $3 seconds: asked of the PSP, like reconciliation asks about payments. Claimed like CLAIM.
+RECHECK = """
+UPDATE disputes d SET lease_owner = $1, lease_until = clock_timestamp() + make_interval(secs => $2),
+                      updated_at = clock_timestamp()
+FROM (SELECT merchant_id, id FROM disputes
+      WHERE status IN ('needs_response', 'under_review') AND evidence_submitted_at IS NOT NULL
+        AND updated_at < clock_timestamp() - make_interval(secs => $3)
+        AND (lease_until IS NULL OR lease_until < clock_timestamp())
+      ORDER BY updated_at LIMIT $4 FOR UPDATE SKIP LOCKED) due
+WHERE d.merchant_id = due.merchant_id AND d.id = due.id
+RETURNING d.*
+"""
+
 GIVE_BACK = """
 UPDATE disputes SET lease_owner = NULL, lease_until = NULL, last_error = $3, updated_at = clock_timestamp()
 WHERE merchant_id = $1 AND id = $2 AND lease_owner = $4
@@ -110,8 +124,11 @@ def codes_evidence(c, facts: cpb.OrderFacts) -> dict[str, Any]:
 
 class EvidenceWorker:
     def __init__(self, pool, psp, claims_stub, worker_id: str, *, lease_seconds: float = 30.0,
-                 poll_seconds: float | None = None, batch: int = 10):
+                 poll_seconds: float | None = None, batch: int = 10, inbox=None, recheck_seconds: float | None = None):
         self.pool = pool
+        self.inbox = inbox  # the DisputeInbox: the PSP's answer that a dispute closed is recorded as its webhook would be
+        self.recheck_seconds = recheck_seconds if recheck_seconds is not None else env_float(
+            "CUTY_DISPUTE_RECHECK_SECONDS", 60.0)
         self.psp = psp
         self.stub = claims_stub
         self.worker_id = f"disputes:{worker_id}"
@@ -154,9 +171,30 @@ class EvidenceWorker:
                                      summary or "payment facts")
         log.info("dispute evidence submitted", extra={"dispute_id": str(d["id"]), "psp_dispute_id": d["psp_dispute_id"],
                                                       "recorded": bool(n)})
+        await self._closed_already(answer)
         return bool(n)
 
+    async def _closed_already(self, answer: dict[str, Any]) -> None:
+        """The PSP says the dispute is closed: record it as its charge.dispute.closed webhook would be
+        (one event id per outcome, so the webhook itself, arriving later, changes nothing)."""
+        if self.inbox is not None and answer.get("status") in ("won", "lost") and answer.get("id"):
+            await self.inbox.record({"id": f"evt_asked_{answer['id']}_{answer['status']}", "type": "charge.dispute.closed",
+                                     "data": {"object": answer}})
+
+    async def recheck_once(self) -> int:
+        with quiet():
+            rows = await self.pool.fetch(RECHECK, self.worker_id, float(self.lease_seconds), float(self.recheck_seconds),
+                                         self.batch)
+        for d in rows:
+            try:
+                await self._closed_already(await self.psp.get_dispute(d["psp_dispute_id"]))
+            except (PspUnavailable, PspError) as e:
+                log.warning("dispute not rechecked", extra={"dispute_id": str(d["id"]), "error": str(e)[:300]})
+            await self.pool.execute(GIVE_BACK, d["merchant_id"], d["id"], "", self.worker_id)
+        return len(rows)
+
     async def run_once(self) -> int:
+        await self.recheck_once()
         with quiet():
             rows = await self.pool.fetch(CLAIM, self.worker_id, float(self.lease_seconds), self.batch)
         done = 0

@@ -12,6 +12,6 @@ def register(server, pool, core, inbox, claims_stub, *, workers: bool = True) ->
     inbox.disputes = disputes
     if workers:
         worker = EvidenceWorker(pool, core.psp, claims_stub, core.worker_id,
-                                lease_seconds=float(core.settings.lease_seconds))
+                                lease_seconds=float(core.settings.lease_seconds), inbox=disputes)
         server.add_background(worker.run)
     return disputes
