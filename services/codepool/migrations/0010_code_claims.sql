@@ -108,6 +108,17 @@ SELECT cuty_tenant_table('code_claims');
 
 -- The audit log records every step of a claim and of a batch's quarantine.
 ALTER TABLE audit_log DROP CONSTRAINT audit_log_action_check;
+-- audit_log may be partitioned already (when the partitioning migration ran first on this
+-- database): a partition may then hold its own copy of the old CHECK, which the parent's DROP
+-- leaves behind; those go too, and the parent's new CHECK reaches every partition.
+DO $$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT c.conrelid::regclass AS t FROM pg_constraint c JOIN pg_inherits i ON i.inhrelid = c.conrelid
+             WHERE i.inhparent = 'audit_log'::regclass AND c.conname = 'audit_log_action_check' LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT audit_log_action_check', r.t);
+    END LOOP;
+END $$;
 ALTER TABLE audit_log ADD CONSTRAINT audit_log_action_check CHECK (action IN (
     'import', 'import_rejected', 'reserve', 'deliver', 'deliver_rejected', 'release', 'expire', 'reveal', 'rotate',
     'read_delivered', 'operator_read', 'claim_open', 'claim_replace', 'claim_reject', 'claim_refund',

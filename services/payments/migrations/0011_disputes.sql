@@ -37,6 +37,17 @@ CREATE TRIGGER disputes_forward_only BEFORE UPDATE ON disputes FOR EACH ROW EXEC
 SELECT cuty_tenant_table('disputes');
 
 ALTER TABLE payment_events DROP CONSTRAINT payment_events_source_check;
+-- payment_events may be partitioned already (when the partitioning migration ran first on this
+-- database): a partition may then hold its own copy of the old CHECK, which the parent's DROP
+-- leaves behind; those go too, and the parent's new CHECK reaches every partition.
+DO $$
+DECLARE r record;
+BEGIN
+    FOR r IN SELECT c.conrelid::regclass AS t FROM pg_constraint c JOIN pg_inherits i ON i.inhrelid = c.conrelid
+             WHERE i.inhparent = 'payment_events'::regclass AND c.conname = 'payment_events_source_check' LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT payment_events_source_check', r.t);
+    END LOOP;
+END $$;
 ALTER TABLE payment_events ADD CONSTRAINT payment_events_source_check
     CHECK (source IN ('sync', 'webhook', 'reconcile', 'saga', 'claim', 'dispute'));
 
