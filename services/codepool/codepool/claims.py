@@ -215,30 +215,3 @@ def _settle_error(e: asyncpg.PostgresError, claim_id: uuid.UUID, step: str) -> E
                                   reason="code-not-delivered")
     return e
 
-
-# What an order's codes went through, for a payment dispute's evidence (GetOrderFacts): the
-# reservation, its deliveries (delivered and revoked), and the buyer's plaintext reads from the
-# audit log (audit_log_by_order), oldest first and bounded.
-ORDER = "SELECT * FROM reservations WHERE order_id = $1"
-ORDER_DELIVERIES = """
-SELECT code_id, status, delivered_at, revoked_at FROM deliveries
-WHERE merchant_id = $1 AND order_id = $2 AND status IN ('delivered', 'revoked') ORDER BY delivered_at, code_id
-"""
-ORDER_READS = """
-SELECT at, actor, code_ids FROM audit_log
-WHERE merchant_id = $1 AND order_id = $2 AND action = 'read_delivered' ORDER BY at, id LIMIT $3
-"""
-ORDER_CLAIMS = "SELECT * FROM code_claims WHERE merchant_id = $1 AND order_id = $2 ORDER BY opened_at, id LIMIT 100"
-MAX_READS = 500
-
-
-async def order_facts(pool: asyncpg.Pool, order_id: str):
-    """(reservation, deliveries, reads, claims) of an order, from one transaction's snapshot."""
-    async with tenancy.scoped(pool, isolation="repeatable_read") as uow:
-        r = await uow.conn.fetchrow(ORDER, order_id)
-        if r is None:
-            raise NotFound(f"no order {order_id}")
-        deliveries = await uow.conn.fetch(ORDER_DELIVERIES, r["merchant_id"], order_id)
-        reads = await uow.conn.fetch(ORDER_READS, r["merchant_id"], order_id, MAX_READS)
-        claims = [Claim.from_row(c) for c in await uow.conn.fetch(ORDER_CLAIMS, r["merchant_id"], order_id)]
-    return r, deliveries, reads, claims

@@ -14,7 +14,7 @@ from cutylib.tls import GATEWAY, PAYMENTS
 
 from . import domain
 from .batches import Batches
-from .claims import Claim, Claims, order_facts, require_reason
+from .claims import Claim, Claims, require_reason
 from .grpc_api import actor, product_proto
 
 # Opening and reading claims, thresholds and batches are the gateway's (buyers, staff, admins);
@@ -24,7 +24,6 @@ CALLERS = {
     "OpenCodeClaim": {GATEWAY}, "GetCodeClaim": {GATEWAY, PAYMENTS}, "ListCodeClaims": {GATEWAY, PAYMENTS},
     "SettleCodeClaim": {PAYMENTS}, "SetClaimThreshold": {GATEWAY}, "ListBatches": {GATEWAY},
     "ReleaseBatch": {GATEWAY}, "RetireBatch": {GATEWAY}, "ExportBatchClaims": {GATEWAY},
-    "GetOrderFacts": {PAYMENTS},
 }
 
 IDEMPOTENCY_KEY = "idempotency-key"
@@ -160,22 +159,3 @@ class CodeClaimApi(claims_pb2_grpc.CodeClaimServiceServicer):
         batch_id = parse_uuid("batch_id", request.batch_id)
         text, rows = await self.batches.export(p, product_id, batch_id, actor())
         return pb.ClaimExport(filename=f"claims-{batch_id}.csv", content_type="text/csv", csv=text, rows=rows)
-
-    async def GetOrderFacts(self, request: pb.GetOrderFactsRequest, context: grpc.aio.ServicerContext) -> pb.OrderFacts:
-        principal.current().require_role("system")  # a dispute's evidence: the orchestrator's
-        order_id = domain.require_id("order_id", request.order_id)
-        r, deliveries, reads, claims = await order_facts(self.claims.pool, order_id)
-        out = pb.OrderFacts(order_id=order_id, customer_id=r["customer_id"], product_id=str(r["product_id"]),
-                            quantity=r["quantity"], reserve_time=to_timestamp(r["reserved_at"]),
-                            claims=[claim_proto(c) for c in claims])
-        if r["delivered_at"] is not None:
-            out.deliver_time.CopyFrom(to_timestamp(r["delivered_at"]))
-        for d in deliveries:
-            code = out.codes.add(code_id=str(d["code_id"]), status=d["status"])
-            if d["delivered_at"] is not None:
-                code.deliver_time.CopyFrom(to_timestamp(d["delivered_at"]))
-            if d["revoked_at"] is not None:
-                code.revoke_time.CopyFrom(to_timestamp(d["revoked_at"]))
-        for x in reads:
-            out.reads.add(read_time=to_timestamp(x["at"]), actor=x["actor"], code_ids=[str(c) for c in x["code_ids"] or ()])
-        return out

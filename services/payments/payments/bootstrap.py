@@ -77,9 +77,9 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     # Issue 12, item 6: merchants' webhook endpoints and the delivery workers of the outbox.
     outbound.register(server, settings, pool, core.worker_id, workers=workers)
     # Claims on delivered codes: an admin's resolution (replace, refund, reject) and its finisher.
-    resolver = claims.register(server, pool, core, workers=workers)
+    claims.register(server, pool, core, workers=workers)
     # Disputes of captured payments: recorded from the PSP's webhooks, evidence submitted in time.
-    disputes.register(server, pool, core, inbox, resolver.stub, workers=workers)
+    disputes.register(server, pool, core, inbox, workers=workers)
     registered = wiring.register(server, settings, pool, core)
     if inspect.isawaitable(registered):
         await registered

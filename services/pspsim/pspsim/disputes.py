@@ -31,7 +31,7 @@ log = logging.getLogger("pspsim.disputes")
 NEEDS_RESPONSE, UNDER_REVIEW, WON, LOST = "needs_response", "under_review", "won", "lost"
 CLOSED = frozenset({WON, LOST})
 REASONS = ("fraudulent", "product_not_received", "duplicate", "general")
-MAX_EVIDENCE_BYTES = 32 * 1024
+MAX_EVIDENCE_BYTES = 60 * 1024  # within the API's 64 KB body
 
 
 @dataclass

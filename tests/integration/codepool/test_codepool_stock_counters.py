@@ -269,7 +269,8 @@ async def test_the_stock_gauge_shows_the_products_nearest_to_running_out_and_sum
         "SELECT product_id, sum(available) AS available FROM product_stock GROUP BY product_id "
         "HAVING sum(available + reserved + delivered) > 0")}
     totals = await cp_pool.fetchrow("SELECT sum(available) AS available, sum(reserved) AS reserved, "
-                                    "sum(delivered) AS delivered FROM product_stock")
+                                    "sum(delivered) AS delivered, sum(quarantined) AS quarantined, "
+                                    "sum(revoked) AS revoked FROM product_stock")
     registry = prometheus_client.CollectorRegistry()
     gauge = metrics.CodePoolMetrics(registry)
     for top in (2, 1):  # fewer shown the second time: the others' series are removed

@@ -1,11 +1,12 @@
 """Evidence for a dispute, assembled from the facts the platform holds and submitted to the PSP
 before its deadline (docs/payments.md, "Disputes").
 
-- codes: the code pool's facts of the order (GetOrderFacts): when each code was delivered (and
-  revoked, replaced after a claim), every plaintext read of them by the buyer with its time, the
-  claims;
-- bookings: the checkout's own facts: when the booking was confirmed (its COMPLETED transition in
-  the timeline), the slot and its start, the cancellation policy accepted at purchase.
+The document is the chargeback evidence of `payments/evidence.py` (schema cuty.chargeback-evidence/1,
+the one an operator exports with `python -m payments evidence`): the order, its payments, refunds,
+PSP webhooks and timeline, and for codes the code pool's part (GetOrderEvidence: each code masked
+with its deliveries, every plaintext read by the buyer with its time, the order's audit trail:
+claims and replacements too). For a booking it adds what the buyer accepted: the slot and its
+start, when it was confirmed (its COMPLETED transition) and the cancellation policy at purchase.
 
 A worker of every replica claims open disputes without evidence, nearest deadline first, with
 `FOR UPDATE SKIP LOCKED` and a lease (one replica works on a dispute at a time; a dead one's lease
@@ -18,20 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
-import uuid
 from typing import Any
 
 import grpc
 
-from cuty.codepool.v1 import claims_pb2 as cpb
+from cuty.codepool.v1 import codepool_pb2
 from cutylib import principal
 from cutylib.config import env_float
 from cutylib.periodic import TRANSIENT, periodic
 from cutylib.telemetry import quiet
-from cutylib.timestamps import from_timestamp
 
 from ..checkout import crash
+from ..evidence import evidence
 from ..psp import PspError, PspUnavailable
 
 log = logging.getLogger("payments.disputes.evidence")
@@ -93,14 +94,23 @@ WHERE merchant_id = $1 AND id = $2 AND lease_owner = $4
 """
 
 
+# What the PSP takes as one submission (the simulator refuses more); a larger document leaves out
+# the parts a bank reads last, in this order.
+MAX_EVIDENCE_BYTES = 60 * 1024
+TRIMMABLE = ("psp_webhooks", "payment_timeline", "trace_ids")
+
+
 def _iso(value) -> str | None:
-    if value is None:
-        return None
-    if hasattr(value, "seconds"):  # a protobuf Timestamp
-        if not value.seconds and not value.nanos:
-            return None
-        value = from_timestamp(value)
-    return value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return None if value is None else value.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def bounded(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` within MAX_EVIDENCE_BYTES: the trimmable parts left out, one by one, while it is larger."""
+    for part in TRIMMABLE:
+        if len(json.dumps(doc, separators=(",", ":"), default=str)) <= MAX_EVIDENCE_BYTES:
+            break
+        doc = {**doc, part: "left out (size)"}
+    return doc
 
 
 def booking_evidence(c) -> dict[str, Any]:
@@ -111,45 +121,39 @@ def booking_evidence(c) -> dict[str, Any]:
                                          "cancellation_fee_percent": c["cancellation_fee_percent"]}}}
 
 
-def codes_evidence(c, facts: cpb.OrderFacts) -> dict[str, Any]:
-    return {"codes": {
-        "checkout_id": str(c["id"]), "product_id": facts.product_id, "quantity": facts.quantity,
-        "purchased_at": _iso(c["created_at"]), "delivered_at": _iso(facts.deliver_time),
-        "deliveries": [{"code_id": x.code_id, "status": x.status, "delivered_at": _iso(x.deliver_time),
-                        "revoked_at": _iso(x.revoke_time)} for x in facts.codes],
-        "plaintext_reads": [{"at": _iso(r.read_time), "by": r.actor, "code_ids": list(r.code_ids)} for r in facts.reads],
-        "claims": [{"id": k.id, "code_id": k.code_id, "status": cpb.ClaimStatus.Name(k.status), "reason": k.reason,
-                    "opened_at": _iso(k.open_time)} for k in facts.claims]}}
-
-
 class EvidenceWorker:
-    def __init__(self, pool, psp, claims_stub, worker_id: str, *, lease_seconds: float = 30.0,
+    def __init__(self, pool, psp, codepool_stub, worker_id: str, *, lease_seconds: float = 30.0,
                  poll_seconds: float | None = None, batch: int = 10, inbox=None, recheck_seconds: float | None = None):
         self.pool = pool
         self.inbox = inbox  # the DisputeInbox: the PSP's answer that a dispute closed is recorded as its webhook would be
         self.recheck_seconds = recheck_seconds if recheck_seconds is not None else env_float(
             "CUTY_DISPUTE_RECHECK_SECONDS", 60.0)
         self.psp = psp
-        self.stub = claims_stub
+        self.stub = codepool_stub
         self.worker_id = f"disputes:{worker_id}"
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds if poll_seconds is not None else env_float(
             "CUTY_DISPUTE_EVIDENCE_POLL_SECONDS", 5.0)
         self.batch = batch
 
+    async def _codepool_part(self, order_id: str, by: str) -> dict:
+        with principal.acting_as(principal.SYSTEM):
+            answer = await self.stub.GetOrderEvidence(codepool_pb2.GetOrderEvidenceRequest(order_id=order_id,
+                                                                                           requested_by=by))
+        return json.loads(answer.document_json)
+
     async def assemble(self, d) -> dict[str, Any]:
-        c = await self.pool.fetchrow(CHECKOUT, d["checkout_id"]) if d["checkout_id"] else None
-        out: dict[str, Any] = {"payment_id": str(d["payment_id"]), "dispute": d["psp_dispute_id"],
-                               "customer_id": c["customer_id"] if c else None}
-        if c is None:
-            return out
-        if c["kind"] == "booking":
-            out.update(booking_evidence(c))
-        else:
-            with principal.acting_as(principal.SYSTEM):
-                facts = await self.stub.GetOrderFacts(cpb.GetOrderFactsRequest(order_id=str(c["id"])))
-            out.update(codes_evidence(c, facts))
-        return out
+        query = str(d["checkout_id"] or d["payment_id"])
+        docs = await evidence(self.pool, query, by="disputes", codepool=self._codepool_part)
+        out: dict[str, Any] = {"dispute": d["psp_dispute_id"], "payment_id": str(d["payment_id"])}
+        if docs:
+            out.update(docs[0])
+            out.pop("generated_at", None)  # the same facts make the same evidence (a retry is one submission)
+        if d["checkout_id"]:
+            c = await self.pool.fetchrow(CHECKOUT, d["checkout_id"])
+            if c is not None and c["kind"] == "booking":
+                out.update(booking_evidence(c))
+        return bounded(json.loads(json.dumps(out, default=str)))
 
     async def submit_one(self, d) -> bool:
         """Assemble, submit and record one claimed dispute's evidence; whether it was recorded."""

@@ -27,11 +27,7 @@ def _uuid(value: Any) -> uuid.UUID | None:
 class DisputeInbox:
     def __init__(self, pool, metrics):
         self.pool = pool
-        self.metrics = metrics
-        # status: needs_response (opened) | under_review | won | lost; a lost one is alerted on
-        # (deploy/observability, CutyDisputeLost).
-        self.disputes = metrics.counter("cuty_payments_disputes_total",
-                                        "Disputes of captured payments, by the status they reached", ["status"])
+        self.disputes = metrics.disputes  # cuty_payments_disputes_total{status}
 
     async def record(self, event: dict[str, Any]) -> str:
         obj = event["data"]["object"]
