@@ -48,9 +48,12 @@ async def test_a_disputed_code_purchase_is_won_on_the_evidence(http, auth, fresh
     finally:
         await db.close()
     assert d["status"] == "won" and d["evidence_submitted_at"] <= d["closed_at"]
-    codes = json.loads(d["evidence"])["codes"]
-    assert [x["code_id"] for x in codes["deliveries"]] == [c["id"] for c in done["codes"]]
-    assert codes["plaintext_reads"] and codes["plaintext_reads"][0]["code_ids"] == [done["codes"][0]["id"]]
+    doc = json.loads(d["evidence"])
+    assert doc["schema"] == "cuty.chargeback-evidence/1" and doc["order"]["id"] == co["id"]
+    (code,) = doc["codes"]["codes"]  # the code pool's part: the code, masked, with its deliveries and reads
+    assert code["id"] == done["codes"][0]["id"] and done["codes"][0]["value"] not in json.dumps(doc)
+    assert [x["status"] for x in code["deliveries"]] == ["delivered"]
+    assert any(r["action"] == "read_delivered" for r in code["reads"])  # the buyer's plaintext read, with its time
     events = (await http.get(f"/v1/payments/{payment}/events", headers=staff)).json()["events"]
     assert [e["toStatus"] for e in events if e["source"] == "dispute"] == [
         "dispute.needs_response", "dispute.under_review", "dispute.won"]
