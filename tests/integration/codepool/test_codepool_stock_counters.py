@@ -58,6 +58,8 @@ async def _mismatches(conn, products: list[uuid.UUID]) -> list[dict]:
 
 async def test_counters_equal_a_count_under_random_concurrent_changes(stub, cp_pool):
     products = [uuid.UUID((await stocked_product(stub, 40))[0]) for _ in range(3)]
+    # claims quarantine a batch after a few, racing the other changes (docs/codepool.md, "Batch quarantine")
+    await cp_pool.execute("UPDATE products SET claim_quarantine_threshold = 3 WHERE id = ANY($1)", products)
     # A TTL this short makes reservations due while the run goes on, so the expiry races the rest.
     service = ReservationService(cp_pool, ttl_seconds=0.3, max_active=100, max_quantity=100)
     orders: list[str] = []
@@ -99,12 +101,14 @@ async def test_counters_equal_a_count_under_random_concurrent_changes(stub, cp_p
                               "product_id = $1 ORDER BY random() LIMIT 20 FOR UPDATE SKIP LOCKED)", rng.choice(products))
 
     async def claim_and_replace(rng: random.Random) -> None:
-        # a claim on a delivered code, replaced at once (docs/codepool.md, "Claims"): two codes change
-        await cp_pool.execute(
-            "SELECT codepool_claim_replace(c.id, NULL, 'system', NULL) FROM codepool_claim_open(gen_random_uuid(), "
-            "(SELECT order_id FROM deliveries WHERE product_id = $1 AND status = 'delivered' ORDER BY random() LIMIT 1), "
-            "(SELECT code_id FROM deliveries WHERE product_id = $1 AND status = 'delivered' ORDER BY random() LIMIT 1), "
-            "NULL, NULL, 'does_not_work', 'random', 'system') c WHERE c.id IS NOT NULL", rng.choice(products))
+        # a claim on a delivered code (it may quarantine its batch), then its replacement, each in its
+        # own transaction as the service does (docs/codepool.md, "Claims"): two codes change
+        claim = await cp_pool.fetchval(
+            "SELECT c.id FROM (SELECT order_id, code_id FROM deliveries WHERE product_id = $1 AND status = 'delivered' "
+            "ORDER BY random() LIMIT 1) d, codepool_claim_open(gen_random_uuid(), d.order_id, d.code_id, NULL, NULL, "
+            "'does_not_work', 'random', 'system') c", rng.choice(products))
+        if claim is not None:
+            await cp_pool.execute("SELECT codepool_claim_replace($1, NULL, 'system', NULL)", claim)
 
     async def batch_decision(rng: random.Random) -> None:
         # a batch held back, released or retired ("Batch quarantine"): many codes in one statement

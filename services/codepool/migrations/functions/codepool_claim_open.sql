@@ -49,8 +49,6 @@ BEGIN
     INSERT INTO audit_log (merchant_id, actor, action, product_id, order_id, code_ids, details)
     VALUES (c.merchant_id, p_actor, 'claim_open', c.product_id, c.order_id, ARRAY[c.code_id],
             jsonb_build_object('claim_id', c.id, 'kind', c.kind, 'batch_id', c.batch_id));
-    PERFORM codepool_emit_event(c.merchant_id, c.product_id, 'code.claimed', c.order_id,
-                                jsonb_build_object('claim', codepool_claim_json(c)));
     SELECT p.claim_quarantine_threshold INTO threshold FROM products p
      WHERE p.merchant_id = c.merchant_id AND p.id = c.product_id;
     IF threshold IS NOT NULL THEN
@@ -65,5 +63,10 @@ BEGIN
                                                                  'claim_id', c.id));
         END IF;
     END IF;
+    -- The event last: the outbox's lock ('codepool.stock_events') is taken after every row this
+    -- transaction changes (the quarantine's codes and stock counters), as everywhere, so a claim that
+    -- quarantines and a replacement of the same product never wait on each other in a cycle.
+    PERFORM codepool_emit_event(c.merchant_id, c.product_id, 'code.claimed', c.order_id,
+                                jsonb_build_object('claim', codepool_claim_json(c)));
     RETURN c;
 END $$;
