@@ -29,8 +29,9 @@ async def claimed(shop: CheckoutStack, quantity: int):
     """A completed purchase of `quantity` codes and an open claim on its first: (checkout, claim)."""
     customer = f"claim-{uuid.uuid4().hex[:8]}"
     product = await shop.new_product(stock=quantity + 2, price=PRICE)
-    c = await persist(lambda: shop.create(customer, product=product, quantity=quantity))
-    await persist(lambda: shop.pay(customer, c.id, "pm_card_ok"))
+    ck, pk = str(uuid.uuid4()), str(uuid.uuid4())  # a client retries with the same keys
+    c = await persist(lambda: shop.create(customer, product=product, quantity=quantity, key=ck))
+    await persist(lambda: shop.pay(customer, c.id, "pm_card_ok", key=pk))
     await shop.until(c.id, timeout=60)
     done = await persist(lambda: shop.get(c.id, customer))  # the buyer's view carries the codes
     async with acting_channel(shop.stack.codepool_addr, "codepool", CODE_CLAIM_CALLERS) as ch:
@@ -67,8 +68,9 @@ async def disputed(shop):
     """A codes purchase the PSP disputes (pm_card_disputed): the evidence worker submits the evidence."""
     customer = f"dispute-{uuid.uuid4().hex[:8]}"
     product = await shop.new_product(stock=1, price=PRICE)
-    c = await persist(lambda: shop.create(customer, product=product, quantity=1))
-    await persist(lambda: shop.pay(customer, c.id, "pm_card_disputed"))
+    ck, pk = str(uuid.uuid4()), str(uuid.uuid4())
+    c = await persist(lambda: shop.create(customer, product=product, quantity=1, key=ck))
+    await persist(lambda: shop.pay(customer, c.id, "pm_card_disputed", key=pk))
     await shop.until(c.id, timeout=60)
     return [(c.id, None, "disputed")]
 
