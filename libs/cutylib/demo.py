@@ -315,6 +315,28 @@ async def buy_code(c: httpx.AsyncClient, secret: str, demo: dict) -> tuple[str, 
     return co["id"], (done.get("payment") or paid.get("payment") or {}).get("id", "")
 
 
+async def claim_and_replace(c: httpx.AsyncClient, secret: str, checkout_id: str) -> None:
+    """After the sale (docs/codepool.md, "Claims"): the buyer claims the code, the shop's admin
+    replaces it; the buyer's checkout shows the new code, never the revoked one."""
+    me = _auth(secret, "demo-customer", "customer")
+    before = _ok(await c.get(f"/v1/checkouts/{checkout_id}", headers=me)).get("codes", [])
+    if not before:
+        return
+    code = before[0]
+    print(f"\n2b) the buyer says code {code.get('value', code['id'])} does not work, and claims it")
+    claim = _ok(await c.post(f"/v1/checkouts/{checkout_id}/codes/{code['id']}:claim",
+                             json={"kind": "CLAIM_KIND_DOES_NOT_WORK", "reason": "the shop refuses the pin"},
+                             headers={**me, "Idempotency-Key": uuid.uuid4().hex}))
+    print(f"   claim {claim['id']} {claim['status']}")
+    done = _ok(await c.post(f"/v1/claims/{claim['id']}:resolve",
+                            json={"resolution": "CLAIM_RESOLUTION_REPLACE", "note": "replaced from stock"},
+                            headers={**_admin(secret, SHOP_MERCHANT), "Idempotency-Key": uuid.uuid4().hex}))
+    print(f"   {SHOP_MERCHANT}'s admin resolves it: {done['status']}, new code {done.get('replacementCodeId')}")
+    after = _ok(await c.get(f"/v1/checkouts/{checkout_id}", headers=me)).get("codes", [])
+    print(f"   the buyer's codes now: {', '.join(x.get('value', x['id']) for x in after)} (the claimed one is revoked)")
+    await asyncio.sleep(1.5)  # the claim's events reach the payment timeline through the relay (polls every second)
+
+
 async def timeline(c: httpx.AsyncClient, secret: str, payment_id: str) -> None:
     print(f"\n3) timeline of payment {payment_id}, read by {SHOP_MERCHANT}'s staff")
     events = _ok(await c.get(f"/v1/payments/{payment_id}/events",
@@ -348,6 +370,7 @@ async def main_async() -> int:
         service, times = await salon_day(c, secret, demo)
         await receptionist(c, secret, demo, service, times)
         checkout_id, payment_id = await buy_code(c, secret, demo)
+        await claim_and_replace(c, secret, checkout_id)
         if payment_id:
             await timeline(c, secret, payment_id)
         await merchants_apart(c, secret, checkout_id)

@@ -21,8 +21,14 @@ MAX_PAGE_SIZE = 500
 
 # Code status (the real stock) and its allowed transitions; the database trigger
 # codes_guard_update enforces the same table (migrations/functions/codes_guard_update.sql).
+# quarantined: held back with its batch; revoked: taken back after a claim, or its batch retired
+# (final). A release (reserved -> available) in a held-back batch goes to quarantined or revoked.
 AVAILABLE, RESERVED, DELIVERED = "available", "reserved", "delivered"
-CODE_TRANSITIONS = {(AVAILABLE, RESERVED), (RESERVED, DELIVERED), (RESERVED, AVAILABLE)}
+QUARANTINED, REVOKED = "quarantined", "revoked"
+CODE_STATUSES = (AVAILABLE, RESERVED, DELIVERED, QUARANTINED, REVOKED)
+CODE_TRANSITIONS = {(AVAILABLE, RESERVED), (RESERVED, DELIVERED), (RESERVED, AVAILABLE),
+                    (AVAILABLE, QUARANTINED), (QUARANTINED, AVAILABLE), (QUARANTINED, REVOKED),
+                    (RESERVED, QUARANTINED), (RESERVED, REVOKED), (DELIVERED, REVOKED)}
 # Reservation (order) status; released -> reserved only when a late payment re-reserves.
 RELEASED = "released"
 RESERVATION_TRANSITIONS = {(RESERVED, DELIVERED), (RESERVED, RELEASED), (RELEASED, RESERVED)}

@@ -50,7 +50,9 @@ CREATE INDEX checkouts_no_shows ON checkouts (merchant_id, customer_id) WHERE no
 ALTER TABLE merchant_events DROP CONSTRAINT merchant_events_type_check;
 ALTER TABLE merchant_events ADD CONSTRAINT merchant_events_type_check CHECK (type IN (
     'checkout.completed', 'booking.confirmed', 'codes.delivered', 'checkout.refunded', 'booking.cancelled',
-    'booking.rescheduled', 'stock.low', 'booking.created_by_staff', 'booking.paid_at_venue', 'booking.no_show'));
+    'booking.rescheduled', 'stock.low', 'code.claimed', 'code.replaced', 'code.claim_rejected',
+    'code.claim_refunded', 'batch.quarantined', 'payment.disputed', 'payment.dispute_closed',
+    'booking.created_by_staff', 'booking.paid_at_venue', 'booking.no_show'));
 
 -- booking.created_by_staff (the hold taken), booking.paid_at_venue, booking.no_show: written by the
 -- statement that makes the change (checkouts_staff_events).

@@ -106,11 +106,27 @@ async def get_refund(request: Request) -> JSONResponse:
 
 
 async def ledger(request: Request) -> JSONResponse:
-    return JSONResponse(_psp(request).store.ledger())
+    return JSONResponse({**_psp(request).store.ledger(), "disputes": _psp(request).disputes.ledger()})
 
 
 async def events(request: Request) -> JSONResponse:
     return JSONResponse({"events": _psp(request).webhooks.snapshot()})
+
+
+async def open_dispute(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).disputes.open(await _json_body(request)))
+
+
+async def close_dispute(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).disputes.close(request.path_params["dispute_id"], await _json_body(request)))
+
+
+async def get_dispute(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).disputes.get(request.path_params["dispute_id"]))
+
+
+async def submit_dispute(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).disputes.submit(request.path_params["dispute_id"], await _json_body(request)))
 
 
 async def faults(request: Request) -> JSONResponse:
@@ -161,6 +177,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/pay/{intent_id}", pay_on_page, methods=["POST"]),
         Route("/v1/refunds", create_refund, methods=["POST"]),
         Route("/v1/refunds/{refund_id}", get_refund, methods=["GET"]),
+        Route("/v1/disputes/{dispute_id}", get_dispute, methods=["GET"]),
+        Route("/v1/disputes/{dispute_id}", submit_dispute, methods=["POST"]),
+        Route("/v1/_disputes", open_dispute, methods=["POST"]),
+        Route("/v1/_disputes/{dispute_id}/close", close_dispute, methods=["POST"]),
         Route("/v1/_ledger", ledger, methods=["GET"]),
         Route("/v1/_events", events, methods=["GET"]),
         Route("/v1/_faults", faults, methods=["GET", "POST"]),

@@ -8,7 +8,8 @@ import secrets
 import time
 from typing import Any
 
-from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, Scenario, scenario_of
+from .disputes import Disputes
+from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, SCENARIOS, Scenario, scenario_of
 from .settings import Settings
 from .state import (
     CANCELED, FAILED, PROCESSING, REQUIRES_ACTION, SUCCEEDED,
@@ -30,6 +31,7 @@ class Psp:
         self.store = Store()
         self.webhooks = webhooks or WebhookDispatcher(settings)
         self._timers: set[asyncio.Task[None]] = set()
+        self.disputes = Disputes(self)
 
     async def start(self) -> None:
         await self.webhooks.start()
@@ -42,6 +44,7 @@ class Psp:
         self._cancel_timers()
         self.webhooks.reset()
         self.store.reset()
+        self.disputes.reset()
 
     def _cancel_timers(self) -> None:
         for t in list(self._timers):
@@ -138,6 +141,8 @@ class Psp:
                 self._emit(intent, processing, succeeded)
             elif succeeded is not None:
                 self._emit(intent, succeeded)
+            if scenario.disputed:
+                self.disputes.open_after_capture(intent)
             if scenario.sync_timeout:
                 await asyncio.sleep(self.settings.sync_timeout_delay_seconds)
                 raise ApiError(504, "api_error", "timeout", "the PSP timed out (the charge may have happened)")

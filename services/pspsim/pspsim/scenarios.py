@@ -23,6 +23,8 @@ class Scenario:
     sync_timeout: bool = False
     # processing -> succeeded after settle_delay_ms.
     settles_later: bool = False
+    # The captured charge is disputed after dispute_delay_ms (pspsim/disputes.py).
+    disputed: bool = False
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -35,6 +37,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("pm_card_duplicate_webhooks", SUCCEEDED, duplicates=True),
         Scenario("pm_card_no_webhook", PROCESSING, sends_webhooks=False, settles_later=True),
         Scenario("pm_card_sync_timeout", SUCCEEDED, sync_timeout=True),
+        Scenario("pm_card_disputed", SUCCEEDED, disputed=True),
     )
 }
 

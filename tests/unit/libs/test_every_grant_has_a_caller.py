@@ -15,16 +15,19 @@ import re
 import pytest
 
 from booking.grpc_api import CALLERS as BOOKING
+from codepool.claims_api import CALLERS as CODE_CLAIMS
 from codepool.grpc_api import CALLERS as CODEPOOL
 from gateway.policy import POLICY
 from payments.checkout.grpc_api import CALLERS as CHECKOUT
+from payments.claims.grpc_api import CALLERS as CLAIMS
 from payments.grpc_api import CALLERS as PAYMENTS
 from payments.outbound.grpc_api import CALLERS as WEBHOOK_ENDPOINTS
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TABLES = {"cuty.booking.v1.BookingService": BOOKING, "cuty.codepool.v1.CodePoolService": CODEPOOL,
           "cuty.payments.v1.PaymentService": PAYMENTS, "cuty.payments.v1.CheckoutService": CHECKOUT,
-          "cuty.payments.v1.WebhookEndpointService": WEBHOOK_ENDPOINTS}
+          "cuty.payments.v1.WebhookEndpointService": WEBHOOK_ENDPOINTS,
+          "cuty.codepool.v1.CodeClaimService": CODE_CLAIMS, "cuty.payments.v1.ClaimService": CLAIMS}
 
 # Grants that no service calls yet, kept for the tests that drive these RPCs as that service: each
 # is to be removed (or given a caller) and its tests moved to the service's core. Nothing else may

@@ -97,7 +97,7 @@ async def test_3ds_routes_cancel_refund_and_reset(client):
 
     assert (await client.post("/v1/_reset")).status_code == 200
     ledger = (await client.get("/v1/_ledger")).json()
-    assert ledger == {"charges": [], "refunds": [], "charge_count_by_key": {}, "totals_by_currency": {}}
+    assert ledger == {"charges": [], "refunds": [], "charge_count_by_key": {}, "totals_by_currency": {}, "disputes": []}
 
 
 def create_hosted(client, key="kh"):
