@@ -222,7 +222,7 @@ async def cancel_after_purchase(c: httpx.AsyncClient, head: dict, done: dict) ->
           f"the slot is bookable again")
 
 
-async def salon_day(c: httpx.AsyncClient, secret: str, demo: dict) -> None:
+async def salon_day(c: httpx.AsyncClient, secret: str, demo: dict) -> tuple[dict, list[dict]]:
     """Services and working hours (docs/booking.md): no slot rows, free times computed."""
     admin = _admin(secret, SALON_MERCHANT)
     salon = demo["salon_id"]
@@ -264,6 +264,42 @@ async def salon_day(c: httpx.AsyncClient, secret: str, demo: dict) -> None:
             took = _ok(await c.post("/v1/checkouts", json={"slotId": offer["slotId"]},
                                     headers={**who, "Idempotency-Key": uuid.uuid4().hex}))
             print(f"   customer {i} takes it with one call: checkout {took['id']} {took['state']} (hold {took['holdId']})")
+    return service, times
+
+
+async def receptionist(c: httpx.AsyncClient, secret: str, demo: dict, service: dict, times: list[dict]) -> None:
+    """Staff book for a customer (docs/checkout.md, "Staff book for a customer"): a walk-in paying at
+    the desk, and a caller paying through a link on the PSP's hosted page."""
+    times = [t for t in times if t["localStartTime"][:10] != times[0]["localStartTime"][:10]][::4]  # another day
+    if len(times) < 3:
+        return
+    staff = _auth(secret, "demo-receptionist", "staff", merchant=SALON_MERCHANT)
+    print("\n1e) the phone rings: the receptionist books for customers (they never pick a card for them)")
+    walk_in = _ok(await c.post("/v1/checkouts:createForCustomer", headers={**staff, "Idempotency-Key": uuid.uuid4().hex},
+                               json={"serviceId": service["id"], "startTime": times[1]["startTime"],
+                                     "contact": {"name": "Elif (walk-in)", "phone": "+905321234567"},
+                                     "settlement": "SETTLEMENT_AT_VENUE"}))
+    b = walk_in["staffBooking"]
+    print(f"   {times[1]['localStartTime'][5:16]} for guest {b['customerId']}, pay at the venue: {walk_in['state']}, "
+          f"{b['venuePayment']['status']}")
+    paid = _ok(await c.post(f"/v1/checkouts/{walk_in['id']}:markPaid", headers=staff, json={
+        "method": "VENUE_PAYMENT_METHOD_CASH", "amount": walk_in["amount"], "reference": "receipt 0001"}))
+    v = paid["staffBooking"]["venuePayment"]
+    print(f"   after the cut: marked {v['status']} ({v['method'].removeprefix('VENUE_PAYMENT_METHOD_').lower()}, "
+          f"{v['amount']['amountMinor']} {v['amount']['currencyCode']}, {v['reference']})")
+    caller = f"demo-caller-{uuid.uuid4().hex[:6]}"
+    linked = _ok(await c.post("/v1/checkouts:createForCustomer", headers={**staff, "Idempotency-Key": uuid.uuid4().hex},
+                              json={"serviceId": service["id"], "startTime": times[2]["startTime"],
+                                    "customerId": caller, "settlement": "SETTLEMENT_PAYMENT_LINK",
+                                    "linkTtlSeconds": 3600}))
+    link = linked["staffBooking"]["linkUrl"]
+    print(f"   {times[2]['localStartTime'][5:16]} for {caller}, payment link (held until "
+          f"{linked['staffBooking']['linkExpireTime']}): {linked['state']}\n   link: {link}")
+    async with httpx.AsyncClient(timeout=10) as browser:  # the customer opens the link and pays
+        _ok(await browser.post(link, data={"payment_method": "pm_card_ok"}))
+    done = await _until_terminal(c, linked["id"], _auth(secret, caller, "customer"))
+    mine = _ok(await c.get("/v1/checkouts", headers=_auth(secret, caller, "customer")))["checkouts"]
+    print(f"   the customer paid on the PSP's page: {done['state']}; their own list shows {len(mine)} booking(s)")
 
 
 async def buy_code(c: httpx.AsyncClient, secret: str, demo: dict) -> tuple[str, str]:
@@ -277,6 +313,28 @@ async def buy_code(c: httpx.AsyncClient, secret: str, demo: dict) -> tuple[str, 
     done = await _until_terminal(c, co["id"], me)
     print(f"   {done['state']}; codes: {', '.join(x.get('value', '(hidden)') for x in done.get('codes', [])) or '-'}")
     return co["id"], (done.get("payment") or paid.get("payment") or {}).get("id", "")
+
+
+async def claim_and_replace(c: httpx.AsyncClient, secret: str, checkout_id: str) -> None:
+    """After the sale (docs/codepool.md, "Claims"): the buyer claims the code, the shop's admin
+    replaces it; the buyer's checkout shows the new code, never the revoked one."""
+    me = _auth(secret, "demo-customer", "customer")
+    before = _ok(await c.get(f"/v1/checkouts/{checkout_id}", headers=me)).get("codes", [])
+    if not before:
+        return
+    code = before[0]
+    print(f"\n2b) the buyer says code {code.get('value', code['id'])} does not work, and claims it")
+    claim = _ok(await c.post(f"/v1/checkouts/{checkout_id}/codes/{code['id']}:claim",
+                             json={"kind": "CLAIM_KIND_DOES_NOT_WORK", "reason": "the shop refuses the pin"},
+                             headers={**me, "Idempotency-Key": uuid.uuid4().hex}))
+    print(f"   claim {claim['id']} {claim['status']}")
+    done = _ok(await c.post(f"/v1/claims/{claim['id']}:resolve",
+                            json={"resolution": "CLAIM_RESOLUTION_REPLACE", "note": "replaced from stock"},
+                            headers={**_admin(secret, SHOP_MERCHANT), "Idempotency-Key": uuid.uuid4().hex}))
+    print(f"   {SHOP_MERCHANT}'s admin resolves it: {done['status']}, new code {done.get('replacementCodeId')}")
+    after = _ok(await c.get(f"/v1/checkouts/{checkout_id}", headers=me)).get("codes", [])
+    print(f"   the buyer's codes now: {', '.join(x.get('value', x['id']) for x in after)} (the claimed one is revoked)")
+    await asyncio.sleep(1.5)  # the claim's events reach the payment timeline through the relay (polls every second)
 
 
 async def timeline(c: httpx.AsyncClient, secret: str, payment_id: str) -> None:
@@ -309,8 +367,10 @@ async def main_async() -> int:
             head, done = winner
             moved = await reschedule(c, secret, demo, head, done)
             await cancel_after_purchase(c, head, moved)
-        await salon_day(c, secret, demo)
+        service, times = await salon_day(c, secret, demo)
+        await receptionist(c, secret, demo, service, times)
         checkout_id, payment_id = await buy_code(c, secret, demo)
+        await claim_and_replace(c, secret, checkout_id)
         if payment_id:
             await timeline(c, secret, payment_id)
         await merchants_apart(c, secret, checkout_id)

@@ -22,10 +22,10 @@ STATEMENT_TIMEOUT = "the request's deadline ran out during a database statement;
 def to_status(err: DomainError) -> grpc.Status:
     details = []
     if err.field:
-        br = error_details_pb2.BadRequest(
-            field_violations=[error_details_pb2.BadRequest.FieldViolation(field=err.field, description=err.message)]
-        )
-        details.append(br)
+        # A contract violation (cutylib.validation) names every field at fault; others name one.
+        pairs = getattr(err, "violations", None) or [(err.field, err.message)]
+        details.append(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=f, description=d) for f, d in pairs]))
     if err.reason:
         details.append(error_details_pb2.ErrorInfo(reason=err.reason, domain=ERROR_DOMAIN))
     if err.detail is not None:

@@ -11,7 +11,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import deadlines, principal, telemetry
+from . import deadlines, principal, telemetry, validation
 from .config import env_int, env_str
 from .dbwatch import UNREACHABLE, DatabaseWatch
 from .errors import PermissionDenied, ResourceExhausted
@@ -156,6 +156,10 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap(self, method: str, handler):
         trust = self.trust
+        # Every request message is checked against its contract (the protos' buf.validate rules,
+        # cutylib.validation) before the handler sees it; health and reflection have no rules.
+        checked = not method.startswith(_OPEN_PREFIXES)
+        streamed_in = bool(handler.request_streaming)
         # Calls that stream either way count against max_streams (stream-unary ones are wrapped
         # by wrap_unary: one answer, but a request stream that may last).
         streams = bool(handler.request_streaming or handler.response_streaming)
@@ -189,6 +193,11 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 metadata = context.invocation_metadata()
                 try:
                     tokens = _enter(context, metadata)
+                    if checked:
+                        if streamed_in:
+                            request_or_iterator = _checked_stream(request_or_iterator)
+                        else:
+                            validation.check(request_or_iterator)
                     if streams:
                         self._admit_stream()
                         admitted = True
@@ -215,6 +224,11 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 metadata = context.invocation_metadata()
                 try:
                     tokens = _enter(context, metadata)
+                    if checked:
+                        if streamed_in:
+                            request_or_iterator = _checked_stream(request_or_iterator)
+                        else:
+                            validation.check(request_or_iterator)
                     self._admit_stream()
                     admitted = True
                     async for item in stream_of(behavior(request_or_iterator, context)):
@@ -232,6 +246,31 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
             return wrapped
 
         return rewrap(handler, wrap_unary, wrap_stream)
+
+
+async def _checked_stream(requests):
+    """A client stream whose every message is checked against its contract as it arrives; the
+    first bad one ends the call with INVALID_ARGUMENT. The stream reads as one message: an item of
+    a repeated field is named by its place across the whole stream (`codes[1234]` is the 1235th
+    code sent, whichever message carried it)."""
+    offsets: dict[str, int] = {}
+    async for m in requests:
+        found = validation.violations(m)
+        if found:
+            raise validation.RequestInvalid([(_across(f, offsets), d) for f, d in found])
+        for f in m.DESCRIPTOR.fields:
+            if f.is_repeated:
+                offsets[f.name] = offsets.get(f.name, 0) + len(getattr(m, f.name))
+        yield m
+
+
+def _across(path: str, offsets: dict[str, int]) -> str:
+    """`codes[34]` of a message after 1200 codes already streamed -> `codes[1234]`."""
+    head, sep, rest = path.partition("[")
+    if not sep or head not in offsets or "." in head:
+        return path
+    index, close, tail = rest.partition("]")
+    return f"{head}[{offsets[head] + int(index)}]{tail}" if close and index.isdigit() else path
 
 
 BackgroundTask = Callable[[], Awaitable[None]]

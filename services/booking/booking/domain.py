@@ -150,13 +150,8 @@ def cancellation_policy(hours: int | None, fee_percent: int | None) -> Cancellat
 
 
 def policy_change(hours: int | None, fee_percent: int | None) -> tuple[int | None, int | None]:
-    """Policy fields as given, checked; None: not given."""
-    if hours is not None and not 0 <= hours <= MAX_FREE_CANCELLATION_HOURS:
-        raise InvalidArgument("free_cancellation_hours", f"free_cancellation_hours must be between 0 and "
-                                                         f"{MAX_FREE_CANCELLATION_HOURS}, got {hours}")
-    if fee_percent is not None and not 0 <= fee_percent <= 100:
-        raise InvalidArgument("cancellation_fee_percent",
-                              f"cancellation_fee_percent must be between 0 and 100, got {fee_percent}")
+    """Policy fields as given (None: not given). Their ranges are the contract's rules
+    (booking.proto: hours 0..MAX_FREE_CANCELLATION_HOURS, fee 0..100), checked before any handler."""
     return hours, fee_percent
 
 
@@ -258,6 +253,21 @@ def offer_seconds(requested: int, maximum: int) -> int:
     if requested < 0:
         raise InvalidArgument("offer_seconds", f"offer_seconds must not be negative, got {requested}")
     return min(requested, maximum)
+
+
+# The longest hold: a payment link's (docs/checkout.md, "Staff book for a customer").
+MAX_HOLD_TTL_SECONDS = 86_400
+
+
+def hold_ttl_seconds(caller: Principal, requested: int, default: int) -> int:
+    """HoldSlot's ttl_seconds: 0 is a hold's length (`default`); 1..MAX_HOLD_TTL_SECONDS only for the
+    system (the orchestrator holding a staff-made checkout until its payment link expires)."""
+    if requested == 0:
+        return default
+    if requested < 0 or requested > MAX_HOLD_TTL_SECONDS:
+        raise InvalidArgument("ttl_seconds", f"ttl_seconds must be 0..{MAX_HOLD_TTL_SECONDS}, got {requested}")
+    caller.require_role("system")
+    return requested
 
 
 # --- who may act ---------------------------------------------------------------------------------

@@ -178,8 +178,10 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         customer_id = domain.hold_customer(caller, request.customer_id)
         request_id = domain.require_key("request_id", request.request_id)
         offer_seconds = domain.offer_seconds(request.offer_seconds, self.service.settings.hold_ttl_seconds)
+        ttl_seconds = domain.hold_ttl_seconds(caller, request.ttl_seconds, self.service.settings.hold_ttl_seconds)
         try:
-            hold = await self.service.hold_slot(caller, slot_id, customer_id, request_id, offer_seconds)
+            hold = await self.service.hold_slot(caller, slot_id, customer_id, request_id, offer_seconds,
+                                                ttl_seconds=ttl_seconds)
         except SlotTaken as e:
             raise AlreadyExists(e.message, reason=e.reason, detail=pb.SlotUnavailable(
                 slot_id=str(e.slot_id), alternatives=[slot_pb(s) for s in e.alternatives],

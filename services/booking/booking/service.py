@@ -170,7 +170,7 @@ class BookingService:
     # --- holds -----------------------------------------------------------------------------------
 
     async def hold_slot(self, caller: Principal, slot_id: uuid.UUID, customer_id: str, request_id: str,
-                        offer_seconds: int = 0) -> Hold:
+                        offer_seconds: int = 0, ttl_seconds: int | None = None) -> Hold:
         """`offer_seconds` > 0: a loser gets the first free alternative held for them that long
         (docs/booking.md, "The race loser is kept"); such a loser always asks the database, since
         only the database can hold it."""
@@ -184,7 +184,7 @@ class BookingService:
             self._lost(known)
             raise SlotTaken(slot_id, list(known))
         outcome, hold, alternatives, taken_over, offer = await self.holds.take(
-            slot_id, customer_id, request_id, ttl_seconds=self.settings.hold_ttl_seconds,
+            slot_id, customer_id, request_id, ttl_seconds=ttl_seconds or self.settings.hold_ttl_seconds,
             max_active=self.settings.max_active_holds, max_alternatives=MAX_ALTERNATIVES, offer_seconds=offer_seconds)
         if hold is not None:
             set_span_attributes(hold_id=str(hold.id))

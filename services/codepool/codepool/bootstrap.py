@@ -6,7 +6,7 @@ import logging
 
 import asyncpg
 
-from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
+from cuty.codepool.v1 import claims_pb2, claims_pb2_grpc, codepool_pb2, codepool_pb2_grpc
 from cutylib.config import Settings, env_float, env_int
 from cutylib.db import ALL_MERCHANTS, create_pool
 from cutylib import retention
@@ -14,8 +14,10 @@ from cutylib.grpc_server import GrpcServer
 from cutylib.metrics import LeaseLeader, refresh_periodically
 from cutylib.retention import Retention
 
-from . import metrics
+from . import claims_api, metrics
+from .batches import Batches
 from .catalog import Catalog
+from .claims import Claims
 from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, CodePoolApi
 from .importer import Importer
 from .keys import Keyring, KeyringError
@@ -26,6 +28,7 @@ from .workers import Sweeper
 log = logging.getLogger("codepool")
 
 SERVICE = codepool_pb2.DESCRIPTOR.services_by_name["CodePoolService"]
+CLAIM_SERVICE = claims_pb2.DESCRIPTOR.services_by_name["CodeClaimService"]
 # How long audit entries are kept (CUTY_AUDIT_LOG_RETENTION_DAYS; 0: forever): two years.
 AUDIT_LOG_RETENTION_DAYS = 730
 
@@ -66,7 +69,8 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                                       max_active=settings.max_active_reservations,
                                       max_quantity=settings.max_quantity_per_product)
     stock_events = StockEvents(pool)
-    api = CodePoolApi(reservations, Catalog(pool, keyring),
+    catalog = Catalog(pool, keyring)
+    api = CodePoolApi(reservations, catalog,
                       Importer(pool, keyring, chunk_rows=env_int("CUTY_CODE_IMPORT_CHUNK", 5000),
                                concurrency=env_int("CUTY_CODE_IMPORT_CONCURRENCY", 4),
                                idle_seconds=env_float("CUTY_CODE_IMPORT_IDLE_SECONDS", 30),
@@ -75,6 +79,10 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server = GrpcServer("codepool", port, host=host)
     codepool_pb2_grpc.add_CodePoolServiceServicer_to_server(api, server.server)
     server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
+    # After the sale: claims on delivered codes, supplier batches held back (docs/codepool.md).
+    claims_pb2_grpc.add_CodeClaimServiceServicer_to_server(
+        claims_api.CodeClaimApi(Claims(pool), Batches(pool, catalog)), server.server)
+    server.add_service(CLAIM_SERVICE, claims_api.CALLERS, system=claims_api.SYSTEM_RPCS, roles=claims_api.USER_ROLES)
     # Before serving, once the database answers (it may be away when the process starts).
     server.on_database_ready(lambda: check_hash_key(pool, keyring))
     sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))

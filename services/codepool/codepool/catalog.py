@@ -27,7 +27,7 @@ from .keys import CodeIntegrityError, Keyring
 
 log = logging.getLogger("codepool.catalog")
 
-PRODUCT_COLUMNS = "id, merchant_id, sku, name, price_minor, currency, low_stock_threshold"
+PRODUCT_COLUMNS = "id, merchant_id, sku, name, price_minor, currency, low_stock_threshold, claim_quarantine_threshold"
 CREATE_PRODUCT = f"""
 INSERT INTO products (id, merchant_id, sku, name, price_minor, currency, low_stock_threshold)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -43,7 +43,9 @@ STOCK = """
 SELECT p.id, p.merchant_id,
        coalesce(sum(s.available), 0)::bigint AS available,
        coalesce(sum(s.reserved), 0)::bigint AS reserved,
-       coalesce(sum(s.delivered), 0)::bigint AS delivered
+       coalesce(sum(s.delivered), 0)::bigint AS delivered,
+       coalesce(sum(s.quarantined), 0)::bigint AS quarantined,
+       coalesce(sum(s.revoked), 0)::bigint AS revoked
 FROM products p LEFT JOIN product_stock s ON s.merchant_id = p.merchant_id AND s.product_id = p.id
 WHERE p.id = $1 AND ($2::text IS NULL OR p.merchant_id = $2)
 GROUP BY p.id
@@ -122,11 +124,12 @@ class Product:
     currency: str
     merchant_id: str = ""
     low_stock_threshold: int = domain.DEFAULT_LOW_STOCK_THRESHOLD
+    claim_quarantine_threshold: int | None = None  # docs/codepool.md, "Batch quarantine"
 
     @classmethod
     def from_row(cls, r) -> "Product":
         return cls(str(r["id"]), r["sku"], r["name"], r["price_minor"], r["currency"], r["merchant_id"],
-                   r["low_stock_threshold"])
+                   r["low_stock_threshold"], r["claim_quarantine_threshold"])
 
 
 def _is_operator(p: Principal) -> bool:
@@ -137,6 +140,10 @@ class Catalog:
     def __init__(self, pool: asyncpg.Pool, keyring: Keyring):
         self.pool = pool
         self.keyring = keyring
+
+    def plain(self, row) -> str:
+        """A code row's value (id, product_id, key_id, nonce, ciphertext); a damaged one is never served."""
+        return self._plain(row)
 
     def _plain(self, row) -> str:
         try:
@@ -172,7 +179,7 @@ class Catalog:
             raise NotFound(f"no product {product_id}")
         return Product.from_row(row)
 
-    async def stock(self, p: Principal, product_id: uuid.UUID, actor: str) -> tuple[int, int, int]:
+    async def stock(self, p: Principal, product_id: uuid.UUID, actor: str):
         async with tenancy.scoped(self.pool, p) as uow:
             row = await uow.conn.fetchrow(STOCK, product_id, tenancy.merchant_filter(p))
             if row is None:
@@ -180,7 +187,7 @@ class Catalog:
             if _is_operator(p):
                 await uow.conn.execute(AUDIT_OPERATOR_READ, actor, product_id, None, "GetStock", p.subject, p.role)
             await uow.commit()
-        return row["available"], row["reserved"], row["delivered"]
+        return row
 
     async def list_codes(self, p: Principal, product_id: uuid.UUID, after: uuid.UUID, limit: int, actor: str):
         """[(id, status, masked value)] in id order, and the next page's cursor (None on the last page)."""

@@ -14,7 +14,6 @@ from cutylib import paging
 from cutylib.errors import InvalidArgument
 
 MAX_CODE_LENGTH = 256
-MAX_QUANTITY = 100
 MAX_ID_LENGTH = 128
 MAX_TRANSACTION_ID_LENGTH = 256
 DEFAULT_PAGE_SIZE = 50
@@ -22,14 +21,19 @@ MAX_PAGE_SIZE = 500
 
 # Code status (the real stock) and its allowed transitions; the database trigger
 # codes_guard_update enforces the same table (migrations/functions/codes_guard_update.sql).
+# quarantined: held back with its batch; revoked: taken back after a claim, or its batch retired
+# (final). A release (reserved -> available) in a held-back batch goes to quarantined or revoked.
 AVAILABLE, RESERVED, DELIVERED = "available", "reserved", "delivered"
-CODE_TRANSITIONS = {(AVAILABLE, RESERVED), (RESERVED, DELIVERED), (RESERVED, AVAILABLE)}
+QUARANTINED, REVOKED = "quarantined", "revoked"
+CODE_STATUSES = (AVAILABLE, RESERVED, DELIVERED, QUARANTINED, REVOKED)
+CODE_TRANSITIONS = {(AVAILABLE, RESERVED), (RESERVED, DELIVERED), (RESERVED, AVAILABLE),
+                    (AVAILABLE, QUARANTINED), (QUARANTINED, AVAILABLE), (QUARANTINED, REVOKED),
+                    (RESERVED, QUARANTINED), (RESERVED, REVOKED), (DELIVERED, REVOKED)}
 # Reservation (order) status; released -> reserved only when a late payment re-reserves.
 RELEASED = "released"
 RESERVATION_TRANSITIONS = {(RESERVED, DELIVERED), (RESERVED, RELEASED), (RELEASED, RESERVED)}
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_SKU = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def can_transition(table: set[tuple[str, str]], old: str, new: str) -> bool:
@@ -48,23 +52,10 @@ def require_id(field_name: str, value: str, *, max_length: int = MAX_ID_LENGTH) 
     return value
 
 
-def require_quantity(quantity: int) -> int:
-    if not 1 <= quantity <= MAX_QUANTITY:
-        raise InvalidArgument("quantity", f"quantity must be between 1 and {MAX_QUANTITY}, got {quantity!r}")
-    return quantity
-
-
 # `stock.low` when the available codes drop to or below a product's threshold
 # (migrations/functions/codepool_check_stock.sql); the default suits a product sold a few at a time.
 DEFAULT_LOW_STOCK_THRESHOLD = 10
 MAX_LOW_STOCK_THRESHOLD = 1_000_000
-
-
-def require_low_stock_threshold(value: int) -> int:
-    if not 0 <= value <= MAX_LOW_STOCK_THRESHOLD:
-        raise InvalidArgument("low_stock_threshold", f"low_stock_threshold must be between 0 and "
-                                                     f"{MAX_LOW_STOCK_THRESHOLD}, got {value!r}")
-    return value
 
 
 def code_problem(value: str) -> str | None:
@@ -86,12 +77,6 @@ def require_codes(codes, offset: int = 0) -> None:
         problem = code_problem(value)
         if problem:
             raise InvalidArgument(f"codes[{offset + i}]", f"codes[{offset + i}] {problem}")
-
-
-def require_sku(sku: str) -> str:
-    if not _SKU.match(sku or ""):
-        raise InvalidArgument("sku", f"sku must be 1-64 letters, digits, '.', '_' or '-', got {sku[:70]!r}")
-    return sku
 
 
 def page_size(requested: int) -> int:

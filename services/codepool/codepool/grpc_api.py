@@ -62,10 +62,11 @@ def _reservation(v: ReservationView) -> pb.Reservation:
         merchant_id=v.merchant_id)
 
 
-def _product(p: Product) -> pb.Product:
+def product_proto(p: Product) -> pb.Product:
     return pb.Product(id=p.id, sku=p.sku, name=p.name, merchant_id=p.merchant_id,
                       price=common_pb2.Money(currency_code=p.currency, amount_minor=p.price_minor),
-                      low_stock_threshold=p.low_stock_threshold)
+                      low_stock_threshold=p.low_stock_threshold,
+                      claim_quarantine_threshold=p.claim_quarantine_threshold)
 
 
 def _import_response(r: ImportResult) -> pb.ImportCodesResponse:
@@ -96,15 +97,15 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         p = principal.current()
         p.require_role("admin")  # in its own merchant (a product needs one: `system` has none)
         tenancy.owning_merchant(p)
-        sku = domain.require_sku(request.sku)
         name = domain.require_id("name", request.name.strip(), max_length=200)
         currency, amount = require_money("price", request.price.currency_code, request.price.amount_minor)
-        threshold = (domain.require_low_stock_threshold(request.low_stock_threshold)
-                     if request.HasField("low_stock_threshold") else domain.DEFAULT_LOW_STOCK_THRESHOLD)
-        return _product(await self.catalog.create_product(p, sku, name, currency, amount, threshold))
+        # sku, the threshold's range, quantities: the contract's rules (codepool.proto), checked before.
+        threshold = (request.low_stock_threshold if request.HasField("low_stock_threshold")
+                     else domain.DEFAULT_LOW_STOCK_THRESHOLD)
+        return product_proto(await self.catalog.createproduct_proto(p, request.sku, name, currency, amount, threshold))
 
     async def GetProduct(self, request: pb.GetProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
-        return _product(await self.catalog.get_product(principal.current(),
+        return product_proto(await self.catalog.get_product(principal.current(),
                                                        parse_uuid("product_id", request.product_id)))
 
     # --- import ----------------------------------------------------------------------------------
@@ -136,7 +137,7 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
             order_id=domain.require_id("order_id", request.order_id),
             order_item_id=domain.require_id("order_item_id", request.order_item_id),
             product_id=parse_uuid("product_id", request.product_id),
-            quantity=domain.require_quantity(request.quantity),
+            quantity=request.quantity,
             customer_id=domain.require_id("customer_id", customer_id))
         try:
             return _reservation(await self.reservations.reserve(cmd, actor()))
@@ -167,8 +168,9 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         p.require_role("staff", "admin", "operator", "system")
         tenancy.merchant_filter(p)
         product_id = parse_uuid("product_id", request.product_id)
-        available, reserved, delivered = await self.catalog.stock(p, product_id, actor())
-        return pb.Stock(product_id=str(product_id), available=available, reserved=reserved, delivered=delivered)
+        s = await self.catalog.stock(p, product_id, actor())
+        return pb.Stock(product_id=str(product_id), available=s["available"], reserved=s["reserved"],
+                        delivered=s["delivered"], quarantined=s["quarantined"], revoked=s["revoked"])
 
     async def ListCodes(self, request: pb.ListCodesRequest, context: grpc.aio.ServicerContext) -> pb.ListCodesResponse:
         p = principal.current()
@@ -208,12 +210,10 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
     async def ListStockEvents(self, request: pb.ListStockEventsRequest,
                               context: grpc.aio.ServicerContext) -> pb.ListStockEventsResponse:
         principal.current().require_role("system")  # the orchestrator's relay: every merchant's events
-        if request.after_seq < 0:
-            raise InvalidArgument("after_seq", f"after_seq must be 0 or more, got {request.after_seq!r}")
         events = await self.stock_events.after(request.after_seq, domain.page_size(request.page_size or 100))
         return pb.ListStockEventsResponse(events=[
             pb.StockEvent(seq=e.seq, id=e.id, merchant_id=e.merchant_id, type=e.type, payload_json=e.payload_json,
-                          create_time=to_timestamp(e.created_at)) for e in events])
+                          create_time=to_timestamp(e.created_at), order_id=e.order_id) for e in events])
 
     async def GetOrderEvidence(self, request: pb.GetOrderEvidenceRequest,
                                context: grpc.aio.ServicerContext) -> pb.OrderEvidence:

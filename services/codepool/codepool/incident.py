@@ -29,12 +29,20 @@ from .keys import CodeIntegrityError, Keyring
 MAX_CODES = 50  # a query names at most this many codes (an order holds at most 100: the rest are counted)
 MAX_ENTRIES = 500  # audit entries per code or order, oldest first
 
-# A value's codes: one probe of codes_merchant_product_code_hash_key per product.
+# A value's codes. The products holding it are found first, each by an index-only probe of
+# codes_merchant_product_code_hash_key (nothing else answers "is this hash in this product" without
+# reading the table); then its code in those few products. As one join, the planner, whose
+# (merchant, product) estimates are about one row, read every code to compare hashes (72 ms at
+# 70,000 codes and 500 products); the second step may still walk a holding product's codes in
+# codes_merchant_product_id_key (the same estimate), which costs in proportion to that product's
+# size only (47 ms there, under load; docs/codepool.md, "Incident story").
 FIND_BY_HASH = """
-SELECT c.id FROM products p
-CROSS JOIN LATERAL (SELECT id FROM codes c
-                    WHERE c.merchant_id = p.merchant_id AND c.product_id = p.id AND c.code_hash = $1) c
-LIMIT $2
+SELECT c.id FROM (
+    SELECT p.merchant_id, p.id FROM products p
+    WHERE EXISTS (SELECT FROM codes c WHERE c.merchant_id = p.merchant_id AND c.product_id = p.id AND c.code_hash = $1)
+    LIMIT $2
+) holding
+JOIN codes c ON c.merchant_id = holding.merchant_id AND c.product_id = holding.id AND c.code_hash = $1
 """
 
 FIND_BY_ID = "SELECT id FROM codes WHERE id = $1"

@@ -15,20 +15,22 @@ from cutylib.metrics import Metrics
 STOCK_BY_PRODUCT = """
 WITH stock AS (
     SELECT p.id, coalesce(c.available, 0) AS available, coalesce(c.reserved, 0) AS reserved,
-           coalesce(c.delivered, 0) AS delivered
+           coalesce(c.delivered, 0) AS delivered, coalesce(c.quarantined, 0) AS quarantined,
+           coalesce(c.revoked, 0) AS revoked
     FROM products p
     LEFT JOIN (SELECT merchant_id, product_id, sum(available) AS available, sum(reserved) AS reserved,
-                      sum(delivered) AS delivered
+                      sum(delivered) AS delivered, sum(quarantined) AS quarantined, sum(revoked) AS revoked
                FROM product_stock GROUP BY merchant_id, product_id) c
            ON c.merchant_id = p.merchant_id AND c.product_id = p.id
 ), ranked AS (
     SELECT *, row_number() OVER (ORDER BY available + reserved + delivered = 0, available, id) AS rank FROM stock
 )
 SELECT CASE WHEN rank <= $1 THEN id::text ELSE 'other' END AS product_id,
-       sum(available)::bigint AS available, sum(reserved)::bigint AS reserved, sum(delivered)::bigint AS delivered
+       sum(available)::bigint AS available, sum(reserved)::bigint AS reserved, sum(delivered)::bigint AS delivered,
+       sum(quarantined)::bigint AS quarantined, sum(revoked)::bigint AS revoked
 FROM ranked GROUP BY 1
 """
-STATES = ("available", "reserved", "delivered")
+STATES = ("available", "reserved", "delivered", "quarantined", "revoked")
 OTHER = "other"
 
 
@@ -49,6 +51,9 @@ class CodePoolMetrics(Metrics):
         # Plaintext reads by the buyer (GetDeliveredCodes), codes per read; each also audited (issue 10).
         self.buyer_reads = self.counter("cuty_codepool_codes_read_by_buyer_total",
                                         "Delivered codes read in plaintext by their buyer (audited)")
+        # outcome: opened | replace | reject | refund | refunded | reopen (docs/codepool.md, "Claims")
+        self.claims = self.counter("cuty_codepool_claims_total", "Claims on delivered codes: opened, and each "
+                                   "step of their resolution", ["outcome"])
         self._stock_labels: set[tuple[str, str]] = set()
 
     async def refresh_stock(self, pool, top: int | None = None) -> None:

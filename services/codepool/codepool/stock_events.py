@@ -26,7 +26,7 @@ log = logging.getLogger("codepool.stock_events")
 RECHECK_SECONDS_DEFAULT = 5.0
 
 LIST_AFTER = """
-SELECT seq, merchant_id, id, type, payload, created_at FROM stock_events
+SELECT seq, merchant_id, id, type, payload, created_at, order_id FROM stock_events
 WHERE seq > $1 ORDER BY seq LIMIT $2
 """
 
@@ -39,11 +39,12 @@ class StockEvent:
     type: str
     payload_json: str
     created_at: datetime
+    order_id: str = ""  # the order a claim's event is about (docs/codepool.md, "Claims")
 
     @classmethod
     def from_row(cls, r) -> "StockEvent":
         payload = r["payload"] if isinstance(r["payload"], str) else json.dumps(r["payload"], separators=(",", ":"))
-        return cls(r["seq"], str(r["id"]), r["merchant_id"], r["type"], payload, r["created_at"])
+        return cls(r["seq"], str(r["id"]), r["merchant_id"], r["type"], payload, r["created_at"], r["order_id"] or "")
 
 
 class StockEvents:

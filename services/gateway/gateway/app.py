@@ -3,7 +3,8 @@
     match route (404/405) -> server span -> rate limit per client address (429) -> Request-Timeout
     (400) -> admission by criticality (503 overloaded) -> body size (413) -> bearer header (401)
     -> token signature (401) -> rate limit per subject (429) -> role (403) -> Idempotency-Key
-    (400) -> transcode (400) -> time left (504) -> gRPC call over mutual TLS, the user as a
+    (400) -> transcode and the contract's rules (400) -> time left (504) -> gRPC call over mutual
+    TLS, the user as a
     signed assertion, with a deadline -> JSON answer, or the gRPC status as an RFC 9457 problem
 
 The refusals that come by thousands when the platform is flooded (429 per address, 503 overloaded)
@@ -29,6 +30,7 @@ import time
 import grpc
 from starlette.responses import StreamingResponse
 
+from cutylib import validation
 from cutylib.identity import AssertionSigner
 from cutylib.tls import GATEWAY, Transport
 
@@ -409,8 +411,9 @@ class Gateway:
         return admission.OK
 
     def _request(self, route: Route, bound: dict[str, str], query: str, body: bytes) -> bytes:
-        """The request message, serialized; memoised per distinct (RPC, path variables, query,
-        body) when they are small. A refused request (400) is never memoised."""
+        """The request message, transcoded and checked against its contract, serialized;
+        memoised per distinct (RPC, path variables, query, body) when they are small, so a request
+        repeated by many clients is checked once. A refused request (400) is never memoised."""
         key = (route.rpc, tuple(bound.items()), query, body)
         size = len(query) + len(body) + sum(len(k) + len(v) for k, v in bound.items())
         memo = size <= MEMO_MAX_INPUT and route.rpc not in self._secret_requests
@@ -419,9 +422,15 @@ class Gateway:
             if data is not None:
                 return data
         try:
-            data = build_request(route, bound, query, body).SerializeToString()
+            message = build_request(route, bound, query, body)
         except TranscodeError as e:
             raise bad_request(e.field, e.message) from None
+        # The contract's rules (the protos' buf.validate annotations), as the service would check
+        # them: the same 400, and a request that breaks them never reaches a service.
+        found = validation.violations(message)
+        if found:
+            raise problems.invalid_request(found)
+        data = message.SerializeToString()
         if memo:
             self._requests.put(key, data, 2 * size + len(data) + 64)
         return data

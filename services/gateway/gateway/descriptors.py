@@ -83,7 +83,7 @@ def register(fds: descriptor_pb2.FileDescriptorSet) -> None:
             pass
         # Prefer the generated module when there is one: importing it later, after the set's copy
         # (which carries source info, so it differs) was added, would fail with "duplicate file name".
-        if f.name.startswith("cuty/") and f.name.endswith(".proto"):
+        if f.name.startswith(("cuty/", "buf/")) and f.name.endswith(".proto"):
             try:
                 importlib.import_module(f.name[:-len(".proto")].replace("/", ".") + "_pb2")
                 continue

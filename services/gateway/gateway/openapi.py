@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from . import contract
 from .descriptors import Route, load_file_set, message_comments
 from .policy import Access, load_for
 
@@ -48,9 +49,26 @@ PROBLEM = {
 }
 
 
+# The gateway refuses a missing or malformed Idempotency-Key (app._idempotency_key) before anything
+# reaches a service: 400 `idempotency-key-required` naming the header.
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key", "in": "header", "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x21-\\x7e]([\\x20-\\x7e]*[\\x21-\\x7e])?$",
+               "example": "7c1b2f0e-checkout"},
+    "description": "One value per intended operation (1..255 printable ASCII characters), reused only to retry it: a "
+                   "replay returns the first answer byte for byte; the same key with another body is a 422. Without "
+                   "it, or malformed: 400 `idempotency-key-required` / `invalid-argument` with `field: Idempotency-Key`.",
+}
+
+# Forwarded headers' own rules: a Last-Event-ID is an event id (checkout/grpc_api._last_event_id).
+FORWARDED_HEADERS = {"last-event-id": {"type": "string", "pattern": "^[0-9]{1,18}$", "example": "1841"},
+                     "cuty-signature": {"type": "string", "pattern": "^[\\x20-\\x7e]+$"}}
+
 REQUEST_TIMEOUT = {
     "name": "Request-Timeout", "in": "header", "required": False,
-    "schema": {"type": "string", "pattern": r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)$", "example": "2.5"},
+    # Above 0 and at most 3600 (app._request_timeout), as a pattern: 0.001 .. 3599.999..., or 3600(.000).
+    "schema": {"type": "string", "pattern": r"^0*(([1-9][0-9]{0,2}|[1-2][0-9]{3}|3[0-5][0-9]{2})(\.[0-9]*)?"
+                                            r"|0?\.[0-9]*[1-9][0-9]*|3600(\.0*)?)$", "example": "2.5"},
     "description": "How long the client will wait, in seconds (a decimal above 0, at most 3600): the call's deadline "
                    "is the lesser of this and the route's own limit (reads 5 s, writes 10 s, writes that may wait on "
                    "the payment provider 15 s), less the time the request already spent in the gateway. Anything "
@@ -76,45 +94,77 @@ def _zero(f: FieldDescriptor):
 
 
 class _Schemas:
+    """Component schemas. An answer's schema is the message as answers carry it; a request's (and
+    a message inside one) also says its contract's rules (contract.py), under `<name>.Input` when
+    it has any, since the same message in an answer need not keep them (a negative difference)."""
+
     def __init__(self, comments: dict[str, str]):
         self.comments = comments
         self.defs: dict[str, dict] = {}
 
-    def field(self, f: FieldDescriptor) -> dict:
+    def field(self, f: FieldDescriptor, request: bool = False) -> dict:
         if f.type == _T.TYPE_MESSAGE and f.message_type.GetOptions().map_entry:
-            return {"type": "object", "additionalProperties": self.field(f.message_type.fields_by_name["value"])}
+            return {"type": "object", "additionalProperties": self.field(f.message_type.fields_by_name["value"], request)}
         if f.type == _T.TYPE_MESSAGE:
-            one = self.ref(f.message_type)
+            one = self.ref(f.message_type, request)
         elif f.type == _T.TYPE_ENUM:
             one = {"type": "string", "enum": [v.name for v in f.enum_type.values]}
         else:
             one = dict(_SCALARS[f.type])
+        rules = contract.rules_of(f) if request else None
         if f.is_repeated:
             one = {"type": "array", "items": one}
+            if rules is not None:
+                one = contract.repeated(one, f, rules)
+        elif rules is not None and "$ref" not in one:
+            one = contract.scalar(one, f, rules)
         doc = self.comments.get(f.full_name)
         return {**one, "description": doc} if doc and "$ref" not in one else one
 
-    def ref(self, d: Descriptor) -> dict:
+    def ref(self, d: Descriptor, request: bool = False) -> dict:
         if d.full_name in _WKT:
             return dict(_WKT[d.full_name])
-        if d.full_name not in self.defs:
-            self.defs[d.full_name] = {}  # placeholder first: messages may refer to themselves
-            self.defs[d.full_name] = self.object(d)
-        return {"$ref": f"#/components/schemas/{d.full_name}"}
+        request = request and contract.has_rules(d)
+        name = d.full_name + (".Input" if request else "")
+        if name not in self.defs:
+            self.defs[name] = {}  # placeholder first: messages may refer to themselves
+            self.defs[name] = self.object(d, request=request)
+        return {"$ref": f"#/components/schemas/{name}"}
 
-    def object(self, d: Descriptor, skip: set[str] = frozenset()) -> dict:
+    def object(self, d: Descriptor, skip: set[str] = frozenset(), request: bool = False) -> dict:
         out = {"type": "object", "additionalProperties": False,
-               "properties": {f.json_name: self.field(f) for f in d.fields if f.name not in skip}}
-        # Answers carry every field without presence, unset ones at their zero value (issue 10,
-        # item 13); requests may leave them out. The same schema serves both, so this is said as an
-        # extension (and each such field's default) rather than `required`.
-        emitted = [f for f in d.fields if f.name not in skip and not f.has_presence]
-        for f in emitted:
-            prop = out["properties"][f.json_name]
-            if "$ref" not in prop:
-                prop["default"] = _zero(f)
-        if emitted:
-            out["x-cuty-always-in-answers"] = [f.json_name for f in emitted]
+               "properties": {f.json_name: self.field(f, request) for f in d.fields if f.name not in skip}}
+        if request:
+            # What the request must carry: the fields whose zero value breaks their rules.
+            required = [d.fields_by_name[n].json_name for n in contract.required_fields(d) if n not in skip]
+            if required:
+                out["required"] = required
+            for name, prop in out["properties"].items():
+                # proto3 JSON reads null as "not given": said so for the fields a request may leave out.
+                if name not in required:
+                    prop["nullable"] = True
+            for fields, needed in contract.message_oneofs(d):
+                # At most one of them (exactly one when needed); a member given is given in full.
+                names = [d.fields_by_name[n].json_name for n in fields]
+                for n in names:
+                    prop = out["properties"][n]
+                    if prop.get("pattern", "").startswith("^$|"):
+                        prop["pattern"], prop["format"] = prop["pattern"][3:], "uuid"
+                choices = [{"required": [n]} for n in names]
+                if needed:
+                    out["oneOf"] = choices
+                else:
+                    out["not"] = {"anyOf": [{"required": [a, b]} for i, a in enumerate(names) for b in names[i + 1:]]}
+        else:
+            # Answers carry every field without presence, unset ones at their zero value; so this is
+            # said as an extension (and each such field's default) rather than `required`.
+            emitted = [f for f in d.fields if f.name not in skip and not f.has_presence]
+            for f in emitted:
+                prop = out["properties"][f.json_name]
+                if "$ref" not in prop:
+                    prop["default"] = _zero(f)
+            if emitted:
+                out["x-cuty-always-in-answers"] = [f.json_name for f in emitted]
         if d.full_name in self.comments:
             out["description"] = self.comments[d.full_name]
         return out
@@ -122,6 +172,7 @@ class _Schemas:
 
 def _query_params(s: _Schemas, d: Descriptor, skip: set[str], prefix: str = "", depth: int = 0) -> list[dict]:
     out = []
+    required = set(contract.required_fields(d)) if not prefix else set()
     for f in d.fields:
         if f.name in skip and not prefix:
             continue
@@ -130,14 +181,22 @@ def _query_params(s: _Schemas, d: Descriptor, skip: set[str], prefix: str = "", 
             if not f.is_repeated and depth < 2:
                 out += _query_params(s, f.message_type, set(), name + ".", depth + 1)
             continue
-        out.append({"name": name, "in": "query", "required": False, "schema": s.field(f)})
+        schema = s.field(f, request=True)
+        param = {"name": name, "in": "query", "required": f.name in required, "schema": schema}
+        if "description" in schema:
+            param["description"] = schema.pop("description")
+        if f.is_repeated:
+            param["style"], param["explode"] = "form", True
+        out.append(param)
     return out
 
 
 def operation(s: _Schemas, r: Route, access: Access) -> dict:
     d = r.input_type.DESCRIPTOR
     path_fields = {v.split(".")[0] for v in r.template.variables}
-    params = [{"name": v, "in": "path", "required": True, "schema": {"type": "string"}} for v in r.template.variables]
+    params = [{"name": v, "in": "path", "required": True, "schema": _path_schema(s, d, v),
+               "example": contract.example(d).get(d.fields_by_name[v].json_name, "") if v in d.fields_by_name else ""}
+              for v in r.template.variables]
     op: dict = {"operationId": r.rpc.rsplit(".", 1)[-1], "tags": [r.rpc.rsplit(".", 2)[-2]],
                 "summary": r.comment.split("\n")[0] if r.comment else r.rpc, "x-grpc-method": r.grpc_path}
     if r.comment:
@@ -145,17 +204,23 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
     if r.body == "":
         params += _query_params(s, d, path_fields)
     elif r.body == "*":
-        op["requestBody"] = {"required": False, "content": {"application/json": {"schema": s.object(d, path_fields)}}}
+        body = s.object(d, path_fields, request=True)
+        sample = {k: v for k, v in contract.example(d).items()
+                  if k not in {d.fields_by_name[n].json_name for n in path_fields if n in d.fields_by_name}}
+        op["requestBody"] = {"required": bool(body.get("required")),
+                             "content": {"application/json": {"schema": body, "example": sample}}}
     else:
         f = d.fields_by_name[r.body]
-        schema = ({"description": "the raw body, passed to the service byte for byte"}
-                  if f.type == _T.TYPE_BYTES else s.field(f))
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+        raw = f.type == _T.TYPE_BYTES
+        schema = ({"description": "the raw body, passed to the service byte for byte"} if raw else s.field(f, request=True))
+        sample = ({"id": "evt_1", "type": "payment_intent.succeeded", "data": {"object": {"id": "pi_3Nf0c2"}}}
+                  if raw else contract.example(d).get(f.json_name))
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema, "example": sample}}}
     if access.idempotency_key:
-        params.append({"name": "Idempotency-Key", "in": "header", "required": True, "schema": {"type": "string", "maxLength": 255},
-                       "description": "one value per intended operation; a replay returns the first answer byte for byte"})
+        params.append(IDEMPOTENCY_KEY)
     for header, _ in access.forward_headers:
-        params.append({"name": header, "in": "header", "required": False, "schema": {"type": "string"}})
+        params.append({"name": header, "in": "header", "required": False,
+                       "schema": dict(FORWARDED_HEADERS.get(header, {"type": "string"}))})
     params.append(REQUEST_TIMEOUT)
     op["parameters"] = params
     op["x-cuty-criticality"] = load_for(r.rpc).criticality
@@ -164,7 +229,8 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
     else:
         op["security"] = [{"bearerAuth": []}]
         op["x-cuty-roles"] = sorted(access.roles or ())
-    ok = {"description": "the resource", "content": {"application/json": {"schema": s.ref(r.output_type.DESCRIPTOR)}}}
+    ok = {"description": "the resource", "content": {"application/json": {
+        "schema": s.ref(r.output_type.DESCRIPTOR), "example": contract.example(r.output_type.DESCRIPTOR)}}}
     if r.server_streaming:
         ok = {"description": "Server-Sent Events, one per message (`id:` its id, `event:` its type, `data:` the JSON "
                              "of its resource), `: keep-alive` comments between them; reconnect with Last-Event-ID",
@@ -176,6 +242,16 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
         "default": _problem("any other failure (5xx: quote the traceId)"),
     }
     return op
+
+
+def _path_schema(s: _Schemas, d: Descriptor, variable: str) -> dict:
+    """A path variable's schema: its field's, with its rules (a UUID id says so)."""
+    f = d.fields_by_name.get(variable)
+    if f is None or f.type == _T.TYPE_MESSAGE:
+        return {"type": "string"}
+    schema = s.field(f, request=True)
+    schema.pop("description", None)
+    return schema
 
 
 def _problem(description: str) -> dict:
@@ -200,6 +276,7 @@ def problem_responses(r: Route, access: Access) -> list[tuple[int, str]]:
         out.append((409, "conflicts with the current state (slot-unavailable with alternatives, out-of-stock "
                          "with available, a wrong state, a version conflict, idempotency-key-in-flight)"))
     if access.idempotency_key:
+        out[0] = (400, out[0][1] + "; `idempotency-key-required` when the Idempotency-Key header is missing")
         out.append((422, "idempotency-key-reused: the same Idempotency-Key with another body"))
     out += [(413, "the request body is too large"),
             (503, "overloaded: the platform is at capacity and serves purchases already under way first (nothing "
@@ -224,8 +301,25 @@ def document(routes: list[Route], access: dict[str, Access]) -> dict:
     paths["/healthz"] = {"get": {"operationId": "Healthz", "security": [], "summary": "each service's gRPC health",
                                  "responses": {"200": {"description": "all SERVING", "content": {"application/json": {"schema": health}}},
                                                "503": {"description": "some service is not", "content": {"application/json": {"schema": health}}}}}}
+    ready = {"type": "object", "properties": {"status": {"type": "string", "enum": ["SERVING", "NOT_SERVING"]}},
+             "required": ["status"]}
+    paths["/healthz"]["get"]["description"] = ("Asks each service's gRPC health service (for people and dashboards): "
+                                                "200 when all serve, else 503 naming the failing ones.")
+    for answer in paths["/healthz"]["get"]["responses"].values():
+        answer["content"]["application/json"]["example"] = {"status": "SERVING", "services": {"booking": "SERVING"}}
+    paths["/readyz"] = {"get": {"operationId": "Readyz", "security": [], "summary": "the gateway's own readiness",
+                                "description": "Whether this gateway can serve (it runs and its channels exist), "
+                                               "whatever one service's state: the load balancer's probe.",
+                                "responses": {"200": {"description": "ready", "content": {"application/json": {
+                                    "schema": ready, "example": {"status": "SERVING"}}}},
+                                              "503": {"description": "not ready", "content": {"application/json": {
+                                                  "schema": ready, "example": {"status": "NOT_SERVING"}}}}}}}
     paths["/openapi.json"] = {"get": {"operationId": "OpenApi", "security": [], "summary": "this document",
-                                      "responses": {"200": {"description": "OpenAPI 3 document"}}}}
+                                      "description": "This OpenAPI 3 document, generated from the protos the gateway "
+                                                     "serves (routes, rules, comments) and its policy.",
+                                      "responses": {"200": {"description": "OpenAPI 3 document", "content": {
+                                          "application/json": {"schema": {"type": "object"},
+                                                               "example": {"openapi": "3.0.3"}}}}}}}
     s.defs["Problem"] = PROBLEM
     return {
         "openapi": "3.0.3",
@@ -234,6 +328,8 @@ def document(routes: list[Route], access: dict[str, Access]) -> dict:
                                 "mapping. Answers carry every field without presence (scalars, enums, lists; "
                                 "listed per schema as x-cuty-always-in-answers), zeros, empty strings and false "
                                 "included, as grpc-gateway's EmitUnpopulated; an unset message field is left out."},
+        # Relative to where the document is served: the gateway that serves it (make run: localhost:8080).
+        "servers": [{"url": "/", "description": "this gateway"}],
         "paths": paths,
         "components": {"schemas": dict(sorted(s.defs.items())),
                        "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},

@@ -115,5 +115,10 @@ def parse(template: str) -> PathTemplate:
             raise TemplateError(f"empty segment in {template!r}")
         else:
             parts.append(_segment_regex(seg, template)[0])
+    if not verb and segs and segs[-1] in ("*", "{" + variables[-1] + "}" if variables else ""):
+        # A template without a verb never matches a path that has one: `/v1/checkouts/{id}` is not
+        # `/v1/checkouts/x:pay`, so a wrong method on a custom method's path (`GET .../x:pay`) is a
+        # 405 whose Allow names the custom method's own (POST) alone. A `:` in an id is sent as %3A.
+        parts[-1] = parts[-1].replace("[^/]+", "[^/:]+")
     pattern = "/" + "/".join(parts) + (":" + re.escape(verb) if verb else "")
     return PathTemplate(template, tuple(variables), verb, re.compile(pattern), tuple(multi))

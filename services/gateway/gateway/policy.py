@@ -59,6 +59,21 @@ POLICY: dict[str, Access] = {
     "cuty.codepool.v1.CodePoolService.GetStock": Access(READERS),
     "cuty.codepool.v1.CodePoolService.ListCodes": Access(READERS),
     "cuty.codepool.v1.CodePoolService.RevealCode": Access(_roles(ADMIN)),
+    # After a code is sold (docs/codepool.md, "Claims"): the buyer claims on their own order, the
+    # merchant's staff and admins on their merchant's (another's: 404); the operator does not act
+    # for a merchant. Lists and reads are filtered the same way.
+    "cuty.codepool.v1.CodeClaimService.OpenCodeClaim": Access(_roles(CUSTOMER, STAFF, ADMIN), idempotency_key=True),
+    "cuty.codepool.v1.CodeClaimService.GetCodeClaim": Access(_roles(CUSTOMER, STAFF, ADMIN)),
+    "cuty.codepool.v1.CodeClaimService.ListCodeClaims": Access(_roles(CUSTOMER, STAFF, ADMIN)),
+    # A product's claims threshold and its batches' fate are its merchant's admins' decisions; staff read
+    # the batches; the claim export holds code values (like RevealCode): admins only, audited.
+    "cuty.codepool.v1.CodeClaimService.SetClaimThreshold": Access(_roles(ADMIN)),
+    "cuty.codepool.v1.CodeClaimService.ListBatches": Access(_roles(STAFF, ADMIN)),
+    "cuty.codepool.v1.CodeClaimService.ReleaseBatch": Access(_roles(ADMIN)),
+    "cuty.codepool.v1.CodeClaimService.RetireBatch": Access(_roles(ADMIN)),
+    "cuty.codepool.v1.CodeClaimService.ExportBatchClaims": Access(_roles(ADMIN)),
+    # The merchant's admin resolves a claim: a replacement or a refund (through the orchestrator).
+    "cuty.payments.v1.ClaimService.ResolveClaim": Access(_roles(ADMIN), idempotency_key=True),
     "cuty.payments.v1.CheckoutService.CreateCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
     "cuty.payments.v1.CheckoutService.PayCheckout": Access(_roles(CUSTOMER), idempotency_key=True),
     # Its customer, and whoever reads the merchant's sales: staff, admins (an admin can do what
@@ -80,6 +95,12 @@ POLICY: dict[str, Access] = {
         READERS | {CUSTOMER}, forward_headers=(("last-event-id", "last-event-id"),)),
     # Issue 10: the merchant's admin, or the platform's operator, retries a NEEDS_ATTENTION checkout.
     "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN, OPERATOR)),
+    # Staff book for a customer (phone, walk-in): the salon's merchant's staff and admins (another
+    # merchant's slot or checkout: 404); they record a payment at the desk and a no-show. Neither
+    # customers (they buy with CreateCheckout) nor the operator (who does not sell for a merchant).
+    "cuty.payments.v1.CheckoutService.CreateStaffCheckout": Access(_roles(STAFF, ADMIN), idempotency_key=True),
+    "cuty.payments.v1.CheckoutService.MarkPaidAtVenue": Access(_roles(STAFF, ADMIN)),
+    "cuty.payments.v1.CheckoutService.MarkNoShow": Access(_roles(STAFF, ADMIN)),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(READERS),
     # Issue 15: staff find the payment behind a PSP intent id (GET /v1/payments:lookup?pspIntentId=).
     "cuty.payments.v1.PaymentService.LookupPayment": Access(READERS),
@@ -140,6 +161,16 @@ LOAD: dict[str, Load] = {
     "cuty.codepool.v1.CodePoolService.GetStock": Load(SHEDDABLE, READ),
     "cuty.codepool.v1.CodePoolService.ListCodes": Load(SHEDDABLE, READ),
     "cuty.codepool.v1.CodePoolService.RevealCode": Load(SHEDDABLE, READ),
+    "cuty.codepool.v1.CodeClaimService.OpenCodeClaim": Load(NORMAL, WRITE),
+    "cuty.codepool.v1.CodeClaimService.GetCodeClaim": Load(SHEDDABLE, READ),
+    "cuty.codepool.v1.CodeClaimService.ListCodeClaims": Load(SHEDDABLE, READ),
+    "cuty.codepool.v1.CodeClaimService.SetClaimThreshold": Load(NORMAL, WRITE),
+    "cuty.codepool.v1.CodeClaimService.ListBatches": Load(SHEDDABLE, READ),
+    "cuty.codepool.v1.CodeClaimService.ReleaseBatch": Load(NORMAL, WRITE),
+    "cuty.codepool.v1.CodeClaimService.RetireBatch": Load(NORMAL, WRITE),
+    "cuty.codepool.v1.CodeClaimService.ExportBatchClaims": Load(SHEDDABLE, READ),
+    # A refund may wait on the PSP's answer.
+    "cuty.payments.v1.ClaimService.ResolveClaim": Load(NORMAL, PSP),
     "cuty.payments.v1.CheckoutService.CreateCheckout": Load(NORMAL, WRITE),
     "cuty.payments.v1.CheckoutService.PayCheckout": Load(CRITICAL, PSP),
     "cuty.payments.v1.CheckoutService.GetCheckout": Load(CRITICAL, READ),
@@ -149,6 +180,10 @@ LOAD: dict[str, Load] = {
     "cuty.payments.v1.CheckoutService.ListCheckouts": Load(SHEDDABLE, READ),
     "cuty.payments.v1.CheckoutService.WatchCheckout": Load(CRITICAL, STREAM),
     "cuty.payments.v1.CheckoutService.RetryCheckout": Load(NORMAL, PSP),
+    # A payment link's creation asks the PSP for the intent of the hosted page.
+    "cuty.payments.v1.CheckoutService.CreateStaffCheckout": Load(NORMAL, PSP),
+    "cuty.payments.v1.CheckoutService.MarkPaidAtVenue": Load(NORMAL, WRITE),
+    "cuty.payments.v1.CheckoutService.MarkNoShow": Load(NORMAL, WRITE),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Load(SHEDDABLE, READ),
     "cuty.payments.v1.PaymentService.LookupPayment": Load(SHEDDABLE, READ),
     "cuty.payments.v1.PaymentService.IssueRefund": Load(NORMAL, PSP),

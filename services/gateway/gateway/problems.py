@@ -18,6 +18,8 @@ from google.protobuf import descriptor_pool, json_format, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 from google.rpc import error_details_pb2, status_pb2
 
+from cutylib.validation import RequestInvalid
+
 from .transcode import dumps
 
 # docs/gateway.md, "Problems": ALREADY_EXISTS, FAILED_PRECONDITION, RESOURCE_EXHAUSTED and ABORTED are all
@@ -98,6 +100,13 @@ def code_slug_for(status: int) -> str:
 
 def bad_request(field: str, detail: str, type_: str = "invalid-argument") -> Problem:
     return Problem(400, type_, detail, extra={"field": field} if field else {})
+
+
+def invalid_request(violations: list[tuple[str, str]]) -> Problem:
+    """400 for a request that breaks its contract (cutylib.validation): the same detail a
+    service's INVALID_ARGUMENT carries, `field` the first field at fault in its JSON spelling."""
+    err = RequestInvalid(violations)
+    return bad_request(json_field_path(err.field), err.message)
 
 
 OVERLOADED = "overloaded"

@@ -15,6 +15,8 @@ from cutylib.retention import Retention
 
 from . import signature
 from .checkout import wiring
+from .claims import wiring as claims
+from .disputes import wiring as disputes
 from .outbound import wiring as outbound
 from .service import PaymentsCore
 from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, PaymentApi
@@ -74,6 +76,10 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
         server.on_stop(core.psp.aclose)
     # Issue 12, item 6: merchants' webhook endpoints and the delivery workers of the outbox.
     outbound.register(server, settings, pool, core.worker_id, workers=workers)
+    # Claims on delivered codes: an admin's resolution (replace, refund, reject) and its finisher.
+    claims.register(server, pool, core, workers=workers)
+    # Disputes of captured payments: recorded from the PSP's webhooks, evidence submitted in time.
+    disputes.register(server, pool, core, inbox, workers=workers)
     registered = wiring.register(server, settings, pool, core)
     if inspect.isawaitable(registered):
         await registered

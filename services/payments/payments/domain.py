@@ -154,7 +154,16 @@ def intent_body(*, payment_id: str, checkout_id: str | None, amount_minor: int, 
     metadata = {"payment_id": payment_id}
     if checkout_id:
         metadata["checkout_id"] = checkout_id
+    if payment_method == HOSTED_PAGE:
+        # A payment link: no card yet; the customer presents one on the PSP's hosted page.
+        return {"amount": amount_minor, "currency": currency, "payment_method_collection": HOSTED_PAGE,
+                "metadata": metadata}
     return {"amount": amount_minor, "currency": currency, "payment_method": payment_method, "metadata": metadata}
+
+
+# The payment method of a payment whose card the customer presents on the PSP's hosted page (a
+# staff-made checkout's payment link): the intent waits in requires_action, its redirect URL the page.
+HOSTED_PAGE = "hosted_page"
 
 
 # -- request validation ------------------------------------------------------------------------------

@@ -50,6 +50,10 @@ class PaymentsMetrics(Metrics):
         self.webhook_lag = h("cuty_payments_webhook_lag_seconds",
                              "From the PSP event's creation to its change applied to the payment", buckets=LAG_BUCKETS)
         self.psp_events_purged = c(PSP_EVENTS_PURGED, "Handled PSP events purged after CUTY_PSP_EVENT_RETENTION_DAYS")
+        # status: needs_response (opened) | under_review | won | lost; a lost one is alerted on
+        # (DisputeLost; docs/payments.md, "Disputes").
+        self.disputes = c("cuty_payments_disputes_total", "Disputes of captured payments, by the status they reached",
+                          ["status"])
         # the refund path's outcome: reserved | replayed | succeeded | failed | pending
         self.refunds = c("cuty_payments_refunds_total", "Refunds by outcome (reserved in the database, settled "
                          "or refused by the PSP, left pending by a PSP timeout, replayed by key)", ["outcome"])

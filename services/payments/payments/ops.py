@@ -82,6 +82,13 @@ SELECT event_id, type, payment_id, status, attempts, last_error, received_at, pr
 FROM psp_events WHERE payment_id = ANY($1::uuid[]) ORDER BY received_at, event_id
 """
 
+# The payments' disputes (docs/payments.md, "Disputes"): status, amount, deadline, the evidence sent.
+DISPUTES = """
+SELECT id, psp_dispute_id, payment_id, status, amount_minor, currency, reason, evidence_due_by,
+       evidence_submitted_at, closed_at, attempts, last_error, evidence
+FROM disputes WHERE payment_id = ANY($1::uuid[]) ORDER BY created_at, id
+"""
+
 # Sagas not finished (NEEDS_ATTENTION included) whose state is older than $1 seconds; the partial
 # index checkouts_live_by_state covers it, as it does the stuck-saga gauges.
 STUCK = f"""
@@ -149,6 +156,7 @@ class Story:
     psp_events: list[dict[str, Any]]
     trace_ids: list[str] = field(default_factory=list)
     trace_links: list[str] = field(default_factory=list)
+    disputes: list[dict[str, Any]] = field(default_factory=list)
     failing_step: str = ""
     diagnosis: str = ""
 
@@ -156,7 +164,7 @@ class Story:
         return {"query": self.query, "matched": self.matched, "diagnosis": self.diagnosis,
                 "failing_step": self.failing_step, "checkout": self.checkout, "payments": self.payments,
                 "timeline": self.timeline, "psp_events": self.psp_events, "trace_ids": self.trace_ids,
-                "trace_links": self.trace_links}
+                "trace_links": self.trace_links, "disputes": self.disputes}
 
 
 async def find(conn, query: str) -> list[tuple[str, str | None, str | None]]:
@@ -193,12 +201,14 @@ async def _story_of(conn, query: str, matched: list[str], checkout_id: str | Non
         e["since_previous_ms"] = round((at - previous).total_seconds() * 1000, 1) if previous else None
         previous = at
     psp = [_plain(r) for r in await conn.fetch(PSP_EVENTS, ids)] if ids else []
+    disputes = [_plain(r) for r in await conn.fetch(DISPUTES, ids)] if ids else []
     traces = []
     for t in [checkout and checkout.get("trace_id")] + [e["trace_id"] for e in events]:
         if t and t not in traces:
             traces.append(t)
     out = Story(query=query, matched=matched, checkout=checkout, payments=payments, timeline=events,
-                psp_events=psp, trace_ids=traces, trace_links=[link for link in map(trace_link, traces) if link])
+                psp_events=psp, trace_ids=traces, trace_links=[link for link in map(trace_link, traces) if link],
+                disputes=disputes)
     out.failing_step, out.diagnosis = diagnose(checkout, payments)
     return out
 
@@ -284,6 +294,12 @@ def render(s: Story) -> str:
         for w in s.psp_events:
             add(f"  {w['received_at']}  {w['type']:<28} {w['status']:<9} attempts {w['attempts']}"
                 + (f"  last error: {w['last_error']}" if w["last_error"] else "") + f"  ({w['event_id']})")
+    for d in s.disputes:
+        evidence = "evidence submitted " + str(d["evidence_submitted_at"]) if d["evidence_submitted_at"] else (
+            "no evidence submitted" + (f" (last error: {d['last_error']})" if d["last_error"] else ""))
+        add(f"DISPUTE {d['psp_dispute_id']}: {d['status'].upper()} {d['amount_minor']} {d['currency']} minor units"
+            f" ({d['reason'] or 'no reason'}), evidence due by {d['evidence_due_by']}; {evidence}"
+            + (f"; closed {d['closed_at']}" if d["closed_at"] else ""))
     add("")
     add("trace ids: " + (", ".join(s.trace_ids) or "-"))
     for link in s.trace_links:

@@ -96,6 +96,14 @@ class PspClient:
             body["amount"] = amount
         return await self._call("POST", "/v1/refunds", body=body, key=idempotency_key)
 
+    async def get_dispute(self, dispute_id: str) -> dict[str, Any]:
+        return await self._call("GET", f"/v1/disputes/{dispute_id}")
+
+    async def submit_dispute_evidence(self, dispute_id: str, evidence: dict[str, Any]) -> dict[str, Any]:
+        """Submit a dispute's evidence (docs/payments.md, "Disputes"); the same evidence again answers
+        the dispute as it is (a retry)."""
+        return await self._call("POST", f"/v1/disputes/{dispute_id}", body={"evidence": evidence, "submit": True})
+
     async def _call(self, method: str, path: str, *, body: dict | None = None, key: str | None = None) -> dict:
         headers: dict[str, str] = {}
         if key is not None:
@@ -140,4 +148,4 @@ class PspClient:
 
 def _url_template(path: str) -> str:
     """`/v1/payment_intents/pi_123/cancel` -> `/v1/payment_intents/{id}/cancel` (bounded labels)."""
-    return "/".join("{id}" if part.startswith(("pi_", "re_")) else part for part in path.split("/"))
+    return "/".join("{id}" if part.startswith(("pi_", "re_", "dp_")) else part for part in path.split("/"))

@@ -92,7 +92,7 @@ def parse_event(payload: bytes) -> dict[str, Any]:
     obj = data["object"]
     # The object must say which intent it is about: finalize refuses an object of another intent
     # than the payment's, and an object naming none would slip past that check.
-    intent_field = "payment_intent" if obj.get("object") == "refund" else "id"
+    intent_field = "payment_intent" if obj.get("object") in ("refund", "dispute") else "id"
     if not isinstance(obj.get(intent_field), str) or not obj[intent_field]:
         raise InvalidArgument(f"payload.data.object.{intent_field}",
                               f"webhook object must name its payment intent, got {_shown(obj.get(intent_field))}")
@@ -125,6 +125,8 @@ class WebhookInbox:
         self.pool = core.pool
         self.metrics = core.metrics
         self.options = core.options
+        # Disputes are recorded by their own path (payments/disputes/inbox.py), set by the wiring.
+        self.disputes = None
 
     async def handle(self, payload: bytes, signature_header: str | None) -> str:
         """One delivery -> stored | duplicate | ignored | deferred | processed (all acknowledged)."""
@@ -137,6 +139,10 @@ class WebhookInbox:
             log.warning("webhook refused", extra={"reason": exc.reason})
             raise
         event = parse_event(payload)
+        if self.disputes is not None and event["type"].startswith("charge.dispute."):
+            outcome = await self.disputes.record(event)
+            self.metrics.webhooks.labels(event["type"], "duplicate" if outcome == "duplicate" else "accepted").inc()
+            return outcome
         obj = event["data"]["object"]
         observed = domain.EVENT_STATUS.get(event["type"])
         stored = await self._resolve_and_store(event, obj, observed)

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import logging
+import urllib.parse
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from .psp import Psp
+from .scenarios import SCENARIOS
 from .validation import ApiError, invalid
 from .settings import Settings
 
@@ -67,6 +70,32 @@ async def fail_3ds(request: Request) -> JSONResponse:
     return JSONResponse(_psp(request).complete_action(request.path_params["intent_id"], succeed=False))
 
 
+async def hosted_page(request: Request) -> HTMLResponse:
+    """A payment link's page: the amount and a form where the customer presents a (test) card."""
+    intent = _psp(request).hosted_intent(request.path_params["intent_id"])
+    options = "".join(f'<option value="{html.escape(pm)}">{html.escape(pm)}</option>' for pm in SCENARIOS)
+    amount = f"{intent.amount} {html.escape(intent.currency)} (minor units)"
+    body = (f"<!doctype html><title>Pay {amount}</title><h1>Pay {amount}</h1>"
+            f"<p>Status: {html.escape(intent.status)}</p>"
+            f'<form method="post"><label>Card <select name="payment_method">{options}</select></label>'
+            '<button type="submit">Pay</button></form>')
+    return HTMLResponse(body)
+
+
+async def pay_on_page(request: Request) -> JSONResponse:
+    """The hosted page's form (urlencoded) or a JSON body: `payment_method`, the customer's card."""
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise invalid("body_too_large", f"the body must be at most {MAX_BODY_BYTES} bytes")
+    if request.headers.get("content-type", "").startswith("application/json"):
+        body = await _json_body(request)
+    else:
+        body = {k: v[0] for k, v in urllib.parse.parse_qs(raw.decode("utf-8", "replace")).items()}
+    if "payment_method" not in body:
+        raise invalid("parameter_missing", "payment_method is required", "payment_method")
+    return JSONResponse(await _psp(request).pay_on_page(request.path_params["intent_id"], body["payment_method"]))
+
+
 async def create_refund(request: Request) -> JSONResponse:
     body = await _json_body(request)
     return JSONResponse(_psp(request).create_refund(request.headers.get("Idempotency-Key"), body))
@@ -77,11 +106,27 @@ async def get_refund(request: Request) -> JSONResponse:
 
 
 async def ledger(request: Request) -> JSONResponse:
-    return JSONResponse(_psp(request).store.ledger())
+    return JSONResponse({**_psp(request).store.ledger(), "disputes": _psp(request).disputes.ledger()})
 
 
 async def events(request: Request) -> JSONResponse:
     return JSONResponse({"events": _psp(request).webhooks.snapshot()})
+
+
+async def open_dispute(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).disputes.open(await _json_body(request)))
+
+
+async def close_dispute(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).disputes.close(request.path_params["dispute_id"], await _json_body(request)))
+
+
+async def get_dispute(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).disputes.get(request.path_params["dispute_id"]))
+
+
+async def submit_dispute(request: Request) -> JSONResponse:
+    return JSONResponse(_psp(request).disputes.submit(request.path_params["dispute_id"], await _json_body(request)))
 
 
 async def faults(request: Request) -> JSONResponse:
@@ -128,8 +173,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/v1/payment_intents/{intent_id}/cancel", cancel_intent, methods=["POST"]),
         Route("/3ds/{intent_id}/complete", complete_3ds, methods=["GET", "POST"]),
         Route("/3ds/{intent_id}/fail", fail_3ds, methods=["GET", "POST"]),
+        Route("/pay/{intent_id}", hosted_page, methods=["GET"]),
+        Route("/pay/{intent_id}", pay_on_page, methods=["POST"]),
         Route("/v1/refunds", create_refund, methods=["POST"]),
         Route("/v1/refunds/{refund_id}", get_refund, methods=["GET"]),
+        Route("/v1/disputes/{dispute_id}", get_dispute, methods=["GET"]),
+        Route("/v1/disputes/{dispute_id}", submit_dispute, methods=["POST"]),
+        Route("/v1/_disputes", open_dispute, methods=["POST"]),
+        Route("/v1/_disputes/{dispute_id}/close", close_dispute, methods=["POST"]),
         Route("/v1/_ledger", ledger, methods=["GET"]),
         Route("/v1/_events", events, methods=["GET"]),
         Route("/v1/_faults", faults, methods=["GET", "POST"]),

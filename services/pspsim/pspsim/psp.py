@@ -8,13 +8,16 @@ import secrets
 import time
 from typing import Any
 
-from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, SCENARIOS, Scenario
+from .disputes import Disputes
+from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, SCENARIOS, Scenario, scenario_of
 from .settings import Settings
 from .state import (
     CANCELED, FAILED, PROCESSING, REQUIRES_ACTION, SUCCEEDED,
     Intent, Refund, Store, fingerprint, new_id,
 )
-from .validation import ApiError, check_fields, invalid, require_key, validate_intent, validate_refund
+from .validation import (
+    ApiError, check_fields, invalid, require_key, require_payment_method, validate_intent, validate_refund,
+)
 from .webhooks import Event, WebhookDispatcher
 
 log = logging.getLogger("pspsim.psp")
@@ -28,6 +31,7 @@ class Psp:
         self.store = Store()
         self.webhooks = webhooks or WebhookDispatcher(settings)
         self._timers: set[asyncio.Task[None]] = set()
+        self.disputes = Disputes(self)
 
     async def start(self) -> None:
         await self.webhooks.start()
@@ -40,6 +44,7 @@ class Psp:
         self._cancel_timers()
         self.webhooks.reset()
         self.store.reset()
+        self.disputes.reset()
 
     def _cancel_timers(self) -> None:
         for t in list(self._timers):
@@ -63,13 +68,13 @@ class Psp:
         return self.settings.webhook_duplicate_copies if scenario.duplicates else 1
 
     def _emit(self, intent: Intent, *events: Event) -> None:
-        scenario = SCENARIOS[intent.payment_method]
+        scenario = scenario_of(intent.payment_method)
         self.webhooks.schedule(list(events), copies=self._copies(scenario), scrambled=scenario.duplicates)
 
     def _event(self, intent: Intent, type_: str, obj: dict[str, Any] | None = None,
                created: int | None = None) -> Event | None:
         """Build an event for ``intent``, or None if its scenario never sends webhooks."""
-        if self._copies(SCENARIOS[intent.payment_method]) <= 0:
+        if self._copies(scenario_of(intent.payment_method)) <= 0:
             return None
         obj = intent.snapshot() if obj is None else obj
         return self.webhooks.event(type_, obj, idempotency_key=intent.idempotency_key, created=created,
@@ -110,13 +115,14 @@ class Psp:
         if replay is not None:
             return replay
 
-        scenario = SCENARIOS[params["payment_method"]]
+        scenario = scenario_of(params["payment_method"])
         intent_id = new_id("pi")
         intent = Intent(
             id=intent_id, amount=params["amount"], currency=params["currency"],
             payment_method=params["payment_method"], metadata=params["metadata"],
             idempotency_key=key, status=PROCESSING,
             client_secret=f"{intent_id}_secret_{secrets.token_urlsafe(16)}", traceparent=traceparent,
+            hosted=not params["payment_method"],
         )
         self.store.intents[intent_id] = intent
         self.store.remember_key("create", key, fp, intent_id)
@@ -135,6 +141,8 @@ class Psp:
                 self._emit(intent, processing, succeeded)
             elif succeeded is not None:
                 self._emit(intent, succeeded)
+            if scenario.disputed:
+                self.disputes.open_after_capture(intent)
             if scenario.sync_timeout:
                 await asyncio.sleep(self.settings.sync_timeout_delay_seconds)
                 raise ApiError(504, "api_error", "timeout", "the PSP timed out (the charge may have happened)")
@@ -144,10 +152,9 @@ class Psp:
             self._emit_intent(intent, "payment_intent.payment_failed")
         elif scenario.initial_status == REQUIRES_ACTION:
             intent.status = REQUIRES_ACTION
-            intent.next_action = {
-                "type": "redirect_to_url",
-                "redirect_url": f"{self.settings.base_url}/3ds/{intent_id}/complete",
-            }
+            # No payment method yet: the hosted page collects one; else the card's 3-D Secure page.
+            page = f"/pay/{intent_id}" if not intent.payment_method else f"/3ds/{intent_id}/complete"
+            intent.next_action = {"type": "redirect_to_url", "redirect_url": f"{self.settings.base_url}{page}"}
             self._emit_intent(intent, "payment_intent.requires_action")
         else:
             self._emit_intent(intent, "payment_intent.processing")
@@ -208,6 +215,51 @@ class Psp:
         if intent.status == (SUCCEEDED if succeed else FAILED):
             return intent.snapshot()  # the same redirect visited again
         raise self._unexpected_state(intent, "complete the action of")
+
+    def hosted_intent(self, intent_id: str) -> Intent:
+        """The intent behind a hosted payment page (404 for an intent created with a card)."""
+        intent = self._intent(intent_id)
+        if not intent.hosted:
+            raise ApiError(404, "invalid_request_error", "resource_missing",
+                           f"payment_intent {intent_id!r} has no hosted payment page", param="id")
+        return intent
+
+    async def pay_on_page(self, intent_id: str, payment_method: Any) -> dict[str, Any]:
+        """The customer presents a card on the hosted page of an intent created without one (a
+        payment link): the card's scenario then runs as if it had come with the create. Visiting
+        again with the same card answers the intent as it is; an intent paid, failed or canceled
+        (the link expired) cannot be paid again (409)."""
+        payment_method = require_payment_method(payment_method)
+        intent = self.hosted_intent(intent_id)
+        if intent.payment_method:
+            if intent.payment_method == payment_method:
+                return intent.snapshot()
+            raise ApiError(409, "invalid_request_error", "payment_intent_unexpected_state",
+                           "this payment_intent already has a payment method", payment_intent=intent.snapshot())
+        if intent.status != REQUIRES_ACTION:
+            raise self._unexpected_state(intent, "pay on the hosted page")
+        intent.payment_method = payment_method
+        intent.next_action = None
+        scenario = scenario_of(payment_method)
+        log.info("card presented on the hosted page", extra={"intent_id": intent.id, "payment_method": payment_method})
+        if scenario.initial_status == SUCCEEDED:
+            self.store.capture(intent)
+            self._captured(intent)
+            self._emit_intent(intent, "payment_intent.succeeded")
+        elif scenario.initial_status == FAILED:
+            intent.status = FAILED
+            intent.last_payment_error = dict(DECLINE_ERROR)
+            self._emit_intent(intent, "payment_intent.payment_failed")
+        elif scenario.initial_status == REQUIRES_ACTION:
+            intent.next_action = {"type": "redirect_to_url",
+                                  "redirect_url": f"{self.settings.base_url}/3ds/{intent.id}/complete"}
+        else:
+            intent.status = PROCESSING
+            self._emit_intent(intent, "payment_intent.processing")
+            task = asyncio.get_running_loop().create_task(self._settle_later(intent))
+            self._timers.add(task)
+            task.add_done_callback(self._timers.discard)
+        return intent.snapshot()
 
     # -- refunds -------------------------------------------------------------------------
     def create_refund(self, key: str | None, body: dict[str, Any]) -> dict[str, Any]:

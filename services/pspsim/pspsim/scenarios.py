@@ -23,6 +23,8 @@ class Scenario:
     sync_timeout: bool = False
     # processing -> succeeded after settle_delay_ms.
     settles_later: bool = False
+    # The captured charge is disputed after dispute_delay_ms (pspsim/disputes.py).
+    disputed: bool = False
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -35,6 +37,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("pm_card_duplicate_webhooks", SUCCEEDED, duplicates=True),
         Scenario("pm_card_no_webhook", PROCESSING, sends_webhooks=False, settles_later=True),
         Scenario("pm_card_sync_timeout", SUCCEEDED, sync_timeout=True),
+        Scenario("pm_card_disputed", SUCCEEDED, disputed=True),
     )
 }
 
@@ -50,3 +53,12 @@ AUTHENTICATION_ERROR = {
     "code": "payment_intent_authentication_failure",
     "message": "The customer failed 3D Secure authentication.",
 }
+
+# An intent created without a payment method, to collect one on the PSP's hosted page (a payment
+# link): it waits in requires_action with the page as its redirect URL, and sends its webhooks as a
+# plain card does; once the customer presents a card, that card's scenario applies.
+HOSTED_PAGE = Scenario("", REQUIRES_ACTION)
+
+
+def scenario_of(payment_method: str) -> Scenario:
+    return SCENARIOS.get(payment_method, HOSTED_PAGE)

@@ -27,6 +27,11 @@ class Settings:
     settle_delay_ms: int = 200
     shutdown_grace_seconds: float = 3.0
     log_level: str = "INFO"
+    # Disputes (pspsim/disputes.py): pm_card_disputed is disputed this long after its capture; the
+    # evidence is due this many seconds after opening; the bank decides this long after evidence.
+    dispute_delay_ms: int = 200
+    dispute_due_seconds: float = 7 * 86400
+    dispute_decide_ms: int = 300
 
     @property
     def base_url(self) -> str:
@@ -73,4 +78,7 @@ class Settings:
             settle_delay_ms=get("SETTLE_DELAY_MS", d.settle_delay_ms, int),
             shutdown_grace_seconds=get("SHUTDOWN_GRACE_SECONDS", d.shutdown_grace_seconds, float),
             log_level=get("LOG_LEVEL", d.log_level).upper(),
+            dispute_delay_ms=get("DISPUTE_DELAY_MS", d.dispute_delay_ms, int),
+            dispute_due_seconds=get("DISPUTE_DUE_SECONDS", d.dispute_due_seconds, float),
+            dispute_decide_ms=get("DISPUTE_DECIDE_MS", d.dispute_decide_ms, int),
         )

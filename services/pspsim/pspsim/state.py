@@ -50,6 +50,8 @@ class Intent:
     cancellation_reason: str | None = None
     # The W3C traceparent the create request came with: its webhooks carry it back (issue 15).
     traceparent: str | None = None
+    # Created without a payment method: the customer presents one on the hosted page (a payment link).
+    hosted: bool = False
 
     def snapshot(self, **override: Any) -> dict[str, Any]:
         out = {
@@ -59,7 +61,7 @@ class Intent:
             "amount": self.amount,
             "amount_refunded": self.amount_refunded,
             "currency": self.currency,
-            "payment_method": self.payment_method,
+            "payment_method": self.payment_method or None,
             "client_secret": self.client_secret,
             "next_action": self.next_action,
             "last_payment_error": self.last_payment_error,

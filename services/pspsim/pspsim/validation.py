@@ -8,6 +8,8 @@ from .scenarios import SCENARIOS
 
 MAX_AMOUNT = 10**12
 MAX_KEY_LENGTH = 255
+# payment_method_collection: the customer presents the card on the PSP's hosted page.
+HOSTED_PAGE = "hosted_page"
 
 
 class ApiError(Exception):
@@ -61,23 +63,37 @@ def _metadata(value: Any) -> dict[str, Any]:
 
 
 def validate_intent(body: dict[str, Any]) -> dict[str, Any]:
-    check_fields(body, {"amount", "currency", "payment_method", "metadata"})
-    for name in ("amount", "currency", "payment_method"):
+    """A create: a test payment method, or none with `payment_method_collection: "hosted_page"` (the
+    customer presents one on the hosted page: a payment link)."""
+    check_fields(body, {"amount", "currency", "payment_method", "payment_method_collection", "metadata"})
+    collection = body.get("payment_method_collection")
+    if collection is not None and collection != HOSTED_PAGE:
+        raise invalid("parameter_invalid", f"payment_method_collection must be {HOSTED_PAGE!r}, got {collection!r}",
+                      "payment_method_collection")
+    required = ("amount", "currency") if collection else ("amount", "currency", "payment_method")
+    for name in required:
         if name not in body:
             raise invalid("parameter_missing", f"{name} is required", name)
+    if collection and "payment_method" in body:
+        raise invalid("parameter_invalid", "payment_method is chosen by the customer on the hosted page, "
+                                           "not given with payment_method_collection", "payment_method")
     currency = body["currency"]
     if not (isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha()):
         raise invalid("parameter_invalid", f"currency must be a 3-letter ISO 4217 code, got {currency!r}", "currency")
-    pm = body["payment_method"]
-    if not isinstance(pm, str) or pm not in SCENARIOS:
-        raise invalid("payment_method_unknown",
-                      f"payment_method must be one of {', '.join(SCENARIOS)}, got {pm!r}", "payment_method")
+    pm = "" if collection else require_payment_method(body["payment_method"])
     return {
         "amount": _positive_int(body["amount"], "amount"),
         "currency": currency.upper(),
         "payment_method": pm,
         "metadata": _metadata(body.get("metadata")),
     }
+
+
+def require_payment_method(pm: Any) -> str:
+    if not isinstance(pm, str) or pm not in SCENARIOS:
+        raise invalid("payment_method_unknown",
+                      f"payment_method must be one of {', '.join(SCENARIOS)}, got {pm!r}", "payment_method")
+    return pm
 
 
 def validate_refund(body: dict[str, Any]) -> dict[str, Any]:

@@ -98,7 +98,7 @@ class WebhookDispatcher:
             "request": {"idempotency_key": idempotency_key},
         }
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        intent_id = obj.get("payment_intent") if obj.get("object") == "refund" else obj.get("id")
+        intent_id = obj.get("payment_intent") if obj.get("object") in ("refund", "dispute") else obj.get("id")
         self.stats[evt_id] = DeliveryStats(id=evt_id, type=type_, object_id=obj.get("id", ""),
                                            intent_id=intent_id or "", created=created)
         return Event(evt_id, type_, body, traceparent)

@@ -91,12 +91,33 @@ MATRIX = {
     ("GET", "/v1/checkouts/{checkout_id}:watch"): row(roles=("customer", "staff", "admin", "operator")),
     # Allowed, and then refused by the saga (409): the checkout does not need attention.
     ("POST", "/v1/checkouts/{checkout_id}:retry"): row(409, roles=("admin", "operator")),
+    # Staff book for a customer (a fresh slot of TEST_MERCHANT's, paid at the venue): another
+    # merchant's slot does not exist for them. Marking the world's checkout (codes, not paid at the
+    # venue) is refused by the service (409); another merchant's checkout does not exist for them.
+    ("POST", "/v1/checkouts:createForCustomer"): row(roles=("staff", "admin")),
+    ("POST", "/v1/checkouts/{checkout_id}:markPaid"): row(409, roles=("staff", "admin")),
+    ("POST", "/v1/checkouts/{checkout_id}:markNoShow"): row(409, roles=("staff", "admin")),
     ("GET", "/v1/payments/{payment_id}/events"): row(roles=("staff", "admin", "operator")),
     ("GET", "/v1/payments:lookup"): row(roles=("staff", "admin", "operator")),
     # Issue 12: the world's payment bought codes that were delivered: staff are refused (409
     # codes-delivered), the merchant's admin refunds 1 minor unit (the amount named); another
     # merchant's payment does not exist for them; the operator reads but does not refund.
     ("POST", "/v1/payments/{payment_id}:refund"): {**row(roles=("staff", "admin")), "staff": (409, 404)},
+    # After a code is sold (docs/codepool.md, "Claims"): the buyer claims on their own checkout, the
+    # merchant's staff and admins on their merchant's (another merchant's code does not exist for them);
+    # each claim the call opens is rejected again by the world's admin, so the next one may open.
+    ("POST", "/v1/checkouts/{checkout_id}/codes/{code_id}:claim"): row(roles=("customer", "staff", "admin")),
+    ("GET", "/v1/claims/{claim_id}"): row(roles=("customer", "staff", "admin")),
+    # A list is filtered to the caller: another merchant's staff get 200 and none of ours.
+    ("GET", "/v1/claims"): row(roles=("customer", "staff", "admin"), other=200),
+    # The merchant's admin resolves (here: rejects a fresh claim); another merchant's is not found.
+    ("POST", "/v1/claims/{claim_id}:resolve"): row(roles=("admin",)),
+    ("POST", "/v1/products/{product_id}:setClaimThreshold"): row(roles=("admin",)),
+    ("GET", "/v1/products/{product_id}/batches"): row(roles=("staff", "admin")),
+    # Allowed, then refused (409 batch-not-quarantined): the world's batch sells.
+    ("POST", "/v1/products/{product_id}/batches/{batch_id}:release"): row(409, roles=("admin",)),
+    ("POST", "/v1/products/{product_id}/batches/{batch_id}:retire"): row(409, roles=("admin",)),
+    ("GET", "/v1/products/{product_id}/batches/{batch_id}/claims:export"): row(roles=("admin",)),
     # No token needed, and a token grants nothing: an unsigned webhook is refused as unsigned.
     ("POST", "/v1/psp/webhooks"): row(roles=(), public=401),
     # Issue 12, item 6: webhook endpoints are a merchant's admins'; an admin creates and lists in
@@ -130,6 +151,8 @@ class World:
     intent: str
     endpoint: str  # a webhook endpoint of TEST_MERCHANT's, subscribed to checkout.completed
     delivery: str  # its delivery of the checkout's checkout.completed
+    batch: str     # the product's supplier batch
+    claim: str     # a claim of the customer's on the checkout's code (rejected)
     service: str = ""  # a service of the salon, performed by the resource
 
 
@@ -159,7 +182,7 @@ async def world(http, stack, until_state) -> World:
                         json={"batchRef": uuid.uuid4().hex, "codes": [f"MX-{uuid.uuid4().hex}" for _ in range(20)]},
                         headers=admin)
     assert r.status_code == 200, r.text
-    codes = (await http.get(f"/v1/products/{product['id']}/codes", headers=admin)).json()["codes"]
+    batch = r.json()["batchId"]
     endpoint = await http.post("/v1/webhookEndpoints", json={"url": NOWHERE, "events": ["checkout.completed"]},
                                headers=admin)
     assert endpoint.status_code == 200 and endpoint.json()["secret"], endpoint.text
@@ -182,8 +205,29 @@ async def world(http, stack, until_state) -> World:
         "name": "Matrix cut", "durationMinutes": 30, "resourceIds": [resource["id"]],
         "price": {"currencyCode": "TRY", "amountMinor": "1000"}})
     assert service.status_code == 200, service.text
-    return World(salon["id"], resource["id"], product["id"], codes[0]["id"], customer, created["id"],
-                 done["payment"]["id"], intent, endpoint.json()["id"], delivery["id"], service.json()["id"])
+    claim = await open_and_reject(http, created["id"], done["codes"][0]["id"], me)
+    return World(salon["id"], resource["id"], product["id"], done["codes"][0]["id"], customer, created["id"],
+                 done["payment"]["id"], intent, endpoint.json()["id"], delivery["id"], batch, claim, service.json()["id"])
+
+
+async def open_claim(http, checkout: str, code: str, h: dict):
+    return await http.post(f"/v1/checkouts/{checkout}/codes/{code}:claim",
+                           json={"kind": "CLAIM_KIND_DOES_NOT_WORK", "reason": "authorization matrix"},
+                           headers={**h, "Idempotency-Key": uuid.uuid4().hex})
+
+
+async def reject(http, claim: str) -> None:
+    r = await http.post(f"/v1/claims/{claim}:resolve", json={"resolution": "CLAIM_RESOLUTION_REJECT", "note": "matrix"},
+                        headers={**headers("admin", TEST_MERCHANT), "Idempotency-Key": uuid.uuid4().hex})
+    assert r.status_code == 200, r.text
+
+
+async def open_and_reject(http, checkout: str, code: str, h: dict) -> str:
+    """A claim on the world's code, rejected at once, so the code may be claimed again."""
+    r = await open_claim(http, checkout, code, h)
+    assert r.status_code == 200, r.text
+    await reject(http, r.json()["id"])
+    return r.json()["id"]
 
 
 async def held_checkout(http, w: World, customer: str) -> str:
@@ -206,8 +250,8 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
     h = headers(role, merchant, sub)
     key = {"Idempotency-Key": uuid.uuid4().hex}
     ids = {"salon_id": w.salon, "product_id": w.product, "code_id": w.code_id, "checkout_id": w.checkout,
-           "payment_id": w.payment, "endpoint_id": w.endpoint, "delivery_id": w.delivery,
-           "resource_id": w.resource, "service_id": w.service}
+           "payment_id": w.payment, "endpoint_id": w.endpoint, "delivery_id": w.delivery, "batch_id": w.batch,
+           "claim_id": w.claim, "resource_id": w.resource, "service_id": w.service}
     body, params = None, None
     if template == "/v1/salons":
         body = {"name": "Another", "timeZone": "Europe/Istanbul"}
@@ -247,7 +291,16 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
     elif template.endswith(":reschedule"):
         body = {"slotId": str(uuid.uuid4())}
         h.update(key)
-    elif template.endswith(":retry") or template.endswith(":reveal"):
+    elif template == "/v1/checkouts:createForCustomer":
+        made = await http.post(f"/v1/salons/{w.salon}/slots:batchCreate", json={"slots": [future_slot(w.resource)]},
+                               headers=headers("admin", TEST_MERCHANT))
+        assert made.status_code == 200, made.text
+        body = {"slotId": made.json()["slots"][0]["id"], "customerId": w.customer, "settlement": "SETTLEMENT_AT_VENUE"}
+        h.update(key)
+    elif template.endswith(":markPaid"):
+        body = {"method": "VENUE_PAYMENT_METHOD_CASH", "amount": {"currencyCode": "TRY", "amountMinor": "1"},
+                "reference": "matrix"}
+    elif template.endswith(":retry") or template.endswith(":reveal") or template.endswith(":markNoShow"):
         body = {}
     elif template.endswith(":refund"):
         body = {"amount": {"currencyCode": "TRY", "amountMinor": "1"}, "reason": "authorization matrix"}
@@ -268,6 +321,18 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         ids["endpoint_id"] = made.json()["id"]
     elif template.endswith(":redeliver"):
         body = {}
+    elif template.endswith(":claim"):
+        body = {"kind": "CLAIM_KIND_DOES_NOT_WORK", "reason": "authorization matrix"}
+        h.update(key)
+    elif template.endswith(":resolve"):
+        # a fresh claim of the customer's each time, rejected by the caller (or, refused, by the world's admin)
+        fresh = await open_claim(http, w.checkout, w.code_id, headers("customer", "", w.customer))
+        assert fresh.status_code == 200, fresh.text
+        ids["claim_id"] = fresh.json()["id"]
+        body = {"resolution": "CLAIM_RESOLUTION_REJECT", "note": "authorization matrix"}
+        h.update(key)
+    elif template.endswith(":setClaimThreshold") or template.endswith(":release") or template.endswith(":retire"):
+        body = {}
     elif template == "/v1/psp/webhooks":
         body = {"id": "evt_matrix", "type": "payment_intent.succeeded"}
     path = template.format(**ids)
@@ -275,6 +340,10 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         async with http.stream(method, path, headers=h) as r:
             return r.status_code
     r = await http.request(method, path, json=body if method == "POST" else None, params=params, headers=h)
+    if template.endswith(":claim") and r.status_code == 200:
+        await reject(http, r.json()["id"])
+    if template.endswith(":resolve") and r.status_code != 200:
+        await reject(http, ids["claim_id"])
     if r.status_code == 409 and template.endswith(":redeliver"):  # an attempt was in flight: ask again
         async def settled() -> bool:
             nonlocal r

@@ -45,13 +45,18 @@ async def test_pages_cover_every_slot_once_in_order(booking):
     assert len(exact.slots) == 21 and not exact.next_page_token
 
 
-async def test_page_size_is_capped_at_500(booking):
+async def test_a_page_holds_at_most_500_and_a_larger_page_size_is_refused(booking):
+    """The contract says page_size is 0..500 (booking.proto): 500 is a full page, more is refused
+    naming page_size, as the OpenAPI document states, rather than quietly cut."""
     salon, (r1, r2) = await booking.salon(resources=2)
     start = tomorrow(0)
     await booking.day(salon, [r1, r2], start, count=260, minutes=5)  # 520 slots in under 22 hours
-    got = await booking.stub.ListSlots(pb.ListSlotsRequest(
-        salon_id=salon, start_time=at(start), end_time=at(start + timedelta(days=1)), page_size=100_000))
+    window = dict(salon_id=salon, start_time=at(start), end_time=at(start + timedelta(days=1)))
+    got = await booking.stub.ListSlots(pb.ListSlotsRequest(**window, page_size=500))
     assert len(got.slots) == 500 and got.next_page_token
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await booking.stub.ListSlots(pb.ListSlotsRequest(**window, page_size=501))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and bad_field(e.value) == "page_size"
 
 
 @pytest.mark.parametrize("change,field", [

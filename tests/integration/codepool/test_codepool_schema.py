@@ -12,7 +12,7 @@ from codepool import domain
 
 from codepool_testkit import reserve_request, stocked_product
 
-STATUSES = (domain.AVAILABLE, domain.RESERVED, domain.DELIVERED)
+STATUSES = domain.CODE_STATUSES
 REPO = pathlib.Path(__file__).resolve().parents[3]
 # Where a function of the code pool's database is defined: one file per function, named after it.
 FUNCTION_FOLDERS = (REPO / "libs" / "cutylib" / "migrations" / "functions",
@@ -23,7 +23,8 @@ async def _code_in(conn, product_id: str, status: str) -> uuid.UUID:
     """A code of the product brought to `status` through the allowed path, in SQL."""
     code_id = await conn.fetchval(
         "SELECT id FROM codes WHERE product_id = $1 AND status = 'available' ORDER BY id LIMIT 1", uuid.UUID(product_id))
-    path = {"available": [], "reserved": ["reserved"], "delivered": ["reserved", "delivered"]}[status]
+    path = {"available": [], "reserved": ["reserved"], "delivered": ["reserved", "delivered"],
+            "quarantined": ["quarantined"], "revoked": ["reserved", "delivered", "revoked"]}[status]
     for s in path:
         await conn.execute("UPDATE codes SET status = $2 WHERE id = $1", code_id, s)
     return code_id

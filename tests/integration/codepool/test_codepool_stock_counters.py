@@ -34,12 +34,15 @@ OPS_PER_WORKER = 30
 MISMATCHES = """
 WITH counted AS (
     SELECT c.product_id, s.state, count(*) FILTER (WHERE c.status = s.state) AS n
-    FROM codes c CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered')) s(state)
+    FROM codes c CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered'), ('quarantined'), ('revoked')) s(state)
     WHERE c.product_id = ANY($1::uuid[]) GROUP BY 1, 2
 ), kept AS (
     SELECT k.product_id, s.state,
-           sum(CASE s.state WHEN 'available' THEN k.available WHEN 'reserved' THEN k.reserved ELSE k.delivered END) AS n
-    FROM product_stock k CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered')) s(state)
+           sum(CASE s.state WHEN 'available' THEN k.available WHEN 'reserved' THEN k.reserved
+                            WHEN 'delivered' THEN k.delivered WHEN 'quarantined' THEN k.quarantined
+                            ELSE k.revoked END) AS n
+    FROM product_stock k CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered'), ('quarantined'),
+                                            ('revoked')) s(state)
     WHERE k.product_id = ANY($1::uuid[]) GROUP BY 1, 2
 )
 SELECT coalesce(c.product_id, k.product_id) AS product_id, coalesce(c.state, k.state) AS state,
@@ -55,6 +58,8 @@ async def _mismatches(conn, products: list[uuid.UUID]) -> list[dict]:
 
 async def test_counters_equal_a_count_under_random_concurrent_changes(stub, cp_pool):
     products = [uuid.UUID((await stocked_product(stub, 40))[0]) for _ in range(3)]
+    # claims quarantine a batch after a few, racing the other changes (docs/codepool.md, "Batch quarantine")
+    await cp_pool.execute("UPDATE products SET claim_quarantine_threshold = 3 WHERE id = ANY($1)", products)
     # A TTL this short makes reservations due while the run goes on, so the expiry races the rest.
     service = ReservationService(cp_pool, ttl_seconds=0.3, max_active=100, max_quantity=100)
     orders: list[str] = []
@@ -95,8 +100,28 @@ async def test_counters_equal_a_count_under_random_concurrent_changes(stub, cp_p
         await cp_pool.execute("UPDATE codes SET key_id = key_id WHERE id IN (SELECT id FROM codes WHERE "
                               "product_id = $1 ORDER BY random() LIMIT 20 FOR UPDATE SKIP LOCKED)", rng.choice(products))
 
+    async def claim_and_replace(rng: random.Random) -> None:
+        # a claim on a delivered code (it may quarantine its batch), then its replacement, each in its
+        # own transaction as the service does (docs/codepool.md, "Claims"): two codes change
+        claim = await cp_pool.fetchval(
+            "SELECT c.id FROM (SELECT order_id, code_id FROM deliveries WHERE product_id = $1 AND status = 'delivered' "
+            "ORDER BY random() LIMIT 1) d, codepool_claim_open(gen_random_uuid(), d.order_id, d.code_id, NULL, NULL, "
+            "'does_not_work', 'random', 'system') c", rng.choice(products))
+        if claim is not None:
+            await cp_pool.execute("SELECT codepool_claim_replace($1, NULL, 'system', NULL)", claim)
+
+    async def batch_decision(rng: random.Random) -> None:
+        # a batch held back, released or retired ("Batch quarantine"): many codes in one statement
+        step = rng.choice(["quarantine", "quarantine", "release", "retire"])
+        batch = await cp_pool.fetchrow("SELECT merchant_id, product_id, id FROM supplier_batches WHERE product_id = $1 "
+                                       "ORDER BY random() LIMIT 1", rng.choice(products))
+        if step == "quarantine":
+            await cp_pool.execute("SELECT codepool_batch_quarantine($1, $2, $3, 'system', '{}')", *batch)
+        else:
+            await cp_pool.execute("SELECT codepool_batch_release($1, $2, $3, $4, 'system', NULL)", *batch, step)
+
     ops = [(reserve, 6), (deliver, 3), (release, 2), (expire, 2), (import_codes, 1), (delete_available, 1),
-           (rewrite, 1)]
+           (rewrite, 1), (claim_and_replace, 2), (batch_decision, 1)]
 
     async def worker(i: int) -> None:
         rng = random.Random(SEED * 100 + i)
@@ -106,6 +131,9 @@ async def test_counters_equal_a_count_under_random_concurrent_changes(stub, cp_p
                 await op(rng)
                 stats[op.__name__] = stats.get(op.__name__, 0) + 1
             except DomainError:  # out of stock, delivered already, lapsed: the counters must hold anyway
+                stats["refused"] = stats.get("refused", 0) + 1
+            except asyncpg.PostgresError as e:  # a claim open already, no code to replace with, ...
+                assert (getattr(e, "sqlstate", "") or "").startswith("CP0"), e
                 stats["refused"] = stats.get("refused", 0) + 1
             if rng.random() < 0.2:
                 await asyncio.sleep(rng.random() * 0.1)
@@ -127,6 +155,11 @@ async def test_counters_equal_a_count_under_random_concurrent_changes(stub, cp_p
         stop.set()
     assert await checker > 3
     assert stats.get("reserve", 0) > 20 and stats.get("deliver", 0) and stats.get("import_codes", 0), stats
+    assert stats.get("claim_and_replace", 0) and stats.get("batch_decision", 0), stats
+    assert await cp_pool.fetchval("SELECT count(*) FROM code_claims WHERE product_id = ANY($1) AND status = 'replaced'",
+                                  products) > 0
+    assert await cp_pool.fetchval("SELECT count(*) FROM supplier_batches WHERE product_id = ANY($1) AND status <> 'active'",
+                                  products) > 0
     while await service.expire_due(500):  # whatever is left due
         pass
     assert await _mismatches(cp_pool, products) == []
@@ -176,10 +209,12 @@ async def test_the_migration_counts_the_codes_already_there(scratch_db, tmp_path
     """A database holding codes before the counters existed gets them counted by the migration."""
     migrations = pathlib.Path(__file__).resolve().parents[3] / "services" / "codepool" / "migrations"
     # The schema before the counters: the baseline, and the functions but the one whose SQL body
-    # names product_stock (checked when created; the others are PL/pgSQL, checked when they run).
+    # names product_stock (checked when created; the others are PL/pgSQL, checked when they run)
+    # and the claims' ones, which name the later table code_claims.
     older = tmp_path / "before-0002"
     shutil.copytree(migrations, older, ignore=lambda d, names: [
-        n for n in names if n == "codepool_stock_available.sql" or (n[:4].isdigit() and n >= "0002")])
+        n for n in names if n == "codepool_stock_available.sql" or n.startswith("codepool_claim_")
+        or (n[:4].isdigit() and n >= "0002")])
     await migrate(scratch_db, older)
     conn = await asyncpg.connect(scratch_db)
     try:
@@ -238,7 +273,8 @@ async def test_the_stock_gauge_shows_the_products_nearest_to_running_out_and_sum
         "SELECT product_id, sum(available) AS available FROM product_stock GROUP BY product_id "
         "HAVING sum(available + reserved + delivered) > 0")}
     totals = await cp_pool.fetchrow("SELECT sum(available) AS available, sum(reserved) AS reserved, "
-                                    "sum(delivered) AS delivered FROM product_stock")
+                                    "sum(delivered) AS delivered, sum(quarantined) AS quarantined, "
+                                    "sum(revoked) AS revoked FROM product_stock")
     registry = prometheus_client.CollectorRegistry()
     gauge = metrics.CodePoolMetrics(registry)
     for top in (2, 1):  # fewer shown the second time: the others' series are removed

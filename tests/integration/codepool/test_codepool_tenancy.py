@@ -22,7 +22,7 @@ from codepool_testkit import ADMIN, STAFF, make_codes, reserve_request, stocked_
 # Every table of the code pool that belongs to a merchant; test_every_merchant_table_has_rls checks
 # the catalogue agrees (a new table with merchant_id must be added here and declared with cuty_tenant_table).
 MERCHANT_TABLES = ("products", "supplier_batches", "codes", "reservations", "deliveries", "payment_transactions",
-                   "code_views", "audit_log", "stock_events", "product_stock")
+                   "code_views", "audit_log", "stock_events", "product_stock", "code_claims")
 OPERATOR = user("op-1", "operator")
 
 
@@ -247,18 +247,21 @@ async def test_a_reservation_of_another_merchant_is_not_found_for_staff(stub, cp
 
 
 # --- the database --------------------------------------------------------------------------------
-async def _one_of_everything(stub, org: str) -> str:
-    """A product of `org` with a row in every merchant table (the reservation is a stock.low crossing)."""
+async def _one_of_everything(stub, org: str, db) -> str:
+    """A product of `org` with a row in every merchant table (the reservation is a stock.low crossing;
+    the claim is opened by the database function the service calls, through `db`)."""
     product_id = await _product_of(stub, org, n=3, low_stock_threshold=2)
     res = await stub.ReserveCodes(reserve_request(product_id, 1))
     await stub.DeliverCodes(pb.DeliverCodesRequest(order_id=res.order_id, payment_transaction_id="p-" + res.order_id))
     await stub.RevealCode(pb.RevealCodeRequest(code_id=res.code_ids[0]), metadata=user("a", "admin", org))
+    await db.execute("SELECT codepool_claim_open(gen_random_uuid(), $1, $2, NULL, NULL, 'does_not_work', 'tenancy', "
+                     "'system')", res.order_id, uuid.UUID(res.code_ids[0]))
     return product_id
 
 
 async def test_moving_rows_between_merchants_is_refused(stub, cp_pool):
     org = merchant()
-    product_id = uuid.UUID(await _one_of_everything(stub, org))
+    product_id = uuid.UUID(await _one_of_everything(stub, org, cp_pool))
     lonely = uuid.UUID(await _product_of(stub, org))  # no children: only the trigger stands in the way
     await cp_pool.execute("UPDATE products SET name = 'renamed' WHERE id = $1", lonely)  # other columns may change
     where = {"products": "id = $1",
@@ -289,8 +292,8 @@ async def test_a_child_cannot_name_another_merchant_than_its_parent(stub, cp_poo
 
 async def test_row_level_security_bites_a_query_without_where(stub, codepool_dsn):
     org = merchant()
-    await _one_of_everything(stub, org)
     conn = await asyncpg.connect(codepool_dsn)
+    await _one_of_everything(stub, org, conn)
     try:
         async with probe_role(conn) as role:
             counts = {s: {t: await rows_seen(conn, role, t, s) for t in MERCHANT_TABLES} for s in ("wrong", org, None, "*")}

@@ -17,14 +17,14 @@ async def test_access_line_names_the_route_template_and_subject_never_the_token(
     headers = {**bearer("customer", sub="cust-42"), "Idempotency-Key": "k-access-1"}
     secret_body = json.dumps({"paymentMethod": "pm_card_ok-secret-body-marker"})
     with caplog.at_level(logging.INFO, logger="gateway.access"):
-        r = await client.post("/v1/checkouts/ck-access-1:pay", headers=headers, content=secret_body)
+        r = await client.post("/v1/checkouts/00000000-0000-4000-8000-000000000012:pay", headers=headers, content=secret_body)
     assert r.status_code == 200
     (line,) = [rec for rec in caplog.records if rec.name == "gateway.access"]
     assert (line.method, line.route, line.status, line.subject) == ("POST", route, 200, "cust-42")
     assert line.trace_id == r.headers["x-trace-id"] and line.duration_ms > 0
     token = headers["Authorization"].split()[1]
     logged = json.dumps({k: str(v) for k, v in vars(line).items()})
-    assert token not in logged and "secret-body-marker" not in logged and "ck-access-1" not in logged
+    assert token not in logged and "secret-body-marker" not in logged and "00000000-0000-4000-8000-000000000012" not in logged
     assert route_count(route, "200") == before + 1
 
 

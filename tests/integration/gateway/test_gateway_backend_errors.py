@@ -26,26 +26,30 @@ def problem(r, status, type_):
 
 
 async def test_slot_unavailable_with_alternatives(client, script, bearer):
-    alts = [booking_pb2.Slot(id=f"alt{i}", resource_id="r1") for i in range(3)]
+    alts = [booking_pb2.Slot(id=f"alt{i}", resource_id="00000000-0000-4000-8000-000000000007") for i in range(3)]
     script("CreateCheckout", raising(errors.AlreadyExists(
-        "slot s1 was taken", reason="slot-unavailable", detail=booking_pb2.SlotUnavailable(slot_id="s1", alternatives=alts))))
-    r = await client.post("/v1/checkouts", json={"slotId": "s1"}, headers={**bearer("customer"), "Idempotency-Key": "a"})
+        "slot s1 was taken", reason="slot-unavailable", detail=booking_pb2.SlotUnavailable(slot_id="00000000-0000-4000-8000-000000000003", alternatives=alts))))
+    r = await client.post("/v1/checkouts", json={"slotId": "00000000-0000-4000-8000-000000000003"}, headers={**bearer("customer"), "Idempotency-Key": "a"})
     doc = problem(r, 409, "slot-unavailable")
     assert [a["id"] for a in doc["alternatives"]] == ["alt0", "alt1", "alt2"]
-    assert doc["alternatives"][0]["resourceId"] == "r1"
+    assert doc["alternatives"][0]["resourceId"] == "00000000-0000-4000-8000-000000000007"
 
 
 async def test_out_of_stock_with_available(client, script, bearer):
     script("CreateCheckout", raising(errors.ResourceExhausted(
-        "2 left", reason="out-of-stock", detail=codepool_pb2.OutOfStock(product_id="p", requested=3, available=2))))
-    r = await client.post("/v1/checkouts", json={"productId": "p", "quantity": 3},
+        "2 left", reason="out-of-stock", detail=codepool_pb2.OutOfStock(product_id="00000000-0000-4000-8000-000000000014", requested=3, available=2))))
+    r = await client.post("/v1/checkouts", json={"productId": "00000000-0000-4000-8000-000000000014", "quantity": 3},
                           headers={**bearer("customer"), "Idempotency-Key": "b"})
     assert problem(r, 409, "out-of-stock")["available"] == 2
+
+# A slot that keeps the contract: only the service (scripted here) can refuse it.
+SLOT_INPUT = {"resourceId": "00000000-0000-4000-8000-000000000007", "startTime": "2026-03-08T09:00:00Z",
+              "endTime": "2026-03-08T10:00:00Z", "price": {"currencyCode": "TRY", "amountMinor": "75000"}}
 
 
 async def test_invalid_argument_names_the_json_field(client, script, bearer):
     script("BatchCreateSlots", raising(errors.InvalidArgument("slots[0].end_time", "end_time must be after start_time")))
-    r = await client.post("/v1/salons/s1/slots:batchCreate", json={"slots": [{}]}, headers=bearer("admin"))
+    r = await client.post("/v1/salons/00000000-0000-4000-8000-000000000003/slots:batchCreate", json={"slots": [SLOT_INPUT]}, headers=bearer("admin"))
     assert problem(r, 400, "invalid-argument")["field"] == "slots[0].endTime"
 
 
@@ -60,7 +64,7 @@ async def test_invalid_argument_names_the_json_field(client, script, bearer):
 ])
 async def test_status_mapping(client, script, bearer, exc, status, type_):
     script("PayCheckout", raising(exc))
-    r = await client.post("/v1/checkouts/ck1:pay", json={"paymentMethod": "pm_card_ok"},
+    r = await client.post("/v1/checkouts/00000000-0000-4000-8000-000000000001:pay", json={"paymentMethod": "pm_card_ok"},
                           headers={**bearer("customer"), "Idempotency-Key": "c"})
     problem(r, status, type_)
 
@@ -74,7 +78,7 @@ async def test_deadline_exceeded_is_504(start_gateway, fake, script, bearer):
     script("GetCheckout", slow)
     import httpx
     async with httpx.AsyncClient(base_url=g.url) as c:
-        r = await c.get("/v1/checkouts/ck1", headers=bearer("customer"))
+        r = await c.get("/v1/checkouts/00000000-0000-4000-8000-000000000001", headers=bearer("customer"))
     problem(r, 504, "deadline-exceeded")
 
 
@@ -83,7 +87,7 @@ async def test_backend_down_is_503_and_healthz_says_so(start_gateway, bearer):
     g = await start_gateway(addr=f"127.0.0.1:{free_port()}")
     import httpx
     async with httpx.AsyncClient(base_url=g.url) as c:
-        r = await c.get("/v1/products/p1/stock", headers=bearer("staff"))
+        r = await c.get("/v1/products/00000000-0000-4000-8000-000000000005/stock", headers=bearer("staff"))
         doc = problem(r, 503, "unavailable")
         assert "127.0.0.1" not in doc["detail"] and r.headers["retry-after"] == "1"
         h = await c.get("/healthz")
@@ -111,8 +115,8 @@ async def test_idempotent_replay_is_byte_identical(client, script, bearer):
         return checkout_pb2.Checkout.FromString(stored[key])
     script("CreateCheckout", create)
     h = {**bearer("customer"), "Idempotency-Key": "replay-1"}
-    first = await client.post("/v1/checkouts", content=b'{"slotId": "s1"}', headers=h)
-    again = await client.post("/v1/checkouts", content=b'{"slot_id":"s1"}', headers=h)
+    first = await client.post("/v1/checkouts", content=b'{"slotId": "00000000-0000-4000-8000-000000000003"}', headers=h)
+    again = await client.post("/v1/checkouts", content=b'{"slot_id":"00000000-0000-4000-8000-000000000003"}', headers=h)
     assert first.status_code == again.status_code == 200
     assert first.content == again.content
     assert json.loads(first.content)["expireTime"] == "2026-03-08T09:05:00.123456Z"
@@ -120,7 +124,7 @@ async def test_idempotent_replay_is_byte_identical(client, script, bearer):
 
 async def test_missing_idempotency_key_never_reaches_the_service(client, fake, bearer):
     before = len(fake.calls)
-    for path, body in [("/v1/checkouts", {"slotId": "s1"}), ("/v1/checkouts/ck1:pay", {"paymentMethod": "pm_card_ok"})]:
+    for path, body in [("/v1/checkouts", {"slotId": "00000000-0000-4000-8000-000000000003"}), ("/v1/checkouts/00000000-0000-4000-8000-000000000001:pay", {"paymentMethod": "pm_card_ok"})]:
         r = await client.post(path, json=body, headers=bearer("customer"))
         assert problem(r, 400, "idempotency-key-required")["field"] == "Idempotency-Key"
         r = await client.post(path, json=body, headers={**bearer("customer"), "Idempotency-Key": "x" * 256})

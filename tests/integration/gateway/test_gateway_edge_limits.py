@@ -7,7 +7,7 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-SLOTS = "/v1/salons/s1/slots"
+SLOTS = "/v1/salons/00000000-0000-4000-8000-000000000003/slots?startTime=2026-03-08T00:00:00Z&endTime=2026-03-09T00:00:00Z"
 SLOTS_ROUTE = "/v1/salons/{salon_id}/slots"
 
 
@@ -36,9 +36,9 @@ async def test_bad_signature_and_expired_token_are_401(client, untouched, bearer
 
 @pytest.mark.parametrize("method, path, role", [
     ("POST", "/v1/salons", "customer"), ("POST", "/v1/salons", "staff"),
-    ("GET", "/v1/products/p1/stock", "customer"), ("POST", "/v1/codes/c1:reveal", "staff"),
+    ("GET", "/v1/products/00000000-0000-4000-8000-000000000005/stock", "customer"), ("POST", "/v1/codes/00000000-0000-4000-8000-000000000006:reveal", "staff"),
     ("POST", "/v1/checkouts", "staff"), ("POST", "/v1/checkouts", "admin"),
-    ("POST", "/v1/checkouts/ck1:cancel", "operator"), ("GET", "/v1/payments/p/events", "customer"),
+    ("POST", "/v1/checkouts/00000000-0000-4000-8000-000000000001:cancel", "operator"), ("GET", "/v1/payments/00000000-0000-4000-8000-000000000014/events", "customer"),
 ])
 async def test_wrong_role_is_403(client, untouched, bearer, method, path, role):
     r = await client.request(method, path, headers={**bearer(role), "Idempotency-Key": "k"}, json={})
@@ -73,7 +73,7 @@ async def test_body_just_under_the_limit_passes(client, fake, bearer):
     codes = ["C%07d" % i for i in range(85_000)]  # ~1 MB of JSON
     body = json.dumps({"batchRef": "b", "codes": codes}).encode()
     assert 1000_000 < len(body) < 1024 * 1024
-    r = await client.post("/v1/products/p1/codes:import", content=body, headers=bearer("admin"))
+    r = await client.post("/v1/products/00000000-0000-4000-8000-000000000005/codes:import", content=body, headers=bearer("admin"))
     assert r.status_code == 200, r.text
     assert len(fake.last("ImportCodeBatch").request.codes) == 85_000
 
@@ -157,9 +157,13 @@ async def test_get_with_a_body_is_refused(client, untouched, bearer):
 
 
 async def test_path_ids_are_decoded_and_passed_verbatim(client, fake, bearer):
-    r = await client.get("/v1/checkouts/1%27%20OR%20%271%27%3D%271", headers=bearer("customer"))
+    # Percent-encoded characters of an id arrive decoded, and nothing else is done to them.
+    r = await client.get("/v1/checkouts/%38f14e45f-ceea-467f-a0e6-6f3a2a1b9c4%64", headers=bearer("customer"))
     assert r.status_code == 200
-    assert fake.last("GetCheckout").request.checkout_id == "1' OR '1'='1"
+    assert fake.last("GetCheckout").request.checkout_id == "8f14e45f-ceea-467f-a0e6-6f3a2a1b9c4d"
+    # One that is not an id at all is the contract's 400, never a service's concern.
+    r = await client.get("/v1/checkouts/1%27%20OR%20%271%27%3D%271", headers=bearer("customer"))
+    assert r.status_code == 400 and r.json()["field"] == "checkoutId"
 
 
 def _post_raw(url: str, head: bytes, body_chunks, *, read_timeout: float = 10) -> bytes:
@@ -241,11 +245,12 @@ async def test_the_gateways_memo_never_keeps_secrets(gw, fake, script, bearer):
     """Answers carrying a client secret or a code's value, and requests carrying plaintext codes,
     are never kept in the gateway's memo tables; answers without them still are."""
     from cuty.payments.v1 import checkout_pb2
+    WITH_SECRETS, PLAIN = "00000000-0000-4000-8000-0000000000c1", "00000000-0000-4000-8000-0000000000c2"  # ids keep the contract: UUIDs
     secret, code = "cs_" + secrets.token_hex(8), "CODE-" + secrets.token_hex(6)
 
     def checkout(request, md):
         out = checkout_pb2.Checkout(id=request.checkout_id)
-        if request.checkout_id == "with-secrets":
+        if request.checkout_id == WITH_SECRETS:
             out.payment.client_secret = secret
             out.payment.next_action.redirect_url = f"https://psp.example/3ds/{secret}"
             out.codes.add(id="c1", value=code)
@@ -254,13 +259,13 @@ async def test_the_gateways_memo_never_keeps_secrets(gw, fake, script, bearer):
     me = bearer("customer")
     async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
         for _ in range(2):
-            r = await client.get("/v1/checkouts/with-secrets", headers=me)
+            r = await client.get(f"/v1/checkouts/{WITH_SECRETS}", headers=me)
             assert r.status_code == 200 and r.json()["payment"]["clientSecret"] == secret
-            r = await client.get("/v1/checkouts/plain", headers=me)
+            r = await client.get(f"/v1/checkouts/{PLAIN}", headers=me)
             assert r.status_code == 200
-        r = await client.post("/v1/products/p1/codes:import", headers=bearer("admin"),
+        r = await client.post("/v1/products/00000000-0000-4000-8000-0000000000c3/codes:import", headers=bearer("admin"),
                               json={"batchRef": "b", "codes": [code]})
         assert r.status_code == 200 and list(fake.last("ImportCodeBatch").request.codes) == [code]
     kept = repr(list(gw.app._answers._data.items()) + list(gw.app._requests._data.items()))
     assert secret not in kept and code not in kept
-    assert "plain" in kept  # the memo still works for answers without secrets
+    assert PLAIN in kept  # the memo still works for answers without secrets

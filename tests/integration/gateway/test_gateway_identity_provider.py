@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from cutylib.pgcluster import free_port
 
-SLOTS = "/v1/salons/s1/slots"
+SLOTS = "/v1/salons/00000000-0000-4000-8000-000000000003/slots?startTime=2026-03-08T00:00:00Z&endTime=2026-03-09T00:00:00Z"
 ISSUER, AUDIENCE = "https://id.test/", "cuty-checkout"
 RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 EC_KEY = ec.generate_private_key(ec.SECP256R1())

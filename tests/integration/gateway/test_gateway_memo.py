@@ -13,7 +13,7 @@ async def test_a_repeated_read_follows_its_answer(client, fake, bearer):
     fake.scripts["GetCheckout"] = lambda req, md: checkout_pb2.Checkout(id=next(ids))
     try:
         h = bearer("customer")
-        got = [(await client.get("/v1/checkouts/memo-c1", headers=h)).json()["id"] for _ in range(4)]
+        got = [(await client.get("/v1/checkouts/00000000-0000-4000-8000-000000000010", headers=h)).json()["id"] for _ in range(4)]
         assert got == ["first", "first", "second", "first"]
     finally:
         fake.scripts.pop("GetCheckout", None)
@@ -21,13 +21,13 @@ async def test_a_repeated_read_follows_its_answer(client, fake, bearer):
 
 async def test_a_repeated_query_reaches_the_service_each_time(client, fake, bearer):
     h = bearer("customer")
-    path = "/v1/salons/memo-s1/slots?startTime=2026-03-08T00:00:00Z&availableOnly=true"
+    path = "/v1/salons/00000000-0000-4000-8000-000000000009/slots?startTime=2026-03-08T00:00:00Z&endTime=2026-03-09T00:00:00Z&availableOnly=true"
     before = len([c for c in fake.calls if c.rpc == "ListSlots"])
     for _ in range(3):
         assert (await client.get(path, headers=h)).status_code == 200
     calls = [c for c in fake.calls if c.rpc == "ListSlots"][before:]
     assert len(calls) == 3
-    assert all(c.request.salon_id == "memo-s1" and c.request.available_only for c in calls)
+    assert all(c.request.salon_id == "00000000-0000-4000-8000-000000000009" and c.request.available_only for c in calls)
     assert all(c.request.start_time.ToJsonString() == "2026-03-08T00:00:00Z" for c in calls)
 
 
@@ -36,14 +36,14 @@ async def test_the_same_body_twice_reaches_the_service_each_time_with_its_own_ke
         return checkout_pb2.Checkout(id=f"ck-{md['idempotency-key']}")
     fake.scripts["CreateCheckout"] = created
     try:
-        body = json.dumps({"slotId": "memo-slot"})
+        body = json.dumps({"slotId": "00000000-0000-4000-8000-000000000011"})
         for key in ("memo-k1", "memo-k2"):
             r = await client.post("/v1/checkouts", content=body,
                                   headers={**bearer("customer", sub=f"sub-{key}"), "Idempotency-Key": key})
             assert r.status_code == 200, r.text
             assert r.json()["id"] == f"ck-{key}"
             call = fake.last("CreateCheckout")
-            assert call.request.slot_id == "memo-slot"
+            assert call.request.slot_id == "00000000-0000-4000-8000-000000000011"
             assert call.metadata["idempotency-key"] == key
             assert call.who.subject == f"sub-{key}"
     finally:
@@ -52,7 +52,7 @@ async def test_the_same_body_twice_reaches_the_service_each_time_with_its_own_ke
 
 async def test_path_variables_are_part_of_the_memoised_request(client, fake, bearer):
     h = {**bearer("customer"), "Idempotency-Key": "memo-pay"}
-    for checkout in ("memo-ck1", "memo-ck2"):
+    for checkout in ("00000000-0000-4000-8000-0000000000a1", "00000000-0000-4000-8000-0000000000a2"):
         r = await client.post(f"/v1/checkouts/{checkout}:pay", content=json.dumps({"paymentMethod": "pm_card_ok"}),
                               headers=h)
         assert r.status_code == 200, r.text
@@ -62,7 +62,7 @@ async def test_path_variables_are_part_of_the_memoised_request(client, fake, bea
 async def test_a_refused_request_stays_refused(client, bearer):
     h = {**bearer("customer"), "Idempotency-Key": "memo-bad"}
     for _ in range(2):
-        r = await client.post("/v1/checkouts", content=json.dumps({"slotId": "s", "nope": 1}), headers=h)
+        r = await client.post("/v1/checkouts", content=json.dumps({"slotId": "00000000-0000-4000-8000-000000000013", "nope": 1}), headers=h)
         assert r.status_code == 400
         assert r.json()["field"] == "nope"
 

@@ -54,7 +54,7 @@ def shed(route: str, criticality: str, reason: str) -> float:
 
 
 def create(c: httpx.AsyncClient, who: dict):
-    return c.post("/v1/checkouts", json={"productId": "p1", "quantity": 1},
+    return c.post("/v1/checkouts", json={"productId": "00000000-0000-4000-8000-000000000005", "quantity": 1},
                   headers={**who, "Idempotency-Key": uuid.uuid4().hex})
 
 
@@ -71,16 +71,16 @@ async def test_at_the_limit_a_pay_is_admitted_while_new_checkouts_and_reads_are_
         calls = len(fake.calls)
 
         overloaded(await create(c, me))
-        overloaded(await c.get("/v1/salons/s1/slots", headers=me))
+        overloaded(await c.get("/v1/salons/00000000-0000-4000-8000-000000000003/slots?startTime=2026-03-08T00:00:00Z&endTime=2026-03-09T00:00:00Z", headers=me))
         # Refused without reaching the service, and without waiting for the calls it holds.
         assert len(fake.calls) == calls and gate.waiting == 3
         assert shed("/v1/checkouts", "normal", "overloaded") == before + 1
         assert REGISTRY.get_sample_value("cuty_gateway_calls_in_flight") >= 3
 
-        pay = await c.post("/v1/checkouts/ck1:pay", json={"paymentMethod": "pm_card_ok"},
+        pay = await c.post("/v1/checkouts/00000000-0000-4000-8000-000000000001:pay", json={"paymentMethod": "pm_card_ok"},
                            headers={**me, "Idempotency-Key": uuid.uuid4().hex})
         assert pay.status_code == 200, pay.text
-        assert (await c.get("/v1/checkouts/ck1", headers=me)).status_code == 200
+        assert (await c.get("/v1/checkouts/00000000-0000-4000-8000-000000000001", headers=me)).status_code == 200
         assert gate.waiting == 3
 
         gate.open.set()
@@ -127,24 +127,24 @@ async def test_a_service_shedding_load_is_503_overloaded_and_lowers_the_limit(st
 @pytest.mark.parametrize("value", ["abc", "-1", "0", "nan", "inf", "1e3", "7200"])
 async def test_a_malformed_request_timeout_is_400_naming_the_header(client, fake, bearer, value):
     calls = len(fake.calls)
-    r = await client.get("/v1/checkouts/ck1", headers={**bearer("customer"), "Request-Timeout": value})
+    r = await client.get("/v1/checkouts/00000000-0000-4000-8000-000000000001", headers={**bearer("customer"), "Request-Timeout": value})
     assert r.status_code == 400 and r.json()["field"] == "Request-Timeout", r.text
     assert len(fake.calls) == calls
 
 
 async def test_request_timeout_is_the_calls_deadline(client, script, gate, bearer):
     script("GetCheckout", gate)  # never answers on its own
-    r = await client.get("/v1/checkouts/ck1", headers={**bearer("customer"), "Request-Timeout": "0.3"})
+    r = await client.get("/v1/checkouts/00000000-0000-4000-8000-000000000001", headers={**bearer("customer"), "Request-Timeout": "0.3"})
     assert r.status_code == 504 and "0.3 s" in r.json()["detail"], r.text
     # More than the route allows is capped by it (this gateway's deadline: 2 s).
-    r = await client.get("/v1/checkouts/ck1", headers={**bearer("customer"), "Request-Timeout": "3000"})
+    r = await client.get("/v1/checkouts/00000000-0000-4000-8000-000000000001", headers={**bearer("customer"), "Request-Timeout": "3000"})
     assert r.status_code == 504 and "2 s" in r.json()["detail"], r.text
 
 
 async def test_time_spent_in_the_gateway_counts_against_request_timeout(client, fake, bearer):
     calls = len(fake.calls)
     before = shed("/v1/checkouts/{checkout_id}", "critical", "deadline")
-    r = await client.get("/v1/checkouts/ck1", headers={**bearer("customer"), "Request-Timeout": "0.000001"})
+    r = await client.get("/v1/checkouts/00000000-0000-4000-8000-000000000001", headers={**bearer("customer"), "Request-Timeout": "0.000001"})
     assert r.status_code == 504 and "nothing was done" in r.json()["detail"], r.text
     assert len(fake.calls) == calls
     assert shed("/v1/checkouts/{checkout_id}", "critical", "deadline") == before + 1

@@ -13,25 +13,25 @@ IDEM = {"Idempotency-Key": "k-1"}
 ROUTES = [
     ("POST", "/v1/salons", "admin", {}, {"name": "Saç", "timeZone": "Europe/Istanbul"}, "CreateSalon",
      {"name": "Saç", "time_zone": "Europe/Istanbul"}),
-    ("POST", "/v1/salons/s1/resources", "admin", {}, {"name": "Ayşe"}, "CreateResource", {"salon_id": "s1", "name": "Ayşe"}),
-    ("POST", "/v1/salons/s1/slots:batchCreate", "admin", {},
-     {"slots": [{"resourceId": "r1", "startTime": "2026-03-08T09:00:00+03:00", "endTime": "2026-03-08T10:00:00+03:00",
-                 "price": {"currencyCode": "TRY", "amountMinor": "75000"}}]}, "BatchCreateSlots", {"salon_id": "s1"}),
-    ("GET", "/v1/salons/s1/slots?startTime=2026-03-08T00:00:00Z&availableOnly=true", "customer", {}, None, "ListSlots",
-     {"salon_id": "s1", "available_only": True}),
+    ("POST", "/v1/salons/00000000-0000-4000-8000-000000000003/resources", "admin", {}, {"name": "Ayşe"}, "CreateResource", {"salon_id": "00000000-0000-4000-8000-000000000003", "name": "Ayşe"}),
+    ("POST", "/v1/salons/00000000-0000-4000-8000-000000000003/slots:batchCreate", "admin", {},
+     {"slots": [{"resourceId": "00000000-0000-4000-8000-000000000007", "startTime": "2026-03-08T09:00:00+03:00", "endTime": "2026-03-08T10:00:00+03:00",
+                 "price": {"currencyCode": "TRY", "amountMinor": "75000"}}]}, "BatchCreateSlots", {"salon_id": "00000000-0000-4000-8000-000000000003"}),
+    ("GET", "/v1/salons/00000000-0000-4000-8000-000000000003/slots?startTime=2026-03-08T00:00:00Z&endTime=2026-03-09T00:00:00Z&availableOnly=true", "customer", {}, None, "ListSlots",
+     {"salon_id": "00000000-0000-4000-8000-000000000003", "available_only": True}),
     ("POST", "/v1/products", "admin", {}, {"sku": "GC-50", "name": "Gift card",
                                            "price": {"currencyCode": "TRY", "amountMinor": 5000}}, "CreateProduct", {"sku": "GC-50"}),
-    ("POST", "/v1/products/p1/codes:import", "admin", {}, {"batchRef": "b1", "codes": ["A", "B"]}, "ImportCodeBatch",
-     {"product_id": "p1", "batch_ref": "b1", "codes": ["A", "B"]}),
-    ("GET", "/v1/products/p1/stock", "staff", {}, None, "GetStock", {"product_id": "p1"}),
-    ("GET", "/v1/products/p1/codes?pageSize=10", "staff", {}, None, "ListCodes", {"product_id": "p1", "page_size": 10}),
-    ("POST", "/v1/codes/c1:reveal", "admin", {}, None, "RevealCode", {"code_id": "c1"}),
-    ("POST", "/v1/checkouts", "customer", IDEM, {"slotId": "s9"}, "CreateCheckout", {"slot_id": "s9"}),
-    ("POST", "/v1/checkouts/ck1:pay", "customer", IDEM, {"paymentMethod": "pm_card_ok"}, "PayCheckout",
-     {"checkout_id": "ck1", "payment_method": "pm_card_ok"}),
-    ("GET", "/v1/checkouts/ck1", "customer", {}, None, "GetCheckout", {"checkout_id": "ck1"}),
-    ("POST", "/v1/checkouts/ck1:cancel", "customer", {}, {}, "CancelCheckout", {"checkout_id": "ck1"}),
-    ("GET", "/v1/payments/pay1/events", "staff", {}, None, "GetPaymentTimeline", {"payment_id": "pay1"}),
+    ("POST", "/v1/products/00000000-0000-4000-8000-000000000005/codes:import", "admin", {}, {"batchRef": "b1", "codes": ["A", "B"]}, "ImportCodeBatch",
+     {"product_id": "00000000-0000-4000-8000-000000000005", "batch_ref": "b1", "codes": ["A", "B"]}),
+    ("GET", "/v1/products/00000000-0000-4000-8000-000000000005/stock", "staff", {}, None, "GetStock", {"product_id": "00000000-0000-4000-8000-000000000005"}),
+    ("GET", "/v1/products/00000000-0000-4000-8000-000000000005/codes?pageSize=10", "staff", {}, None, "ListCodes", {"product_id": "00000000-0000-4000-8000-000000000005", "page_size": 10}),
+    ("POST", "/v1/codes/00000000-0000-4000-8000-000000000006:reveal", "admin", {}, None, "RevealCode", {"code_id": "00000000-0000-4000-8000-000000000006"}),
+    ("POST", "/v1/checkouts", "customer", IDEM, {"slotId": "00000000-0000-4000-8000-000000000004"}, "CreateCheckout", {"slot_id": "00000000-0000-4000-8000-000000000004"}),
+    ("POST", "/v1/checkouts/00000000-0000-4000-8000-000000000001:pay", "customer", IDEM, {"paymentMethod": "pm_card_ok"}, "PayCheckout",
+     {"checkout_id": "00000000-0000-4000-8000-000000000001", "payment_method": "pm_card_ok"}),
+    ("GET", "/v1/checkouts/00000000-0000-4000-8000-000000000001", "customer", {}, None, "GetCheckout", {"checkout_id": "00000000-0000-4000-8000-000000000001"}),
+    ("POST", "/v1/checkouts/00000000-0000-4000-8000-000000000001:cancel", "customer", {}, {}, "CancelCheckout", {"checkout_id": "00000000-0000-4000-8000-000000000001"}),
+    ("GET", "/v1/payments/00000000-0000-4000-8000-000000000008/events", "staff", {}, None, "GetPaymentTimeline", {"payment_id": "00000000-0000-4000-8000-000000000008"}),
     ("GET", "/v1/payments:lookup?pspIntentId=pi_1", "staff", {}, None, "LookupPayment", {"psp_intent_id": "pi_1"}),
 ]
 
@@ -63,16 +63,16 @@ async def test_route_reaches_its_rpc(client, fake, bearer, method, path, role, h
 
 async def test_response_is_proto3_json(client, fake, bearer):
     def slots(req, md):
-        s = booking_pb2.Slot(id="s1", resource_id="r1", local_start_time="2026-03-08T12:00:00+03:00")
+        s = booking_pb2.Slot(id="00000000-0000-4000-8000-000000000003", resource_id="00000000-0000-4000-8000-000000000007", local_start_time="2026-03-08T12:00:00+03:00")
         s.start_time.FromJsonString("2026-03-08T09:00:00Z")
         s.price.currency_code, s.price.amount_minor = "TRY", 75000
         return booking_pb2.ListSlotsResponse(slots=[s])
     fake.scripts["ListSlots"] = slots
     try:
-        r = await client.get("/v1/salons/s1/slots", headers=bearer("customer"))
+        r = await client.get("/v1/salons/00000000-0000-4000-8000-000000000003/slots?startTime=2026-03-08T00:00:00Z&endTime=2026-03-09T00:00:00Z", headers=bearer("customer"))
     finally:
         del fake.scripts["ListSlots"]
-    assert r.json() == {"slots": [{"id": "s1", "salonId": "", "resourceId": "r1", "startTime": "2026-03-08T09:00:00Z",
+    assert r.json() == {"slots": [{"id": "00000000-0000-4000-8000-000000000003", "salonId": "", "resourceId": "00000000-0000-4000-8000-000000000007", "startTime": "2026-03-08T09:00:00Z",
                                    "localStartTime": "2026-03-08T12:00:00+03:00",
                                    "price": {"currencyCode": "TRY", "amountMinor": "75000"}, "available": False,
                                    "serviceId": ""}],
@@ -83,11 +83,11 @@ async def test_enum_names_in_responses(client, fake, bearer):
     fake.scripts["GetCheckout"] = lambda req, md: checkout_pb2.Checkout(id=req.checkout_id, kind=checkout_pb2.CHECKOUT_KIND_BOOKING,
                                                                        state=checkout_pb2.CHECKOUT_STATE_AWAITING_ACTION)
     try:
-        r = await client.get("/v1/checkouts/ck2", headers=bearer("customer"))
+        r = await client.get("/v1/checkouts/00000000-0000-4000-8000-000000000002", headers=bearer("customer"))
     finally:
         del fake.scripts["GetCheckout"]
     assert {k: v for k, v in r.json().items() if v not in ("", 0, [])} == {
-        "id": "ck2", "kind": "CHECKOUT_KIND_BOOKING", "state": "CHECKOUT_STATE_AWAITING_ACTION"}
+        "id": "00000000-0000-4000-8000-000000000002", "kind": "CHECKOUT_KIND_BOOKING", "state": "CHECKOUT_STATE_AWAITING_ACTION"}
     assert r.json()["quantity"] == 0 and r.json()["codes"] == []  # unpopulated fields are written (issue 10)
 
 
@@ -104,8 +104,21 @@ async def test_webhook_passes_raw_body_and_signature_without_a_token(client, fak
 async def test_unknown_route_and_wrong_method(client, bearer):
     r = await client.get("/v1/nothing-here")
     assert r.status_code == 404 and r.headers["content-type"] == "application/problem+json"
-    r = await client.delete("/v1/checkouts/ck1", headers=bearer("customer"))
-    assert r.status_code == 405 and "GET" in r.headers["allow"]
+    r = await client.delete("/v1/checkouts/00000000-0000-4000-8000-000000000001", headers=bearer("customer"))
+    assert r.status_code == 405 and r.headers["allow"] == "GET"
+
+
+@pytest.mark.parametrize("verb", ["pay", "cancel", "reschedule", "retry"])
+async def test_a_wrong_method_on_a_custom_method_allows_exactly_its_own(client, bearer, fake, verb):
+    """`GET /v1/checkouts/{id}:pay` is not GetCheckout of an id "x:pay": 405, Allow: POST (the
+    document's one method for that path), and nothing reaches a service."""
+    path = f"/v1/checkouts/00000000-0000-4000-8000-000000000001:{verb}"
+    before = len(fake.calls)
+    for method in ("GET", "PUT", "DELETE", "PATCH"):
+        r = await client.request(method, path, headers=bearer("customer"))
+        assert r.status_code == 405 and r.headers["allow"] == "POST", (method, verb, r.text)
+        assert r.headers["content-type"] == "application/problem+json"
+    assert len(fake.calls) == before
 
 
 async def test_openapi_json_is_served(client):

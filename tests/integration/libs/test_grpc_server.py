@@ -9,6 +9,7 @@ import grpc
 import jwt
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from booking.grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES
@@ -23,7 +24,12 @@ from cutylib.testing.trust import channel_as, dev_pki, reissue, trust_cas, user,
 from cutylib.tls import DevPki, TlsFiles, Transport, issue, make_ca
 
 SERVICE = booking_pb2.DESCRIPTOR.services_by_name["BookingService"]
-CREATE = booking_pb2.CreateSalonRequest(name="x")
+CREATE = booking_pb2.CreateSalonRequest(name="x", time_zone="UTC")
+# Requests that keep their contracts (the server checks every request before the handler).
+SLOT = "00000000-0000-4000-8000-000000000001"
+HOLD = booking_pb2.HoldSlotRequest(slot_id=SLOT, request_id="r-1")
+GET_HOLD = booking_pb2.GetHoldRequest(hold_id=SLOT)
+LIST_SLOTS = booking_pb2.ListSlotsRequest(salon_id=SLOT, start_time={"seconds": 1}, end_time={"seconds": 2})
 
 
 class Probe(booking_pb2_grpc.BookingServiceServicer):
@@ -86,13 +92,13 @@ async def test_domain_errors_become_status_with_details(probe_server):
         assert bad_field(e.value) == "name"
 
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(pay).HoldSlot(booking_pb2.HoldSlotRequest(slot_id="s1"))
+            await stub(pay).HoldSlot(HOLD)
         assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
         assert error_reason(e.value) == "slot-unavailable"
-        assert unpack_detail(e.value, booking_pb2.SlotUnavailable).slot_id == "s1"
+        assert unpack_detail(e.value, booking_pb2.SlotUnavailable).slot_id == SLOT
 
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(pay).GetHold(booking_pb2.GetHoldRequest())
+            await stub(pay).GetHold(GET_HOLD)
         assert e.value.code() == grpc.StatusCode.INTERNAL
         assert "bug" not in e.value.details() and "ZeroDivision" not in e.value.details()  # no internals leak
 
@@ -116,7 +122,7 @@ async def test_the_user_is_the_signed_assertion_and_never_plain_metadata(probe_s
         assert await code_of(stub(ch).CreateSalon(CREATE, metadata=(("cuty-user", "x" * 5000),))) == \
             grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(ch).ListSlots(booking_pb2.ListSlotsRequest())
+            await stub(ch).ListSlots(LIST_SLOTS)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
@@ -131,7 +137,7 @@ async def test_the_client_channel_forwards_no_user_and_defaults_the_deadline(pro
             assert (salon.id, salon.name) == ("user-1", "admin")
         started = asyncio.get_running_loop().time()
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await stub(ch).ListSlots(booking_pb2.ListSlotsRequest(), timeout=1.0)
+            await stub(ch).ListSlots(LIST_SLOTS, timeout=1.0)
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert asyncio.get_running_loop().time() - started >= 0.9  # its own 1 s, not the channel's 0.3 s
 
@@ -224,13 +230,13 @@ async def test_each_rpc_only_from_the_services_in_its_table(probe_server):
             channel_as("payments", addr(probe_server), "booking") as pay, \
             channel_as("intruder", addr(probe_server), "booking") as intruder:
         admin = user("a", "admin")
-        assert await code_of(stub(gw).HoldSlot(booking_pb2.HoldSlotRequest(), metadata=admin)) == \
+        assert await code_of(stub(gw).HoldSlot(HOLD, metadata=admin)) == \
             grpc.StatusCode.PERMISSION_DENIED
         assert await code_of(stub(pay).CreateSalon(CREATE, metadata=admin)) == grpc.StatusCode.PERMISSION_DENIED
         # A valid certificate of the same CA, for a service no table names.
         assert await code_of(stub(intruder).CreateSalon(CREATE, metadata=admin)) == \
             grpc.StatusCode.PERMISSION_DENIED
-        assert await code_of(stub(intruder).HoldSlot(booking_pb2.HoldSlotRequest())) == \
+        assert await code_of(stub(intruder).HoldSlot(HOLD)) == \
             grpc.StatusCode.PERMISSION_DENIED
     assert pki.cert_path("intruder").exists()
 
@@ -381,3 +387,21 @@ async def test_certificates_are_reloaded_without_a_restart(tmp_path, monkeypatch
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_a_request_breaking_its_contract_is_refused_before_the_handler(probe_server):
+    """The interceptor checks every request against the protos' buf.validate rules: the Probe would
+    answer CreateSalon for any non-empty name, so an INVALID_ARGUMENT naming time_zone is the
+    contract's, and every violation is a BadRequest field violation."""
+    async with channel_as("gateway", addr(probe_server), "booking") as gw:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(gw).CreateSalon(booking_pb2.CreateSalonRequest(name="x", time_zone="not a zone!",
+                                                                      free_cancellation_hours=-1),
+                                       metadata=user("a", "admin"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_field(e.value) == "time_zone"
+    assert e.value.details() == ("time_zone: does not match regex pattern `^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$`; "
+                                 "free_cancellation_hours: must be greater than or equal to 0 and less than or equal "
+                                 "to 8760")
+    br = unpack_detail(e.value, error_details_pb2.BadRequest)
+    assert [v.field for v in br.field_violations] == ["time_zone", "free_cancellation_hours"]

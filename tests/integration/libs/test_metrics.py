@@ -1,6 +1,7 @@
 """Metrics in Prometheus format: the gRPC interceptor counts every method by status code, with the
 trace id as exemplar; /metrics answers on its own port; pool gauges read a real pool."""
 import asyncio
+import uuid
 
 import asyncpg
 import grpc
@@ -49,9 +50,9 @@ async def test_every_rpc_is_counted_by_method_and_status_code(probe):
     before = {k: count(*k) for k in (("CreateSalon", "OK"), ("HoldSlot", "ALREADY_EXISTS"), ("GetHold", "INTERNAL"))}
     async with channel_as("gateway", f"127.0.0.1:{probe.port}", "booking") as ch:
         stub = booking_pb2_grpc.BookingServiceStub(ch)
-        await stub.CreateSalon(booking_pb2.CreateSalonRequest(name="a"))
-        await stub.CreateSalon(booking_pb2.CreateSalonRequest(name="b"))
-        for call, req in ((stub.HoldSlot, booking_pb2.HoldSlotRequest()), (stub.GetHold, booking_pb2.GetHoldRequest())):
+        await stub.CreateSalon(booking_pb2.CreateSalonRequest(name="a", time_zone="UTC"))
+        await stub.CreateSalon(booking_pb2.CreateSalonRequest(name="b", time_zone="UTC"))
+        for call, req in ((stub.HoldSlot, booking_pb2.HoldSlotRequest(slot_id=str(uuid.UUID(int=1)), request_id="r")), (stub.GetHold, booking_pb2.GetHoldRequest(hold_id=str(uuid.UUID(int=1))))):
             with pytest.raises(grpc.aio.AioRpcError):
                 await call(req)
     # The server observes after the status has gone out, so the client can see it a moment earlier.
@@ -65,7 +66,7 @@ async def test_metrics_endpoint_serves_histograms_with_trace_exemplars(probe):
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     async with channel_as("gateway", f"127.0.0.1:{probe.port}", "booking") as ch:
         await booking_pb2_grpc.BookingServiceStub(ch).CreateSalon(
-            booking_pb2.CreateSalonRequest(name="x"), metadata=(("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),))
+            booking_pb2.CreateSalonRequest(name="x", time_zone="UTC"), metadata=(("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),))
     port = metrics.start_metrics_server("booking", 0, host="127.0.0.1")
     async with httpx.AsyncClient() as c:
         plain = (await c.get(f"http://127.0.0.1:{port}/metrics")).text

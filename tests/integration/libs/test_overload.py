@@ -4,6 +4,7 @@ wait or a statement ends at the caller's deadline, and a call whose deadline is 
 import asyncio
 import contextlib
 import time
+import uuid
 
 import grpc
 import pytest
@@ -113,20 +114,20 @@ async def test_the_call_beyond_the_cap_is_refused_at_once_and_streams_have_their
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
             # Four unary calls in the handlers at once, with both streams still open.
-            held = [asyncio.ensure_future(_stub(ch).GetSlot(booking_pb2.GetSlotRequest(slot_id=str(i))))
+            held = [asyncio.ensure_future(_stub(ch).GetSlot(booking_pb2.GetSlotRequest(slot_id=str(uuid.UUID(int=i)))))
                     for i in range(4)]
             await wait_for(lambda: worker.entered["GetSlot"] == 4, 5, message="four calls in their handlers")
             started = time.monotonic()
             with pytest.raises(grpc.aio.AioRpcError) as e:
-                await _stub(ch).GetSlot(booking_pb2.GetSlotRequest(slot_id="fifth"), timeout=5)
+                await _stub(ch).GetSlot(booking_pb2.GetSlotRequest(slot_id=str(uuid.UUID(int=5))), timeout=5)
             assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert time.monotonic() - started < 0.5  # answered at once, not queued
             assert worker.entered["GetSlot"] == 4  # its handler never ran
 
             worker.release.set()
-            assert [s.id for s in await asyncio.gather(*held)] == ["0", "1", "2", "3"]
+            assert [s.id for s in await asyncio.gather(*held)] == [str(uuid.UUID(int=i)) for i in range(4)]
             # Places free again once calls end: the next call is served.
-            assert (await _stub(ch).GetSlot(booking_pb2.GetSlotRequest(slot_id="again"))).id == "again"
+            assert (await _stub(ch).GetSlot(booking_pb2.GetSlotRequest(slot_id=str(uuid.UUID(int=6))))).id == str(uuid.UUID(int=6))
             for w in watches:
                 w.cancel()
 
@@ -138,14 +139,14 @@ async def test_a_pool_wait_ends_at_the_callers_deadline_without_taking_a_connect
             taken = await db.acquire()  # the pool's only connection is busy
             try:
                 details, took = await _deadline_exceeded(
-                    _stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="late"), timeout=0.6))
+                    _stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="late", time_zone="UTC"), timeout=0.6))
                 # The service's own answer (not the client giving up): DEADLINE_EXCEEDED just before
                 # the deadline, not UNAVAILABLE after CUTY_DB_ACQUIRE_TIMEOUT_SECONDS (5 s).
                 assert "database connection" in details
                 assert 0.4 < took < 0.6
                 assert worker.entered["CreateSalon"] == 1
                 # Spent already on arrival (less than the margin left): refused at once.
-                await _deadline_exceeded(_stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="later"),
+                await _deadline_exceeded(_stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="later", time_zone="UTC"),
                                                                timeout=deadlines.MARGIN_SECONDS / 2))
             finally:
                 await db.release(taken)
@@ -153,7 +154,7 @@ async def test_a_pool_wait_ends_at_the_callers_deadline_without_taking_a_connect
             async with db.acquire(timeout=0.1) as conn:
                 assert await conn.fetchval("SELECT count(*) FROM work_done") == 0
             # With time to wait, the same call is served.
-            assert (await _stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="on time"), timeout=2)).name \
+            assert (await _stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="on time", time_zone="UTC"), timeout=2)).name \
                 == "on time"
 
 
@@ -161,7 +162,7 @@ async def test_a_slow_statement_is_cancelled_by_the_database_at_the_callers_dead
     worker = Worker(db)
     async with _serving(worker) as addr:
         async with channel_as("payments", addr, "booking") as ch:
-            details, took = await _deadline_exceeded(_stub(ch).GetHold(booking_pb2.GetHoldRequest(), timeout=0.8))
+            details, took = await _deadline_exceeded(_stub(ch).GetHold(booking_pb2.GetHoldRequest(hold_id=str(uuid.UUID(int=1))), timeout=0.8))
             # PostgreSQL's statement_timeout ended it (the unit of work's SET LOCAL), in time for
             # the service to answer itself.
             assert "database statement" in details
@@ -178,7 +179,7 @@ async def test_a_call_whose_deadline_passed_before_it_was_looked_at_does_no_work
     worker = Worker(db)
     async with _serving(worker, interceptors=[Stall(0.4)]) as addr:
         async with channel_as("gateway", addr, "booking") as ch:
-            await _deadline_exceeded(_stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="gone"), timeout=0.2))
+            await _deadline_exceeded(_stub(ch).CreateSalon(booking_pb2.CreateSalonRequest(name="gone", time_zone="UTC"), timeout=0.2))
         assert worker.entered["CreateSalon"] == 0  # the handler was never started
         assert await db.fetchval("SELECT count(*) FROM work_done") == 0
 

@@ -11,6 +11,9 @@ ANYONE = {m.name: {"gateway", "booking"} for m in SERVICE.methods}
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+# Requests that keep their contracts (the server checks every request before the handler).
+SALON = booking_pb2.CreateSalonRequest(name="s", time_zone="UTC")
+RESOURCE = booking_pb2.CreateResourceRequest(salon_id="00000000-0000-4000-8000-000000000001", name="r")
 
 
 class Hop(booking_pb2_grpc.BookingServiceServicer):
@@ -23,7 +26,7 @@ class Hop(booking_pb2_grpc.BookingServiceServicer):
     async def CreateResource(self, request, context):
         # A second hop through a cutylib channel, as the orchestrator calls booking.
         async with channel_as("booking", f"127.0.0.1:{self.port}", "booking") as ch:
-            salon = await booking_pb2_grpc.BookingServiceStub(ch).CreateSalon(booking_pb2.CreateSalonRequest())
+            salon = await booking_pb2_grpc.BookingServiceStub(ch).CreateSalon(SALON)
         return booking_pb2.Resource(id=telemetry.current_trace_id(), name=salon.id)
 
 
@@ -42,8 +45,8 @@ async def hop_server(monkeypatch):
 async def test_trace_id_crosses_two_grpc_hops(hop_server):
     async with channel_as("gateway", f"127.0.0.1:{hop_server.port}", "booking") as ch:
         stub = booking_pb2_grpc.BookingServiceStub(ch)
-        r = await stub.CreateResource(booking_pb2.CreateResourceRequest(), metadata=(("traceparent", TRACEPARENT),))
+        r = await stub.CreateResource(RESOURCE, metadata=(("traceparent", TRACEPARENT),))
         assert (r.id, r.name) == (TRACE_ID, TRACE_ID)
         # Without a caller's trace, the handler still runs (a new trace, or none without a provider).
-        salon = await stub.CreateSalon(booking_pb2.CreateSalonRequest())
+        salon = await stub.CreateSalon(SALON)
         assert salon.id != TRACE_ID

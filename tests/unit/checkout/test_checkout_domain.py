@@ -7,6 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from cuty.payments.v1 import checkout_pb2
+from cutylib import validation
+
 from cutylib.errors import FailedPrecondition, InvalidArgument
 from payments.checkout import domain as d
 from payments.checkout.domain import Saga, Step
@@ -138,7 +141,10 @@ def test_a_one_call_checkout_is_being_created_until_its_payment_starts():
     (str(uuid.uuid4()), "", 2, "quantity"),
 ])
 def test_validate_create_refuses_bad_input(slot, product, qty, field):
+    """The contract's rules (checkout.proto, checked by every server before the handler) and the
+    domain's together: which of slot and product, UUIDs, quantities."""
     with pytest.raises(InvalidArgument) as e:
+        validation.check(checkout_pb2.CreateCheckoutRequest(slot_id=slot, product_id=product, quantity=qty))
         d.validate_create(slot, product, qty)
     assert e.value.field == field
 

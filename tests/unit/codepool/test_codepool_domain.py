@@ -4,6 +4,8 @@ import uuid
 
 import pytest
 
+from cuty.codepool.v1 import codepool_pb2
+from cutylib import validation
 from cutylib.errors import InvalidArgument
 from cutylib.fields import parse_uuid
 from cutylib.money import require_money
@@ -12,13 +14,15 @@ from codepool import domain
 
 @pytest.mark.parametrize("q", [0, -1, 101, 10**6])
 def test_quantity_outside_1_to_100(q):
-    with pytest.raises(InvalidArgument) as e:
-        domain.require_quantity(q)
-    assert e.value.field == "quantity" and repr(q) in e.value.message
+    """The contract's rule (codepool.proto), checked by the server before ReserveCodes runs."""
+    request = codepool_pb2.ReserveCodesRequest(order_id="o", order_item_id="i", product_id=str(uuid.uuid4()), quantity=q)
+    assert [f for f, _ in validation.violations(request)] == ["quantity"]
 
 
 def test_quantity_bounds_accepted():
-    assert domain.require_quantity(1) == 1 and domain.require_quantity(100) == 100
+    for q in (1, 100):
+        request = codepool_pb2.ReserveCodesRequest(order_id="o", order_item_id="i", product_id=str(uuid.uuid4()), quantity=q)
+        assert validation.violations(request) == []
 
 
 @pytest.mark.parametrize("value, problem", [
@@ -85,5 +89,5 @@ def test_price_and_sku():
         with pytest.raises(InvalidArgument) as e:
             require_money("price", cur, amount)
         assert e.value.field == field
-    with pytest.raises(InvalidArgument):
-        domain.require_sku("has space")
+    bad_sku = codepool_pb2.CreateProductRequest(sku="has space", name="n", price={"currency_code": "EUR"})
+    assert [f for f, _ in validation.violations(bad_sku)] == ["sku"]

@@ -65,7 +65,7 @@ def test_zeros_false_and_empty_lists_are_written_and_unset_messages_left_out():
     from cuty.payments.v1 import checkout_pb2
 
     assert jsonwriter.to_dict(codepool_pb2.Stock()) == {"productId": "", "available": "0", "reserved": "0",
-                                                        "delivered": "0"}
+                                                        "delivered": "0", "quarantined": "0", "revoked": "0"}
     c = jsonwriter.to_dict(checkout_pb2.Checkout(id="c1", state=checkout_pb2.CHECKOUT_STATE_HELD))
     assert c["quantity"] == 0 and c["codes"] == [] and c["failureReason"] == "" and c["holdId"] == ""
     assert "payment" not in c and "amount" not in c  # message fields keep their presence

@@ -41,10 +41,24 @@ DESIGN_TABLE = {
     ("GET", "/v1/checkouts"): {"customer", "staff", "admin", "operator"},  # issue 12: lists
     ("GET", "/v1/checkouts/{checkout_id}:watch"): {"customer", "staff", "admin", "operator"},  # issue 12: SSE
     ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # issue 10: retry of NEEDS_ATTENTION
+    # staff book for a customer, record a payment at the desk and a no-show (their merchant's only)
+    ("POST", "/v1/checkouts:createForCustomer"): {"staff", "admin"},
+    ("POST", "/v1/checkouts/{checkout_id}:markPaid"): {"staff", "admin"},
+    ("POST", "/v1/checkouts/{checkout_id}:markNoShow"): {"staff", "admin"},
     ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin", "operator"},
     ("GET", "/v1/payments:lookup"): {"staff", "admin", "operator"},  # issue 15: a payment by its PSP intent id
     ("POST", "/v1/payments/{payment_id}:refund"): {"staff", "admin"},  # issue 12: the merchant's refunds
     ("POST", "/v1/psp/webhooks"): None,
+    # After a code is sold (docs/codepool.md, "Claims"): the buyer's own, the merchant's staff and admins.
+    ("POST", "/v1/checkouts/{checkout_id}/codes/{code_id}:claim"): {"customer", "staff", "admin"},
+    ("GET", "/v1/claims/{claim_id}"): {"customer", "staff", "admin"},
+    ("GET", "/v1/claims"): {"customer", "staff", "admin"},
+    ("POST", "/v1/claims/{claim_id}:resolve"): {"admin"},
+    ("POST", "/v1/products/{product_id}:setClaimThreshold"): {"admin"},
+    ("GET", "/v1/products/{product_id}/batches"): {"staff", "admin"},
+    ("POST", "/v1/products/{product_id}/batches/{batch_id}:release"): {"admin"},
+    ("POST", "/v1/products/{product_id}/batches/{batch_id}:retire"): {"admin"},
+    ("GET", "/v1/products/{product_id}/batches/{batch_id}/claims:export"): {"admin"},
     # Issue 12, item 6: a merchant's webhook endpoints and delivery log: its admins only.
     ("POST", "/v1/webhookEndpoints"): {"admin"},
     ("GET", "/v1/webhookEndpoints"): {"admin"},
@@ -61,10 +75,11 @@ def test_every_annotated_route_has_the_designed_policy(routes):
         assert served[key].roles == (None if roles is None else frozenset(roles)), key
 
 
-def test_idempotency_key_required_exactly_on_create_pay_reschedule_and_refund(routes):
+def test_idempotency_key_required_exactly_on_create_pay_reschedule_refund_and_claims(routes):
     need = {r.template.source for r in routes.values() if access_for(r.rpc).idempotency_key}
     assert need == {"/v1/checkouts", "/v1/checkouts/{checkout_id}:pay", "/v1/payments/{payment_id}:refund",
-                    "/v1/checkouts/{checkout_id}:reschedule"}
+                    "/v1/checkouts/{checkout_id}:reschedule", "/v1/checkouts:createForCustomer",
+                    "/v1/checkouts/{checkout_id}/codes/{code_id}:claim", "/v1/claims/{claim_id}:resolve"}
 
 
 def test_unknown_rpc_is_denied_to_everyone():

@@ -19,8 +19,10 @@ import re
 import pytest
 
 import booking.grpc_api
+import codepool.claims_api
 import codepool.grpc_api
 import payments.checkout.grpc_api
+import payments.claims.grpc_api
 import payments.grpc_api
 import payments.outbound.grpc_api
 from gateway.policy import POLICY
@@ -29,7 +31,8 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 MODULES = {"cuty.booking.v1.BookingService": booking.grpc_api, "cuty.codepool.v1.CodePoolService": codepool.grpc_api,
            "cuty.payments.v1.PaymentService": payments.grpc_api,
            "cuty.payments.v1.CheckoutService": payments.checkout.grpc_api,
-           "cuty.payments.v1.WebhookEndpointService": payments.outbound.grpc_api}
+           "cuty.payments.v1.WebhookEndpointService": payments.outbound.grpc_api,
+           "cuty.codepool.v1.CodeClaimService": codepool.claims_api, "cuty.payments.v1.ClaimService": payments.claims.grpc_api}
 TABLES = {svc: m.CALLERS for svc, m in MODULES.items()}
 
 # Grants that no service calls yet, kept for the tests that drive these RPCs as that service: each

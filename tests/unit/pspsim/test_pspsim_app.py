@@ -97,4 +97,52 @@ async def test_3ds_routes_cancel_refund_and_reset(client):
 
     assert (await client.post("/v1/_reset")).status_code == 200
     ledger = (await client.get("/v1/_ledger")).json()
-    assert ledger == {"charges": [], "refunds": [], "charge_count_by_key": {}, "totals_by_currency": {}}
+    assert ledger == {"charges": [], "refunds": [], "charge_count_by_key": {}, "totals_by_currency": {}, "disputes": []}
+
+
+def create_hosted(client, key="kh"):
+    body = {"amount": 750, "currency": "TRY", "payment_method_collection": "hosted_page"}
+    return client.post("/v1/payment_intents", json=body, headers={"Idempotency-Key": key})
+
+
+async def test_a_payment_link_waits_for_the_card_the_customer_presents_on_the_hosted_page(client):
+    intent = (await create_hosted(client)).json()
+    assert intent["status"] == "requires_action" and intent["payment_method"] is None
+    page = intent["next_action"]["redirect_url"]
+    assert page.endswith(f"/pay/{intent['id']}")
+    path = page.removeprefix("http://127.0.0.1:8090")
+    html = await client.get(path)
+    assert html.status_code == 200 and "pm_card_ok" in html.text and "750" in html.text
+    paid = await client.post(path, content="payment_method=pm_card_ok",
+                             headers={"content-type": "application/x-www-form-urlencoded"})
+    assert paid.status_code == 200 and paid.json()["status"] == "succeeded" and paid.json()["payment_method"] == "pm_card_ok"
+    again = await client.post(path, json={"payment_method": "pm_card_ok"})
+    assert again.status_code == 200 and again.json()["status"] == "succeeded"
+    other = await client.post(path, json={"payment_method": "pm_card_declined"})
+    assert other.status_code == 409
+    ledger = (await client.get("/v1/_ledger")).json()
+    assert ledger["charge_count_by_key"] == {"kh": 1}
+
+
+async def test_a_hosted_page_refuses_what_it_should(client):
+    intent = (await create_hosted(client)).json()
+    path = f"/pay/{intent['id']}"
+    r = await client.post(path, json={"payment_method": "pm_card_stolen"})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "payment_method")
+    r = await client.post(path, json={})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "payment_method")
+    # an expired link: the merchant cancelled the intent; the page no longer takes money
+    assert (await client.post(f"/v1/payment_intents/{intent['id']}/cancel", json={})).status_code == 200
+    assert (await client.post(path, json={"payment_method": "pm_card_ok"})).status_code == 409
+    # an intent created with a card has no hosted page; a create names a card or the page, not both
+    card = (await create(client, key="kc")).json()
+    assert (await client.get(f"/pay/{card['id']}")).status_code == 404
+    r = await client.post("/v1/payment_intents", headers={"Idempotency-Key": "kx"}, json={
+        "amount": 1, "currency": "TRY", "payment_method": "pm_card_ok", "payment_method_collection": "hosted_page"})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "payment_method")
+
+
+async def test_a_declined_card_on_the_hosted_page_fails_the_intent(client):
+    intent = (await create_hosted(client)).json()
+    r = await client.post(f"/pay/{intent['id']}", json={"payment_method": "pm_card_declined"})
+    assert r.status_code == 200 and r.json()["status"] == "failed"

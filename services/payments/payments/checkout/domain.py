@@ -218,6 +218,20 @@ class Saga:
     # The last instant its charge may start (the paying request's deadline; None: none). Past it, a
     # saga whose charge has not started ends instead (Step.ABANDON): its caller is gone.
     pay_deadline: datetime | None = None
+    # Made by the merchant's staff for a customer (docs/checkout.md, "Staff book for a customer"):
+    # settle 'link' (paid on the PSP's hosted page; the hold lasts link_ttl_seconds) or 'venue'
+    # (confirmed unpaid); None: the customer's own checkout. The venue payment and a no-show.
+    settle: str | None = None
+    created_by: str | None = None
+    link_ttl_seconds: int | None = None
+    venue_status: str | None = None
+    venue_method: str | None = None
+    venue_amount_minor: int | None = None
+    venue_reference: str | None = None
+    venue_paid_by: str | None = None
+    venue_paid_at: datetime | None = None
+    no_show_at: datetime | None = None
+    no_show_by: str | None = None
     # The local monotonic clock when the row was read, to tell how far the database clock has
     # moved since read_at (db_now) without asking it again.
     read_mono: float = field(default_factory=time.monotonic, compare=False, repr=False)
@@ -260,6 +274,11 @@ class Saga:
             reschedule_expire_time=row.get("reschedule_expire_time"),
             reschedule_payment_method=row.get("reschedule_payment_method"),
             reschedule_payment_id=s(row.get("reschedule_payment_id")), rescheduled_by=row.get("rescheduled_by"),
+            settle=row.get("settle"), created_by=row.get("created_by"), link_ttl_seconds=row.get("link_ttl_seconds"),
+            venue_status=row.get("venue_status"), venue_method=row.get("venue_method"),
+            venue_amount_minor=row.get("venue_amount_minor"), venue_reference=row.get("venue_reference"),
+            venue_paid_by=row.get("venue_paid_by"), venue_paid_at=row.get("venue_paid_at"),
+            no_show_at=row.get("no_show_at"), no_show_by=row.get("no_show_by"),
             reschedule_failure=row.get("reschedule_failure") or "", pay_deadline=row.get("pay_deadline"),
         )
 
@@ -307,8 +326,8 @@ def is_expired(saga: Saga, now: datetime, grace_seconds: float = 0.0) -> bool:
 def needs_extension(saga: Saga, now: datetime, pay_window_seconds: float = math.inf) -> bool:
     """A booking about to be charged whose hold has less than the pay window left (or an unknown
     expiry): extend it once first. With more left the extension would only cost a call."""
-    if saga.kind != BOOKING or saga.extended or saga.payment_id is not None:
-        return False
+    if saga.kind != BOOKING or saga.extended or saga.payment_id is not None or saga.settle is not None:
+        return False  # (a staff-made checkout's hold was taken for as long as it may wait)
     return saga.expire_time is None or (saga.expire_time - now).total_seconds() < pay_window_seconds
 
 
@@ -382,8 +401,9 @@ def pay_deadline_passed(saga: Saga, now: datetime) -> bool:
 
 def pays_on_create(saga: Saga) -> bool:
     """A one-call checkout whose payment has not started yet: its payment method came with
-    CreateCheckout, and no payment attempt exists (PayCheckout and the PAY step both set one)."""
-    return saga.payment_method is not None and saga.payment_key is None
+    CreateCheckout (or staff made it: a payment link, or pay at the venue), and no payment attempt
+    exists (PayCheckout and the PAY step both set one)."""
+    return (saga.payment_method is not None or saga.settle is not None) and saga.payment_key is None
 
 
 def being_created(saga: Saga) -> bool:
@@ -522,10 +542,7 @@ class CreateRequest:
 
 def validate_create(slot_id: str, product_id: str, quantity: int, pay_with: str | None = None) -> CreateRequest:
     """`pay_with`: the request's payment method when it has one (None: absent; empty is invalid)."""
-    if slot_id and product_id:
-        raise InvalidArgument("slot_id", "give either slot_id or product_id with quantity, not both")
-    if not slot_id and not product_id:
-        raise InvalidArgument("slot_id", "slot_id or product_id is required")
+    # Exactly one of slot_id and product_id, each a UUID: the contract's rules (checkout.proto).
     if slot_id:
         if quantity not in (0, 1):
             raise InvalidArgument("quantity", f"a slot is booked once; quantity must be 0 or 1, got {quantity!r}")

@@ -17,6 +17,7 @@ from .. import operator
 from . import domain, live, views
 from .idempotency import Replay
 from .service import CheckoutService
+from .staff_service import StaffBookings
 
 IDEMPOTENCY_KEY = "idempotency-key"
 # WatchCheckout: the SSE Last-Event-ID header, forwarded by the gateway (used when the request's
@@ -28,7 +29,8 @@ STREAM_OPEN = ("cuty-stream", "open")
 # operator's retry also comes from the payments service's own tooling.
 CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout": {GATEWAY},
            "CancelCheckout": {GATEWAY}, "RescheduleCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY},
-           "WatchCheckout": {GATEWAY}}
+           "WatchCheckout": {GATEWAY}, "CreateStaffCheckout": {GATEWAY}, "MarkPaidAtVenue": {GATEWAY},
+           "MarkNoShow": {GATEWAY}}
 # Where a caller other than the gateway acts as `system`: the operator's retry (the `ops` CLI).
 SYSTEM_RPCS = frozenset({"RetryCheckout"})
 # The user roles the gateway may bring: customers, and merchants' staff and admins, the operator.
@@ -143,6 +145,23 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                 yield event
         finally:
             await events.aclose()
+
+
+    # -- staff book for a customer (staff_service.py) ----------------------------------------------
+    async def CreateStaffCheckout(self, request: checkout_pb2.CreateStaffCheckoutRequest,
+                                  context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        try:
+            return await self.service.staff.create(principal.current(), request, _key(context))
+        except Replay as r:
+            return StaffBookings.for_staff(await _replay(context, r))
+
+    async def MarkPaidAtVenue(self, request: checkout_pb2.MarkPaidAtVenueRequest,
+                              context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        return await self.service.staff.mark_paid(principal.current(), request)
+
+    async def MarkNoShow(self, request: checkout_pb2.MarkNoShowRequest,
+                         context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
+        return await self.service.staff.mark_no_show(principal.current(), request.checkout_id)
 
 
 def _last_event_id(context: grpc.aio.ServicerContext) -> int:

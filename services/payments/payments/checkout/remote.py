@@ -148,14 +148,19 @@ class BookingHolds:
         self.stub = stub
 
     async def hold(self, saga: Saga) -> Held:
+        # A staff-made checkout is not a buyer racing for a time: no offer; a payment link's hold lasts
+        # as long as the link.
         return await self.hold_slot(saga.slot_id, saga.customer_id, domain.hold_request_id(saga.id),
-                                    offer_seconds=LOSER_OFFER_SECONDS)
+                                    offer_seconds=0 if saga.settle else LOSER_OFFER_SECONDS,
+                                    ttl_seconds=saga.link_ttl_seconds or 0)
 
-    async def hold_slot(self, slot_id: str, customer_id: str, request_id: str, offer_seconds: int = 0) -> Held:
+    async def hold_slot(self, slot_id: str, customer_id: str, request_id: str, offer_seconds: int = 0,
+                        ttl_seconds: int = 0) -> Held:
         """booking.HoldSlot, idempotent on `request_id` (a purchase's hold, or a reschedule's new one).
-        `offer_seconds`: a lost time leaves the buyer with an alternative held that long."""
+        `offer_seconds`: a lost time leaves the buyer with an alternative held that long.
+        `ttl_seconds`: the hold's length (0: booking's default)."""
         req = booking_pb2.HoldSlotRequest(slot_id=slot_id, customer_id=customer_id, request_id=request_id,
-                                          offer_seconds=offer_seconds)
+                                          offer_seconds=offer_seconds, ttl_seconds=ttl_seconds)
         try:
             with _as_system():
                 h = await self.stub.HoldSlot(req)
@@ -213,6 +218,16 @@ class BookingHolds:
         try:
             with _as_system():
                 return await self.stub.GetSlot(booking_pb2.GetSlotRequest(slot_id=slot_id))
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise errors.Unavailable("booking is unavailable; retry") from None
+            raise _refused(e).error from None
+
+    async def get_slot_of_caller(self, slot_id: str) -> booking_pb2.Slot:
+        """A slot as the caller (a merchant's staff, whose assertion goes along) may see it: another
+        merchant's is NOT_FOUND, as a missing one."""
+        try:
+            return await self.stub.GetSlot(booking_pb2.GetSlotRequest(slot_id=slot_id))
         except grpc.aio.AioRpcError as e:
             if e.code() in _RETRYABLE:
                 raise errors.Unavailable("booking is unavailable; retry") from None

@@ -62,6 +62,8 @@ class CheckoutService:
         self.core = core
         self.keys = keys
         self.lease_seconds = lease_seconds
+        # Staff book for a customer (staff_service.StaffBookings), set by wiring.build.
+        self.staff = None
 
     # -- CreateCheckout ---------------------------------------------------------------------------
     async def create(self, customer: str, req: domain.CreateRequest, key: str) -> checkout_pb2.Checkout:

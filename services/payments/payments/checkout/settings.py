@@ -23,6 +23,9 @@ class CheckoutOptions:
     # extends the hold (booking.ExtendHold, once, by CUTY_HOLD_MAX_EXTENSION_SECONDS) only when
     # less is left of it. A buyer paying with more left costs no extension call (issue 11).
     pay_window_seconds: float = env_field(env_float, "CUTY_CHECKOUT_PAY_WINDOW_SECONDS", 120.0)
+    # A staff-made checkout's payment link lives this long unless the request says (1..86400):
+    # its hold blocks the time meanwhile (docs/checkout.md, "Staff book for a customer").
+    link_ttl_seconds: int = env_field(env_int, "CUTY_CHECKOUT_LINK_TTL_SECONDS", 86_400)
     idempotency_ttl_seconds: float = env_field(env_float, "CUTY_IDEMPOTENCY_TTL_SECONDS", 24 * 3600.0)
     # Deadline of one call to booking / the code pool; DEADLINE_EXCEEDED means "unknown" and the
     # step is retried with the same idempotency key.

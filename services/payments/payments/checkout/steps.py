@@ -13,6 +13,7 @@ from opentelemetry import trace
 from cutylib import errors
 from cutylib.metrics import observe
 
+from ..domain import HOSTED_PAGE
 from . import crash, domain, repository as repo
 from .domain import Move, Saga, Step
 from .remote import HoldLost, Inventory, Refused, Rejected, Retryable
@@ -21,6 +22,7 @@ from .settings import CheckoutOptions
 log = logging.getLogger(__name__)
 
 FREE_NOTE = "free: no payment taken"
+VENUE_NOTE = "pay at the venue: confirmed unpaid"
 # failure_reason of a checkout whose paying request was gone before its charge could start.
 PAY_DEADLINE_PASSED = "pay-deadline-passed"
 tracer = trace.get_tracer("cuty.checkout")
@@ -38,6 +40,11 @@ class Outcome:
 # Steps that undo part of a checkout, counted by kind when they succeed.
 _COMPENSATIONS = {Step.RELEASE: "release", Step.CANCEL_PAYMENT: "cancel_intent", Step.REFUND: "refund",
                   Step.RESCHEDULE_REVERT: "reschedule_revert"}
+
+
+def _link_method(saga: Saga) -> str | None:
+    """A payment link's payment: the card is the customer's to present on the PSP's hosted page."""
+    return HOSTED_PAGE if saga.settle == "link" else None
 
 
 class Steps:
@@ -88,8 +95,9 @@ class Steps:
     async def _pay(self, saga: Saga, payment, status) -> Outcome:
         # A one-call checkout, held: HELD -> CHARGING with its payment attempt, the move PayCheckout's
         # first write makes (START_CHARGING); the charge and what follows are the same steps after it.
+        how = {"link": "pay through a payment link", "venue": "pay at the venue"}.get(saga.settle or "")
         return Outcome(Move(domain.CHARGING), repo.Fields(payment_key=domain.payment_attempt_id(saga.id)),
-                       note=f"pay {saga.payment_method}")
+                       note=f"{how} (made by {saga.created_by})" if how else f"pay {saga.payment_method}")
 
     async def _abandon(self, saga: Saga, payment, status) -> Outcome:
         # The request that asked for the payment is gone before the charge started: release, no charge.
@@ -113,10 +121,14 @@ class Steps:
             # A free item (issue 10, item 11): nothing to charge and no PSP call. The payment attempt
             # key stands in for the payment as the confirm step's reference.
             return Outcome(Move(domain.CONFIRMING), note=FREE_NOTE)
+        if saga.settle == "venue":
+            # Paid at the desk: confirmed without an online payment, unpaid until staff mark it paid.
+            return Outcome(Move(domain.CONFIRMING), note=VENUE_NOTE)
         try:
             payment = await self._remote(Step.CHARGE, self.core.create_and_charge(
                 checkout_id=saga.id, amount_minor=saga.amount_minor, currency=saga.currency,
-                payment_method=saga.payment_method, idempotency_key=saga.payment_key, customer_id=saga.customer_id,
+                payment_method=saga.payment_method or _link_method(saga), idempotency_key=saga.payment_key,
+                customer_id=saga.customer_id,
                 merchant_id=saga.merchant_id))
         except (errors.InvalidArgument, errors.FailedPrecondition) as refused:
             # Refused before reaching the PSP (e.g. a zero amount): nothing was charged, and

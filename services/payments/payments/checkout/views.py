@@ -12,7 +12,7 @@ from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2, payments_pb2
 from cutylib.timestamps import to_timestamp
 
-from . import domain
+from . import domain, staffbook
 from .domain import Saga
 
 # Enum values carry their type's prefix (issue 10, item 14; protobuf style): the row's HELD is the
@@ -71,7 +71,35 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
                 c.payment.client_secret = payment.client_secret
     for code_id, value in codes:
         c.codes.add(id=code_id, value=value)
+    _staff_booking(c, saga, payment)
     return c
+
+
+def _staff_booking(c: checkout_pb2.Checkout, saga: Saga, payment) -> None:
+    """Who made it and how it is paid (a staff-made checkout), and a booking's no-show. The link is
+    the PSP's hosted page, shown while the checkout waits for the customer to pay on it."""
+    if saga.settle is None and saga.no_show_at is None:
+        return
+    b = c.staff_booking
+    if saga.settle is not None:
+        b.created_by, b.customer_id = saga.created_by or "", saga.customer_id
+        b.settlement = staffbook.SETTLEMENT_PB[saga.settle]
+    if saga.settle == staffbook.LINK:
+        if saga.expire_time is not None:
+            b.link_expire_time.CopyFrom(to_timestamp(saga.expire_time))
+        if saga.state == domain.AWAITING_ACTION and payment is not None and payment.redirect_url:
+            b.link_url = payment.redirect_url
+    if saga.venue_status is not None:
+        v = b.venue_payment
+        v.status = saga.venue_status
+        if saga.venue_status == "paid":
+            v.method = staffbook.VENUE_METHOD_PB[saga.venue_method]
+            v.amount.CopyFrom(common_pb2.Money(currency_code=saga.currency or "", amount_minor=saga.venue_amount_minor))
+            v.reference, v.paid_by = saga.venue_reference or "", saga.venue_paid_by or ""
+            v.paid_time.CopyFrom(to_timestamp(saga.venue_paid_at))
+    if saga.no_show_at is not None:
+        b.no_show_time.CopyFrom(to_timestamp(saga.no_show_at))
+        b.no_show_by = saga.no_show_by or ""
 
 
 def in_list(saga: Saga, payment_status: str | None) -> checkout_pb2.Checkout:

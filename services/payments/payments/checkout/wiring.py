@@ -16,6 +16,7 @@ from .live import Watchers
 from .remote import Inventory
 from .service import CheckoutService
 from .settings import CheckoutOptions
+from .staff_service import StaffBookings
 from .workers import SagaWorker
 
 SERVICE = checkout_pb2.DESCRIPTOR.services_by_name["CheckoutService"]
@@ -44,6 +45,7 @@ def build(settings, pool, core, *, options: CheckoutOptions | None = None, booki
     engine = Engine(pool, holds, core, options, lease)
     keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds)
     service = CheckoutService(pool, engine, holds, core, keys, lease, Watchers(pool, options))
+    service.staff = StaffBookings(service, options.link_ttl_seconds)
     worker = SagaWorker(pool, engine, keys, options, lease, f"saga:{core.worker_id}")
     return service, engine, worker, channels
 

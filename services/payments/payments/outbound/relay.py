@@ -35,15 +35,28 @@ log = logging.getLogger(__name__)
 
 FEED = "codepool.stock"
 
+# What a claim's step reads as in the payment's timeline ("code.replaced: claim 7c1e... on code
+# 0f3a... (does_not_work: \"the pin is refused\"), replaced by code 51b2... by admin:ana"), from the
+# event's payload.claim (codepool_claim_json: never a code value).
+TIMELINE_NOTE = """format('claim %s on code %s (%s: %s)%s%s%s',
+    i.payload::jsonb #>> '{data,claim,id}', i.payload::jsonb #>> '{data,claim,code_id}',
+    i.payload::jsonb #>> '{data,claim,kind}', to_json(i.payload::jsonb #>> '{data,claim,reason}'),
+    ', opened by ' || (i.payload::jsonb #>> '{data,claim,opened_by}'),
+    ', replaced by code ' || (i.payload::jsonb #>> '{data,claim,replacement_code_id}'),
+    ', resolved by ' || (i.payload::jsonb #>> '{data,claim,resolved_by}')
+        || coalesce(': ' || (i.payload::jsonb #>> '{data,claim,resolution_note}'), ''))"""
+
 CLAIM_FEED = "SELECT after_seq FROM outbound_feeds WHERE feed = $1 FOR UPDATE SKIP LOCKED"
 
 # The events of one page, their deliveries, the cursor and the wake-up of the delivery workers, in
 # one statement of the transaction that holds the cursor row. $1..$5: the events' columns (payload as
-# text, cast here); $6 the feed; $7 the page's last seq.
+# text, cast here); $6 the feed; $7 the page's last seq; $8 the order (checkout) each is about, or ''.
+# An event about an order (a claim's: docs/codepool.md, "Claims") is also appended to the checkout's
+# payment timeline (source 'claim'), only when this round stored it: once, with its merchant event.
 STORE = f"""
 WITH incoming AS (
-    SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[])
-        AS t(merchant_id, id, type, payload, created_at)
+    SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[], $8::text[])
+        AS t(merchant_id, id, type, payload, created_at, order_id)
 ), ev AS (
     INSERT INTO merchant_events (merchant_id, id, type, checkout_id, payload, created_at)
     SELECT merchant_id, id, type, NULL, payload::jsonb, created_at FROM incoming
@@ -54,6 +67,14 @@ WITH incoming AS (
     SELECT ev.merchant_id, w.id, ev.id, clock_timestamp(), clock_timestamp() + interval '3 days', clock_timestamp()
     FROM ev JOIN webhook_endpoints w ON w.merchant_id = ev.merchant_id AND ev.type = ANY (w.events)
     RETURNING merchant_id
+), tl AS (
+    INSERT INTO payment_events (payment_id, checkout_id, source, to_status, note, merchant_id, created_at)
+    SELECT c.payment_id, c.id, 'claim', i.type, {TIMELINE_NOTE}, c.merchant_id, i.created_at
+    FROM ev
+    JOIN incoming i ON i.merchant_id = ev.merchant_id AND i.id = ev.id
+    JOIN checkouts c ON c.id = CASE WHEN i.order_id ~ '^[0-9a-fA-F-]{{36}}$' THEN i.order_id::uuid END
+                    AND c.merchant_id = ev.merchant_id
+    RETURNING 1
 ), cursor AS (
     UPDATE outbound_feeds SET after_seq = $7, relayed = relayed + (SELECT count(*) FROM ev),
                               updated_at = clock_timestamp()
@@ -61,7 +82,7 @@ WITH incoming AS (
     RETURNING after_seq
 )
 SELECT (SELECT count(*) FROM ev) AS stored, (SELECT count(*) FROM d) AS deliveries,
-       (SELECT count(*) FROM cursor) AS advanced,
+       (SELECT count(*) FROM cursor) AS advanced, (SELECT count(*) FROM tl) AS timeline,
        (SELECT count(pg_notify('{NOTIFY_CHANNEL}', m)) FROM (SELECT DISTINCT merchant_id AS m FROM d) x) AS woken
 """
 
@@ -98,7 +119,7 @@ class StockEventRelay:
             row = await uow.conn.fetchrow(
                 STORE, [e.merchant_id for e in events], [e.id for e in events], [e.type for e in events],
                 [e.payload_json for e in events], [from_timestamp(e.create_time) for e in events],
-                FEED, events[-1].seq)
+                FEED, events[-1].seq, [e.order_id for e in events])
             if before_commit is not None:
                 await before_commit(uow.conn)
             await uow.commit()

@@ -27,7 +27,10 @@ from .repository import Delivery, Endpoint, Endpoints
 # What the outbox produces today (trigger checkouts_merchant_events, migrations/functions/
 # checkouts_merchant_events.sql; and `stock.low`, relayed from the code pool's outbox, relay.py).
 EVENT_TYPES = ("checkout.completed", "booking.confirmed", "codes.delivered", "checkout.refunded",
-               "booking.cancelled", "booking.rescheduled", "stock.low")
+               "booking.cancelled", "booking.rescheduled", "stock.low", "booking.created_by_staff",
+               "booking.paid_at_venue", "booking.no_show", "code.claimed", "code.replaced",
+               "code.claim_rejected", "code.claim_refunded", "batch.quarantined", "payment.disputed",
+               "payment.dispute_closed")
 MAX_ENDPOINTS_PER_MERCHANT = 16
 MAX_URL = 2048
 SECRET_PREFIX = "whsec_"

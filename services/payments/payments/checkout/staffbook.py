@@ -1,0 +1,156 @@
+"""Staff book for a customer (docs/checkout.md, "Staff book for a customer"): the rules, no I/O.
+
+A merchant's staff make a checkout for a named customer (an existing customer id, or a contact that
+becomes the merchant's guest customer) and say how it is paid: through a payment link (the
+customer presents a card on the PSP's hosted page) or at the venue (confirmed unpaid; staff mark it
+paid). Staff never choose a payment method and never charge a card: the request refuses one.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from cuty.payments.v1 import checkout_pb2
+from cutylib.errors import FailedPrecondition, InvalidArgument
+from cutylib.money import require_money
+
+LINK, VENUE = "link", "venue"
+SETTLEMENTS = {checkout_pb2.SETTLEMENT_PAYMENT_LINK: LINK, checkout_pb2.SETTLEMENT_AT_VENUE: VENUE}
+SETTLEMENT_PB = {v: k for k, v in SETTLEMENTS.items()}
+CASH, CARD_TERMINAL = "cash", "card_terminal"
+VENUE_METHODS = {checkout_pb2.VENUE_PAYMENT_METHOD_CASH: CASH,
+                 checkout_pb2.VENUE_PAYMENT_METHOD_CARD_TERMINAL: CARD_TERMINAL}
+VENUE_METHOD_PB = {v: k for k, v in VENUE_METHODS.items()}
+# A payment link lives at most a day (its hold blocks the time meanwhile).
+MAX_LINK_TTL_SECONDS = 86_400
+GUEST_PREFIX = "guest:"
+MAX_NAME = 200
+MAX_CUSTOMER_ID = 200
+MAX_REFERENCE = 100
+MAX_EMAIL = 254
+# E.164: a plus, a country code not starting with 0, 7 to 15 digits in all; no spaces or dashes.
+_PHONE = re.compile(r"\+[1-9][0-9]{6,14}")
+# An address as mail systems take it: a local part of atoms joined by single dots, a domain of
+# LDH labels (no leading/trailing hyphen) with at least one dot and a letter TLD.
+_EMAIL = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+                    r"@([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,63}")
+# Staff mark a booking no-show from its start until this long after (the database decides).
+NO_SHOW_WINDOW_HOURS = 24
+
+
+@dataclass(frozen=True)
+class Contact:
+    name: str
+    phone: str | None
+    email: str | None
+
+
+@dataclass(frozen=True)
+class StaffRequest:
+    slot_id: str | None          # None: a service time, resolved to its slot by booking
+    customer_id: str | None      # an existing customer (None: `contact` becomes a guest customer)
+    contact: Contact | None
+    settle: str
+    link_ttl_seconds: int | None
+
+
+def _printable(field: str, value: str, limit: int) -> str:
+    value = value.strip()
+    if not value or len(value) > limit or not value.isprintable():
+        raise InvalidArgument(field, f"{field} must be 1..{limit} printable characters, got {value[:40]!r}")
+    return value
+
+
+def require_phone(value: str) -> str:
+    if not _PHONE.fullmatch(value):
+        raise InvalidArgument("contact.phone", "contact.phone must be an E.164 number: '+', the country code "
+                                               f"and the number, 8..16 characters, no spaces, got {value[:40]!r}")
+    return value
+
+
+def require_email(value: str) -> str:
+    local = value.split("@", 1)[0]
+    if len(value) > MAX_EMAIL or len(local) > 64 or not _EMAIL.fullmatch(value):
+        raise InvalidArgument("contact.email", f"contact.email must be an e-mail address (name@domain.tld, at most "
+                                               f"{MAX_EMAIL} characters), got {value[:60]!r}")
+    return value
+
+
+def contact_of(pb: checkout_pb2.GuestContact) -> Contact:
+    name = _printable("contact.name", pb.name, MAX_NAME)
+    if not pb.phone and not pb.email:
+        raise InvalidArgument("contact.phone", "a contact needs a phone (E.164) or an e-mail")
+    return Contact(name, require_phone(pb.phone) if pb.phone else None,
+                   require_email(pb.email) if pb.email else None)
+
+
+def validate(request: checkout_pb2.CreateStaffCheckoutRequest, default_link_ttl: int) -> StaffRequest:
+    """The request's own rules, checked before anything is read or written."""
+    if request.HasField("payment_method"):
+        raise InvalidArgument("payment_method", "staff never choose a payment method for a customer: the customer "
+                                                "pays through the link or at the venue")
+    settle = SETTLEMENTS.get(request.settlement)
+    if settle is None:
+        raise InvalidArgument("settlement", "settlement must be SETTLEMENT_PAYMENT_LINK or SETTLEMENT_AT_VENUE")
+    ttl = None
+    if settle == LINK:
+        ttl = request.link_ttl_seconds or default_link_ttl
+        if not 0 < ttl <= MAX_LINK_TTL_SECONDS:
+            raise InvalidArgument("link_ttl_seconds", f"link_ttl_seconds must be 1..{MAX_LINK_TTL_SECONDS} "
+                                                      f"(0: the default), got {request.link_ttl_seconds}")
+    elif request.link_ttl_seconds:
+        raise InvalidArgument("link_ttl_seconds", "link_ttl_seconds is for a payment link only")
+    has_contact = request.HasField("contact")
+    if bool(request.customer_id) == has_contact:
+        raise InvalidArgument("customer_id", "name the customer: customer_id or contact, exactly one")
+    customer_id = _printable("customer_id", request.customer_id, MAX_CUSTOMER_ID) if request.customer_id else None
+    contact = contact_of(request.contact) if has_contact else None
+    if request.slot_id and (request.service_id or request.HasField("start_time") or request.resource_id):
+        raise InvalidArgument("service_id", "give a slot_id or a service time (service_id, start_time), not both")
+    if not request.slot_id and not request.service_id:
+        raise InvalidArgument("slot_id", "slot_id or service_id is required")
+    return StaffRequest(request.slot_id or None, customer_id, contact, settle, ttl)
+
+
+def guest_customer_id(guest_id) -> str:
+    return f"{GUEST_PREFIX}{guest_id}"
+
+
+def venue_payment(request: checkout_pb2.MarkPaidAtVenueRequest) -> tuple[str, int, str, str]:
+    """(method, amount_minor, currency, reference) of a payment at the desk."""
+    method = VENUE_METHODS.get(request.method)
+    if method is None:
+        raise InvalidArgument("method", "method must be VENUE_PAYMENT_METHOD_CASH or VENUE_PAYMENT_METHOD_CARD_TERMINAL")
+    if not request.HasField("amount"):
+        raise InvalidArgument("amount", "amount is required (what the customer paid)")
+    currency, amount = require_money("amount", request.amount.currency_code, request.amount.amount_minor)
+    reference = _printable("reference", request.reference, MAX_REFERENCE)
+    return method, amount, currency, reference
+
+
+def refuse_mark_paid(saga, method: str, amount: int, reference: str) -> None:
+    """Why MarkPaidAtVenue wrote nothing (the statement decided; this only names the reason).
+    Returns when the same payment was recorded already (a repeat)."""
+    if saga.venue_status == "paid":
+        if (saga.venue_method, saga.venue_amount_minor, saga.venue_reference) == (method, amount, reference):
+            return
+        raise FailedPrecondition(f"checkout {saga.id} was marked paid already", reason="already-paid")
+    if saga.settle != VENUE:
+        raise FailedPrecondition(f"checkout {saga.id} is not paid at the venue", reason="not-paid-at-venue")
+    if saga.no_show_at is not None:
+        raise FailedPrecondition(f"checkout {saga.id} was marked no-show", reason="no-show")
+    raise FailedPrecondition(f"checkout {saga.id} is {saga.state}, not a completed booking",
+                             reason="checkout-not-completed")
+
+
+def refuse_no_show(saga) -> None:
+    """Why MarkNoShow wrote nothing; returns when it was marked already (a repeat)."""
+    if saga.no_show_at is not None:
+        return
+    if saga.kind != "booking" or saga.state != "COMPLETED":
+        raise FailedPrecondition(f"checkout {saga.id} is {saga.state}, not a completed booking",
+                                 reason="checkout-not-completed")
+    if saga.venue_status == "paid":
+        raise FailedPrecondition(f"checkout {saga.id} was paid at the venue: the customer came", reason="already-paid")
+    raise FailedPrecondition(f"a no-show is marked from the booking's start until {NO_SHOW_WINDOW_HOURS} h after "
+                             f"(checkout {saga.id} starts at {saga.start_time})", reason="outside-no-show-window")

@@ -1,0 +1,1 @@
+"""Resolving claims on delivered codes (docs/payments.md, "Code claims")."""

@@ -1,0 +1,1 @@
+"""Disputes (chargebacks) of captured payments (docs/payments.md, "Disputes")."""

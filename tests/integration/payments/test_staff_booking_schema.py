@@ -1,0 +1,83 @@
+"""What the payments database guarantees of staff-made bookings (migration 0020_staff_checkouts):
+guest customers one per merchant and contact, their contact checked, every merchant seeing only its
+own; a venue payment recorded whole; a paid booking never a no-show."""
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import pytest
+
+
+async def _insert_guest(conn, merchant: str, name: str = "Caller", phone: str | None = "+4915112345678",
+                        email: str | None = None):
+    return await conn.fetchval("INSERT INTO guest_customers (merchant_id, name, phone, email) VALUES ($1, $2, $3, $4) "
+                               "RETURNING id", merchant, name, phone, email)
+
+
+async def test_guest_contacts_are_checked_and_one_per_merchant(payments_dsn):
+    conn = await asyncpg.connect(payments_dsn)
+    merchant = f"m-{uuid.uuid4().hex[:8]}"
+    try:
+        first = await _insert_guest(conn, merchant)
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await _insert_guest(conn, merchant)
+        other = await _insert_guest(conn, merchant + "-b")  # the same phone at another merchant: another guest
+        assert other != first
+        # the e-mail is the key when there is no phone, whatever its case
+        await _insert_guest(conn, merchant, phone=None, email="Ayse@Example.com")
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await _insert_guest(conn, merchant, phone=None, email="ayse@example.com")
+        for phone, email in (("015112345678", None), ("+49 151 1234", None), (None, "no-at-sign"),
+                             (None, "a@b"), (None, None)):
+            with pytest.raises(asyncpg.CheckViolationError):
+                await _insert_guest(conn, merchant + "-x", phone=phone, email=email)
+    finally:
+        await conn.close()
+
+
+async def test_a_merchant_sees_only_its_own_guests(payments_dsn, payments_service_dsn):
+    owner = await asyncpg.connect(payments_dsn)
+    a, b = f"m-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
+    try:
+        await _insert_guest(owner, a, phone="+905321111111")
+        await _insert_guest(owner, b, phone="+905322222222")
+    finally:
+        await owner.close()
+    conn = await asyncpg.connect(payments_service_dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('cuty.merchant', $1, true)", a)
+            seen = await conn.fetch("SELECT merchant_id FROM guest_customers WHERE merchant_id = ANY ($1::text[])",
+                                    [a, b])
+            assert {r["merchant_id"] for r in seen} == {a}
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):  # nor writes another's
+                await _insert_guest(conn, b, phone="+905323333333")
+    finally:
+        await conn.close()
+
+
+async def test_a_venue_payment_is_recorded_whole_and_a_paid_booking_is_no_no_show(payments_dsn):
+    conn = await asyncpg.connect(payments_dsn)
+    try:
+        cid = await conn.fetchval(
+            "INSERT INTO checkouts (id, customer_id, kind, slot_id, settle, created_by, venue_status) "
+            "VALUES (gen_random_uuid(), 'guest:x', 'booking', gen_random_uuid(), 'venue', 'staff:s', 'unpaid') "
+            "RETURNING id")
+        with pytest.raises(asyncpg.CheckViolationError):  # paid, but how and for what not said
+            await conn.execute("UPDATE checkouts SET venue_status = 'paid' WHERE id = $1", cid)
+        await conn.execute("UPDATE checkouts SET venue_status = 'paid', venue_method = 'cash', venue_amount_minor = 100, "
+                           "venue_reference = 'r1', venue_paid_at = now() WHERE id = $1", cid)
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute("UPDATE checkouts SET no_show_at = now(), no_show_by = 'staff:s' WHERE id = $1", cid)
+        with pytest.raises(asyncpg.CheckViolationError):  # a venue booking is unpaid or paid, never unknown
+            await conn.execute(
+                "INSERT INTO checkouts (id, customer_id, kind, slot_id, settle, created_by) "
+                "VALUES (gen_random_uuid(), 'guest:x', 'booking', gen_random_uuid(), 'venue', 'staff:s')")
+        with pytest.raises(asyncpg.CheckViolationError):  # a link lives 1 s .. a day
+            await conn.execute(
+                "INSERT INTO checkouts (id, customer_id, kind, slot_id, settle, created_by, link_ttl_seconds) "
+                "VALUES (gen_random_uuid(), 'guest:x', 'booking', gen_random_uuid(), 'link', 'staff:s', 86401)")
+        await conn.execute("DELETE FROM checkouts WHERE id = $1", cid)  # PENDING: may go
+    finally:
+        await conn.close()
