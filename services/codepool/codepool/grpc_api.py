@@ -37,8 +37,8 @@ CALLERS = {
 # Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust): the saga's
 # steps and payments' workers (the orchestrator), the import CLI (the code pool's own pod).
 # GetProduct and GetReservation: see CALLERS' test (still granted, without a caller yet).
-SYSTEM_RPCS = frozenset({"GetProduct", "GetReservation", "ImportCodes", "ReserveCodes", "DeliverCodes", "ReleaseReservation", "GetDeliveredCodes",
-                         "ListStockEvents", "GetOrderEvidence"})
+SYSTEM_RPCS = frozenset({"GetProduct", "GetReservation", "ImportCodes", "ReserveCodes", "DeliverCodes",
+                         "ReleaseReservation", "GetDeliveredCodes", "ListStockEvents", "GetOrderEvidence"})
 # The user roles the gateway may bring to the code pool: merchants' staff and admins, the operator.
 # No customer reaches it (their codes come through the orchestrator).
 USER_ROLES = frozenset({"staff", "admin", "operator"})
@@ -102,7 +102,7 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         # sku, the threshold's range, quantities: the contract's rules (codepool.proto), checked before.
         threshold = (request.low_stock_threshold if request.HasField("low_stock_threshold")
                      else domain.DEFAULT_LOW_STOCK_THRESHOLD)
-        return product_proto(await self.catalog.createproduct_proto(p, request.sku, name, currency, amount, threshold))
+        return product_proto(await self.catalog.create_product(p, request.sku, name, currency, amount, threshold))
 
     async def GetProduct(self, request: pb.GetProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
         return product_proto(await self.catalog.get_product(principal.current(),
