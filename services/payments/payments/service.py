@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 from opentelemetry import trace
 
-from cutylib import tenancy
+from cutylib import crash, tenancy
 from cutylib.config import Settings
 from cutylib.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, Unavailable, require
 from cutylib.fields import parse_uuid
@@ -29,7 +29,6 @@ from .domain import Outcome
 from .psp import PspClient, PspError, PspUnavailable
 from .settings import PaymentsOptions, new_worker_id
 from .views import PaymentView, RefundView, TimelineEvent
-from .checkout import crash
 
 __all__ = ["PaymentsCore", "PaymentView", "TimelineEvent"]
 

@@ -21,7 +21,8 @@ from cutylib.db import migrate
 from cutylib.testing.postgres import service_dsn
 from payments.bootstrap import create_payments_pool
 from cutylib.grpc_server import GrpcServer
-from payments.checkout import crash, wiring
+from cutylib import crash
+from payments.checkout import wiring
 from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import acting_channel
 from payments.checkout.grpc_api import CALLERS, CheckoutApi

@@ -16,7 +16,8 @@ from cuty.booking.v1 import booking_pb2
 from cuty.codepool.v1 import codepool_pb2
 from cutylib import errors
 from payments.metrics import PaymentsMetrics
-from payments.checkout import crash, domain as d
+from cutylib import crash
+from payments.checkout import domain as d
 from payments.checkout.domain import Saga, Step
 from payments.checkout.remote import BookingHolds, CodeReservations, Inventory, Refused, Rejected, Retryable
 from payments.checkout.settings import CheckoutOptions

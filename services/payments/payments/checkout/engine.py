@@ -20,11 +20,11 @@ import logging
 import asyncpg
 from opentelemetry import trace
 
-from cutylib import deadlines, errors
+from cutylib import crash, deadlines, errors
 from cutylib.backoff import equal_jitter
 from cutylib.telemetry import context_of
 
-from . import crash, domain, repository as repo
+from . import domain, repository as repo
 from .domain import Move, Saga, Step
 from .remote import Inventory, Refused, Rejected, Retryable
 from .settings import CheckoutOptions

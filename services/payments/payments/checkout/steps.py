@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
-from cutylib import errors
+from cutylib import crash, errors
 from cutylib.metrics import observe
 
-from . import crash, domain, repository as repo
+from . import domain, repository as repo
 from .domain import Move, Saga, Step
 from .remote import HoldLost, Inventory, Refused, Rejected, Retryable
 from .settings import CheckoutOptions

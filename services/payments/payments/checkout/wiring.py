@@ -4,11 +4,11 @@ from __future__ import annotations
 from cuty.booking.v1 import booking_pb2_grpc
 from cuty.codepool.v1 import codepool_pb2_grpc
 from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
+from cutylib import crash
 from cutylib.config import grpc_addr_for
 from cutylib.grpc_client import create_channel
 from cutylib.tls import BOOKING, CODEPOOL, PAYMENTS, Transport
 
-from . import crash
 from .engine import Engine
 from .grpc_api import CALLERS, CheckoutApi
 from .idempotency import IdempotencyStore
