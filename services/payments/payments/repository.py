@@ -32,18 +32,6 @@ WITH ins AS (
 SELECT * FROM ins
 """
 
-# Issue 14: every read of the platform's operator (support, across merchants) leaves a row here,
-# written before the answer is sent.
-AUDIT_OPERATOR_READ = """
-INSERT INTO operator_reads (subject, rpc, object_id, of_merchant, trace_id) VALUES ($1, $2, $3, $4, $5)
-"""
-
-INSERT_EVENT = """
-INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-RETURNING seq
-"""
-
 # Steps 4 and 5 of finalize (docs/payments.md) as one statement: the version-token UPDATE and the event it
 # causes commit together or not at all. Zero rows means another path won the race.
 # The customer action is kept only while the new status waits for the customer (the table's CHECK
@@ -67,8 +55,9 @@ WITH upd AS (
     WHERE id = $1 AND version = $2
     RETURNING {PAYMENT_COLUMNS}
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT id, checkout_id, $9, $10, status, version, $11, $12 FROM upd
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT id, checkout_id, $9, $10, status, version, $11, $12, merchant_id FROM upd
 )
 SELECT * FROM upd
 """
@@ -125,6 +114,19 @@ SELECT seq, payment_id, checkout_id, source, from_status, to_status, version, tr
 FROM payment_events WHERE checkout_id = $2 AND payment_id IS NULL AND seq > $3
 ORDER BY seq
 LIMIT $4
+"""
+
+# A cancel after purchase refunds across the checkout's captured payments (a
+# reschedule to a dearer slot charged a second one): the purchase's first, then by time; what is
+# left of each, and what an earlier attempt of this cancel asked of it ($2: the purchase's refund
+# key; $3: the prefix of the others', completed by the payment id).
+CAPTURED_PAYMENTS = """
+SELECT p.id::text AS id, p.amount_minor - p.refunded_minor AS left_minor, r.requested_minor AS asked_minor
+FROM payments p
+LEFT JOIN refunds r ON r.merchant_id = p.merchant_id AND r.payment_id = p.id
+     AND r.key = CASE WHEN p.id = $4::uuid THEN $2::text ELSE $3::text || p.id::text END
+WHERE p.checkout_id = $1 AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+ORDER BY p.id = $4::uuid DESC, p.created_at, p.id
 """
 
 # -- PSP events ------------------------------------------------------------------------------------

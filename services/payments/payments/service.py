@@ -16,9 +16,9 @@ from typing import Any
 import asyncpg
 from opentelemetry import trace
 
-from cutylib import crash, tenancy
+from cutylib import tenancy
 from cutylib.config import Settings
-from cutylib.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound, Unavailable, require
+from cutylib.errors import Aborted, FailedPrecondition, NotFound, Unavailable, require
 from cutylib.fields import parse_uuid
 from cutylib.money import require_amount, require_currency
 from cutylib.principal import Principal
@@ -26,9 +26,12 @@ from cutylib.telemetry import current_trace_id
 
 from . import domain, metrics as m, repository as sql
 from .domain import Outcome
+from .checkout.ports import CapturedPayment
+from .operator import OperatorReads
 from .psp import PspClient, PspError, PspUnavailable
+from .refunds import RefundCases
 from .settings import PaymentsOptions, new_worker_id
-from .views import PaymentView, RefundView, TimelineEvent
+from .views import PaymentView, TimelineEvent
 
 __all__ = ["PaymentsCore", "PaymentView", "TimelineEvent"]
 
@@ -38,11 +41,9 @@ tracer = trace.get_tracer("cuty.payments")
 # Each version conflict means another writer made a forward step, and a payment has at most four,
 # so the loop ends long before this; the bound only guards against a bug looping forever.
 MAX_FINALIZE_ROUNDS = 16
-# A refund's Idempotency-Key, as stored (refunds.key).
-MAX_REFUND_KEY = 255
 
 
-class PaymentsCore:
+class PaymentsCore(RefundCases):
     def __init__(self, settings: Settings, pool: asyncpg.Pool, psp: PspClient, *,
                  options: PaymentsOptions | None = None, metrics: m.PaymentsMetrics | None = None,
                  worker_id: str | None = None):
@@ -83,22 +84,15 @@ class PaymentsCore:
         return [TimelineEvent.from_row(r) for r in rows]
 
     async def audit_operator_read(self, caller: Principal, rpc: str, object_id: str, merchant_id: str | None) -> None:
-        """The platform's operator reads across merchants, and every such read is kept
-        (who, what, whose), before the answer leaves."""
-        if caller.role == tenancy.OPERATOR_ROLE:
-            await self.pool.execute(sql.AUDIT_OPERATOR_READ, caller.subject, rpc, object_id, merchant_id,
-                                    current_trace_id())
+        await OperatorReads(self.pool).record(caller, rpc, object_id, merchant_id)
 
-    async def append_event(self, conn: asyncpg.Connection, *, payment_id: str | None, checkout_id: str | None,
-                           source: str, from_status: str | None, to_status: str, version: int | None,
-                           note: str = "") -> int:
-        """Append to the payment event log on `conn` (the caller's transaction); returns its seq."""
-        if source not in domain.SOURCES:
-            raise ValueError(f"source must be one of {', '.join(domain.SOURCES)}, got {source!r}")
-        return await conn.fetchval(
-            sql.INSERT_EVENT, parse_uuid("payment_id", payment_id) if payment_id else None,
-            parse_uuid("checkout_id", checkout_id) if checkout_id else None,
-            source, from_status, to_status, version, current_trace_id(), note)
+    async def captured_payments(self, checkout_id: str, purchase_payment_id: str | None, purchase_key: str,
+                                other_key_prefix: str) -> list[CapturedPayment]:
+        """A checkout's captured payments, the purchase's first (CAPTURED_PAYMENTS): what is left of
+        each, and what the refund on its key asked of it before (None: nothing yet)."""
+        rows = await self.pool.fetch(sql.CAPTURED_PAYMENTS, checkout_id, purchase_key, other_key_prefix,
+                                     purchase_payment_id or "00000000-0000-0000-0000-000000000000")
+        return [CapturedPayment(r["id"], r["left_minor"], r["asked_minor"]) for r in rows]
 
     # -- charge -----------------------------------------------------------------------------------------
     async def create_and_charge(self, *, checkout_id: str | None, amount_minor: int, currency: str,
@@ -308,167 +302,6 @@ class PaymentsCore:
         row = await tenancy.fetchrow(self.pool, sql.GET_BY_INTENT_SEEN_BY, psp_intent_id,
                                      tenancy.merchant_filter(seen_by), principal=seen_by)
         return PaymentView.from_row(row) if row is not None else None
-
-    async def refund(self, payment_id: str, idempotency_key: str, *, note: str = "refund requested",
-                     actor: str = "system") -> PaymentView:
-        """The saga's (and ops') full refund of a succeeded payment, idempotent on `idempotency_key`
-        -> refunded. It refunds only what the merchant's own refunds left (one more refund
-        row, "the rest"); when they refunded everything already there is nothing to do."""
-        require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
-        view = await self.get(payment_id)
-        if view.status == domain.REFUNDED:
-            return view
-        try:
-            if view.status in domain.NON_TERMINAL or not view.psp_intent_id:
-                intent = await self.ask_psp(view)  # a lost webhook must not block the refund
-                view = await self.finalize(view.id, domain.status_of_intent(intent), "sync", intent=intent)
-        except PspError as exc:
-            raise FailedPrecondition(f"the PSP refused to tell payment {view.id}'s status: {exc.code}",
-                                     reason="psp-refused") from exc
-        except PspUnavailable as exc:
-            raise Unavailable(f"PSP unavailable while refunding payment {view.id}; retry") from exc
-        if view.status == domain.REFUNDED:
-            return view
-        if view.status not in domain.REFUNDABLE:
-            raise FailedPrecondition(f"only a succeeded payment can be refunded; payment {view.id} is "
-                                     f"{view.status}", reason="payment-not-refundable")
-        # Refunds of others left pending (a PSP timeout, a crash) are finished first: the rest is
-        # what they do not cover.
-        for row in await self.pool.fetch(sql.PENDING_REFUNDS_OF, uuid.UUID(view.id)):
-            if row["key"] != idempotency_key:
-                await self._complete(RefundView.from_row(row))
-        view = await self.get(view.id)
-        if view.status == domain.REFUNDED:
-            return view
-        # A refund the PSP refused refunded nothing; the saga's retry (an operator's, after fixing the
-        # cause) asks again as a new refund: the key with an attempt number.
-        key, attempt = idempotency_key, 0
-        while (existing := await self.pool.fetchrow(sql.GET_REFUND_BY_KEY, view.merchant_id, uuid.UUID(view.id),
-                                                    key)) is not None and existing["status"] == "failed":
-            attempt += 1
-            key = f"{idempotency_key}#{attempt}"
-        if existing is None and view.refunded_minor >= view.amount_minor:
-            # Everything is refunded or being refunded by refunds still pending at the PSP.
-            raise Unavailable(f"refunds of payment {view.id} are still pending at the PSP; retry")
-        await self.issue_refund(view.merchant_id, view.id, key, amount_minor=None, currency=None,
-                                reason=note, actor=actor, codes_delivered_ok=True, note=note)
-        return await self.get(view.id)
-
-    async def issue_refund(self, merchant_id: str, payment_id: str, idempotency_key: str, *,
-                           amount_minor: int | None, currency: str | None, reason: str, actor: str,
-                           codes_delivered_ok: bool, note: str | None = None,
-                           seen_by: Principal | None = None) -> RefundView:
-        """Refund `amount_minor` (None: the rest of what was captured) of a captured payment
-        of `merchant_id`. Idempotent on (merchant, payment, key): the same key and body answer the same
-        refund (finishing it at the PSP if it was left pending); another body is refused. The running
-        total never passes the captured amount: RESERVE_REFUND decides, whoever races."""
-        pid = parse_uuid("payment_id", payment_id)
-        require(bool(idempotency_key) and len(idempotency_key) <= MAX_REFUND_KEY, "idempotency_key",
-                f"idempotency_key must be 1..{MAX_REFUND_KEY} characters (the Idempotency-Key header)")
-        refund_id = uuid.uuid4()
-        try:
-            # A staff or admin user's write runs confined to their merchant (RLS, the second line
-            # behind `merchant_id = $2`).
-            async with tenancy.scoped(self.pool, seen_by) as uow:
-                row = await uow.conn.fetchrow(sql.RESERVE_REFUND, refund_id, merchant_id, pid, idempotency_key,
-                                              amount_minor, reason, actor, codes_delivered_ok, current_trace_id(),
-                                              note or f"refund requested by {actor}: {reason}", currency)
-                await uow.commit()
-        except asyncpg.UniqueViolationError:
-            row = None
-        if row is None:
-            # Nothing written: the key was used before (a replay, answered as the first time), or
-            # the refund does not fit (asked again, a replay's "rest" is 0 once its refund counts).
-            first = await tenancy.fetchrow(self.pool, sql.GET_REFUND_BY_KEY, merchant_id, pid, idempotency_key,
-                                           principal=seen_by)
-            if first is not None:
-                return await self._replay(first, idempotency_key, amount_minor, currency, reason)
-            raise await self._refusal(merchant_id, pid, amount_minor, currency)
-        refund = RefundView.from_row(row)
-        m.count_refund(self.metrics, "reserved")
-        return await self._complete(refund)
-
-    async def _replay(self, row: Any, key: str, amount_minor: int | None, currency: str | None,
-                      reason: str) -> RefundView:
-        if (row["requested_minor"], row["reason"]) != (amount_minor, reason) or (
-                currency is not None and currency != row["currency"]):
-            raise FailedPrecondition(f"idempotency key {key!r} was used for another refund of payment "
-                                     f"{row['payment_id']}", reason="idempotency-key-reused")
-        refund = RefundView.from_row(row)
-        m.count_refund(self.metrics, "replayed")
-        if refund.status == "failed":
-            raise FailedPrecondition(f"the PSP refused refund {refund.id}: {refund.failure_reason}",
-                                     reason="psp-refused")
-        return await self._complete(refund) if refund.status == "pending" else refund
-
-    async def _refusal(self, merchant_id: str, pid: uuid.UUID, amount_minor: int | None,
-                       currency: str | None) -> Exception:
-        """Why RESERVE_REFUND wrote nothing, as the error to raise."""
-        row = await self.pool.fetchrow(sql.REFUND_REFUSAL, pid, merchant_id)
-        if row is None:
-            return NotFound(f"payment {pid} not found")
-        if currency is not None and currency != row["currency"]:
-            return InvalidArgument("amount.currency_code", f"the payment is in {row['currency']}, got {currency}")
-        if row["status"] not in domain.REFUNDABLE:
-            return FailedPrecondition(f"only a succeeded payment can be refunded; payment {pid} is {row['status']}",
-                                      reason="payment-not-refundable")
-        if row["codes_delivered"]:
-            return FailedPrecondition(f"payment {pid} bought codes that were delivered to the buyer; only the "
-                                      f"merchant's admin may refund it, with an explicit amount",
-                                      reason="codes-delivered")
-        left = row["amount_minor"] - row["refunded_minor"]
-        if amount_minor is None:
-            return FailedPrecondition(f"payment {pid} has nothing left to refund ({row['refunded_minor']} of "
-                                      f"{row['amount_minor']} {row['currency']} refunded or pending)",
-                                      reason="nothing-to-refund")
-        return FailedPrecondition(f"a refund of {amount_minor} exceeds what is left of payment {pid}: {left} "
-                                  f"{row['currency']} minor units", reason="refund-exceeds-captured")
-
-    async def _complete(self, refund: RefundView, *, source: str = "sync") -> RefundView:
-        """Ask the PSP for a pending refund (its Idempotency-Key is the refund's id, so asking again
-        never refunds twice) and record the answer. A PSP timeout leaves it pending: Unavailable."""
-        crash.point("psp_refund:before")
-        payment = await self.pool.fetchrow(sql.GET_PAYMENT, uuid.UUID(refund.payment_id))
-        try:
-            answer = await self.psp.create_refund(refund.id, payment["psp_intent_id"],
-                                                  {"payment_id": refund.payment_id, "refund_id": refund.id},
-                                                  amount=refund.amount_minor)
-        except PspUnavailable as exc:
-            m.count_refund(self.metrics, "pending")
-            raise Unavailable(f"PSP unavailable while refunding payment {refund.payment_id}; the refund "
-                              f"{refund.id} is pending: retry with the same Idempotency-Key") from exc
-        except PspError as exc:
-            row = await self.pool.fetchrow(sql.FAIL_REFUND, uuid.UUID(refund.id), exc.code or f"http_{exc.status}",
-                                           current_trace_id())
-            m.count_refund(self.metrics, "failed")
-            raise FailedPrecondition(f"the PSP refused refund {refund.id} of payment {refund.payment_id}: "
-                                     f"{exc.code}", reason="psp-refused") from exc
-        crash.point("psp_refund:after")
-        row = await self.pool.fetchrow(sql.SETTLE_REFUND, uuid.UUID(refund.id), str(answer.get("id") or ""),
-                                       current_trace_id(), source)
-        if row is None:  # settled meanwhile by another retry (or reconciliation): the same answer
-            row = await self.pool.fetchrow(sql.GET_REFUND, uuid.UUID(refund.id))
-        else:
-            m.count_refund(self.metrics, "succeeded")
-        return RefundView.from_row(row)
-
-    async def finish_pending_refunds(self, older_than_seconds: float, limit: int = 20) -> int:
-        """Reconciliation of refunds left pending (PSP timeouts, crashes): claim a batch (SKIP LOCKED;
-        the claim moves the refund's updated_at, so replicas do not ask twice at once) and ask the PSP
-        again with the same key. Returns how many were claimed."""
-        rows = await self.pool.fetch(sql.CLAIM_PENDING_REFUNDS, limit, float(older_than_seconds))
-        for row in rows:
-            try:
-                await self._complete(RefundView.from_row(row), source="reconcile")
-            except (Unavailable, FailedPrecondition) as exc:
-                log.warning("pending refund not finished", extra={"refund_id": str(row["id"]), "error": str(exc)})
-        return len(rows)
-
-    async def get_refund(self, refund_id: str) -> RefundView:
-        row = await self.pool.fetchrow(sql.GET_REFUND, parse_uuid("refund_id", refund_id))
-        if row is None:
-            raise NotFound(f"refund {refund_id} not found")
-        return RefundView.from_row(row)
 
 
 def _str(value: Any) -> str | None:

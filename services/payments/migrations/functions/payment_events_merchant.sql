@@ -1,7 +1,6 @@
--- The timeline: each event carries the merchant of its payment or checkout. It is written by many
--- statements (finalize, every saga transition), so one trigger fills it from the row it is about
--- instead of every statement repeating the lookup; a checkout's events from before its hold have
--- none (NULL: seen by the customer's checkout view and the platform only).
+-- The merchant of a timeline event, looked up from its payment or checkout. No trigger calls it
+-- since migration 0005 (every statement names the merchant itself); it stays defined only because
+-- the baseline (0001) declares its trigger with it, so a new database must have it to get to 0005.
 CREATE OR REPLACE FUNCTION payment_events_merchant() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.merchant_id IS NULL THEN

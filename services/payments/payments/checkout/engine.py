@@ -26,6 +26,8 @@ from cutylib.telemetry import context_of
 
 from . import domain, repository as repo
 from .domain import Move, Saga, Step
+from .metrics import CheckoutMetrics
+from .ports import Payments
 from .remote import Inventory, Refused, Rejected, Retryable
 from .settings import CheckoutOptions
 from .steps import Steps
@@ -77,13 +79,15 @@ def _merge(a: repo.Fields, b: repo.Fields) -> repo.Fields:
 
 
 class Engine:
-    def __init__(self, pool: asyncpg.Pool, holds: Inventory, core, options: CheckoutOptions, lease_seconds: float):
+    def __init__(self, pool: asyncpg.Pool, holds: Inventory, payments: Payments, metrics: CheckoutMetrics,
+                 options: CheckoutOptions, lease_seconds: float):
         self.pool = pool
         self.sagas = repo.Sagas(pool)
-        self.core = core
+        self.payments = payments
+        self.metrics = metrics
         self.options = options
         self.lease_seconds = lease_seconds
-        self.steps = Steps(holds, core, options)
+        self.steps = Steps(holds, payments, metrics, options)
 
     async def drive(self, saga: Saga, owner: str, payment=None, *, unpaid: bool = False):
         """Run `saga` (whose lease `owner` holds) until it waits or ends and give the lease back.
@@ -131,7 +135,7 @@ class Engine:
                 # learned by CHARGE; the payment row, found by its attempt key, still tells. Without
                 # this, a saga could release and end with the money captured (invariant 4).
                 key_checked = True
-                found = await self.core.find_by_key(saga.merchant_id, saga.payment_key)
+                found = await self.payments.find_by_key(saga.merchant_id, saga.payment_key)
                 if found is not None:
                     learned = _merge(learned, repo.Fields(payment_id=found.id))
                     saga = dataclasses.replace(saga, payment_id=found.id)
@@ -185,11 +189,11 @@ class Engine:
         """The payment the step routes on (domain.watched_payment_id), read now where its status decides."""
         watched = domain.watched_payment_id(saga)
         if saga.state in domain.RESCHEDULE_PAYMENT_STATES:
-            return await self.core.get(watched) if watched else None  # none: a price decrease or none yet
+            return await self.payments.get(watched) if watched else None  # none: a price decrease or none yet
         if watched is None or saga.state not in (
                 domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING, domain.REFUNDING):
             return current
-        return await self.core.get(watched)
+        return await self.payments.get(watched)
 
     async def _move(self, saga: Saga, owner: str, move: Move, learned: repo.Fields, note: str,
                     status: str | None) -> tuple[Saga, bool]:
@@ -211,7 +215,7 @@ class Engine:
             # the outbox event its trigger wrote) committed, before anything else happens.
             crash.point(f"recorded:{new.state}")
             if new.terminal:
-                self.core.metrics.sagas_finished.labels(new.state).inc()
+                self.metrics.sagas_finished.labels(new.state).inc()
             log.info("checkout %s -> %s", saga.state, new.state,
                      extra={"checkout_id": saga.id, "from": saga.state, "to": new.state, "note": note})
         return new, waits and new.lease_owner is not None
@@ -234,14 +238,14 @@ class Engine:
         new = await self.sagas.transition(saga, owner, domain.REJECTED, repo.Fields(failure_reason=reason),
                                           "hold refused")
         if new is not None:
-            self.core.metrics.sagas_finished.labels(domain.REJECTED).inc()
+            self.metrics.sagas_finished.labels(domain.REJECTED).inc()
         return new or await self.sagas.get(saga.id) or saga
 
     async def _retry_later(self, saga: Saga, owner: str, exc: BaseException) -> None:
         current = await self.sagas.get(saga.id)
         attempts = current.attempts if current is not None else saga.attempts
         delay = equal_jitter(attempts + 1, self.options.retry_base_seconds, self.options.retry_cap_seconds)
-        self.core.metrics.retries.labels(saga.state).inc()
+        self.metrics.retries.labels(saga.state).inc()
         level = logging.INFO if isinstance(exc, TRANSIENT) and attempts < 5 else logging.WARNING
         log.log(level, "saga step failed; retrying in %.2fs", delay, exc_info=not isinstance(exc, TRANSIENT),
                 extra={"checkout_id": saga.id, "state": saga.state, "attempts": attempts, "error": repr(exc)})
@@ -250,7 +254,7 @@ class Engine:
                                                  max_attempts=self.options.max_attempts,
                                                  attention_after_seconds=self.options.attention_after_seconds)
             if state == domain.NEEDS_ATTENTION:
-                self.core.metrics.need_attention.inc()
+                self.metrics.need_attention.inc()
                 log.error("saga step keeps failing; it needs an operator", extra={
                     "checkout_id": saga.id, "state": saga.state, "attempts": attempts + 1, "error": repr(exc)})
 

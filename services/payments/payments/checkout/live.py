@@ -164,7 +164,7 @@ async def watch(service, watchers: Watchers, caller: Principal, checkout_id: str
     saga = await service.seen(caller, checkout_id)
     sagas = repo.Sagas(service.pool)
     async with watchers.admitted(caller.subject), watchers.subscribed(checkout_id) as changed:
-        await service.core.audit_operator_read(caller, "WatchCheckout", checkout_id, saga.merchant_id)
+        await service.operator_reads.record(caller, "WatchCheckout", checkout_id, saga.merchant_id)
         yield None  # admitted: the caller may now be told the stream is open
         loop = asyncio.get_running_loop()
         warn_at = None

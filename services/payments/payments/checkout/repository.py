@@ -169,8 +169,8 @@ first AS (
       AND EXISTS (SELECT 1 FROM began)
     {_RETURNING}
 ), first_ev AS (
-    INSERT INTO payment_events (checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT id, 'saga', 'HELD', state, version, $13::text, 'pay ' || $10::text FROM first
+    INSERT INTO payment_events (checkout_id, source, from_status, to_status, version, trace_id, note, merchant_id)
+    SELECT id, 'saga', 'HELD', state, version, $13::text, 'pay ' || $10::text, merchant_id FROM first
 )
 """
 
@@ -189,8 +189,9 @@ WITH upd AS (
       AND (state IN ('HELD', 'AWAITING_ACTION') OR (state = 'CHARGING' AND payment_id IS NOT NULL))
     {_RETURNING}
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT payment_id, id, 'saga', $5, state, version, $6, 'cancel' FROM upd
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT payment_id, id, 'saga', $5, state, version, $6, 'cancel', merchant_id FROM upd
 )
 SELECT * FROM upd
 """
@@ -304,19 +305,6 @@ WITH upd AS (
 SELECT * FROM upd
 """
 
-# A cancel after purchase refunds across the checkout's captured payments (a
-# reschedule to a dearer slot charged a second one): the purchase's first, then by time; what is
-# left of each, and what an earlier attempt of this cancel asked of it ($2: the purchase's refund
-# key; $3: the prefix of the others', completed by the payment id).
-CAPTURED_PAYMENTS = """
-SELECT p.id::text AS id, p.amount_minor - p.refunded_minor AS left_minor, r.requested_minor AS asked_minor
-FROM payments p
-LEFT JOIN refunds r ON r.merchant_id = p.merchant_id AND r.payment_id = p.id
-     AND r.key = CASE WHEN p.id = $4::uuid THEN $2::text ELSE $3::text || p.id::text END
-WHERE p.checkout_id = $1 AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
-ORDER BY p.id = $4::uuid DESC, p.created_at, p.id
-"""
-
 # Workers claim due sagas: SKIP LOCKED so replicas never wait on or double-claim a row; the lease
 # is taken and next_run_at pushed to its end in the same statement (a crash leaves the row due
 # again when the lease runs out). Each row gets its own owner token.
@@ -396,11 +384,12 @@ WITH g AS (
         next_run_at = CASE WHEN g.give_up THEN NULL
                            ELSE clock_timestamp() + make_interval(secs => $3::float8) END
     FROM g WHERE c.id = g.id AND c.lease_owner = $2
-    RETURNING c.id, c.payment_id, c.state, c.version, c.attempts, g.from_state
+    RETURNING c.id, c.payment_id, c.merchant_id, c.state, c.version, c.attempts, g.from_state
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
     SELECT payment_id, id, 'saga', from_state, state, version, $7,
-           'retries exhausted after ' || attempts || ' attempts; an operator may retry'
+           'retries exhausted after ' || attempts || ' attempts; an operator may retry', merchant_id
     FROM upd WHERE state = 'NEEDS_ATTENTION'
 )
 SELECT state FROM upd
@@ -416,8 +405,9 @@ WITH upd AS (
     WHERE id = $1 AND state = 'NEEDS_ATTENTION' AND ($4::text IS NULL OR merchant_id = $4)
     {_RETURNING}
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT payment_id, id, 'saga', 'NEEDS_ATTENTION', state, version, $2, 'retried by ' || $3 FROM upd
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT payment_id, id, 'saga', 'NEEDS_ATTENTION', state, version, $2, 'retried by ' || $3, merchant_id FROM upd
 ), n AS (
     SELECT pg_notify('{WAKE_CHANNEL}', id::text) FROM upd
 )
@@ -519,20 +509,20 @@ def saga_of(row) -> Saga | None:
 
 def insert_pending(*, kind: str, slot_id: str | None, product_id: str | None, quantity: int, owner: str,
                    lease_seconds: float, payment_method: str | None = None) -> tuple[str, tuple]:
-    """CreateCheckout's first write, for IdempotencyStore.run(first=...)."""
+    """CreateCheckout's first write, for IdempotencyStore.claim(first=...)."""
     return INSERT_PENDING, (kind, slot_id, product_id, quantity, owner, lease_seconds, current_traceparent(),
                             payment_method)
 
 
 def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,
                    lease_seconds: float) -> tuple[str, tuple]:
-    """PayCheckout's first write, for IdempotencyStore.run(first=...)."""
+    """PayCheckout's first write, for IdempotencyStore.claim(first=...)."""
     return START_CHARGING, (checkout_id, payment_key, payment_method, owner, lease_seconds, current_trace_id())
 
 
 def start_reschedule(*, checkout_id: str, slot_id: str, payment_method: str | None, who: str, owner: str,
                      customer: str | None, merchant: str | None, lease_seconds: float) -> tuple[str, tuple]:
-    """RescheduleCheckout's first write, for IdempotencyStore.run(first=...)."""
+    """RescheduleCheckout's first write, for IdempotencyStore.claim(first=...)."""
     return START_RESCHEDULE, (checkout_id, slot_id, payment_method, who, owner, customer, merchant, lease_seconds,
                               current_trace_id())
 
@@ -586,13 +576,6 @@ class Sagas:
         """COMPLETED -> CANCELLING, None when refused or the row moved since `saga` was read."""
         return saga_of(await self.db.fetchrow(START_CANCEL_AFTER_PURCHASE, saga.id, customer, merchant, owner,
                                               lease_seconds, saga.version, current_trace_id(), who, reason))
-
-    async def captured_payments(self, saga: Saga, purchase_key: str, other_key_prefix: str) -> list:
-        """(payment id, what is left of it, what this cancel asked of it before or None), the
-        purchase's payment first (CAPTURED_PAYMENTS)."""
-        rows = await self.db.fetch(CAPTURED_PAYMENTS, saga.id, purchase_key, other_key_prefix,
-                                   saga.payment_id or "00000000-0000-0000-0000-000000000000")
-        return [(r["id"], r["left_minor"], r["asked_minor"]) for r in rows]
 
     async def claim_due(self, worker_id: str, limit: int, lease_seconds: float) -> list[Saga]:
         return [Saga.from_row(r) for r in await self.db.fetch(CLAIM_DUE, worker_id, limit, lease_seconds)]

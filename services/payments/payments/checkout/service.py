@@ -19,11 +19,14 @@ from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
 from ..domain import require_payment_method
+from ..operator import OperatorReads
 from . import diagnostics, domain, repository as repo, views
 from .domain import Saga
 from .engine import Engine
 from .idempotency import IdempotencyStore, Replay, request_hash
 from .live import Watchers
+from .metrics import CheckoutMetrics
+from .ports import Payments
 from .remote import Inventory, Refused, Rejected
 
 # Callers who may read any checkout (staff see it without the buyer's action or codes).
@@ -50,15 +53,18 @@ def new_owner(kind: str) -> str:
 
 
 class CheckoutService:
-    def __init__(self, pool: asyncpg.Pool, engine: Engine, holds: Inventory, core, keys: IdempotencyStore,
-                 lease_seconds: float, watchers: Watchers | None = None):
+    def __init__(self, pool: asyncpg.Pool, engine: Engine, holds: Inventory, payments: Payments,
+                 metrics: CheckoutMetrics, keys: IdempotencyStore, lease_seconds: float,
+                 watchers: Watchers | None = None):
         self.pool = pool
         # WatchCheckout's listener and open streams (checkout/live.py); its `run` is a background task.
         self.watchers = watchers
         self.sagas = repo.Sagas(pool)
         self.engine = engine
         self.holds = holds
-        self.core = core
+        self.payments = payments
+        self.metrics = metrics
+        self.operator_reads = OperatorReads(pool)
         self.keys = keys
         self.lease_seconds = lease_seconds
 
@@ -77,9 +83,9 @@ class CheckoutService:
                                     quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds,
                                     payment_method=req.payment_method)
         try:
-            return await self.keys.run(customer, "create", key, h, first,
-                                       lambda checkout_id, _resumed, row: self._create(checkout_id, owner, row),
-                                       stored_form=views.without_secrets)
+            async with self.keys.claim(customer, "create", key, h, first, stored_form=views.without_secrets) as claim:
+                claim.finish(await self._create(claim.resource_id, owner, claim.row))
+            return claim.answer
         except Replay as replay:
             raise await self._current_action(replay) from None
 
@@ -133,10 +139,9 @@ class CheckoutService:
         first = repo.start_charging(checkout_id=checkout_id, payment_key=domain.payment_attempt_id(checkout_id),
                                     payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds)
         try:
-            return await self.keys.run(
-                customer, "pay", key, h, first,
-                lambda _id, resumed, row: self._pay(customer, checkout_id, payment_method, resumed, owner, row),
-                stored_form=views.without_secrets)
+            async with self.keys.claim(customer, "pay", key, h, first, stored_form=views.without_secrets) as claim:
+                claim.finish(await self._pay(customer, checkout_id, payment_method, claim.resumed, owner, claim.row))
+            return claim.answer
         except Replay as replay:
             raise await self._current_action(replay) from None
 
@@ -152,7 +157,7 @@ class CheckoutService:
         saga = await self.sagas.get(stored.id)
         payment = None
         if saga is not None and saga.payment_id == stored.payment.id:
-            payment = await self.core.get(saga.payment_id)
+            payment = await self.payments.get(saga.payment_id)
         return Replay(views.with_current_action(stored, saga, payment).SerializeToString(), False)
 
     async def _pay(self, customer: str, checkout_id: str, payment_method: str, resumed: bool, owner: str,
@@ -180,7 +185,7 @@ class CheckoutService:
     async def get(self, caller: Principal, checkout_id: str) -> checkout_pb2.Checkout:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         saga = await self.seen(caller, checkout_id)
-        await self.core.audit_operator_read(caller, "GetCheckout", checkout_id, saga.merchant_id)
+        await self.operator_reads.record(caller, "GetCheckout", checkout_id, saga.merchant_id)
         return await self.view_for(caller, saga)
 
     async def seen(self, caller: Principal, checkout_id: str) -> Saga:
@@ -325,10 +330,10 @@ class CheckoutService:
                                       owner=owner, customer=None if staff else caller.subject,
                                       merchant=tenancy.merchant_filter(caller) if staff else None,
                                       lease_seconds=self.lease_seconds)
-        return await self.keys.run(
-            caller.require_subject(), "reschedule", key, h, first,
-            lambda _id, resumed, row: self._reschedule(caller, checkout_id, slot_id, resumed, owner, row),
-            stored_form=views.without_secrets)
+        async with self.keys.claim(caller.require_subject(), "reschedule", key, h, first,
+                                   stored_form=views.without_secrets) as claim:
+            claim.finish(await self._reschedule(caller, checkout_id, slot_id, claim.resumed, owner, claim.row))
+        return claim.answer
 
     async def _reschedule(self, caller: Principal, checkout_id: str, slot_id: str, resumed: bool, owner: str,
                           row) -> checkout_pb2.Checkout:
@@ -380,7 +385,7 @@ class CheckoutService:
                 raise errors.NotFound(f"checkout {checkout_id} not found")
             raise errors.FailedPrecondition(f"only a NEEDS_ATTENTION checkout can be retried; checkout {checkout_id} "
                                             f"is {current.state}", reason="checkout-not-needing-attention")
-        self.core.metrics.operator_retries.inc()
+        self.metrics.operator_retries.inc()
         return await self.view(saga)
 
     # -- ListCheckouts -----------------------------------------------------------------------------
@@ -407,7 +412,7 @@ class CheckoutService:
             rows = await repo.Sagas(uow.conn).list(q, after, size + 1)
         page = rows[:size]
         if caller.role == tenancy.OPERATOR_ROLE:
-            await self.core.audit_operator_read(caller, "ListCheckouts",
+            await self.operator_reads.record(caller, "ListCheckouts",
                                                 ",".join(s.id for s, _ in page) or "(none)", None)
         out = checkout_pb2.ListCheckoutsResponse(checkouts=[views.in_list(s, status) for s, status in page])
         if len(rows) > size:
@@ -426,7 +431,7 @@ class CheckoutService:
         """The answer, built from the row and the payment as last read (re-read unless the caller
         just read it: a view from before the last transition would be stale)."""
         if saga.payment_id and (payment is None or payment.id != saga.payment_id):
-            payment = await self.core.get(saga.payment_id)
+            payment = await self.payments.get(saga.payment_id)
         elif not saga.payment_id:
             payment = None
         codes: list[tuple[str, str]] = []

@@ -15,6 +15,8 @@ from cutylib.metrics import observe
 
 from . import domain, repository as repo
 from .domain import Move, Saga, Step
+from .metrics import CheckoutMetrics
+from .ports import Payments
 from .remote import HoldLost, Inventory, Refused, Rejected, Retryable
 from .settings import CheckoutOptions
 
@@ -39,9 +41,10 @@ _COMPENSATIONS = {Step.RELEASE: "release", Step.CANCEL_PAYMENT: "cancel_intent",
 
 
 class Steps:
-    def __init__(self, holds: Inventory, core, options: CheckoutOptions):
+    def __init__(self, holds: Inventory, payments: Payments, metrics: CheckoutMetrics, options: CheckoutOptions):
         self.holds = holds
-        self.core = core
+        self.payments = payments
+        self.metrics = metrics
         self.options = options
 
     async def perform(self, step: Step, saga: Saga, payment, status: str | None) -> Outcome:
@@ -56,10 +59,10 @@ class Steps:
             if out.payment is not None:
                 span.set_attribute("cuty.payment.id", out.payment.id)
             elapsed = time.perf_counter() - t0
-            observe(self.core.metrics.step_duration.labels(step.value), elapsed)
+            observe(self.metrics.step_duration.labels(step.value), elapsed)
             kind = _COMPENSATIONS.get(step)
             if kind is not None:
-                self.core.metrics.compensations.labels(kind).inc()
+                self.metrics.compensations.labels(kind).inc()
         took = f"{step.value} {1000 * elapsed:.1f}ms"
         return dataclasses.replace(out, note=f"{out.note}; {took}" if out.note else took)
 
@@ -108,7 +111,7 @@ class Steps:
             # key stands in for the payment as the confirm step's reference.
             return Outcome(Move(domain.CONFIRMING), note=FREE_NOTE)
         try:
-            payment = await self._remote(Step.CHARGE, self.core.create_and_charge(
+            payment = await self._remote(Step.CHARGE, self.payments.create_and_charge(
                 checkout_id=saga.id, amount_minor=saga.amount_minor, currency=saga.currency,
                 payment_method=saga.payment_method, idempotency_key=saga.payment_key, customer_id=saga.customer_id,
                 merchant_id=saga.merchant_id))
@@ -131,13 +134,13 @@ class Steps:
         return Outcome(Move(domain.COMPLETED))
 
     async def _cancel_payment(self, saga: Saga, payment, status) -> Outcome:
-        payment = await self._remote(Step.CANCEL_PAYMENT, self.core.cancel(saga.payment_id))
+        payment = await self._remote(Step.CANCEL_PAYMENT, self.payments.cancel(saga.payment_id))
         if not payment.terminal:
             raise Retryable(f"payment {payment.id} still {payment.status} after cancel")
         return Outcome(payment=payment)  # the next round releases, or follows late capture
 
     async def _late_capture(self, saga: Saga, payment, status) -> Outcome:
-        self.core.metrics.late_captures.inc()
+        self.metrics.late_captures.inc()
         log.warning("late capture", extra={"checkout_id": saga.id, "outcome": saga.outcome})
         return Outcome(domain.late_capture(saga))
 
@@ -150,7 +153,7 @@ class Steps:
             # A free checkout whose hold was lost: nothing was taken, so nothing goes back but the hold.
             await self._remote(Step.RELEASE, self.holds.of(saga).release(saga))
             return Outcome(Move(domain.REFUNDED), note=f"{FREE_NOTE}: nothing to refund")
-        payment = await self._remote(Step.REFUND, self.core.refund(saga.payment_id, domain.refund_key(saga.id)))
+        payment = await self._remote(Step.REFUND, self.payments.refund(saga.payment_id, domain.refund_key(saga.id)))
         if payment.status != domain.P_REFUNDED:
             raise Retryable(f"payment {payment.id} is {payment.status} after refund")
         # Give back whatever is still held (a cancelled checkout's slot; a no-op when it was lost).
@@ -170,8 +173,8 @@ class Steps:
             # The purchase's payment first, then what reschedules to dearer slots charged (issue 12,
             # item 2), each on a key of its own; a repeat asks each what it asked the first time.
             left = amount
-            for payment_id, remaining, asked in await repo.Sagas(self.core.pool).captured_payments(
-                    saga, domain.cancel_refund_key(saga.id), domain.cancel_refund_key(saga.id) + ":"):
+            for payment_id, remaining, asked in await self.payments.captured_payments(
+                    saga.id, saga.payment_id, domain.cancel_refund_key(saga.id), domain.cancel_refund_key(saga.id) + ":"):
                 take = asked if asked is not None else min(left, remaining)
                 if take <= 0:
                     continue
@@ -179,7 +182,7 @@ class Steps:
                 if payment_id != saga.payment_id:
                     key += f":{payment_id}"
                 crash.point("cancel_refund:before")
-                refunded = await self.core.issue_refund(
+                refunded = await self.payments.issue_refund(
                     saga.merchant_id, payment_id, key, amount_minor=take,
                     currency=None, reason=reason, actor=saga.cancelled_by or "system", codes_delivered_ok=True,
                     note=f"cancel after purchase by {saga.cancelled_by}: {reason}")
@@ -234,7 +237,7 @@ class Steps:
                         extra={"checkout_id": saga.id, "rescheduled_by": saga.rescheduled_by})
             return Outcome(Move(domain.RESCHEDULE_REVERTING, reason=refused.reason))
         try:
-            payment = await self._remote(Step.RESCHEDULE_CHARGE, self.core.create_and_charge(
+            payment = await self._remote(Step.RESCHEDULE_CHARGE, self.payments.create_and_charge(
                 checkout_id=saga.id, amount_minor=difference, currency=saga.currency,
                 payment_method=saga.reschedule_payment_method or "",
                 idempotency_key=domain.reschedule_key(saga.id, saga.reschedule_seq, "payment"),
@@ -265,7 +268,7 @@ class Steps:
         note = f"rescheduled from slot {saga.slot_id} to {saga.reschedule_slot_id}"
         if difference < 0 and saga.payment_id is not None:
             crash.point("reschedule_refund:before")
-            refund = await self.core.issue_refund(
+            refund = await self.payments.issue_refund(
                 saga.merchant_id, saga.payment_id, domain.reschedule_key(saga.id, saga.reschedule_seq, "refund"),
                 amount_minor=-difference, currency=None, reason="rescheduled to a cheaper slot",
                 actor=saga.rescheduled_by or "system", codes_delivered_ok=True,
@@ -283,13 +286,13 @@ class Steps:
         late), then the new hold released; the booking stays as it was."""
         if saga.reschedule_payment_id is not None:
             if payment is None or payment.id != saga.reschedule_payment_id:
-                payment = await self.core.get(saga.reschedule_payment_id)
+                payment = await self.payments.get(saga.reschedule_payment_id)
             if not payment.terminal:
-                payment = await self._remote(Step.RESCHEDULE_REVERT, self.core.cancel(payment.id))
+                payment = await self._remote(Step.RESCHEDULE_REVERT, self.payments.cancel(payment.id))
                 if not payment.terminal:
                     raise Retryable(f"payment {payment.id} still {payment.status} after cancel")
             if payment.status in (domain.P_SUCCEEDED, domain.P_PARTIALLY_REFUNDED):
-                payment = await self.core.refund(payment.id, domain.reschedule_key(
+                payment = await self.payments.refund(payment.id, domain.reschedule_key(
                     saga.id, saga.reschedule_seq, "revert-refund"), note="reschedule undone: difference refunded")
                 if payment.status != domain.P_REFUNDED:
                     raise Retryable(f"payment {payment.id} is {payment.status} after refund")
