@@ -38,6 +38,8 @@ class RefundCases:
     """The refund use cases of `PaymentsCore`."""
 
     pool: asyncpg.Pool
+    rows: sql.Payments
+    refund_rows: sql.Refunds
     psp: "Psp"
     metrics: m.PaymentsMetrics
 
@@ -74,17 +76,17 @@ class RefundCases:
                                      f"{view.status}", reason="payment-not-refundable")
         # Refunds of others left pending (a PSP timeout, a crash) are finished first: the rest is
         # what they do not cover.
-        for row in await self.pool.fetch(sql.PENDING_REFUNDS_OF, uuid.UUID(view.id)):
-            if row["key"] != idempotency_key:
-                await self._complete(RefundView.from_row(row))
+        for pending in await self.refund_rows.pending_of(uuid.UUID(view.id)):
+            if pending.key != idempotency_key:
+                await self._complete(pending)
         view = await self.get(view.id)
         if view.status == domain.REFUNDED:
             return view
         # A refund the PSP refused refunded nothing; the saga's retry (an operator's, after fixing the
         # cause) asks again as a new refund: the key with an attempt number.
         key, attempt = idempotency_key, 0
-        while (existing := await self.pool.fetchrow(sql.GET_REFUND_BY_KEY, view.merchant_id, uuid.UUID(view.id),
-                                                    key)) is not None and existing["status"] == "failed":
+        while (existing := await self.refund_rows.by_key(view.merchant_id, uuid.UUID(view.id),
+                                                         key)) is not None and existing.status == "failed":
             attempt += 1
             key = f"{idempotency_key}#{attempt}"
         if existing is None and view.refunded_minor >= view.amount_minor:
@@ -110,31 +112,28 @@ class RefundCases:
             # A staff or admin user's write runs confined to their merchant (RLS, the second line
             # behind `merchant_id = $2`).
             async with tenancy.scoped(self.pool, seen_by) as uow:
-                row = await uow.conn.fetchrow(sql.RESERVE_REFUND, refund_id, merchant_id, pid, idempotency_key,
-                                              amount_minor, reason, actor, codes_delivered_ok, current_trace_id(),
-                                              note or f"refund requested by {actor}: {reason}", currency)
+                refund = await sql.Refunds(uow.conn).reserve(
+                    refund_id, merchant_id, pid, idempotency_key, amount_minor, reason, actor, codes_delivered_ok,
+                    current_trace_id(), note or f"refund requested by {actor}: {reason}", currency)
                 await uow.commit()
         except asyncpg.UniqueViolationError:
-            row = None
-        if row is None:
+            refund = None
+        if refund is None:
             # Nothing written: the key was used before (a replay, answered as the first time), or
             # the refund does not fit (asked again, a replay's "rest" is 0 once its refund counts).
-            first = await tenancy.fetchrow(self.pool, sql.GET_REFUND_BY_KEY, merchant_id, pid, idempotency_key,
-                                           principal=seen_by)
+            first = await self.refund_rows.by_key(merchant_id, pid, idempotency_key, seen_by)
             if first is not None:
                 return await self._replay(first, idempotency_key, amount_minor, currency, reason)
             raise await self._refusal(merchant_id, pid, amount_minor, currency)
-        refund = RefundView.from_row(row)
         m.count_refund(self.metrics, "reserved")
         return await self._complete(refund)
 
-    async def _replay(self, row: Any, key: str, amount_minor: int | None, currency: str | None,
+    async def _replay(self, refund: RefundView, key: str, amount_minor: int | None, currency: str | None,
                       reason: str) -> RefundView:
-        if (row["requested_minor"], row["reason"]) != (amount_minor, reason) or (
-                currency is not None and currency != row["currency"]):
+        if (refund.requested_minor, refund.reason) != (amount_minor, reason) or (
+                currency is not None and currency != refund.currency):
             raise FailedPrecondition(f"idempotency key {key!r} was used for another refund of payment "
-                                     f"{row['payment_id']}", reason="idempotency-key-reused")
-        refund = RefundView.from_row(row)
+                                     f"{refund.payment_id}", reason="idempotency-key-reused")
         m.count_refund(self.metrics, "replayed")
         if refund.status == "failed":
             raise FailedPrecondition(f"the PSP refused refund {refund.id}: {refund.failure_reason}",
@@ -144,7 +143,7 @@ class RefundCases:
     async def _refusal(self, merchant_id: str, pid: uuid.UUID, amount_minor: int | None,
                        currency: str | None) -> Exception:
         """Why RESERVE_REFUND wrote nothing, as the error to raise."""
-        row = await self.pool.fetchrow(sql.REFUND_REFUSAL, pid, merchant_id)
+        row = await self.refund_rows.refusal(pid, merchant_id)
         if row is None:
             return NotFound(f"payment {pid} not found")
         if currency is not None and currency != row["currency"]:
@@ -168,9 +167,9 @@ class RefundCases:
         """Ask the PSP for a pending refund (its Idempotency-Key is the refund's id, so asking again
         never refunds twice) and record the answer. A PSP timeout leaves it pending: Unavailable."""
         crash.point("psp_refund:before")
-        payment = await self.pool.fetchrow(sql.GET_PAYMENT, uuid.UUID(refund.payment_id))
+        payment = await self.rows.get(uuid.UUID(refund.payment_id))
         try:
-            answer = await self.psp.create_refund(refund.id, payment["psp_intent_id"],
+            answer = await self.psp.create_refund(refund.id, payment.psp_intent_id,
                                                   {"payment_id": refund.payment_id, "refund_id": refund.id},
                                                   amount=refund.amount_minor)
         except PspUnavailable as exc:
@@ -178,35 +177,34 @@ class RefundCases:
             raise Unavailable(f"PSP unavailable while refunding payment {refund.payment_id}; the refund "
                               f"{refund.id} is pending: retry with the same Idempotency-Key") from exc
         except PspError as exc:
-            row = await self.pool.fetchrow(sql.FAIL_REFUND, uuid.UUID(refund.id), exc.code or f"http_{exc.status}",
-                                           current_trace_id())
+            await self.refund_rows.fail(uuid.UUID(refund.id), exc.code or f"http_{exc.status}", current_trace_id())
             m.count_refund(self.metrics, "failed")
             raise FailedPrecondition(f"the PSP refused refund {refund.id} of payment {refund.payment_id}: "
                                      f"{exc.code}", reason="psp-refused") from exc
         crash.point("psp_refund:after")
-        row = await self.pool.fetchrow(sql.SETTLE_REFUND, uuid.UUID(refund.id), str(answer.get("id") or ""),
-                                       current_trace_id(), source)
-        if row is None:  # settled meanwhile by another retry (or reconciliation): the same answer
-            row = await self.pool.fetchrow(sql.GET_REFUND, uuid.UUID(refund.id))
+        settled = await self.refund_rows.settle(uuid.UUID(refund.id), str(answer.get("id") or ""),
+                                                current_trace_id(), source)
+        if settled is None:  # settled meanwhile by another retry (or reconciliation): the same answer
+            settled = await self.refund_rows.get(uuid.UUID(refund.id))
         else:
             m.count_refund(self.metrics, "succeeded")
-        return RefundView.from_row(row)
+        return settled
 
     async def finish_pending_refunds(self, older_than_seconds: float, limit: int = 20) -> int:
         """Reconciliation of refunds left pending (PSP timeouts, crashes): claim a batch (SKIP LOCKED;
         the claim moves the refund's updated_at, so replicas do not ask twice at once) and ask the PSP
         again with the same key. Returns how many were claimed."""
-        rows = await self.pool.fetch(sql.CLAIM_PENDING_REFUNDS, limit, float(older_than_seconds))
-        for row in rows:
+        claimed = await self.refund_rows.claim_pending(limit, older_than_seconds)
+        for refund in claimed:
             try:
-                await self._complete(RefundView.from_row(row), source="reconcile")
+                await self._complete(refund, source="reconcile")
             except (Unavailable, FailedPrecondition) as exc:
-                log.warning("pending refund not finished", extra={"refund_id": str(row["id"]), "error": str(exc)})
-        return len(rows)
+                log.warning("pending refund not finished", extra={"refund_id": refund.id, "error": str(exc)})
+        return len(claimed)
 
     async def get_refund(self, refund_id: str) -> RefundView:
-        row = await self.pool.fetchrow(sql.GET_REFUND, parse_uuid("refund_id", refund_id))
-        if row is None:
+        refund = await self.refund_rows.get(parse_uuid("refund_id", refund_id))
+        if refund is None:
             raise NotFound(f"refund {refund_id} not found")
-        return RefundView.from_row(row)
+        return refund
 

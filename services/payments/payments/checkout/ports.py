@@ -8,16 +8,11 @@ refund key of (checkout, step)), so a step repeated after a crash asks the same 
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
-from ..views import PaymentView, RefundView
+from ..views import CapturedPayment, PaymentView, RefundView
 
-
-class CapturedPayment(NamedTuple):
-    """One of a checkout's captured payments, for a refund across them."""
-    payment_id: str
-    left_minor: int               # what is left of it to refund
-    asked_minor: int | None       # what an earlier attempt of this refund asked of it (None: nothing)
+__all__ = ["CapturedPayment", "Payments"]
 
 
 class Payments(Protocol):
