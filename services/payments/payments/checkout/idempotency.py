@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 import asyncpg
-from google.protobuf.message import Message
 from google.rpc import status_pb2
 
 from cutylib import errors
@@ -121,9 +120,9 @@ class Claim:
     resource_id: str              # the checkout the key names (CreateCheckout's new one)
     resumed: bool                 # an earlier request with this key died; this one takes over
     row: Any                      # what the request's first write returned
-    answer: Message | None = None
+    answer: Any = None
 
-    def finish(self, answer: Message) -> None:
+    def finish(self, answer: Any) -> None:
         """The request's answer: returned, and stored for replays when the block ends."""
         self.answer = answer
 
@@ -133,10 +132,12 @@ class IdempotencyStore:
     pool: asyncpg.Pool
     lease_seconds: float
     ttl_seconds: float
+    # An answer as its replays give it back, byte for byte (checkout/views.py `stored`).
+    encode: Callable[[Any], bytes]
 
     @contextlib.asynccontextmanager
-    async def claim(self, customer: str, operation: str, key: str, req_hash: bytes, first: tuple[str, tuple], *,
-                    stored_form: Callable[[Message], Message] | None = None) -> AsyncIterator[Claim]:
+    async def claim(self, customer: str, operation: str, key: str, req_hash: bytes,
+                    first: tuple[str, tuple]) -> AsyncIterator[Claim]:
         """The key for one request, or Replay (raised) with its first answer:
 
             async with keys.claim(customer, "create", key, h, first) as claim:
@@ -149,8 +150,8 @@ class IdempotencyStore:
         same key whose process died. An empty `key` gets one generated here (the request is then
         simply not replayable by the client).
 
-        The answer given to `finish` is stored for replays (`stored_form(answer)`, without secrets,
-        when not the answer itself). A DomainError marked `recorded` (the request did change
+        The answer given to `finish` is stored for replays as `encode(answer)` (the store's: the
+        API's bytes, without secrets). A DomainError marked `recorded` (the request did change
         something: a REJECTED checkout) is stored and replayed as the answer; UNAVAILABLE, ABORTED and
         DEADLINE_EXCEEDED (a saga stopped for the request's deadline goes on in a worker) leave the
         key to be resumed by a retry; other domain errors changed nothing and free the key; anything
@@ -180,8 +181,7 @@ class IdempotencyStore:
         if claim.answer is None:
             await self.pool.execute(UNLOCK, customer, operation, key)
             raise RuntimeError(f"a {operation} request ended without finishing its Idempotency-Key")
-        data = (stored_form(claim.answer) if stored_form else claim.answer).SerializeToString()
-        await self.pool.execute(FINISH, customer, operation, key, data, False)
+        await self.pool.execute(FINISH, customer, operation, key, self.encode(claim.answer), False)
 
     async def _begin(self, customer: str, operation: str, key: str, req_hash: bytes,
                      first: tuple[str, tuple]) -> tuple[str, bool, Any]:

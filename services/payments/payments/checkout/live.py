@@ -204,6 +204,6 @@ async def watch(service, watchers: Watchers, caller: Principal, checkout_id: str
 
 async def _event(service, caller: Principal, saga, seq: int, state: str, at, *,
                  kind: str | None = None) -> checkout_pb2.CheckoutEvent:
-    view = await service.view_for(caller, saga)
+    view = views.checkout_pb(await service.view_for(caller, saga))
     view.state = checkout_pb2.CheckoutState.Value(views.STATE_PREFIX + state)
     return checkout_pb2.CheckoutEvent(id=seq, type=kind or event_type(state), checkout=view, time=to_timestamp(at))

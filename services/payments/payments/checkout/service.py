@@ -12,7 +12,6 @@ import uuid
 
 import asyncpg
 
-from cuty.payments.v1 import checkout_pb2
 from cutylib import errors, paging, tenancy
 from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
@@ -20,10 +19,12 @@ from cutylib.telemetry import set_span_attributes
 
 from ..domain import require_payment_method
 from ..operator import OperatorReads
-from . import diagnostics, domain, repository as repo, views
+from ..views import PaymentView
+from . import diagnostics, domain, repository as repo
+from .answers import CheckoutAnswer, CheckoutPage
 from .domain import Saga
 from .engine import Engine
-from .idempotency import IdempotencyStore, Replay, request_hash
+from .idempotency import IdempotencyStore, request_hash
 from .live import Watchers
 from .metrics import CheckoutMetrics
 from .ports import Payments
@@ -69,7 +70,7 @@ class CheckoutService:
         self.lease_seconds = lease_seconds
 
     # -- CreateCheckout ---------------------------------------------------------------------------
-    async def create(self, customer: str, req: domain.CreateRequest, key: str) -> checkout_pb2.Checkout:
+    async def create(self, customer: str, req: domain.CreateRequest, key: str) -> CheckoutAnswer:
         """Hold (HELD); a one-call checkout (`req.payment_method`) is paid in the same request and
         under the same Idempotency-Key: the saga does not stop at HELD but starts the payment (the
         PAY step, PayCheckout's move) and runs on, so the answer is the one PayCheckout gives."""
@@ -82,14 +83,11 @@ class CheckoutService:
         first = repo.insert_pending(kind=req.kind, slot_id=req.slot_id, product_id=req.product_id,
                                     quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds,
                                     payment_method=req.payment_method)
-        try:
-            async with self.keys.claim(customer, "create", key, h, first, stored_form=views.without_secrets) as claim:
-                claim.finish(await self._create(claim.resource_id, owner, claim.row))
-            return claim.answer
-        except Replay as replay:
-            raise await self._current_action(replay) from None
+        async with self.keys.claim(customer, "create", key, h, first) as claim:  # or Replay
+            claim.finish(await self._create(claim.resource_id, owner, claim.row))
+        return claim.answer
 
-    async def _create(self, checkout_id: str, owner: str, row) -> checkout_pb2.Checkout:
+    async def _create(self, checkout_id: str, owner: str, row) -> CheckoutAnswer:
         set_span_attributes(checkout_id=checkout_id)
         saga = repo.saga_of_first(row)
         if saga is None:
@@ -130,7 +128,7 @@ class CheckoutService:
         return leased
 
     # -- PayCheckout ------------------------------------------------------------------------------
-    async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> checkout_pb2.Checkout:
+    async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> CheckoutAnswer:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         require_payment_method(payment_method)
         h = request_hash("pay", checkout_id, payment_method)
@@ -138,30 +136,22 @@ class CheckoutService:
         # HELD -> CHARGING is written by the key's own statement (one round trip).
         first = repo.start_charging(checkout_id=checkout_id, payment_key=domain.payment_attempt_id(checkout_id),
                                     payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds)
-        try:
-            async with self.keys.claim(customer, "pay", key, h, first, stored_form=views.without_secrets) as claim:
-                claim.finish(await self._pay(customer, checkout_id, payment_method, claim.resumed, owner, claim.row))
-            return claim.answer
-        except Replay as replay:
-            raise await self._current_action(replay) from None
+        async with self.keys.claim(customer, "pay", key, h, first) as claim:  # or Replay
+            claim.finish(await self._pay(customer, checkout_id, payment_method, claim.resumed, owner, claim.row))
+        return claim.answer
 
-    async def _current_action(self, replay: Replay) -> Replay:
-        """A replayed PayCheckout (or one-call CreateCheckout) answer is stored without the customer
-        action (invariant 6); it is shown again only while the payment, read now, still
-        requires it. An answer without a payment is replayed as stored."""
-        if replay.is_error:
-            return replay
-        stored = checkout_pb2.Checkout.FromString(replay.response)
-        if not stored.payment.id:
-            return replay
-        saga = await self.sagas.get(stored.id)
+    async def current_payment(self, checkout_id: str, payment_id: str) -> tuple[Saga | None, PaymentView | None]:
+        """The checkout and its payment as they are now, when `payment_id` is still its payment: a
+        replayed PayCheckout (or one-call CreateCheckout) answer is stored without the customer
+        action (invariant 6), shown again only while the payment, read now, still requires it."""
+        saga = await self.sagas.get(checkout_id)
         payment = None
-        if saga is not None and saga.payment_id == stored.payment.id:
+        if saga is not None and saga.payment_id == payment_id:
             payment = await self.payments.get(saga.payment_id)
-        return Replay(views.with_current_action(stored, saga, payment).SerializeToString(), False)
+        return saga, payment
 
     async def _pay(self, customer: str, checkout_id: str, payment_method: str, resumed: bool, owner: str,
-                   row) -> checkout_pb2.Checkout:
+                   row) -> CheckoutAnswer:
         set_span_attributes(checkout_id=checkout_id)
         saga = repo.saga_of_first(row)
         if saga is None:
@@ -182,7 +172,7 @@ class CheckoutService:
         return await self.view(saga, payment=payment)
 
     # -- GetCheckout ------------------------------------------------------------------------------
-    async def get(self, caller: Principal, checkout_id: str) -> checkout_pb2.Checkout:
+    async def get(self, caller: Principal, checkout_id: str) -> CheckoutAnswer:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         saga = await self.seen(caller, checkout_id)
         await self.operator_reads.record(caller, "GetCheckout", checkout_id, saga.merchant_id)
@@ -201,23 +191,18 @@ class CheckoutService:
             raise errors.NotFound(f"checkout {checkout_id} not found")
         return saga
 
-    async def view_for(self, caller: Principal, saga: Saga) -> checkout_pb2.Checkout:
+    async def view_for(self, caller: Principal, saga: Saga) -> CheckoutAnswer:
         """GetCheckout's answer to `caller` (who may see `saga`): codes, the redirect URL and the
         client secret for the buyer only; the diagnostics for staff only."""
         owner = caller.subject == saga.customer_id
         answer = await self.view(saga, with_codes=owner)
-        if not owner:
-            # Staff see the state; the redirect URL and client secret are the buyer's to use only.
-            answer.payment.ClearField("next_action")
-            answer.payment.client_secret = ""
+        found = None
         if caller.role in STAFF_ROLES:  # attempts, last error, trace id: never the customer's
             found = await diagnostics.read(self.pool, saga.id)
-            if found is not None:
-                answer.diagnostics.CopyFrom(found)
-        return answer
+        return dataclasses.replace(answer, for_buyer=owner, diagnostics=found)
 
     # -- CancelCheckout ---------------------------------------------------------------------------
-    async def cancel(self, customer: str, checkout_id: str) -> checkout_pb2.Checkout:
+    async def cancel(self, customer: str, checkout_id: str) -> CheckoutAnswer:
         """The customer's cancel: before the purchase, the hold goes back (nothing was taken or
         the intent is cancelled); a COMPLETED booking is cancelled after purchase."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
@@ -241,7 +226,7 @@ class CheckoutService:
                 return await self.view(saga, payment=payment)
         raise errors.Aborted(f"checkout {checkout_id} kept changing; retry", reason="version-conflict")
 
-    async def cancel_by_staff(self, caller: Principal, checkout_id: str, reason: str) -> checkout_pb2.Checkout:
+    async def cancel_by_staff(self, caller: Principal, checkout_id: str, reason: str) -> CheckoutAnswer:
         """The merchant's staff or admin cancel a COMPLETED booking of their merchant
         (another merchant's: NOT_FOUND) with a full refund and a reason, whenever it starts."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
@@ -296,7 +281,7 @@ class CheckoutService:
 
     # -- RescheduleCheckout ------------------------------------------------------------------------
     async def reschedule(self, caller: Principal, checkout_id: str, slot_id: str, payment_method: str,
-                         key: str) -> checkout_pb2.Checkout:
+                         key: str) -> CheckoutAnswer:
         """Move a COMPLETED booking to another slot of its salon: its customer until the booking's
         free-cancellation cutoff, staff and admins of its merchant at any time (another's: NOT_FOUND).
         The first write (COMPLETED -> RESCHEDULING) is the Idempotency-Key's own statement; the steps
@@ -330,13 +315,12 @@ class CheckoutService:
                                       owner=owner, customer=None if staff else caller.subject,
                                       merchant=tenancy.merchant_filter(caller) if staff else None,
                                       lease_seconds=self.lease_seconds)
-        async with self.keys.claim(caller.require_subject(), "reschedule", key, h, first,
-                                   stored_form=views.without_secrets) as claim:
+        async with self.keys.claim(caller.require_subject(), "reschedule", key, h, first) as claim:
             claim.finish(await self._reschedule(caller, checkout_id, slot_id, claim.resumed, owner, claim.row))
         return claim.answer
 
     async def _reschedule(self, caller: Principal, checkout_id: str, slot_id: str, resumed: bool, owner: str,
-                          row) -> checkout_pb2.Checkout:
+                          row) -> CheckoutAnswer:
         set_span_attributes(checkout_id=checkout_id)
         saga = repo.saga_of_first(row)
         if saga is None:
@@ -372,7 +356,7 @@ class CheckoutService:
             reason="reschedule-deadline-passed")
 
     # -- RetryCheckout (operators) -----------------------------------------------------------------
-    async def retry(self, caller: Principal, operator: str, checkout_id: str) -> checkout_pb2.Checkout:
+    async def retry(self, caller: Principal, operator: str, checkout_id: str) -> CheckoutAnswer:
         """NEEDS_ATTENTION -> the step that kept failing, due now; an admin only
         their merchant's."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
@@ -390,7 +374,7 @@ class CheckoutService:
 
     # -- ListCheckouts -----------------------------------------------------------------------------
     async def list(self, caller: Principal, filters: domain.ListFilters, page_size: int,
-                   page_token: str) -> checkout_pb2.ListCheckoutsResponse:
+                   page_token: str) -> CheckoutPage:
         """One page, newest first. A customer's own checkouts across merchants (the filters narrow
         only their own); staff and admins their merchant's, filtered in SQL and inside
         tenancy.scoped; the operator every merchant's, each page audited. The token is bound to
@@ -414,11 +398,11 @@ class CheckoutService:
         if caller.role == tenancy.OPERATOR_ROLE:
             await self.operator_reads.record(caller, "ListCheckouts",
                                                 ",".join(s.id for s, _ in page) or "(none)", None)
-        out = checkout_pb2.ListCheckoutsResponse(checkouts=[views.in_list(s, status) for s, status in page])
+        token = ""
         if len(rows) > size:
             last, _ = page[-1]
-            out.next_page_token = paging.encode_keyset(fingerprint, last.created_at, uuid.UUID(last.id))
-        return out
+            token = paging.encode_keyset(fingerprint, last.created_at, uuid.UUID(last.id))
+        return CheckoutPage(page, token)
 
     # -- helpers (reads) --------------------------------------------------------------------------
     async def _owned(self, customer: str, checkout_id: str) -> Saga:
@@ -427,7 +411,7 @@ class CheckoutService:
             raise errors.NotFound(f"checkout {checkout_id} not found")
         return saga
 
-    async def view(self, saga: Saga, *, with_codes: bool = False, payment=None) -> checkout_pb2.Checkout:
+    async def view(self, saga: Saga, *, with_codes: bool = False, payment=None) -> CheckoutAnswer:
         """The answer, built from the row and the payment as last read (re-read unless the caller
         just read it: a view from before the last transition would be stale)."""
         if saga.payment_id and (payment is None or payment.id != saga.payment_id):
@@ -437,4 +421,4 @@ class CheckoutService:
         codes: list[tuple[str, str]] = []
         if with_codes and saga.kind == domain.CODES and saga.state == domain.COMPLETED:
             codes = await self.holds.codes.delivered_codes(saga)
-        return views.to_proto(saga, payment, codes)
+        return CheckoutAnswer(saga, payment, tuple(codes))

@@ -12,6 +12,7 @@ from cutylib.grpc_client import create_channel
 from cutylib.tls import BOOKING, CODEPOOL, PAYMENTS, Transport
 
 from ..service import PaymentsCore
+from . import views
 from .engine import Engine
 from .grpc_api import CALLERS, CheckoutApi
 from .idempotency import IdempotencyStore
@@ -45,7 +46,7 @@ def build(settings, pool, core: PaymentsCore, *, options: CheckoutOptions | None
     lease = float(settings.lease_seconds)
     holds = Inventory(booking_stub, codepool_stub)
     engine = Engine(pool, holds, core, core.metrics, options, lease)
-    keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds)
+    keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds, views.stored)
     service = CheckoutService(pool, engine, holds, core, core.metrics, keys, lease, Watchers(pool, options))
     worker = SagaWorker(pool, engine, keys, options, lease, f"saga:{core.worker_id}")
     return service, engine, worker, channels
