@@ -112,8 +112,8 @@ async def test_hold_records_the_price_of_the_slot_and_its_expiry(crashes):
     booking = Stub(HoldSlot=hold)
     s = saga(d.PENDING, hold_id=None)
     out = await steps(booking).perform(Step.HOLD, s, None, None)
-    assert out.move == d.Move(d.HELD) and out.learned.amount_minor == 75000 and out.learned.hold_id == "h9"
-    assert out.learned.merchant_id == "salon-chain-1"  # issue 14: the checkout records whose slot it is
+    assert out.move == d.Move(d.HELD) and out.learned.held.amount_minor == 75000 and out.learned.held.hold_id == "h9"
+    assert out.learned.held.merchant_id == "salon-chain-1"  # the checkout records whose slot it is
     assert booking.requests[0][1].request_id == d.hold_request_id(s.id)  # the step's idempotency key
     assert crashes == ["hold:before", "hold:after"] and out.note.startswith("hold ")
 

@@ -70,12 +70,17 @@ class OutOfTime(Exception):
     (no money has moved yet): the request stops, and a worker carries the saga on."""
 
 
-def _merge(a: repo.Fields, b: repo.Fields) -> repo.Fields:
-    """`b`'s facts over `a`'s. Unset is None, "" or False; an amount of 0 is a fact (a free item)."""
+def _merge(a, b):
+    """`b`'s facts over `a`'s (repo.Fields, and the value objects in it, field by field). Unset is
+    None, "" or False; an amount of 0 is a fact (a free item)."""
     def unset(v) -> bool:
         return v is None or v == "" or v is False
-    return repo.Fields(**{f.name: getattr(a, f.name) if unset(getattr(b, f.name)) else getattr(b, f.name)
-                          for f in dataclasses.fields(repo.Fields)})
+
+    def pick(x, y):
+        if unset(y):
+            return x
+        return _merge(x, y) if dataclasses.is_dataclass(y) and type(x) is type(y) else y
+    return type(a)(**{f.name: pick(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)})
 
 
 class Engine:
@@ -166,7 +171,7 @@ class Engine:
             if out.move is None:
                 # Learned something; keep it in the local row (for next_step) until the next write.
                 saga = dataclasses.replace(
-                    saga, extended=saga.extended or learned.extended, expire_time=learned.expire_time or saga.expire_time,
+                    saga, extended=saga.extended or learned.extended, expire_time=learned.expires or saga.expire_time,
                     payment_id=saga.payment_id or learned.payment_id)
                 continue
             saga, again = await self._move(saga, owner, out.move, learned, out.note, status)
@@ -205,7 +210,7 @@ class Engine:
         waits = not after.terminal and self._waits(
             domain.next_step(after, status, saga.read_at, self.options.expiry_grace_seconds,
                              self.options.pay_window_seconds), after, status)
-        wake_at = domain.wait_until(dataclasses.replace(after, expire_time=fields.expire_time or saga.expire_time),
+        wake_at = domain.wait_until(dataclasses.replace(after, expire_time=fields.expires or saga.expire_time),
                                     self.options.expiry_grace_seconds)
         new = await self.sagas.transition(saga, owner, move.state, fields, note, release=waits, wake_at=wake_at)
         if new is None:

@@ -20,7 +20,8 @@ from cutylib import tenancy
 from cutylib.telemetry import current_trace_id, current_traceparent
 
 from .domain import (COMPLETED, DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS, IDLE,
-                     RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, STATES, TERMINAL, Saga)
+                     RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, STATES, TERMINAL, Held, Saga)
+from .reschedule import Learned
 
 # NOTIFY channel of wake-ups; the payments trigger (checkouts_wake_on_payment) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
@@ -469,30 +470,29 @@ def list_statement(q: ListQuery, after: tuple | None, limit: int) -> tuple[str, 
     return LIST_CHECKOUTS.format(where=" AND ".join(where) or "true", limit=f"${len(args)}"), args
 
 
+# No hold learned, nothing a reschedule learned: TRANSITION's COALESCEs keep every column.
+_NOT_HELD = Held(hold_id=None, expire_time=None, amount_minor=None, currency=None, merchant_id=None)  # type: ignore[arg-type]
+_NOTHING_LEARNED = Learned()
+
+
 @dataclass(frozen=True)
 class Fields:
     """What a transition may record besides the state."""
     outcome: str | None = None
-    hold_id: str | None = None
-    amount_minor: int | None = None
-    currency: str | None = None
-    expire_time: object | None = None
+    # The hold or reservation (its id, price, expiry, merchant; a booking's salon, policy and
+    # start), recorded once with the move to HELD.
+    held: Held | None = None
+    expire_time: object | None = None  # a hold's new expiry (an extension)
     extended: bool = False
     payment_id: str | None = None
     payment_key: str | None = None  # a one-call checkout's payment attempt, set by its PAY step
     failure_reason: str = ""
-    merchant_id: str | None = None  # recorded once, with the hold
-    salon_id: str | None = None  # a booking's salon, recorded once with the hold
-    # A booking's cancellation policy and start, recorded once with the hold.
-    free_cancellation_hours: int | None = None
-    cancellation_fee_percent: int | None = None
-    start_time: object | None = None
-    # What a reschedule's steps learn.
-    reschedule_hold_id: str | None = None
-    reschedule_amount_minor: int | None = None
-    reschedule_start_time: object | None = None
-    reschedule_expire_time: object | None = None
-    reschedule_payment_id: str | None = None
+    reschedule: Learned | None = None  # what a reschedule's steps learn
+
+    @property
+    def expires(self):
+        """The hold's expiry this move records: an extension's, or the new hold's (None: unchanged)."""
+        return self.expire_time or (self.held.expire_time if self.held is not None else None)
 
 
 @dataclass(frozen=True)
@@ -558,13 +558,13 @@ class Sagas:
             return saga_of(await self.db.fetchrow(
                 END_RESCHEDULE, saga.id, saga.version, owner, saga.state == RESCHEDULE_CONFIRMING,
                 fields.failure_reason, saga.state, current_trace_id(), note))
+        h, r = fields.held or _NOT_HELD, fields.reschedule or _NOTHING_LEARNED
         return saga_of(await self.db.fetchrow(
-            TRANSITION, saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
-            fields.currency, fields.expire_time, fields.extended, fields.payment_id, fields.failure_reason,
-            saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id, fields.salon_id,
-            fields.free_cancellation_hours, fields.cancellation_fee_percent, fields.start_time,
-            fields.reschedule_hold_id, fields.reschedule_amount_minor, fields.reschedule_start_time,
-            fields.reschedule_expire_time, fields.reschedule_payment_id, fields.payment_key))
+            TRANSITION, saga.id, saga.version, owner, state, fields.outcome, h.hold_id, h.amount_minor,
+            h.currency, fields.expires, fields.extended, fields.payment_id, fields.failure_reason,
+            saga.state, current_trace_id(), note, release, wake_at, h.merchant_id, h.salon_id,
+            h.free_cancellation_hours, h.cancellation_fee_percent, h.start_time,
+            r.hold_id, r.amount_minor, r.start_time, r.expire_time, r.payment_id, fields.payment_key))
 
     async def start_cancel(self, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
         return saga_of(await self.db.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,

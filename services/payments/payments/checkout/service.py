@@ -29,6 +29,7 @@ from .live import Watchers
 from .metrics import CheckoutMetrics
 from .ports import Payments
 from .remote import Inventory, Refused, Rejected
+from .reschedule import refuse_unasked_charge
 
 # Callers who may read any checkout (staff see it without the buyer's action or codes).
 # Who reads any checkout of their merchant (staff and admins their own merchant's, the
@@ -295,7 +296,7 @@ class CheckoutService:
         if current.kind != domain.BOOKING:
             raise errors.FailedPrecondition(f"checkout {checkout_id} bought codes; only a booking is rescheduled",
                                             reason="not-a-booking")
-        if current.slot_id == slot_id and current.reschedule_slot_id != slot_id:
+        if current.slot_id == slot_id and current.reschedule.slot_id != slot_id:
             # (A retry of the request that moved it there is answered by its key, below.)
             raise _same_slot(slot_id)
         # Checked before anything is held (a slot never changes salon): the same salon and currency.
@@ -303,7 +304,7 @@ class CheckoutService:
         if slot.salon_id != (current.salon_id or "") or slot.price.currency_code != (current.currency or ""):
             raise errors.InvalidArgument("slot_id", f"slot_id must be a slot of the booking's salon {current.salon_id} "
                                                     f"in {current.currency}, got a slot of salon {slot.salon_id}")
-        domain.refuse_unasked_charge(caller.role, new_minor=slot.price.amount_minor,
+        refuse_unasked_charge(caller.role, new_minor=slot.price.amount_minor,
                                      paid_minor=current.amount_minor or 0, currency=current.currency)
         method = domain.reschedule_payment_method(payment_method, current)
         if method is None and slot.price.amount_minor > (current.amount_minor or 0):
@@ -325,7 +326,7 @@ class CheckoutService:
         saga = repo.saga_of_first(row)
         if saga is None:
             current = await self.seen(caller, checkout_id)
-            if resumed and current.reschedule_slot_id == slot_id and current.reschedule_status is not None:
+            if resumed and current.reschedule.slot_id == slot_id and current.reschedule.status is not None:
                 # The retry of a reschedule whose process died: a worker carried it on.
                 return await self.view_for(caller, current)
             raise self._not_reschedulable(current, slot_id)

@@ -18,6 +18,7 @@ from .domain import Move, Saga, Step
 from .metrics import CheckoutMetrics
 from .ports import Payments
 from .remote import HoldLost, Inventory, Refused, Rejected, Retryable
+from .reschedule import Learned, initiator_role, refuse_unasked_charge
 from .settings import CheckoutOptions
 
 log = logging.getLogger(__name__)
@@ -79,12 +80,7 @@ class Steps:
             held = await self._remote(Step.HOLD, self.holds.of(saga).hold(saga))
         except Rejected as rej:
             return Outcome(Move(domain.REJECTED, reason=rej.error.reason), raise_after=rej)
-        return Outcome(Move(domain.HELD), repo.Fields(hold_id=held.hold_id, expire_time=held.expire_time,
-                                                      amount_minor=held.amount_minor, currency=held.currency,
-                                                      merchant_id=held.merchant_id, salon_id=held.salon_id,
-                                                      free_cancellation_hours=held.free_cancellation_hours,
-                                                      cancellation_fee_percent=held.cancellation_fee_percent,
-                                                      start_time=held.start_time))
+        return Outcome(Move(domain.HELD), repo.Fields(held=held))
 
     async def _pay(self, saga: Saga, payment, status) -> Outcome:
         # A one-call checkout, held: HELD -> CHARGING with its payment attempt, the move PayCheckout's
@@ -207,46 +203,46 @@ class Steps:
     async def _reschedule_hold(self, saga: Saga, payment, status) -> Outcome:
         try:
             held = await self._remote(Step.RESCHEDULE_HOLD, self.holds.booking.hold_slot(
-                saga.reschedule_slot_id, saga.customer_id, domain.reschedule_key(saga.id, saga.reschedule_seq, "hold")))
+                saga.reschedule.slot_id, saga.customer_id, domain.reschedule_key(saga.id, saga.reschedule.seq, "hold")))
         except (Rejected, Refused) as refused:
             # Taken by another buyer (the database decided; the detail carries the alternatives), or
             # refused: nothing was held, so the booking stays as it is.
             reason = refused.error.reason or type(refused.error).__name__
             return Outcome(Move(domain.COMPLETED, reason=reason), note=f"new slot refused: {reason}",
                            raise_after=Rejected(refused.error))
-        facts = repo.Fields(reschedule_hold_id=held.hold_id, reschedule_amount_minor=held.amount_minor,
-                            reschedule_start_time=held.start_time, reschedule_expire_time=held.expire_time)
+        facts = repo.Fields(reschedule=Learned(hold_id=held.hold_id, amount_minor=held.amount_minor,
+                                               start_time=held.start_time, expire_time=held.expire_time))
         if (held.merchant_id, held.salon_id, held.currency) != (saga.merchant_id, saga.salon_id, saga.currency):
             # RescheduleCheckout checked the slot's salon first; a slot never changes salon.
             return Outcome(Move(domain.RESCHEDULE_REVERTING, reason="slot-of-another-salon"), facts)
-        difference = held.amount_minor - (saga.reschedule_from_amount_minor or 0)
+        difference = held.amount_minor - (saga.reschedule.from_amount_minor or 0)
         state = domain.RESCHEDULING if difference > 0 else domain.RESCHEDULE_CONFIRMING
         return Outcome(Move(state), facts, note=f"new hold {held.hold_id}, difference {difference:+d} minor units")
 
     async def _reschedule_charge(self, saga: Saga, payment, status) -> Outcome:
-        difference = saga.reschedule_difference or 0
+        difference = saga.reschedule.difference or 0
         if difference <= 0:
             return Outcome(Move(domain.RESCHEDULE_CONFIRMING))
         try:
             # The request checked the slot's price; this is the price held, just before the charge.
-            domain.refuse_unasked_charge(domain.initiator_role(saga.rescheduled_by),
-                                         new_minor=saga.reschedule_amount_minor or 0,
-                                         paid_minor=saga.reschedule_from_amount_minor or 0, currency=saga.currency)
+            refuse_unasked_charge(initiator_role(saga.reschedule.by),
+                                         new_minor=saga.reschedule.amount_minor or 0,
+                                         paid_minor=saga.reschedule.from_amount_minor or 0, currency=saga.currency)
         except errors.FailedPrecondition as refused:
             log.warning("reschedule charge not started by the customer; undoing",
-                        extra={"checkout_id": saga.id, "rescheduled_by": saga.rescheduled_by})
+                        extra={"checkout_id": saga.id, "rescheduled_by": saga.reschedule.by})
             return Outcome(Move(domain.RESCHEDULE_REVERTING, reason=refused.reason))
         try:
             payment = await self._remote(Step.RESCHEDULE_CHARGE, self.payments.create_and_charge(
                 checkout_id=saga.id, amount_minor=difference, currency=saga.currency,
-                payment_method=saga.reschedule_payment_method or "",
-                idempotency_key=domain.reschedule_key(saga.id, saga.reschedule_seq, "payment"),
+                payment_method=saga.reschedule.payment_method or "",
+                idempotency_key=domain.reschedule_key(saga.id, saga.reschedule.seq, "payment"),
                 customer_id=saga.customer_id, merchant_id=saga.merchant_id))
         except (errors.InvalidArgument, errors.FailedPrecondition) as refused:
             log.warning("reschedule payment refused", extra={"checkout_id": saga.id, "error": refused.message})
             return Outcome(Move(domain.RESCHEDULE_REVERTING, reason="payment-refused"))
         # Recorded at once (the same state): a wake-up for this payment finds the saga watching it.
-        return Outcome(Move(domain.RESCHEDULING), repo.Fields(reschedule_payment_id=payment.id), payment=payment,
+        return Outcome(Move(domain.RESCHEDULING), repo.Fields(reschedule=Learned(payment_id=payment.id)), payment=payment,
                        note=f"difference charged: payment {payment.id} {payment.status}")
 
     async def _reschedule_observe(self, saga: Saga, payment, status) -> Outcome:
@@ -255,7 +251,7 @@ class Steps:
     async def _reschedule_confirm(self, saga: Saga, payment, status) -> Outcome:
         crash.point("reschedule_confirm:before")
         try:
-            await self.holds.booking.confirm(saga, saga.reschedule_hold_id)
+            await self.holds.booking.confirm(saga, saga.reschedule.hold_id)
         except HoldLost as lost:
             log.warning("new hold lost before confirm; undoing the reschedule",
                         extra={"checkout_id": saga.id, "detail": str(lost)})
@@ -264,15 +260,15 @@ class Steps:
         crash.point("reschedule_release:before")
         await self.holds.booking.cancel_booking(saga)  # the old booking (hold_id until the swap)
         crash.point("reschedule_release:after")
-        difference = saga.reschedule_difference or 0
-        note = f"rescheduled from slot {saga.slot_id} to {saga.reschedule_slot_id}"
+        difference = saga.reschedule.difference or 0
+        note = f"rescheduled from slot {saga.slot_id} to {saga.reschedule.slot_id}"
         if difference < 0 and saga.payment_id is not None:
             crash.point("reschedule_refund:before")
             refund = await self.payments.issue_refund(
-                saga.merchant_id, saga.payment_id, domain.reschedule_key(saga.id, saga.reschedule_seq, "refund"),
+                saga.merchant_id, saga.payment_id, domain.reschedule_key(saga.id, saga.reschedule.seq, "refund"),
                 amount_minor=-difference, currency=None, reason="rescheduled to a cheaper slot",
-                actor=saga.rescheduled_by or "system", codes_delivered_ok=True,
-                note=f"reschedule #{saga.reschedule_seq}: difference refunded")
+                actor=saga.reschedule.by or "system", codes_delivered_ok=True,
+                note=f"reschedule #{saga.reschedule.seq}: difference refunded")
             crash.point("reschedule_refund:after")
             if refund.status != "succeeded":
                 raise Retryable(f"refund {refund.id} of checkout {saga.id} is {refund.status}")
@@ -284,21 +280,21 @@ class Steps:
     async def _reschedule_revert(self, saga: Saga, payment, status) -> Outcome:
         """Compensation: the difference's payment cancelled (or refunded when it was captured, even
         late), then the new hold released; the booking stays as it was."""
-        if saga.reschedule_payment_id is not None:
-            if payment is None or payment.id != saga.reschedule_payment_id:
-                payment = await self.payments.get(saga.reschedule_payment_id)
+        if saga.reschedule.payment_id is not None:
+            if payment is None or payment.id != saga.reschedule.payment_id:
+                payment = await self.payments.get(saga.reschedule.payment_id)
             if not payment.terminal:
                 payment = await self._remote(Step.RESCHEDULE_REVERT, self.payments.cancel(payment.id))
                 if not payment.terminal:
                     raise Retryable(f"payment {payment.id} still {payment.status} after cancel")
             if payment.status in (domain.P_SUCCEEDED, domain.P_PARTIALLY_REFUNDED):
                 payment = await self.payments.refund(payment.id, domain.reschedule_key(
-                    saga.id, saga.reschedule_seq, "revert-refund"), note="reschedule undone: difference refunded")
+                    saga.id, saga.reschedule.seq, "revert-refund"), note="reschedule undone: difference refunded")
                 if payment.status != domain.P_REFUNDED:
                     raise Retryable(f"payment {payment.id} is {payment.status} after refund")
-        if saga.reschedule_hold_id is not None:
+        if saga.reschedule.hold_id is not None:
             crash.point("reschedule_unhold:before")
-            await self.holds.booking.release(saga, saga.reschedule_hold_id)
+            await self.holds.booking.release(saga, saga.reschedule.hold_id)
             crash.point("reschedule_unhold:after")
         return Outcome(Move(domain.COMPLETED), payment=payment,
-                       note=f"reschedule undone ({saga.reschedule_failure or 'abandoned'})")
+                       note=f"reschedule undone ({saga.reschedule.failure or 'abandoned'})")

@@ -49,15 +49,15 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
                                                   amount_minor=saga.refund_amount_minor))
         c.cancelled_by = saga.cancelled_by or ""
         c.cancel_reason = saga.cancel_reason or ""
-    if saga.reschedule_status is not None:
+    if saga.reschedule.status is not None:
         r = c.reschedule
-        r.status, r.slot_id = saga.reschedule_status, saga.reschedule_slot_id or ""
-        r.previous_slot_id = saga.reschedule_from_slot_id or ""
-        r.payment_id, r.failure_reason = saga.reschedule_payment_id or "", saga.reschedule_failure
-        r.rescheduled_by, r.count = saga.rescheduled_by or "", saga.reschedules
-        if saga.reschedule_status == "rescheduled":
-            r.slot_id, r.previous_slot_id = saga.slot_id or "", saga.reschedule_from_slot_id or ""
-        difference = saga.reschedule_difference
+        r.status, r.slot_id = saga.reschedule.status, saga.reschedule.slot_id or ""
+        r.previous_slot_id = saga.reschedule.from_slot_id or ""
+        r.payment_id, r.failure_reason = saga.reschedule.payment_id or "", saga.reschedule.failure
+        r.rescheduled_by, r.count = saga.reschedule.by or "", saga.reschedule.count
+        if saga.reschedule.status == "rescheduled":
+            r.slot_id, r.previous_slot_id = saga.slot_id or "", saga.reschedule.from_slot_id or ""
+        difference = saga.reschedule.difference
         if difference is not None:
             r.difference.CopyFrom(common_pb2.Money(currency_code=saga.currency or "", amount_minor=difference))
     if saga.amount_minor is not None:
