@@ -9,7 +9,8 @@ export PYTHONPATH := $(CURDIR)/$(GEN):$(CURDIR)/libs:$(CURDIR)/services/booking:
 export CUTY_PG_BIN := $(PG_BIN)
 
 PROTOS := $(shell find protos -name '*.proto')
-BENCHES := bench-booking bench-codepool bench-payments bench-checkout bench-gateway bench-pooler bench-stocklow bench-floor bench-overload bench-growth
+# Every bench/<name>.py (not the _shared modules) is `make bench-<name>`.
+BENCHES := $(patsubst bench/%.py,bench-%,$(filter-out bench/_%,$(wildcard bench/*.py)))
 
 .PHONY: all venv gen pg-check promtool-check run test test-unit test-integration test-e2e soak bench $(BENCHES) demo image clean
 

@@ -139,6 +139,45 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def postgres_cpu(server) -> dict[int, float]:
+    """CPU seconds of each backend of the benchmark's own cluster (children of its postmaster)."""
+    cluster = getattr(server, "cluster", None)
+    if cluster is None:
+        return {}
+    with open(os.path.join(cluster.datadir, "postmaster.pid")) as f:
+        postmaster = f.readline().strip()
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[1] == postmaster:
+                    out[int(pid)] = cpu_seconds(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+def all_cpu(stack, server, client: str = "client") -> dict[str, float]:
+    """CPU seconds so far: each service process of `stack`, Postgres' backends, and this process
+    (the load generator) as `client`."""
+    cpu = {n: cpu_seconds(p.proc.pid) for n, p in stack.procs.items()}
+    cpu["postgres"] = sum(postgres_cpu(server).values())
+    t = os.times()
+    cpu[client] = t.user + t.system
+    return cpu
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, every core (/proc/stat): what other
+    work on a shared machine took is the busy time that none of the benchmark's processes used."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    total = sum(values[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return (total - idle) / tick, total / tick
+
+
 class Http:
     """One keep-alive HTTP/1.1 connection; just enough protocol for the gateway's answers."""
 

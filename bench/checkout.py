@@ -18,10 +18,15 @@ checkout (from /proc), printed after the table. All processes and Postgres share
 
 BENCH_SECONDS (default 8) sets each measured run's length; BENCH_CONCURRENCY="16,64";
 BENCH_KINDS="booking,codes"; BENCH_FLOWS="two-call,one-call"; BENCH_ROUNDS (default 2).
+BENCH_VIA=gateway: the deployed side's buyers go through the HTTP gateway, as real buyers do (its
+CPU counted with the rest; JSON over HTTP/1.1 keep-alive, a customer token each; the gateway's
+admission control and rate limits off, so that both flows do all their work): two-call is then two
+HTTP requests and one-call one.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -30,16 +35,17 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import Run, bench_postgres, closed_loop, cpu_seconds, merged, percentile, report
+from _common import Http, Run, all_cpu, bench_postgres, closed_loop, merged, percentile, report
 
 import asyncpg
 import grpc
+import jwt
 
 from cuty.booking.v1 import booking_pb2 as bpb, booking_pb2_grpc
 from cuty.codepool.v1 import codepool_pb2 as cpb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
-from cutylib.config import with_database
+from cutylib.config import DEV_JWT_SECRET, with_database
 from cutylib.timestamps import to_timestamp
 from booking.grpc_api import CALLERS as BOOKING_CALLERS
 from codepool.grpc_api import CALLERS as CODEPOOL_CALLERS
@@ -57,6 +63,10 @@ KINDS = os.environ.get("BENCH_KINDS", "booking,codes").split(",")
 FLOWS = os.environ.get("BENCH_FLOWS", "two-call,one-call").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 SLOTS_PER_RUN = int(os.environ.get("BENCH_SLOTS", "3000"))
+VIA = os.environ.get("BENCH_VIA", "grpc")
+GATEWAY_ENV = {"CUTY_GATEWAY_CONCURRENCY_MAX": 0, "CUTY_GATEWAY_ACCESS_LOG": "0",
+               "CUTY_GATEWAY_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_RATE_BURST": 1_000_000,
+               "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_ADDRESS_RATE_BURST": 1_000_000}
 ENV = {
     "CUTY_LOG_LEVEL": "WARNING",  # JSON logs of every transition cost CPU the buyers would not see
     "CUTY_PSP_LOG_LEVEL": "WARNING",  # the PSP simulator reads its own variable (3 INFO lines a checkout)
@@ -66,34 +76,6 @@ ENV = {
     "CUTY_MAX_ACTIVE_HOLDS": 1000,
     "CUTY_DB_POOL_MAX": 40,
 }
-
-
-def postgres_cpu(server) -> dict[int, float]:
-    """CPU seconds of each backend of the benchmark's own cluster (children of its postmaster)."""
-    cluster = getattr(server, "cluster", None)
-    if cluster is None:
-        return {}
-    with open(os.path.join(cluster.datadir, "postmaster.pid")) as f:
-        postmaster = f.readline().strip()
-    out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[1] == postmaster:
-                    out[int(pid)] = cpu_seconds(int(pid))
-        except OSError:
-            continue
-    return out
-
-
-def all_cpu(stack, server) -> dict[str, float]:
-    """CPU seconds so far: each service process, Postgres' backends, and this client (with the
-    in-process webhook relay)."""
-    cpu = {n: cpu_seconds(p.proc.pid) for n, p in stack.procs.items()}
-    cpu["postgres"] = sum(postgres_cpu(server).values())
-    t = os.times()
-    cpu["client+relay"] = t.user + t.system
-    return cpu
 
 
 class Catalogue:
@@ -144,7 +126,11 @@ class Side:
         env = {**ENV, **{f"CUTY_{s.upper()}_DATABASE_URL": d for s, d in self.dbs.items()}}
         if not secure:
             env["CUTY_TLS"] = "off"
-        self.stack = Stack(server.dsn, os.path.join(work, self.name), env=env)
+        self.via_gateway = secure and VIA == "gateway"
+        if self.via_gateway:
+            env.update(GATEWAY_ENV)
+            self.name += " via the gateway"
+        self.stack = Stack(server.dsn, os.path.join(work, self.name), env=env, gateway=self.via_gateway)
         self.channels = []
 
     async def start(self, n_slots: int, n_products: int) -> "Side":
@@ -213,7 +199,7 @@ async def main() -> None:
                     per_op = per_checkout(cpu_of[flow], run.ops)
                     profile = await step_profile(secure.pay_db, done_of[flow])
                     per_flow[flow] = (run, per_op)
-                    results.append(run.result(f"{kind} {flow}->COMPLETED (mTLS, as deployed)", conc, limit=limit,
+                    results.append(run.result(f"{kind} {flow}->COMPLETED ({secure.name}, as deployed)", conc, limit=limit,
                                               notes="limit: the same remote calls without the orchestrator",
                                               steps_p50_ms=profile, cpu_ms_per_checkout=per_op))
                     profiles.append((f"{kind}/{flow}/mTLS", conc, profile, per_op))
@@ -245,6 +231,8 @@ def buyer(kind: str, flow: str, side: Side, product: str, done: list[str]):
     """One buyer's purchase: CreateCheckout + PayCheckout (two-call), or CreateCheckout with the
     payment method (one-call), until COMPLETED."""
     api, slot_iter = side.api, side.slot_iter
+    if side.via_gateway:
+        return http_buyer(kind, flow, side, product, done)
 
     async def purchase(i: int) -> None:
         me = f"bench-{uuid.uuid4().hex[:12]}"
@@ -268,9 +256,9 @@ def buyer(kind: str, flow: str, side: Side, product: str, done: list[str]):
 
 async def measure(side: Side, server, purchase, conc: int, seconds: float) -> tuple[Run, dict[str, float]]:
     """One closed-loop run and the CPU seconds every process (and Postgres, and this client) used in it."""
-    cpu0 = all_cpu(side.stack, server)
+    cpu0 = all_cpu(side.stack, server, client="client+relay")
     run = await closed_loop(purchase, concurrency=conc, duration=seconds)
-    return run, {n: s - cpu0[n] for n, s in all_cpu(side.stack, server).items()}
+    return run, {n: s - cpu0[n] for n, s in all_cpu(side.stack, server, client="client+relay").items()}
 
 
 def per_checkout(cpu: dict[str, float], ops: int) -> dict[str, float]:
@@ -284,7 +272,8 @@ def print_flows(flows) -> None:
     of one-call's CPU to two-call's (target <= 0.75)."""
     if not flows or not {"one-call", "two-call"} <= set(flows[0][2]):
         return
-    print("\none-call vs two-call (mTLS, as deployed; CPU ms per checkout of all processes):")
+    print(f"\none-call vs two-call ({'via the gateway, ' if VIA == 'gateway' else ''}mTLS, as deployed; "
+          "CPU ms per checkout of all processes):")
     for kind, conc, per_flow in flows:
         (one, one_cpu), (two, two_cpu) = per_flow["one-call"], per_flow["two-call"]
         rows = []
@@ -343,6 +332,43 @@ class pyspy:
 
 
 ADMIN = user("bench-admin", "admin")
+
+
+def http_buyer(kind: str, flow: str, side: Side, product: str, done: list[str]):
+    """The same purchase through the gateway: POST /v1/checkouts (with paymentMethod: one-call),
+    then POST /v1/checkouts/{id}:pay (two-call), as a customer with a token of their own; one
+    keep-alive connection per concurrent buyer."""
+    conns: list[Http] = []
+    exp = int(time.time()) + 7200
+
+    async def purchase(i: int) -> None:
+        conn = conns.pop() if conns else Http(side.stack.http_port)
+        token = jwt.encode({"sub": f"bench-{uuid.uuid4().hex[:12]}", "role": "customer", "exp": exp},
+                           DEV_JWT_SECRET, algorithm="HS256")
+        auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        body = {"slotId": next(side.slot_iter)} if kind == "booking" else {"productId": product, "quantity": 1}
+        if flow == "one-call":
+            body["paymentMethod"] = "pm_card_ok"
+        status, raw = await conn.request("POST", "/v1/checkouts", {**auth, "Idempotency-Key": uuid.uuid4().hex},
+                                         json.dumps(body).encode())
+        paid = json.loads(raw)
+        if status == 200 and flow != "one-call":
+            status, raw = await conn.request("POST", f"/v1/checkouts/{paid['id']}:pay",
+                                             {**auth, "Idempotency-Key": uuid.uuid4().hex},
+                                             b'{"paymentMethod":"pm_card_ok"}')
+            paid = json.loads(raw)
+        while status == 200 and paid["state"] != "CHECKOUT_STATE_COMPLETED":  # only if the confirm was deferred
+            if paid["state"] not in ("CHECKOUT_STATE_CHARGING", "CHECKOUT_STATE_CONFIRMING"):
+                raise RuntimeError(f"checkout {paid['id']} ended {paid['state']}")
+            await asyncio.sleep(0.01)
+            status, raw = await conn.request("GET", f"/v1/checkouts/{paid['id']}", auth)
+            paid = json.loads(raw)
+        if status != 200:
+            conn.close()
+            raise RuntimeError(f"HTTP {status}: {raw[:200]!r}")
+        conns.append(conn)
+        done.append(paid["id"])
+    return purchase
 
 
 def _md(customer: str):

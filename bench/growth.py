@@ -1,33 +1,41 @@
-"""What a grown code pool costs (`make bench-growth`): every path on a product with millions of codes
-next to one with 5,000, in the same database and the same run.
+"""What a year of sales costs every path (`make bench-growth`): the three databases grown to a
+year of a busy platform, measured beside empty ones in the same run.
 
-The code pool's database is filled in SQL (`INSERT ... SELECT generate_series`, minutes, not hours):
-- the big product: BENCH_GROWTH_CODES codes (2,000,000; 10,000,000 for the issue's size), the oldest
-  BENCH_GROWTH_SOLD of them (0.9) sold a year long: delivered, each with its reservation (quantity 1,
-  a customer among 200,000) and its delivery;
-- the small product: 5,000 codes of another merchant, none sold yet;
-- BENCH_GROWTH_MERCHANTS (1,000) more merchants with one product of 100 codes each, so the periodic
-  work sees a platform's number of products.
+Filled in SQL (bench/growth_fill.py: generate_series, minutes, not hours) at BENCH_GROWTH_SCALE
+of the sizes a year gives (1.0: 1,001 merchants; 10 M codes, one product with 5 M; 5 M holds;
+5 M checkouts with their payments; 20 M payment events; ~1 M merchant events and their deliveries).
+BENCH_GROWTH_FAST=1 is a quick try (scale 0.005, one short round).
 
-Then, alternating the two products (BENCH_ROUNDS rounds of BENCH_SECONDS each):
-- ReserveCodes (the use case, ReservationService.reserve: quantity 1 and 10, 8 in flight), each
-  reservation released at once (not timed: the small product's stock lasts the run), and one
-  statement changing 1,000 codes (the stock counters' trigger: counted, and with it disabled);
-- GetStock (Catalog.stock, a staff caller), and the count it replaced;
-- a ListCodes page (Catalog.list_codes, first and middle page, values decrypted);
-- the reservation sweeper (ReservationService.expire_due, batches of 500) on each product's due
-  reservations, and an idle round;
-- the periodic work over all products: the stock gauge's refresh (metrics.refresh_stock, and the
-  count it replaced) and the `stock.low` recheck.
+1. The code pool, in process (BENCH_GROWTH_PARTS has "pool"): on the grown database, the big
+   product (5 M codes at scale 1, 90 % sold over the year) beside a product of 5,000 codes, rounds
+   alternated: ReserveCodes (qty 1 and 10, 8 in flight, each released at once, not timed), a
+   statement changing 1,000 codes (counters' trigger on and off), GetStock and the count it
+   replaced, ListCodes pages (first and middle, values decrypted), the reservation sweeper, the
+   stock gauge and the `stock.low` recheck over all products.
+2. The platform (BENCH_GROWTH_PARTS has "stack"): two whole stacks as deployed (mutual TLS, the
+   services as their own database roles), one on the grown databases, one on empty ones, rounds
+   alternated:
+   - hot paths: a booking and a code purchase to COMPLETED (CreateCheckout, PayCheckout: the hold
+     or reservation, the checkout, the payment, the PSP's synchronous capture and its webhook,
+     the finalize), 8 buyers; HoldSlot and ReserveCodes (+ release) direct, 8 in flight;
+   - merchant reads, one at a time, as the merchant's admin: GetStock, ListCheckouts pages (no
+     filter, each filter, and the second page), a salon's day (ListBookings), a payment timeline;
+   - periodic work: every statement the stacks ran (sweepers, saga workers, reconciler, relay,
+     gauges, purges; intervals shortened to seconds) from pg_stat_statements, per database, grown
+     beside empty.
+   WAL written per purchase (pg_current_wal_lsn before and after each purchase run) and the size
+   of each database per checkout go to the sizing figures (docs/deploy.md).
 
-EXPLAIN (ANALYZE, BUFFERS) of each read is written to bench/results/growth-plans.txt; figures to
-bench/results/growth.json.
+EXPLAIN (ANALYZE, BUFFERS) of the reads and the periodic statements: bench/results/growth-plans.txt;
+the statements: bench/results/growth-statements.txt; figures: bench/results/growth.json.
 """
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import pathlib
+import tempfile
 import time
 import uuid
 
@@ -36,6 +44,7 @@ import prometheus_client
 
 from _common import RESULTS, ROOT, Run, bench_postgres, closed_loop, merged, report
 
+import growth_fill
 from cutylib.config import with_database
 from cutylib.db import create_pool, migrate
 from cutylib.principal import Principal
@@ -45,18 +54,51 @@ from codepool.keys import Keyring
 from codepool.service import ReservationService
 from codepool.stock_events import StockEvents
 
-MIGRATIONS = ROOT / "services" / "codepool" / "migrations"
-BIG_CODES = int(os.environ.get("BENCH_GROWTH_CODES", "2000000"))
+FAST = os.environ.get("BENCH_GROWTH_FAST", "") not in ("", "0")
+SCALE = float(os.environ.get("BENCH_GROWTH_SCALE", "0.005" if FAST else "0.1"))
+PARTS = os.environ.get("BENCH_GROWTH_PARTS", "pool,stack").split(",")
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if FAST else "2"))
+SECONDS = float(os.environ.get("BENCH_SECONDS", "2" if FAST else "6"))
+# The stacks' purchases, before `checkout` reads them.
+os.environ.setdefault("BENCH_SLOTS", str(int(ROUNDS * SECONDS * 500) + 500))
+os.environ.setdefault("BENCH_SECONDS", str(SECONDS))
+
 SMALL_CODES = 5_000
-SOLD = float(os.environ.get("BENCH_GROWTH_SOLD", "0.9"))
-MERCHANTS = int(os.environ.get("BENCH_GROWTH_MERCHANTS", "1000"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
-SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
-CHUNK = 500_000
-CUSTOMERS = 200_000
+CUSTOMERS = growth_fill.CUSTOMERS
 IN_FLIGHT = 8
 PAGE = 50
 PLANS = RESULTS / "growth-plans.txt"
+STATEMENTS = RESULTS / "growth-statements.txt"
+SERVICES = ("booking", "codepool", "payments")
+
+FILL_CODES = """
+INSERT INTO codes (id, merchant_id, product_id, batch_id, key_id, nonce, ciphertext, code_hash, status, created_at)
+SELECT md5($4 || g)::uuid, $1, $2, $3, 'k', substr(decode(md5(g::text), 'hex'), 1, 12),
+       decode(md5(g::text) || md5(g::text), 'hex'), decode(md5($4 || g) || md5(g::text), 'hex'), 'available',
+       clock_timestamp()
+FROM generate_series(1, $5::bigint) g
+"""
+
+
+class Product:
+    def __init__(self, name: str, merchant: str, codes: int, product_id: uuid.UUID | None = None):
+        self.name, self.merchant, self.codes = name, merchant, codes
+        self.id = product_id or uuid.uuid4()
+        self.tag = name[:1] + uuid.uuid4().hex[:6]
+        self.staff = Principal("staff-" + merchant, "staff", merchant)
+        self.middle: uuid.UUID | None = None  # a ListCodes cursor half-way through the product's codes
+
+
+async def fill_small(conn: asyncpg.Connection, p: Product) -> None:
+    """A product of `p.codes` available codes, written as the importer writes them (triggers on)."""
+    batch = uuid.uuid4()
+    await conn.execute("INSERT INTO products (id, merchant_id, sku, name, price_minor, currency, low_stock_threshold) "
+                       "VALUES ($1, $2, $3, $3, 500, 'TRY', 10)", p.id, p.merchant, p.name)
+    await conn.execute("INSERT INTO supplier_batches (id, merchant_id, product_id, batch_ref, received, imported, "
+                       "content_digest, actor) VALUES ($1, $2, $3, 'year', $4, $4, $5, 'bench')",
+                       batch, p.merchant, p.id, p.codes, os.urandom(32))
+    await conn.execute(FILL_CODES, p.merchant, p.id, batch, p.tag, p.codes)
+
 
 # The statements GetStock and the stock gauge ran before the stock counters: a count of the codes.
 COUNTED_STOCK = """
@@ -75,81 +117,6 @@ CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered')) AS s(state)
 LEFT JOIN codes c ON c.product_id = p.id AND c.status = s.state
 GROUP BY p.id, s.state
 """
-
-# Codes as the importer writes them, with stand-in bytes (only ListCodes' pages are decrypted, and
-# those are re-encrypted below); ids derived from the tag and number, so deliveries can name them.
-FILL_CODES = """
-INSERT INTO codes (id, merchant_id, product_id, batch_id, key_id, nonce, ciphertext, code_hash, status,
-                   reserved_at, delivered_at, created_at)
-SELECT md5($4 || g)::uuid, $1, $2, $3, 'k', substr(decode(md5(g::text), 'hex'), 1, 12),
-       decode(md5(g::text) || md5(g::text), 'hex'), decode(md5($4 || g) || md5(g::text), 'hex'),
-       CASE WHEN g <= $7 THEN 'delivered' ELSE 'available' END,
-       CASE WHEN g <= $7 THEN t.at END, CASE WHEN g <= $7 THEN t.at + interval '1 minute' END, t.at
-FROM generate_series($5::bigint, $6::bigint) g,
-     LATERAL (SELECT clock_timestamp() - interval '365 days' * (1 - g::float8 / $8) AS at) t
-"""
-FILL_RESERVATIONS = """
-INSERT INTO reservations (merchant_id, order_id, order_item_id, product_id, customer_id, quantity, unit_price_minor,
-                          currency, status, reserved_at, expires_at, delivered_at, payment_transaction_id)
-SELECT $1, $3 || '-' || g, $3 || '-' || g || '/1', $2, 'cust-' || (g % $6), 1, 500, 'TRY', 'delivered',
-       c.reserved_at, c.reserved_at + interval '15 minutes', c.delivered_at, 'tx-' || $3 || '-' || g
-FROM generate_series($4::bigint, $5::bigint) g JOIN codes c ON c.id = md5($3 || g)::uuid
-"""
-FILL_DELIVERIES = """
-INSERT INTO deliveries (merchant_id, order_id, order_item_id, product_id, customer_id, code_id, status, reserved_at,
-                        delivered_at)
-SELECT $1, $3 || '-' || g, $3 || '-' || g || '/1', $2, 'cust-' || (g % $6), md5($3 || g)::uuid, 'delivered',
-       clock_timestamp(), clock_timestamp()
-FROM generate_series($4::bigint, $5::bigint) g
-"""
-
-
-class Product:
-    def __init__(self, name: str, merchant: str, codes: int, sold: float):
-        self.name, self.merchant, self.codes, self.sold = name, merchant, codes, sold
-        self.id = uuid.uuid4()
-        self.tag = name[:1] + uuid.uuid4().hex[:6]
-        self.staff = Principal("staff-" + merchant, "staff", merchant)
-        self.middle: uuid.UUID | None = None  # a ListCodes cursor half-way through the product's codes
-
-
-async def fill(conn: asyncpg.Connection, p: Product) -> float:
-    t0 = time.perf_counter()
-    batch = uuid.uuid4()
-    await conn.execute("INSERT INTO products (id, merchant_id, sku, name, price_minor, currency, low_stock_threshold) "
-                       "VALUES ($1, $2, $3, $3, 500, 'TRY', 10)", p.id, p.merchant, p.name)
-    await conn.execute("INSERT INTO supplier_batches (id, merchant_id, product_id, batch_ref, received, imported, "
-                       "content_digest, actor) VALUES ($1, $2, $3, 'year', $4, $4, $5, 'bench')",
-                       batch, p.merchant, p.id, p.codes, os.urandom(32))
-    sold = int(p.codes * p.sold)
-    for lo in range(1, p.codes + 1, CHUNK):
-        hi = min(p.codes, lo + CHUNK - 1)
-        await conn.execute(FILL_CODES, p.merchant, p.id, batch, p.tag, lo, hi, sold, p.codes)
-        if lo <= sold:
-            args = (p.merchant, p.id, p.tag, lo, min(hi, sold), CUSTOMERS)
-            await conn.execute(FILL_RESERVATIONS, *args)
-            await conn.execute(FILL_DELIVERIES, *args)
-        print(f"  {p.name}: {hi:,} of {p.codes:,} codes ({time.perf_counter() - t0:.0f}s)", flush=True)
-    return time.perf_counter() - t0
-
-
-async def fill_merchants(conn: asyncpg.Connection, n: int) -> None:
-    """n merchants with one product of 100 available codes each (in three statements)."""
-    await conn.execute("""
-        INSERT INTO products (id, merchant_id, sku, name, price_minor, currency)
-        SELECT md5('p' || m)::uuid, 'shop-' || m, 'sku', 'Card', 100, 'TRY' FROM generate_series(1, $1) m""", n)
-    await conn.execute("""
-        INSERT INTO supplier_batches (id, merchant_id, product_id, batch_ref, received, imported, content_digest, actor)
-        SELECT md5('b' || m)::uuid, 'shop-' || m, md5('p' || m)::uuid, 'b', 100, 100, sha256(m::text::bytea), 'bench'
-        FROM generate_series(1, $1) m""", n)
-    await conn.execute("""
-        INSERT INTO codes (id, merchant_id, product_id, batch_id, key_id, nonce, ciphertext, code_hash)
-        SELECT gen_random_uuid(), 'shop-' || m, md5('p' || m)::uuid, md5('b' || m)::uuid, 'k',
-               substr(sha256(g::text::bytea), 1, 12), sha256((m * 1000 + g)::text::bytea),
-               sha256(('shop' || m || '-' || g)::bytea)
-        FROM generate_series(1, $1) m, generate_series(1, 100) g""", n)
-    await conn.execute("UPDATE products SET stock_low = false WHERE merchant_id LIKE 'shop-%'")
-
 
 async def encrypt_pages(conn: asyncpg.Connection, keyring: Keyring, p: Product) -> None:
     """The codes of ListCodes' first page and of a page from the middle, encrypted for real."""
@@ -173,33 +140,12 @@ async def timed(op, n: int) -> Run:
     return await closed_loop(lambda i: op(), concurrency=1, total=n)
 
 
-async def main() -> None:
-    server = bench_postgres()
-    dsn = with_database(server.dsn, f"cuty_growth_{uuid.uuid4().hex[:8]}")
-    await migrate(dsn, pathlib.Path(MIGRATIONS))
-    admin = await asyncpg.connect(server.dsn)
-    await admin.execute("ALTER SYSTEM SET autovacuum_naptime = '5s'")
-    await admin.execute("SELECT pg_reload_conf()")
-    await admin.close()
+
+async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Product):
+    """The code pool's use cases in process, the big product beside the small one (docstring, 1.)."""
     keyring = Keyring(keys={"b1": os.urandom(32)}, active="b1", hash_key=os.urandom(32))
-    big = Product("big", "m-big", BIG_CODES, SOLD)
-    small = Product("small", "m-small", SMALL_CODES, 0.0)
-    conn = await asyncpg.connect(dsn)
-    print(f"filling: {BIG_CODES:,} + {SMALL_CODES:,} codes, {SOLD:.0%} sold, {MERCHANTS:,} more merchants", flush=True)
-    fill_seconds = {p.name: await fill(conn, p) for p in (big, small)}
-    await fill_merchants(conn, MERCHANTS)
     for p in (big, small):
         await encrypt_pages(conn, keyring, p)
-    t0 = time.perf_counter()
-    await conn.execute("VACUUM ANALYZE")
-    sizes = dict(await conn.fetchrow(
-        "SELECT pg_size_pretty(pg_database_size(current_database())) AS database, "
-        "pg_size_pretty(pg_total_relation_size('codes')) AS codes, "
-        "pg_size_pretty(pg_total_relation_size('reservations')) AS reservations, "
-        "pg_size_pretty(pg_total_relation_size('deliveries')) AS deliveries, "
-        "(SELECT count(*) FROM product_stock) AS counter_rows"))
-    print(f"filled in {sum(fill_seconds.values()):.0f}s (+ vacuum {time.perf_counter() - t0:.0f}s): {sizes}", flush=True)
-
     pool = await create_pool(dsn, min_size=IN_FLIGHT, max_size=IN_FLIGHT + 4)
     service = ReservationService(pool, ttl_seconds=900)
     shop = catalog.Catalog(pool, keyring)
@@ -266,8 +212,8 @@ async def main() -> None:
             add("stock gauge by count (before)", await timed(lambda: pool.fetch(COUNTED_GAUGE), 3))
             add("stock.low recheck (all products)", await timed(lambda: StockEvents(pool).recheck(), 20))
             add("sweeper idle round", await timed(lambda: service.expire_due(500), 50))
-        # The sweeper on 2,000 reservations of each product, made due.
         sweeps = {}
+        # The sweeper on 2,000 reservations of each product, made due.
         for p in (big, small):
             await closed_loop(lambda i, p=p: reserve(p, 1), concurrency=IN_FLIGHT, total=2000)
             n = await conn.fetchval("WITH u AS (UPDATE reservations SET expires_at = clock_timestamp() - interval '1 s' "
@@ -284,7 +230,7 @@ async def main() -> None:
                   for p in (big, small)]
         plans += [await explain(conn, f"ListCodes middle page, {p.name}", catalog.LIST_CODES, p.merchant, p.id,
                                 p.middle, PAGE) for p in (big, small)]
-        plans.append(await explain(conn, "stock gauge", metrics.STOCK_BY_PRODUCT))
+        plans.append(await explain(conn, "stock gauge", metrics.STOCK_BY_PRODUCT, 50))
         plans.append(await explain(conn, "stock gauge by count (before)", COUNTED_GAUGE))
         plans.append(await explain(conn, "OutOfStock's count, big", repository.COUNT_AVAILABLE, big.id))
         plans.append(await explain(conn, "sweeper claim (idle)", repository.CLAIM_EXPIRED, 500))
@@ -295,12 +241,386 @@ async def main() -> None:
         plans.append(await explain(
             conn, "reserve's pick, big", "SELECT id FROM codes WHERE merchant_id = $1 AND product_id = $2 AND "
             "status = 'available' ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED", big.merchant, big.id))
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        PLANS.write_text(f"-- bench/growth.py: {BIG_CODES:,} + {SMALL_CODES:,} codes, {MERCHANTS:,} more merchants\n\n"
-                         + "\n".join(plans))
-        print(f"wrote {PLANS}")
+        return runs, plans, sweeps
     finally:
         await pool.close()
+
+
+# --- the platform: two stacks, grown and empty --------------------------------------------------
+
+STACK_ENV = {
+    # The periodic work runs every few seconds instead of minutes, so the measured rounds see it.
+    "CUTY_SWEEP_INTERVAL_SECONDS": 2,
+    "CUTY_PSP_EVENT_PURGE_INTERVAL_SECONDS": 5,
+}
+# Every statement the services ran, per database (the extension is loaded by `statements_on`).
+STATEMENT_STATS = """
+SELECT d.datname AS db, s.calls, s.total_exec_time, s.mean_exec_time, s.max_exec_time, s.rows, s.query
+FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = ANY($1::text[]) AND s.query NOT ILIKE 'EXPLAIN%' AND s.calls > 0
+"""
+
+
+async def statements_on(server) -> bool:
+    """pg_stat_statements on the throwaway cluster (a restart to load it); False on a given server."""
+    admin = await asyncpg.connect(server.dsn)
+    try:
+        if getattr(server, "cluster", None) is not None:
+            await admin.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+            await admin.execute("ALTER SYSTEM SET autovacuum_naptime = '5s'")
+            await admin.close()
+            server.cluster.stop()
+            server.cluster.start()
+            admin = await asyncpg.connect(server.dsn)
+        await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        return True
+    except asyncpg.PostgresError as e:
+        print(f"no pg_stat_statements ({e}): the periodic statements are not listed")
+        return False
+    finally:
+        await admin.close()
+
+
+class Site:
+    """What one stack's reads read: a product, a salon and its busiest day, a payment."""
+
+    def __init__(self, product: str, salon: str, day: str, payment: str, checkout_product: str):
+        self.product, self.salon, self.day, self.payment = product, salon, day, payment
+        self.checkout_product = checkout_product
+
+
+async def grown_site(big_product: uuid.UUID, dsns: dict[str, str]) -> Site:
+    b = await asyncpg.connect(dsns["booking"])
+    p = await asyncpg.connect(dsns["payments"])
+    try:
+        salon = await b.fetchval("SELECT id FROM salons WHERE merchant_id = 'merchant-test' ORDER BY created_at LIMIT 1")
+        day = await b.fetchval(
+            "SELECT (start_time AT TIME ZONE 'Europe/Istanbul')::date FROM holds WHERE salon_id = $1 AND status = "
+            "'confirmed' GROUP BY 1 ORDER BY count(*) DESC, 1 DESC LIMIT 1", salon)
+        payment = await p.fetchval("SELECT id FROM payments WHERE merchant_id = 'merchant-test' "
+                                   "ORDER BY created_at LIMIT 1 OFFSET (SELECT count(*) / 2 FROM payments "
+                                   "WHERE merchant_id = 'merchant-test')")
+    finally:
+        await b.close()
+        await p.close()
+    return Site(str(big_product), str(salon), day.isoformat(), str(payment), str(big_product))
+
+
+async def empty_site(side, dsns: dict[str, str]) -> Site:
+    b = await asyncpg.connect(dsns["booking"])
+    p = await asyncpg.connect(dsns["payments"])
+    try:
+        salon, day = await b.fetchrow(
+            "SELECT salon_id, (start_time AT TIME ZONE 'Europe/Istanbul')::date FROM holds WHERE status = 'confirmed' "
+            "GROUP BY 1, 2 ORDER BY count(*) DESC LIMIT 1")
+        payment = await p.fetchval("SELECT id FROM payments ORDER BY created_at DESC LIMIT 1")
+    finally:
+        await b.close()
+        await p.close()
+    return Site(side.products[-1], str(salon), day.isoformat(), str(payment), side.products[-1])
+
+
+def hot_paths(side, product: str):
+    """The hot paths of one stack: two purchases to COMPLETED, HoldSlot and ReserveCodes direct."""
+    from checkout import bpb, buyer, cpb
+
+    async def hold(i: int) -> None:
+        key = uuid.uuid4().hex
+        await side.booking.HoldSlot(bpb.HoldSlotRequest(slot_id=next(side.slot_iter), customer_id=f"h-{key}",
+                                                        request_id=key), timeout=10)
+
+    async def reserve(i: int) -> None:
+        key = uuid.uuid4().hex
+        await side.codepool.ReserveCodes(cpb.ReserveCodesRequest(order_id=key, order_item_id=key, product_id=product,
+                                                                 quantity=1, customer_id=f"r-{key}"), timeout=10)
+        await side.codepool.ReleaseReservation(cpb.ReleaseReservationRequest(order_id=key), timeout=10)
+
+    return {
+        "booking purchase -> COMPLETED (create + pay)": buyer("booking", "two-call", side, product, []),
+        "code purchase -> COMPLETED (create + pay)": buyer("codes", "two-call", side, product, []),
+        "HoldSlot": hold,
+        "ReserveCodes (+ release, both timed)": reserve,
+    }
+
+
+def merchant_reads(side, site: Site, payments_stub):
+    from checkout import ADMIN, cpb, pb
+    from cuty.booking.v1 import booking_pb2 as bpb
+    from cuty.payments.v1 import payments_pb2 as ppb
+    from cutylib.timestamps import to_timestamp
+
+    now = dt.datetime.now(dt.timezone.utc)
+    lists = {
+        "no filter": pb.ListCheckoutsRequest(page_size=PAGE),
+        "salon": pb.ListCheckoutsRequest(salon_id=site.salon, page_size=PAGE),
+        "product": pb.ListCheckoutsRequest(product_id=site.checkout_product, page_size=PAGE),
+        "state EXPIRED": pb.ListCheckoutsRequest(state=pb.CHECKOUT_STATE_EXPIRED, page_size=PAGE),
+        "state COMPLETED": pb.ListCheckoutsRequest(state=pb.CHECKOUT_STATE_COMPLETED, page_size=PAGE),
+        "created in a month 6 months ago": pb.ListCheckoutsRequest(
+            created_after=to_timestamp(now - dt.timedelta(days=200)),
+            created_before=to_timestamp(now - dt.timedelta(days=170)), page_size=PAGE),
+    }
+    reads = {"GetStock": lambda i: side.codepool.GetStock(cpb.GetStockRequest(product_id=site.product),
+                                                          metadata=ADMIN, timeout=10)}
+    for name, req in lists.items():
+        reads[f"ListCheckouts page ({PAGE}), {name}"] = (
+            lambda i, req=req: side.api.ListCheckouts(req, metadata=ADMIN, timeout=10))
+    second = {}
+
+    async def next_page(i: int) -> None:
+        if "token" not in second:
+            first = await side.api.ListCheckouts(lists["no filter"], metadata=ADMIN, timeout=10)
+            second["token"] = first.next_page_token
+        await side.api.ListCheckouts(pb.ListCheckoutsRequest(page_size=PAGE, page_token=second["token"]),
+                                     metadata=ADMIN, timeout=10)
+    reads[f"ListCheckouts second page ({PAGE})"] = next_page
+    reads["a salon's day (ListBookings, 50)"] = lambda i: side.booking.ListBookings(
+        bpb.ListBookingsRequest(salon_id=site.salon, day=site.day, page_size=PAGE), metadata=ADMIN, timeout=10)
+    reads["a payment's timeline page"] = lambda i: payments_stub.GetPaymentTimeline(
+        ppb.GetPaymentTimelineRequest(payment_id=site.payment, page_size=100), metadata=ADMIN, timeout=10)
+    return reads
+
+
+async def wal_lsn(conn: asyncpg.Connection):
+    return await conn.fetchval("SELECT pg_current_wal_lsn()")
+
+
+async def stack_part(server, work: str, grown_dsns: dict[str, str], empty_dsns: dict[str, str],
+                     big_product: uuid.UUID, statements: bool):
+    from checkout import Side
+    from cuty.payments.v1 import payments_pb2_grpc
+    from cutylib.testing.trust import acting_channel
+    from payments.grpc_api import CALLERS as PAYMENT_CALLERS
+
+    sides = {}
+    for name, dsns in (("grown", grown_dsns), ("empty", empty_dsns)):
+        s = Side(server, os.path.join(work, name), secure=True)
+        s.dbs = dict(dsns)
+        s.stack.env.update({f"CUTY_{k.upper()}_DATABASE_URL": v for k, v in dsns.items()})
+        s.stack.env.update({k: str(v) for k, v in STACK_ENV.items()})
+        sides[name] = s
+    runs: dict[str, list[Run]] = {}
+    wal: dict[str, list[tuple[int, int]]] = {}
+    admin = await asyncpg.connect(server.dsn)
+    try:
+        n_slots = int(os.environ["BENCH_SLOTS"])
+        for s in sides.values():
+            await s.start(n_slots, 1)
+        ch = {n: acting_channel(s.stack.payments_addrs[0], "payments", PAYMENT_CALLERS, secure=True)
+              for n, s in sides.items()}
+        stubs = {n: payments_pb2_grpc.PaymentServiceStub(c) for n, c in ch.items()}
+        # A first purchase of each kind on the empty stack, so it has a payment and a salon's day to read.
+        for path in ("booking purchase -> COMPLETED (create + pay)", "code purchase -> COMPLETED (create + pay)"):
+            await closed_loop(hot_paths(sides["empty"], sides["empty"].products[-1])[path], concurrency=2, total=20)
+        sites = {"grown": await grown_site(big_product, grown_dsns), "empty": await empty_site(sides["empty"], empty_dsns)}
+        if statements:
+            await admin.execute("SELECT pg_stat_statements_reset()")
+        for rnd in range(ROUNDS):
+            for name in (("grown", "empty") if rnd % 2 == 0 else ("empty", "grown")):
+                side = sides[name]
+                # Buy from the stack's own imported product: the grown one's sits among 10 M codes.
+                for path, op in hot_paths(side, side.products[-1]).items():
+                    lsn = await wal_lsn(admin)
+                    run = await closed_loop(op, concurrency=IN_FLIGHT, duration=SECONDS)
+                    runs.setdefault(f"{path}, {name}", []).append(run)
+                    if "purchase" in path:
+                        wal.setdefault(f"{path}, {name}", []).append(
+                            (int(await admin.fetchval("SELECT $1::pg_lsn - $2::pg_lsn", await wal_lsn(admin), lsn)),
+                             run.ops))
+                for path, op in merchant_reads(side, sites[name], stubs[name]).items():
+                    runs.setdefault(f"{path}, {name}", []).append(
+                        await closed_loop(op, concurrency=1, duration=SECONDS / 3))
+        stats = await admin.fetch(STATEMENT_STATS, [db.rsplit("/", 1)[1] for d in (grown_dsns, empty_dsns)
+                                                    for db in d.values()]) if statements else []
+        for c in ch.values():
+            await c.close()
+        return runs, wal, sites, stats
+    finally:
+        await admin.close()
+        for s in sides.values():
+            await s.stop()
+
+
+async def explain_rolled_back(conn: asyncpg.Connection, title: str, sql: str, *args) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of a statement, in a transaction rolled back (purges delete)."""
+    tr = conn.transaction()
+    await tr.start()
+    try:
+        return await explain(conn, title, sql, *args)
+    finally:
+        await tr.rollback()
+
+
+async def as_service(admin_dsn: str, service: str, dsn: str, merchant: str) -> asyncpg.Connection:
+    """A connection as the service's own role (Row-Level Security applies, as in production), working
+    for `merchant` ('*': the service's own periodic work, across merchants)."""
+    from cutylib.testing.postgres import service_dsn
+
+    conn = await asyncpg.connect(await service_dsn(admin_dsn, service, dsn))
+    await conn.execute("SELECT set_config('cuty.merchant', $1, false)", merchant)
+    return conn
+
+
+async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: Site) -> list[str]:
+    """The reads' and the periodic statements' plans on one platform's databases, as the services run
+    them (their roles; the reads for merchant-test, the periodic work for every merchant)."""
+    from booking.repository import LIST_BOOKINGS, SWEEP_EXPIRED
+    from payments.checkout import idempotency
+    from payments.checkout.repository import CLAIM_DUE, ListQuery, list_statement
+    from payments.metrics import NON_TERMINAL, NON_TERMINAL_PAYMENTS, SAGAS_BY_STATE
+    from payments.outbound.repository import GAUGES
+    from payments.repository import PURGE_PSP_EVENTS, TIMELINE
+
+    plans = []
+    m = "merchant-test"
+    conn = await as_service(admin_dsn, "payments", dsns["payments"], m)
+    try:
+        checkout = await conn.fetchval("SELECT checkout_id FROM payments WHERE id = $1", uuid.UUID(site.payment))
+        for title, q in (("no filter", ListQuery(merchant_id=m)),
+                         ("salon", ListQuery(merchant_id=m, salon_id=uuid.UUID(site.salon))),
+                         ("product", ListQuery(merchant_id=m, product_id=uuid.UUID(site.checkout_product))),
+                         ("state EXPIRED", ListQuery(merchant_id=m, state="EXPIRED")),
+                         ("created in a month", ListQuery(
+                             merchant_id=m, created_after=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=200),
+                             created_before=dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=170)))):
+            sql, args = list_statement(q, None, PAGE + 1)
+            plans.append(await explain(conn, f"[{name}] ListCheckouts, {title}", sql, *args))
+        plans.append(await explain(conn, f"[{name}] timeline page", TIMELINE, uuid.UUID(site.payment), checkout, 0,
+                                   101, m))
+        await conn.execute("SELECT set_config('cuty.merchant', '*', false)")
+        plans.append(await explain_rolled_back(conn, f"[{name}] saga workers' claim", CLAIM_DUE, "bench", 50, 30.0))
+        plans.append(await explain(conn, f"[{name}] payments gauge", NON_TERMINAL_PAYMENTS, 60.0))
+        plans.append(await explain(conn, f"[{name}] sagas gauge", SAGAS_BY_STATE, list(NON_TERMINAL)))
+        plans.append(await explain(conn, f"[{name}] outbound gauges", GAUGES))
+        plans.append(await explain_rolled_back(conn, f"[{name}] idempotency keys purge", idempotency.PURGE_EXPIRED,
+                                               500))
+        plans.append(await explain_rolled_back(conn, f"[{name}] PSP events purge", PURGE_PSP_EVENTS, 30.0, 500))
+    finally:
+        await conn.close()
+    conn = await as_service(admin_dsn, "booking", dsns["booking"], m)
+    try:
+        plans.append(await explain(conn, f"[{name}] a salon's day", LIST_BOOKINGS, uuid.UUID(site.salon),
+                                   dt.date.fromisoformat(site.day), False, None, None, None, PAGE + 1, m))
+        await conn.execute("SELECT set_config('cuty.merchant', '*', false)")
+        plans.append(await explain_rolled_back(conn, f"[{name}] hold sweeper", SWEEP_EXPIRED, 500))
+    finally:
+        await conn.close()
+    conn = await as_service(admin_dsn, "codepool", dsns["codepool"], m)
+    try:
+        plans.append(await explain(conn, f"[{name}] GetStock", catalog.STOCK, uuid.UUID(site.product), m))
+        await conn.execute("SELECT set_config('cuty.merchant', '*', false)")
+        plans.append(await explain(conn, f"[{name}] stock gauge", metrics.STOCK_BY_PRODUCT))
+        plans.append(await explain_rolled_back(conn, f"[{name}] reservation sweeper", repository.CLAIM_EXPIRED, 500))
+    finally:
+        await conn.close()
+    return plans
+
+
+def statement_table(stats) -> str:
+    """Every statement the stacks ran, grown beside empty (mean and max ms), slowest on grown first."""
+    by: dict[tuple[str, str], dict] = {}
+    for r in stats:
+        service = next(s for s in SERVICES if f"_{s}_" in r["db"])
+        side = "grown" if "_grown_" in r["db"] else "empty"
+        q = " ".join(r["query"].split())
+        by.setdefault((service, q), {})[side] = r
+    rows = sorted(by.items(), key=lambda kv: -(kv[1].get("grown") or kv[1]["empty"])["max_exec_time"])
+    out = ["service   | grown calls, mean / max ms | empty calls, mean / max ms | statement"]
+    for (service, q), sides in rows:
+        cells = []
+        for side in ("grown", "empty"):
+            r = sides.get(side)
+            cells.append(f"{r['calls']:>6}, {r['mean_exec_time']:8.2f} / {r['max_exec_time']:8.2f}" if r else " " * 28)
+        out.append(f"{service:9} | {cells[0]} | {cells[1]} | {q[:400]}")
+    return "\n".join(out) + "\n"
+
+
+async def db_sizes(dsns: dict[str, str]) -> dict:
+    out = {}
+    for s, dsn in dsns.items():
+        conn = await asyncpg.connect(dsn)
+        try:
+            out[s] = {"bytes": await conn.fetchval("SELECT pg_database_size(current_database())"),
+                      "tables": {r["t"]: r["b"] for r in await conn.fetch(
+                          "SELECT relname AS t, pg_total_relation_size(oid) AS b FROM pg_class "
+                          "WHERE relkind IN ('r', 'p') AND relnamespace = 'public'::regnamespace "
+                          "ORDER BY b DESC LIMIT 8")}}
+        finally:
+            await conn.close()
+    return out
+
+
+async def vacuum(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SET statement_timeout = 0")
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+
+
+async def main() -> None:
+    server = bench_postgres()
+    statements = await statements_on(server)
+    work = tempfile.mkdtemp(prefix="cuty-bench-growth-")
+    suffix = uuid.uuid4().hex[:6]
+    grown = {s: with_database(server.dsn, f"cuty_{s}_grown_{suffix}") for s in SERVICES}
+    empty = {s: with_database(server.dsn, f"cuty_{s}_empty_{suffix}") for s in SERVICES}
+    for dsns in (grown, empty):
+        for s, dsn in dsns.items():
+            await migrate(dsn, ROOT / "services" / s / "migrations")
+    big_product = uuid.uuid4()
+    now = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
+    year_ago, day_ago = now - dt.timedelta(days=365), now - dt.timedelta(days=1)
+    print(f"filling at scale {SCALE} of a year: {growth_fill.sizes(SCALE)}", flush=True)
+    filled, fill_seconds = {}, {}
+    for s, fill in (("booking", lambda: growth_fill.fill_booking(grown["booking"], SCALE, year_ago)),
+                    ("codepool", lambda: growth_fill.fill_codepool(grown["codepool"], SCALE, big_product, year_ago)),
+                    ("payments", lambda: growth_fill.fill_payments(grown["payments"], SCALE, big_product, year_ago,
+                                                                   day_ago))):
+        t0 = time.perf_counter()
+        filled[s] = await fill()
+        fill_seconds[s] = round(time.perf_counter() - t0)
+    big = Product("big", growth_fill.TEST_MERCHANT, filled["codepool"]["big_product_codes"], big_product)
+    small = Product("small", "m-small", SMALL_CODES)
+    conn = await asyncpg.connect(grown["codepool"])
+    await fill_small(conn, small)
+    t0 = time.perf_counter()
+    for dsn in (*grown.values(), *empty.values()):
+        await vacuum(dsn)
+    sizes = await db_sizes(grown)
+    print(f"filled in {fill_seconds} s (+ vacuum {time.perf_counter() - t0:.0f} s): {filled}", flush=True)
+    print({s: f"{v['bytes'] / 2**20:.0f} MB" for s, v in sizes.items()}, flush=True)
+
+    runs: dict[str, list[Run]] = {}
+    plans: list[str] = []
+    extra = {"scale": SCALE, "filled": filled, "fill_seconds": fill_seconds, "sizes": sizes}
+    try:
+        if "pool" in PARTS:
+            pool_runs, pool_plans, extra["swept"] = await pool_part(grown["codepool"], conn, big, small)
+            runs.update(pool_runs)
+            plans += pool_plans
+        if "stack" in PARTS:
+            stack_runs, wal, sites, stats = await stack_part(server, work, grown, empty, big_product, statements)
+            runs.update(stack_runs)
+            extra["wal_bytes_per_purchase"] = {k: round(sum(b for b, _ in v) / max(1, sum(n for _, n in v)))
+                                               for k, v in wal.items()}
+            extra["sizes_after"] = {"grown": await db_sizes(grown), "empty": await db_sizes(empty)}
+            for name, dsns in (("grown", grown), ("empty", empty)):
+                plans += await platform_plans(server.dsn, name, dsns, sites[name])
+            if stats:
+                STATEMENTS.parent.mkdir(parents=True, exist_ok=True)
+                STATEMENTS.write_text(f"-- bench/growth.py, scale {SCALE}: every statement the two stacks ran in "
+                                      f"the measured rounds (pg_stat_statements)\n" + statement_table(stats))
+                print(f"wrote {STATEMENTS}")
+                slow = [r for r in stats if r["max_exec_time"] > 100]
+                extra["statements_over_100ms"] = [
+                    {"db": r["db"], "calls": r["calls"], "max_ms": round(r["max_exec_time"]),
+                     "query": " ".join(r["query"].split())[:160]} for r in slow]
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        PLANS.write_text(f"-- bench/growth.py, scale {SCALE}: {filled}\n\n" + "\n".join(plans))
+        print(f"wrote {PLANS}")
+    finally:
         await conn.close()
         server.close()
 
@@ -309,13 +629,13 @@ async def main() -> None:
         m = merged(rs)
         base = name.rsplit(", ", 1)
         limit = None
-        if len(base) == 2 and base[1] == "big" and f"{base[0]}, small" in runs:
-            limit = merged(runs[f"{base[0]}, small"])  # the ratio: big against small
-        results.append(m.result(name, IN_FLIGHT if name.startswith("ReserveCodes") else 1, limit=limit,
-                                notes=f"{len(rs)} rounds" if len(rs) > 1 else ""))
-    results[0].extra.update({"fill_seconds": {k: round(v) for k, v in fill_seconds.items()}, "sizes": sizes,
-                             "swept": sweeps, "big_codes": BIG_CODES, "small_codes": SMALL_CODES,
-                             "merchants": MERCHANTS, "load_average": os.getloadavg()})
+        for grown_name, other in (("big", "small"), ("grown", "empty")):
+            if len(base) == 2 and base[1] == grown_name and f"{base[0]}, {other}" in runs:
+                limit = merged(runs[f"{base[0]}, {other}"])  # the ratio: grown against empty
+        conc = IN_FLIGHT if name.startswith(("ReserveCodes", "booking purchase", "code purchase", "HoldSlot")) else 1
+        results.append(m.result(name, conc, limit=limit, notes=f"{len(rs)} rounds" if len(rs) > 1 else ""))
+    extra["load_average"] = os.getloadavg()
+    results[0].extra.update(extra)
     report("growth", results)
 
 

@@ -16,7 +16,16 @@ Targets: goodput >= 0.9 of capacity at 3x and >= 0.8 at 5x; p99 of successes at 
 capacity; refusals answered with p99 <= 50 ms; no money mismatch.
 
 BENCH_KINDS="codes,booking", BENCH_LOADS="1,2,3,5", BENCH_LOAD_SECONDS (20), BENCH_CAP_SECONDS (10),
-BENCH_PATIENCE (10), BENCH_ONE_CALL=1 (create-and-pay in one request), BENCH_HOT_BUYERS (1000; 0 = skip).
+BENCH_PATIENCE (10), BENCH_ONE_CALL=1 (create-and-pay in one request), BENCH_HOT_BUYERS (1000; 0 = skip),
+BENCH_CLIENT_NICE (0): the load generator (this process) lowers its own priority by this much once
+the services run, so that on a machine it shares with them it takes CPU only when they leave some.
+
+The load generator runs on the same cores as everything it measures. Each level therefore reports
+where the machine's CPU went while it ran: seconds per process (the services, Postgres, this client)
+and the machine's busy time none of them used (other work on a shared machine), plus the arrivals
+the generator actually made per second; and goodput per CPU-second of the platform (the services
+and Postgres) against the capacity run's, which other work's share of the cores does not move. A closed-loop buyer refused for load waits 50 ms before
+its next checkout (as a client honouring Retry-After would, only shorter) instead of spinning.
 
 4. A hot slot: BENCH_HOT_BUYERS buyers at once for one slot. One wins; every other is told at once,
    with alternatives (409) or shed by the gateway (503). Target: p99 <= 1.5 s at the gateway.
@@ -34,7 +43,7 @@ import time
 import uuid
 from typing import Iterator
 
-from _common import Http, Result, bench_postgres, percentile, report
+from _common import Http, Result, all_cpu, bench_postgres, machine_cpu, percentile, report
 
 import asyncpg
 import jwt
@@ -52,6 +61,8 @@ CAP_SECONDS = float(os.environ.get("BENCH_CAP_SECONDS", "10"))
 PATIENCE = float(os.environ.get("BENCH_PATIENCE", "10"))
 ONE_CALL = os.environ.get("BENCH_ONE_CALL", "0") == "1"
 HOT_BUYERS = int(os.environ.get("BENCH_HOT_BUYERS", "1000"))
+CLIENT_NICE = int(os.environ.get("BENCH_CLIENT_NICE", "0"))
+REFUSED_PAUSE = 0.05  # a closed-loop buyer's pause after a refusal
 CAP_BUYERS = 16
 MAX_IN_FLIGHT = 4000  # open connections at once (the client's own bound; far above any level's need)
 ADMIN = user("bench-admin", "admin")
@@ -87,10 +98,13 @@ class Outcome:
         self.refused: list[float] = []   # ms, 429 / 503 answers
         self.failed = 0                  # other answers (a declined or failed checkout)
         self.gave_up = 0                 # patience ran out
+        self.arrivals = 0                # buyers started
         self.statuses: dict[str, int] = {}
 
 
-async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http]) -> None:
+async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http]) -> str:
+    """One buyer's visit; returns how it ended (a final state, an HTTP status, or "gave-up")."""
+    out.arrivals += 1
     conn = conns.pop() if conns else Http(port)
     t0 = time.perf_counter()
     auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -120,11 +134,11 @@ async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http
     except asyncio.TimeoutError:
         out.gave_up += 1
         conn.close()  # the tab is closed: its connection goes with it
-        return
+        return "gave-up"
     except (OSError, asyncio.IncompleteReadError, ValueError):
         out.failed += 1
         conn.close()
-        return
+        return "error"
     ms = (time.perf_counter() - t0) * 1000
     out.statuses[result] = out.statuses.get(result, 0) + 1
     if result == "COMPLETED":
@@ -134,6 +148,7 @@ async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http
     else:
         out.failed += 1
     conns.append(conn)
+    return result
 
 
 async def closed_capacity(port: int, buyers: Buyers, bodies, seconds: float) -> tuple[float, Outcome]:
@@ -142,7 +157,8 @@ async def closed_capacity(port: int, buyers: Buyers, bodies, seconds: float) -> 
 
     async def worker():
         while time.perf_counter() < stop:
-            await buy(port, buyers.take(), next(bodies), out, conns)
+            if await buy(port, buyers.take(), next(bodies), out, conns) in ("429", "503"):
+                await asyncio.sleep(REFUSED_PAUSE)
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(CAP_BUYERS)))
     elapsed = time.perf_counter() - t0
@@ -269,13 +285,16 @@ async def hot_slot(stack: Stack, buyers: Buyers, n: int) -> Result:
 
 
 async def settle(stack: Stack, timeout: float = 180) -> dict:
-    """Waits until no checkout is left in a non-final state, then compares the money."""
+    """Waits until no checkout is left in a state where money may still move, then compares the
+    money. A HELD checkout (its buyer never paid: refused, or gone) moves no money; it ends EXPIRED
+    at its hold's expiry, minutes later, and is counted, not waited for."""
     dsn = with_database(stack.pg_dsn, "cuty_payments")
     conn = await asyncpg.connect(dsn)
     try:
         deadline = time.monotonic() + timeout
         while True:
-            open_ = await conn.fetchval("SELECT count(*) FROM checkouts WHERE state <> ALL($1::text[])", list(FINAL))
+            open_ = await conn.fetchval("SELECT count(*) FROM checkouts WHERE state <> ALL($1::text[])",
+                                        [*FINAL, "HELD"])
             if open_ == 0 or time.monotonic() > deadline:
                 break
             await asyncio.sleep(1)
@@ -290,17 +309,57 @@ async def settle(stack: Stack, timeout: float = 180) -> dict:
             "psp_kept_minor": int(psp_kept), "money_exact": int(kept) == int(psp_kept), "by_state": by_state}
 
 
-def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, offered: float | None) -> Result:
+class CpuWatch:
+    """Where the machine's CPU went during one measured level (see the module's docstring)."""
+
+    def __init__(self, stack: Stack, pg):
+        self.stack, self.pg = stack, pg
+        self.ours0, self.machine0, self.t0 = all_cpu(stack, pg), machine_cpu(), time.perf_counter()
+
+    def report(self) -> dict:
+        ours = {n: s - self.ours0.get(n, 0.0) for n, s in all_cpu(self.stack, self.pg).items()}
+        busy, total = (b - a for a, b in zip(self.machine0, machine_cpu()))
+        wall = time.perf_counter() - self.t0
+        cores = total / wall if wall > 0 else float(os.cpu_count() or 1)
+        used = sum(ours.values())
+        return {"cores": round(cores, 1), "machine_busy_share": round(busy / total, 2) if total else None,
+                "client_share": round(ours["client"] / total, 2) if total else None,
+                "services_and_postgres_share": round((used - ours["client"]) / total, 2) if total else None,
+                "other_work_share": round(max(0.0, busy - used) / total, 2) if total else None,
+                "cpu_s": {n: round(v, 1) for n, v in sorted(ours.items())}}
+
+
+def per_cpu(out: Outcome, cpu: dict | None) -> float | None:
+    """Checkouts completed within patience per CPU-second of the platform (the services and
+    Postgres, not the load generator): the goodput on a shared machine, whatever share of the
+    cores other work took during the level."""
+    if not cpu:
+        return None
+    used = sum(v for n, v in cpu["cpu_s"].items() if n != "client")
+    return len(out.ok) / used if used > 0 else None
+
+
+def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, offered: float | None,
+        cpu: dict | None = None, capacity_per_cpu: float | None = None) -> Result:
     ok, refused = sorted(out.ok), sorted(out.refused)
     goodput = len(ok) / seconds
     r = Result(f"{kind} {label}", CAP_BUYERS if offered is None else 0, round(goodput, 1),
                round(percentile(ok, 0.5), 1), round(percentile(ok, 0.99), 1), round(ok[-1] if ok else 0.0, 1),
                limit_ops_per_s=round(capacity, 1), ratio_to_limit=round(goodput / capacity, 3) if capacity else None)
-    r.extra = {"offered_per_s": round(offered, 1) if offered else None, "completed": len(ok),
+    r.extra = {"offered_per_s": round(offered, 1) if offered else None,
+               "arrivals_per_s": round(out.arrivals / seconds, 1), "completed": len(ok),
                "refused": len(refused), "refusal_p99_ms": round(percentile(refused, 0.99), 1),
-               "gave_up": out.gave_up, "failed": out.failed, "answers": out.statuses}
+               "gave_up": out.gave_up, "failed": out.failed, "answers": out.statuses, "cpu": cpu}
+    efficiency = per_cpu(out, cpu)
+    if efficiency is not None:
+        r.extra["checkouts_per_platform_cpu_s"] = round(efficiency, 2)
+        if capacity_per_cpu:
+            r.extra["per_cpu_vs_capacity"] = round(efficiency / capacity_per_cpu, 3)
     r.notes = (f"goodput {r.ratio_to_limit:.2f} of capacity; refused {len(refused)} (p99 "
                f"{r.extra['refusal_p99_ms']} ms); gave up {out.gave_up}" if offered else "capacity (closed loop)")
+    if cpu:
+        r.notes += (f"; per platform CPU-s {r.extra.get('per_cpu_vs_capacity', 1.0):.2f} of capacity's; "
+                    f"other work took {cpu['other_work_share']:.0%} of the machine")
     return r
 
 
@@ -310,6 +369,8 @@ async def main() -> None:
     stack = Stack(pg.dsn, work, gateway=True, env=ENV)
     print("starting postgres, the services, the PSP simulator and the gateway ...", flush=True)
     await stack.start()
+    if CLIENT_NICE:
+        os.nice(CLIENT_NICE)  # this process only: the services were started at our old priority
     results: list[Result] = []
     try:
         for kind in KINDS:
@@ -319,14 +380,19 @@ async def main() -> None:
             bodies = await seed(stack, kind, need)
             buyers = Buyers(int(need * 1.1))
             await closed_capacity(stack.http_port, buyers, bodies, 3)  # warm up
+            watch = CpuWatch(stack, pg)
             capacity, cap_out = await closed_capacity(stack.http_port, buyers, bodies, CAP_SECONDS)
             print(f"{kind}: capacity {capacity:.1f} checkouts/s", flush=True)
-            results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None))
+            cap_cpu = watch.report()
+            capacity_per_cpu = per_cpu(cap_out, cap_cpu)
+            results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None, cap_cpu))
             for x in LOADS:
                 rate = capacity * x
                 print(f"{kind}: {x:g}x = {rate:.0f} arrivals/s for {LOAD_SECONDS:g} s ...", flush=True)
+                watch = CpuWatch(stack, pg)
                 out = await open_loop(stack.http_port, buyers, bodies, rate, LOAD_SECONDS)
-                results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate))
+                results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate, watch.report(),
+                                   capacity_per_cpu))
                 await asyncio.sleep(2)  # the backlog of the level before drains
         if HOT_BUYERS:
             print(f"hot slot: {HOT_BUYERS} buyers at once ...", flush=True)

@@ -58,6 +58,11 @@ def exported_families() -> set[str]:
 
     for module in EXPORTING_MODULES:
         importlib.import_module(module)
+    # Registered on first use, in the processes that deliver merchant webhooks (and redeliver them).
+    from payments.outbound.metrics import process_metrics, process_redelivery_metrics
+
+    process_metrics()
+    process_redelivery_metrics()
     names = {f.name for f in prometheus_client.REGISTRY.collect()}
     # The gauges read from the database are collected only on the metrics leader (Metrics.db_gauge);
     # this process may have stood down in an earlier test: they are defined all the same.

@@ -94,6 +94,18 @@ def db_role_for(service: str) -> str:
     return f"{service}_service"
 
 
+# The role of payments' webhook delivery process (`python -m payments webhooks-out`): grants on the
+# delivery tables only (payments migration 0050_webhooks_out_role.sql; docs/security.md).
+WEBHOOKS_OUT_DB_ROLE = "payments_webhooks_out"
+# Its plaintext gRPC health and its /metrics (CUTY_WEBHOOKS_OUT_HEALTH_PORT / _METRICS_PORT).
+WEBHOOKS_OUT_HEALTH_PORT, WEBHOOKS_OUT_METRICS_PORT = 51054, 9468
+
+
+def webhooks_out_database_url() -> str:
+    """DSN of the webhook delivery process: `CUTY_WEBHOOKS_OUT_DATABASE_URL`, else payments' own."""
+    return os.environ.get("CUTY_WEBHOOKS_OUT_DATABASE_URL") or database_url_for("payments")
+
+
 def with_user(dsn: str, user: str, password: str | None = None) -> str:
     """`dsn` with its user (and password) replaced."""
     parts = urlsplit(dsn)
@@ -140,6 +152,8 @@ class Settings:
     grpc_deadline_seconds: float = env_field(env_float, "CUTY_GRPC_DEADLINE_SECONDS", 5)
     db_pool_min: int = env_field(env_int, "CUTY_DB_POOL_MIN", 2)
     db_pool_max: int = env_field(env_int, "CUTY_DB_POOL_MAX", 20)
+    # Reporting reads' own pool (lists, a salon's agenda): cutylib.db.reports.
+    db_reporting_pool_max: int = env_field(env_int, "CUTY_DB_REPORTING_POOL_MAX", 3)
     environment: str = env_field(env_str, "CUTY_ENV", "development")
     # Issue 10: one customer may not hoard a product's stock (code pool ReserveCodes).
     max_active_reservations: int = env_field(env_int, "CUTY_MAX_ACTIVE_RESERVATIONS", 3)

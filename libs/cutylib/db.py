@@ -83,7 +83,8 @@ def caller_scope(default: str | None) -> str | None:
 
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
                       acquire_timeout: float | None = DEFAULT_ACQUIRE_TIMEOUT_SECONDS,
-                      merchant: str | None = None, merchant_at_connect: bool = True, **kwargs: Any) -> asyncpg.Pool:
+                      merchant: str | None = None, merchant_at_connect: bool = True, reporting_max_size: int = 0,
+                      **kwargs: Any) -> asyncpg.Pool:
     """A pool whose sessions run in UTC with JSON codecs and no per-release reset round trip, and
     whose acquire gives up after `acquire_timeout` seconds (None: waits for ever).
 
@@ -92,7 +93,17 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
     the sessions get it once, as a startup parameter (no cost per statement; a direct connection
     only: PgBouncer in transaction mode refuses unknown startup parameters); without, each unit of
     work sends it with its BEGIN, and a single statement runs in a transaction that does, unless it
-    sets the merchant itself (`sets_its_merchant`)."""
+    sets the merchant itself (`sets_its_merchant`).
+
+    `reporting_max_size` > 0: a second pool of that size, the same in every other way and closed
+    with this one, for reporting reads (`reports(pool)`: lists, a salon's agenda). A burst of
+    reports then waits for its own few connections and never takes the ones a purchase needs."""
+    reporting = None
+    if reporting_max_size > 0:
+        app = kwargs.get("application_name", "cuty")
+        reporting = await create_pool(dsn, min_size=0, max_size=reporting_max_size, acquire_timeout=acquire_timeout,
+                                      merchant=merchant, merchant_at_connect=merchant_at_connect,
+                                      **{**kwargs, "application_name": f"{app}-reports"})
     server_settings = {"timezone": "UTC", "application_name": kwargs.pop("application_name", "cuty")}
     if merchant is not None and merchant_at_connect:
         server_settings[MERCHANT_SETTING] = merchant
@@ -108,7 +119,13 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 20,
     pool.acquire_timeout = acquire_timeout
     pool.merchant = merchant
     pool.session_merchant = server_settings.get(MERCHANT_SETTING)
+    pool.reporting = reporting
     return await pool
+
+
+def reports(pool: asyncpg.Pool) -> asyncpg.Pool:
+    """The pool reporting reads use: `pool`'s own reporting pool, else `pool` itself."""
+    return getattr(pool, "reporting", None) or pool
 
 
 class BoundedPool(asyncpg.Pool):
@@ -128,7 +145,19 @@ class BoundedPool(asyncpg.Pool):
     transaction of its own that sets it with its BEGIN (two round trips more: paths of staff and
     admins, and the service's own paths behind a transaction pooler)."""
 
-    __slots__ = ("acquire_timeout", "merchant", "session_merchant")
+    __slots__ = ("acquire_timeout", "merchant", "session_merchant", "reporting")
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            if getattr(self, "reporting", None) is not None:
+                await self.reporting.close()
+
+    def terminate(self) -> None:
+        super().terminate()
+        if getattr(self, "reporting", None) is not None:
+            self.reporting.terminate()
 
     def acquire(self, *, timeout: float | None = None):
         return super().acquire(timeout=self.acquire_timeout if timeout is None else timeout)
@@ -391,6 +420,10 @@ def migration_plan(migrations_dir: str | pathlib.Path, shared: bool = True) -> l
 # long transaction on the serving version would otherwise block every query on that table behind it.
 DEFAULT_MIGRATION_LOCK_TIMEOUT_SECONDS = 5.0
 DEFAULT_MIGRATION_LOCK_ATTEMPTS = 10
+# A migration may rewrite a large table or build an index: the roles' statement timeouts are for
+# requests and people, so the migration's session has a bound of its own
+# (CUTY_MIGRATION_STATEMENT_TIMEOUT, seconds; the migrate Jobs' activeDeadlineSeconds is the same hour).
+DEFAULT_MIGRATION_STATEMENT_TIMEOUT_SECONDS = 3600.0
 # First line of a migration that must run outside a transaction (CREATE INDEX CONCURRENTLY).
 NO_TRANSACTION = "-- cuty:no-transaction"
 
@@ -427,6 +460,8 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     conn = await asyncpg.connect(dsn)
     applied_now: list[str] = []
     try:
+        bound = env_float("CUTY_MIGRATION_STATEMENT_TIMEOUT", DEFAULT_MIGRATION_STATEMENT_TIMEOUT_SECONDS)
+        await conn.execute(f"SET statement_timeout = '{max(1, int(bound * 1000))}ms'")
         await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
         try:
             await conn.execute(MIGRATIONS_TABLE)
@@ -465,9 +500,6 @@ async def _apply_in_one_transaction(conn: asyncpg.Connection, plan: list[Migrati
     async with conn.transaction():
         await conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'")
         await conn.execute("SET LOCAL check_function_bodies = off")
-        # A migration may rewrite a large table: the role's statement timeout is for requests and
-        # people, not for this transaction.
-        await conn.execute("SET LOCAL statement_timeout = 0")
         # A function whose signature names a table's row type (RETURNS TABLE (h holds)) cannot
         # be created before that table, body checks or not: it waits for the versioned ones.
         deferred: list[MigrationFile] = []

@@ -1,7 +1,10 @@
 """Demo data for `make run`, and `make demo` against the running stack, all through the gateway:
 
-1. 50 buyers race for one slot: one wins, every loser is told at once and offered alternatives;
-   the winner pays and the booking completes.
+1. 50 buyers race for one slot: one wins, every loser is told at once and offered alternatives
+   (the first one held for them for 60 s); the winner pays and the booking completes.
+1d. A salon's real day: a service performed by two stylists inside their working hours; the free
+   times of the week; three customers check out the same time with any free stylist, the third
+   loses it, keeps the nearest other time held for them, and takes it with one call.
 2. A customer buys a code: create, pay, completed, the code shown to its buyer.
 3. The timeline of that payment, as support would read it.
 """
@@ -170,6 +173,9 @@ async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) 
     alts = {a["id"]: a for p in lost for a in p.get("alternatives", [])}
     for a in alts.values():
         print(f"   alternative offered: slot {a['id']} at {a.get('localStartTime')} (stylist {a.get('resourceId')})")
+    kept = [p["heldAlternative"] for p in lost if p.get("heldAlternative")]
+    print(f"   {len(kept)} of the {len(lost)} losers keep an alternative held for them for 60 s (the rest were "
+          f"told the free ones: there are fewer free slots nearby than losers)")
     if not won:
         return None
     head, co = won[0]
@@ -216,6 +222,48 @@ async def cancel_after_purchase(c: httpx.AsyncClient, head: dict, done: dict) ->
           f"the slot is bookable again")
 
 
+async def salon_day(c: httpx.AsyncClient, secret: str, demo: dict) -> None:
+    """Services and working hours (docs/booking.md): no slot rows, free times computed."""
+    admin = _admin(secret, SALON_MERCHANT)
+    salon = demo["salon_id"]
+    run = uuid.uuid4().hex[:6]
+    stylists = [_ok(await c.post(f"/v1/salons/{salon}/resources", json={"name": f"Stylist {n} {run}"},
+                                 headers=admin))["id"] for n in ("Ayşe", "Deniz")]
+    for rid in stylists:
+        _ok(await c.post(f"/v1/salons/{salon}/resources/{rid}:setWorkingHours", headers=admin, json={
+            "intervals": [{"weekday": d, "opens": "10:00", "closes": "19:00"} for d in range(1, 7)]}))
+    _ok(await c.post(f"/v1/salons/{salon}:setBookingSettings", headers=admin,
+                     json={"minNoticeMinutes": 60, "bookingHorizonDays": 60, "timeStepMinutes": 30}))
+    service = _ok(await c.post(f"/v1/salons/{salon}/services", headers=admin, json={
+        "name": f"Cut & style {run}", "durationMinutes": 45, "bufferAfterMinutes": 15, "resourceIds": stylists,
+        "price": {"currencyCode": "TRY", "amountMinor": "90000"}}))
+    day = _appointment(dt.time(10)).date()
+    while day.isoweekday() == 7:  # the stylists do not work on Sundays
+        day += dt.timedelta(days=1)
+    print(f"\n1d) service {service['name']!r} (45 min + 15 min after) by 2 stylists, Mon-Sat 10:00-19:00")
+    me = _auth(secret, f"day-{run}-0", "customer")
+    free = _ok(await c.get(f"/v1/salons/{salon}/services/{service['id']}/availability", headers=me,
+                           params={"startDay": day.isoformat(), "endDay": (day + dt.timedelta(days=6)).isoformat()}))
+    times = free["times"]
+    print(f"   availability for the week from {day}: {len(times)} free start times, e.g. "
+          + ", ".join(f"{t['localStartTime'][5:16]} ({len(t['resourceIds'])} free)" for t in times[:3]))
+    at = times[0]["startTime"]
+    for i in range(3):
+        who = _auth(secret, f"day-{run}-{i}", "customer", **{"Idempotency-Key": uuid.uuid4().hex})
+        r = await c.post("/v1/checkouts", json={"serviceId": service["id"], "startTime": at}, headers=who)
+        if r.status_code == 200:
+            print(f"   customer {i} checks out {times[0]['localStartTime'][11:16]} with any free stylist: "
+                  f"{r.json()['state']} (hold {r.json()['holdId']})")
+            continue
+        offer = r.json().get("heldAlternative") or {}
+        print(f"   customer {i}: {r.status_code} {r.json()['type']}; held for them until {offer.get('expireTime')}: "
+              f"{offer.get('startTime')} with stylist {offer.get('resourceId')}")
+        if offer:
+            took = _ok(await c.post("/v1/checkouts", json={"slotId": offer["slotId"]},
+                                    headers={**who, "Idempotency-Key": uuid.uuid4().hex}))
+            print(f"   customer {i} takes it with one call: checkout {took['id']} {took['state']} (hold {took['holdId']})")
+
+
 async def buy_code(c: httpx.AsyncClient, secret: str, demo: dict) -> tuple[str, str]:
     me = _auth(secret, "demo-customer", "customer")
     print(f"\n2) a customer buys one code of product {demo['product_id']}")
@@ -259,6 +307,7 @@ async def main_async() -> int:
             head, done = winner
             moved = await reschedule(c, secret, demo, head, done)
             await cancel_after_purchase(c, head, moved)
+        await salon_day(c, secret, demo)
         checkout_id, payment_id = await buy_code(c, secret, demo)
         if payment_id:
             await timeline(c, secret, payment_id)

@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from .config import DEV_JWT_SECRET, SERVICES, env_int, health_port_for
+from .config import (DEV_JWT_SECRET, SERVICES, WEBHOOKS_OUT_HEALTH_PORT, WEBHOOKS_OUT_METRICS_PORT, env_int,
+                     health_port_for)
 from .metrics import METRICS_PORTS
 from .tls import SERVICE_IDENTITIES
 
@@ -35,6 +36,7 @@ PYTHONPATH = os.pathsep.join(str(REPO / p) for p in (
 GRACE_SECONDS = 10.0
 # Each secret goes only to the process that holds it (docs/security.md); the PSP simulator signs
 # webhooks with the webhook secret, as the real PSP holds its copy.
+WEBHOOKS_OUT = "payments-webhooks-out"  # the webhook delivery process, `python -m payments webhooks-out`
 OWNED_SECRETS = {"CUTY_JWT_SECRET": {"gateway"}, "CUTY_CODE_KEYS": {"codepool"},
                  "CUTY_PSP_WEBHOOK_SECRET": {"payments", "pspsim"}, "CUTY_PSP_WEBHOOK_PREVIOUS_SECRETS": {"payments"}}
 
@@ -94,6 +96,16 @@ class DevStack:
             self.env[f"CUTY_{svc.upper()}_HEALTH_PORT"] = str(health)
             self.env.setdefault(f"CUTY_{svc.upper()}_ADDR", f"127.0.0.1:{port}")
             self.children.append(Child(svc, svc, health_port=health))
+        # The merchants' webhook delivery in a process of its own, as in Kubernetes (docs/webhooks-out.md,
+        # "A process of its own"): payments delivers nothing itself.
+        self.webhooks_out_health = int(e.get("CUTY_WEBHOOKS_OUT_HEALTH_PORT") or WEBHOOKS_OUT_HEALTH_PORT)
+        self.webhooks_out_metrics = int(e.get("CUTY_WEBHOOKS_OUT_METRICS_PORT") or WEBHOOKS_OUT_METRICS_PORT)
+        self.child("payments").env["CUTY_WEBHOOKS_OUT_WORKERS"] = "0"
+        self.children.append(Child(WEBHOOKS_OUT, "payments", health_port=self.webhooks_out_health,
+                                   command=[sys.executable, "-m", "payments", "webhooks-out"],
+                                   env={"CUTY_WEBHOOKS_OUT_WORKERS": e.get("CUTY_WEBHOOKS_OUT_WORKERS") or "2",
+                                        "CUTY_WEBHOOKS_OUT_HEALTH_PORT": str(self.webhooks_out_health),
+                                        "CUTY_WEBHOOKS_OUT_METRICS_PORT": str(self.webhooks_out_metrics)}))
         self.children.append(Child("gateway", "gateway", http_health=f"{self.gateway_url}/healthz"))
         self.tls = e.get("CUTY_TLS", "on").lower() != "off" and not e.get("CUTY_TLS_CERT")
         # Each process serves /metrics on a port of its own (cutylib.metrics).
@@ -117,6 +129,9 @@ class DevStack:
         for svc, port in self.metrics_ports.items():
             if port:
                 wanted[f"CUTY_{svc.upper()}_METRICS_PORT"] = port
+        wanted["CUTY_WEBHOOKS_OUT_HEALTH_PORT"] = self.webhooks_out_health
+        if self.webhooks_out_metrics:
+            wanted["CUTY_WEBHOOKS_OUT_METRICS_PORT"] = self.webhooks_out_metrics
         if self.prometheus_bin:
             wanted["CUTY_PROMETHEUS_PORT"] = self.prometheus_port
         busy = []
@@ -158,18 +173,21 @@ class DevStack:
         Only on the embedded cluster: with CUTY_DATABASE_URL the roles are yours to give."""
         import asyncio
 
-        from .config import db_role_for, with_database, with_user
+        from .config import WEBHOOKS_OUT_DB_ROLE, db_role_for, with_database, with_user
         from .db import ensure_service_role
 
         async def create() -> None:
-            for svc in SERVICES:
-                await ensure_service_role(self.cluster.dsn, db_role_for(svc))
+            for role in [db_role_for(s) for s in SERVICES] + [WEBHOOKS_OUT_DB_ROLE]:
+                await ensure_service_role(self.cluster.dsn, role)
         asyncio.run(create())
         self.env["CUTY_MIGRATION_DATABASE_URL"] = self.cluster.dsn
         for svc, (dbname, _) in SERVICES.items():
             self.env.setdefault(f"CUTY_{svc.upper()}_DATABASE_URL",
                                 with_user(with_database(self.cluster.dsn, dbname), db_role_for(svc)))
-        say("services connect as their own database roles (" + ", ".join(db_role_for(s) for s in SERVICES) + ")")
+        self.env.setdefault("CUTY_WEBHOOKS_OUT_DATABASE_URL", with_user(
+            with_database(self.cluster.dsn, SERVICES["payments"][0]), WEBHOOKS_OUT_DB_ROLE))
+        say("services connect as their own database roles (" + ", ".join(db_role_for(s) for s in SERVICES)
+            + f", {WEBHOOKS_OUT_DB_ROLE} for {WEBHOOKS_OUT})")
 
     def stop_postgres(self) -> None:
         if self.cluster is not None:
@@ -184,7 +202,8 @@ class DevStack:
         folder.mkdir(parents=True, exist_ok=True)
         rules = REPO / "deploy" / "observability" / "prometheus" / "rules" / "cuty.rules.yml"
         jobs = "".join(f"  - job_name: cuty-{svc}\n    static_configs: [{{targets: [\"127.0.0.1:{port}\"]}}]\n"
-                       for svc, port in self.metrics_ports.items() if port)
+                       for svc, port in [*self.metrics_ports.items(), ("webhooks-out", self.webhooks_out_metrics)]
+                       if port)
         (folder / "prometheus.yml").write_text(
             "# Written by `make run` (cutylib.devstack) for this stack's ports.\n"
             f"global: {{scrape_interval: 5s, evaluation_interval: 5s}}\nrule_files: [\"{rules}\"]\n"

@@ -22,6 +22,34 @@ SGD SHP SLE SLL SOS SRD SSP STN SVC SYP SZL THB TJS TMT TND TOP TRY TTD TWD TZS 
 UZS VED VES VND VUV WST XAF XCD XCG XOF XPF YER ZAR ZMW ZWG ZWL
 """.split())
 
+# ISO 4217 minor units where they are not 2 (JPY has no minor unit, KWD has three).
+MINOR_UNITS = {
+    **dict.fromkeys("BIF CLP DJF GNF ISK JPY KMF KRW PYG RWF UGX VND VUV XAF XOF XPF".split(), 0),
+    **dict.fromkeys("BHD IQD JOD KWD LYD OMR TND".split(), 3),
+}
+
+# What a unit of each currency is worth, as an order of magnitude: round(log10(units per euro)),
+# where it is not 0 (a lira: about 50 per euro -> 2; a rupiah: about 19,000 -> 4). Orders of
+# magnitude, not exchange rates: an entry changes when a currency moves tenfold, and bounds built
+# on it (booking's slot price ceiling) stay within a factor of about three of the same worth.
+VALUE_MAGNITUDE = {
+    **dict.fromkeys("AED BOB BRL BWP BYN CNY CUP CZK DKK ERN GEL GHS GTQ HKD HNL ILS LSL LYD MAD MDL MOP "
+                    "MVR MXN MYR NAD NOK PEN PGK PLN QAR RON SAR SBD SCR SEK SLE STN SVC SZL TJS TMT TND "
+                    "TTD WST ZAR ZMW".split(), 1),
+    **dict.fromkeys("AFN ALL BDT BTN CVE DJF DOP DZD EGP ETB GMD GYD HTG INR ISK JMD JPY KES KGS LRD MKD "
+                    "MRU MUR MZN NIO NPR PHP RSD RUB SRD THB TRY TWD UAH UYU VED VES VUV XPF YER ZWG".split(), 2),
+    **dict.fromkeys("AMD AOA ARS CDF CLP CRC HUF IQD KMF KPW KRW KZT LKR MWK MMK NGN PKR RWF SDG SOS TZS "
+                    "XAF XOF".split(), 3),
+    **dict.fromkeys("BIF COP GNF IDR KHR LAK MGA MNT PYG SLL SSP SYP UGX UZS VND ZWL".split(), 4),
+    **dict.fromkeys("IRR LBP".split(), 5),
+}
+
+
+def worth_of_euros_minor(currency: str, euros: int) -> int:
+    """About `euros` euros' worth of `currency` (an ISO 4217 code), in its minor units, to the
+    order of magnitude: a bound, never a price."""
+    return euros * 10 ** (VALUE_MAGNITUDE.get(currency, 0) + MINOR_UNITS.get(currency, 2))
+
 
 def require_currency(field: str, currency: str | None) -> str:
     """`currency` if it is an ISO 4217 code (upper case, as the wire spells it); InvalidArgument

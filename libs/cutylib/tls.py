@@ -14,6 +14,12 @@ Where the files come from, for a process whose identity is `name`:
   on first use by `make run`, the test harness or the first service that starts;
 - `CUTY_TLS=off`: plaintext, only when explicitly asked for and never in production. The caller's
   identity is then the `cuty-peer` metadata it declares: development only, and said so at start.
+
+The files are watched (`CertificateFiles`): cert-manager renews a certificate long before a pod
+ends, so a process re-reads them when they change (checked at most every `CUTY_TLS_RELOAD_SECONDS`,
+10) and uses the new ones without a restart. Servers hand them to grpc's dynamic server credentials
+(each new connection asks for the current ones); client channels made by `grpc_client` are
+recreated on the next call after a change (docs/security.md, "Rotation").
 """
 from __future__ import annotations
 
@@ -23,11 +29,13 @@ import logging
 import os
 import pathlib
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 
 import grpc
 
-from .config import env_str
+from .config import env_float, env_str
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +56,135 @@ class TlsFiles:
 
 
 @dataclass(frozen=True)
+class TlsPaths:
+    """Where an identity's PEM files are: the trusted CA files, its certificate and its key."""
+    ca: tuple[str, ...]
+    cert: str
+    key: str
+
+    @classmethod
+    def of(cls, ca: str, cert: str, key: str) -> "TlsPaths":
+        return cls(tuple(p.strip() for p in ca.split(",") if p.strip()), cert, key)
+
+    def all(self) -> tuple[str, ...]:
+        return (*self.ca, self.cert, self.key)
+
+
+def _stamp(paths: TlsPaths) -> tuple:
+    """What tells a changed file: inode, modification time and size of each (symbolic links
+    followed, so a Kubernetes Secret volume's swap of its `..data` link counts)."""
+    out = []
+    for path in paths.all():
+        st = os.stat(path)
+        out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def load_files(identity: str, paths: TlsPaths) -> TlsFiles:
+    """The identity's files as they are now; ValueError when they do not make a usable set (the key
+    is not the certificate's, a file holds no PEM), as while a rotation has written one of them."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    ca = b"".join(pathlib.Path(p).read_bytes().rstrip(b"\n") + b"\n" for p in paths.ca)
+    cert, key = pathlib.Path(paths.cert).read_bytes(), pathlib.Path(paths.key).read_bytes()
+    if not x509.load_pem_x509_certificates(ca):
+        raise ValueError("no CA certificate in " + ", ".join(paths.ca))
+    leaf = x509.load_pem_x509_certificates(cert)[0]
+    private = serialization.load_pem_private_key(key, None)
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if private.public_key().public_bytes(serialization.Encoding.DER, spki) != \
+            leaf.public_key().public_bytes(serialization.Encoding.DER, spki):
+        raise ValueError(f"the key in {paths.key} is not the one of the certificate in {paths.cert}")
+    return TlsFiles(identity, ca, cert, key)
+
+
+class CertificateFiles:
+    """An identity's files, re-read when they change.
+
+    `current()` answers (generation, files) at once; at most every `check_seconds` it first looks
+    at the files' inodes, times and sizes, and re-reads them when those moved. A set that does not
+    fit together yet (a rotation wrote the key but not the certificate) is not taken: the current
+    one stays and the files are looked at again next time. Thread-safe: grpc's core asks for the
+    server's files from its own threads."""
+
+    def __init__(self, identity: str, paths: TlsPaths, *, check_seconds: float | None = None):
+        self.identity, self.paths = identity, paths
+        self.check_seconds = env_float("CUTY_TLS_RELOAD_SECONDS", 10.0) if check_seconds is None else check_seconds
+        self._lock = threading.Lock()
+        try:
+            self._stamp = _stamp(paths)
+            self._state = (0, load_files(identity, paths))
+        except OSError as e:
+            raise SystemExit(f"cannot read {e.filename}: {e.strerror}") from None
+        except ValueError as e:
+            raise SystemExit(f"unusable TLS files for {identity}: {e}") from None
+        self._next_check = time.monotonic() + self.check_seconds
+
+    def current(self) -> tuple[int, TlsFiles]:
+        if time.monotonic() >= self._next_check:
+            self.check()
+        return self._state
+
+    def check(self) -> bool:
+        """Re-read the files if they changed; True when a new set was taken."""
+        with self._lock:
+            self._next_check = time.monotonic() + self.check_seconds
+            try:
+                stamp = _stamp(self.paths)
+                if stamp == self._stamp:
+                    return False
+                files = load_files(self.identity, self.paths)
+            except (OSError, ValueError) as e:
+                log.warning("TLS files changed but cannot be used (yet); keeping the current ones",
+                            extra={"identity": self.identity, "error": str(e)})
+                return False
+            generation = self._state[0] + 1
+            self._stamp, self._state = stamp, (generation, files)
+        log.info("TLS certificate reloaded", extra={"identity": self.identity, "generation": generation,
+                                                    "not_after": _not_after(files.cert)})
+        return True
+
+
+def _not_after(cert_pem: bytes) -> str:
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificates(cert_pem)[0].not_valid_after_utc.isoformat()
+
+
 class Transport:
-    """How one process speaks gRPC: mutual TLS as `identity`, or plaintext (development only)."""
-    identity: str
-    files: TlsFiles | None  # None: plaintext
+    """How one process speaks gRPC: mutual TLS as `identity`, or plaintext (development only).
+
+    `Transport(identity, files)` uses fixed PEM bytes (tests, benchmarks); `from_env` watches the
+    files it was pointed at (`CertificateFiles`), so `files` and `generation` follow a rotation."""
+
+    __slots__ = ("identity", "_files", "source")
+
+    def __init__(self, identity: str, files: TlsFiles | None, *, source: CertificateFiles | None = None):
+        self.identity = identity
+        self._files = files
+        self.source = source
 
     @property
     def secure(self) -> bool:
-        return self.files is not None
+        return self._files is not None or self.source is not None
+
+    @property
+    def files(self) -> TlsFiles | None:
+        return self.source.current()[1] if self.source is not None else self._files
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the files do (always 0 for fixed files or plaintext)."""
+        return self.source.current()[0] if self.source is not None else 0
 
     @classmethod
     def plaintext(cls, identity: str) -> "Transport":
         return cls(identity, None)
+
+    @classmethod
+    def watching(cls, identity: str, paths: TlsPaths) -> "Transport":
+        return cls(identity, None, source=CertificateFiles(identity, paths))
 
     @classmethod
     def from_env(cls, identity: str) -> "Transport":
@@ -79,18 +204,38 @@ class Transport:
             missing = [n for n, v in (("CUTY_TLS_CA", ca), ("CUTY_TLS_CERT", cert), ("CUTY_TLS_KEY", key)) if not v]
             if missing:
                 raise SystemExit(f"incomplete TLS settings: {', '.join(missing)} not set")
-            return cls(identity, TlsFiles(identity, read_bundle(ca), _read(cert), _read(key)))
+            return cls.watching(identity, TlsPaths.of(ca, cert, key))
         if environment == "production":
             raise SystemExit("refusing to start with CUTY_ENV=production without CUTY_TLS_CA, CUTY_TLS_CERT "
                              "and CUTY_TLS_KEY (mutual TLS between services)")
-        return cls(identity, DevPki.default().files(identity))
+        return cls.watching(identity, DevPki.default().paths(identity))
 
     # Server side ----------------------------------------------------------------------------------
     def add_port(self, server: grpc.aio.Server, address: str) -> int:
-        if self.files is None:
+        if not self.secure:
             return server.add_insecure_port(address)
-        creds = grpc.ssl_server_credentials([(self.files.key, self.files.cert)],
-                                            root_certificates=self.files.ca, require_client_auth=True)
+        if self.source is None:
+            files = self.files
+            creds = grpc.ssl_server_credentials([(files.key, files.cert)], root_certificates=files.ca,
+                                                require_client_auth=True)
+            return server.add_secure_port(address, creds)
+        source, served = self.source, [-1]
+
+        def configuration(files: TlsFiles):
+            return grpc.ssl_server_certificate_configuration([(files.key, files.cert)], root_certificates=files.ca)
+
+        def fetch():
+            # Called by grpc's core before each new connection's handshake, from its own threads:
+            # the current files when they changed since last answered, else None (keep them).
+            generation, files = source.current()
+            if generation == served[0]:
+                return None
+            served[0] = generation
+            return configuration(files)
+
+        generation, files = source.current()
+        served[0] = generation
+        creds = grpc.dynamic_ssl_server_credentials(configuration(files), fetch, require_client_authentication=True)
         return server.add_secure_port(address, creds)
 
     # Client side ----------------------------------------------------------------------------------
@@ -103,16 +248,17 @@ class Transport:
         keepalive pings find a dead connection before a call does (docs/deploy.md)."""
         options = [("grpc.lb_policy_name", "round_robin"), ("grpc.keepalive_time_ms", 30_000),
                    ("grpc.keepalive_timeout_ms", 10_000), *(options or [])]
-        if self.files is None:
+        files = self.files
+        if files is None:
             return grpc.aio.insecure_channel(addr, options=options, interceptors=interceptors)
-        creds = grpc.ssl_channel_credentials(root_certificates=self.files.ca, private_key=self.files.key,
-                                             certificate_chain=self.files.cert)
+        creds = grpc.ssl_channel_credentials(root_certificates=files.ca, private_key=files.key,
+                                             certificate_chain=files.cert)
         options.append(("grpc.ssl_target_name_override", target))
         return grpc.aio.secure_channel(addr, creds, options=options, interceptors=interceptors)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """What the client adds to every call: its declared identity, in plaintext mode only."""
-        return () if self.files is not None else ((PEER_KEY, self.identity),)
+        return () if self.secure else ((PEER_KEY, self.identity),)
 
 
 def peer_service(context: grpc.aio.ServicerContext, metadata) -> str | None:
@@ -127,18 +273,6 @@ def peer_service(context: grpc.aio.ServicerContext, metadata) -> str | None:
         if k == PEER_KEY:
             return v.decode() if isinstance(v, bytes) else v
     return None
-
-
-def _read(path: str) -> bytes:
-    try:
-        return pathlib.Path(path).read_bytes()
-    except OSError as e:
-        raise SystemExit(f"cannot read {path}: {e.strerror}") from None
-
-
-def read_bundle(paths: str) -> bytes:
-    """Several CA files (comma separated) as one PEM bundle: all are trusted (rotation)."""
-    return b"".join(_read(p.strip()).rstrip(b"\n") + b"\n" for p in paths.split(",") if p.strip())
 
 
 # Development PKI ----------------------------------------------------------------------------------
@@ -189,6 +323,10 @@ class DevPki:
 
             ensure_dev_signing_key(self.folder)
         return self
+
+    def paths(self, identity: str) -> TlsPaths:
+        self.ensure((identity,))
+        return TlsPaths((str(self.ca_path),), str(self.cert_path(identity)), str(self.key_path(identity)))
 
     def files(self, identity: str) -> TlsFiles:
         self.ensure((identity,))

@@ -103,13 +103,13 @@ def service_roles(admin_dsn: str) -> None:
 
 async def ensure_service_roles(admin_dsn: str) -> None:
     """`service_roles`, from a running event loop."""
-    from ..config import SERVICES, db_role_for
+    from ..config import SERVICES, WEBHOOKS_OUT_DB_ROLE, db_role_for
     from ..db import ensure_service_role
 
     if os.environ.get("CUTY_TEST_DB_ROLE", "service") == "owner":
         return
-    for service in SERVICES:
-        await ensure_service_role(admin_dsn, db_role_for(service))
+    for role in [db_role_for(s) for s in SERVICES] + [WEBHOOKS_OUT_DB_ROLE]:
+        await ensure_service_role(admin_dsn, role)
 
 
 def _start_test_postgres() -> TestPostgres:

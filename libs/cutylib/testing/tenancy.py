@@ -14,16 +14,25 @@ import asyncpg
 
 from ..db import MERCHANT_SETTING
 
-# Tables with a merchant_id column, and whether RLS is enabled and forced on them with a policy.
+# Tables with a merchant_id column, and whether RLS is enabled and forced on them with a policy. A
+# partitioned table counts once, as the table the services name (its partitions: PARTITIONS_RLS).
 TENANT_TABLES = """
 SELECT c.relname AS table, c.relrowsecurity AS enabled, c.relforcerowsecurity AS forced,
        EXISTS (SELECT 1 FROM pg_policy p WHERE p.polrelid = c.oid) AS has_policy
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'public'
-WHERE c.relkind = 'r'
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
   AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'merchant_id'
                                              AND NOT a.attisdropped)
 ORDER BY c.relname
+"""
+# The partitions of merchants' tables: each is a table the services' role may name, so each keeps the
+# policy (cuty_partitions_ahead, cuty_tenant_rls). A row is a partition without it.
+PARTITIONS_WITHOUT_RLS = """
+SELECT c.relname AS table
+FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid JOIN pg_class parent ON parent.oid = i.inhparent
+WHERE c.relnamespace = 'public'::regnamespace AND parent.relrowsecurity
+  AND NOT (c.relrowsecurity AND c.relforcerowsecurity AND EXISTS (SELECT 1 FROM pg_policy p WHERE p.polrelid = c.oid))
 """
 
 

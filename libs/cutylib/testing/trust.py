@@ -21,7 +21,7 @@ from ..grpc_client import create_channel
 from ..identity import SIGNING_KEY_FILE, AssertionSigner
 from ..principal import Principal
 from ..tenancy import MERCHANT_ROLES
-from ..tls import DEV_DIR, PAYMENTS, DevPki, Transport
+from ..tls import DEV_DIR, PAYMENTS, DevPki, Transport, _write, issue
 
 PREFERENCE = (PAYMENTS, "gateway", "codepool", "booking")
 
@@ -60,6 +60,26 @@ def user(subject: str, role: str, org: str | None = None, *, pki: DevPki | None 
 def transport_as(identity: str, pki: DevPki | None = None, *, secure: bool = True) -> Transport:
     """`identity`'s mutual TLS, or (`secure=False`, for servers run with CUTY_TLS=off) plaintext."""
     return Transport(identity, (pki or dev_pki()).files(identity)) if secure else Transport.plaintext(identity)
+
+
+def trust_cas(pki: DevPki, *cas: DevPki) -> None:
+    """A CA rotation's trust step: `pki`'s trust bundle (ca.crt) becomes the CAs of `cas`."""
+    _write(pki.ca_path, b"".join(ca.ca_path.read_bytes() for ca in cas))
+
+
+def reissue(pki: DevPki, identity: str, ca: DevPki, *, key_only: bool = False) -> bytes:
+    """`identity`'s key and certificate in `pki`'s folder replaced by new ones from `ca`, the key
+    first; with `key_only`, the certificate is not written but returned (a rotation caught half
+    way: `write_cert` finishes it)."""
+    key, cert = issue(ca.ca_key(), ca.ca_path.read_bytes(), identity)
+    _write(pki.key_path(identity), key)
+    if not key_only:
+        _write(pki.cert_path(identity), cert)
+    return cert
+
+
+def write_cert(pki: DevPki, identity: str, cert: bytes) -> None:
+    _write(pki.cert_path(identity), cert)
 
 
 def channel_as(identity: str, addr: str, target: str, *, pki: DevPki | None = None,

@@ -11,7 +11,7 @@ from cutylib.listen import listen
 
 from . import taken
 from .grpc_api import CALLERS, BookingApi
-from .service import BookingService
+from .service import BookingService, ScheduleService
 from .workers import Sweeper
 
 SERVICE = booking_pb2.DESCRIPTOR.services_by_name["BookingService"]
@@ -26,7 +26,8 @@ async def create_booking_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
                              application_name="cuty-booking", merchant=ALL_MERCHANTS, merchant_at_connect=False,
                              max_inactive_connection_lifetime=0,
-                             acquire_timeout=settings.db_acquire_timeout_seconds)
+                             acquire_timeout=settings.db_acquire_timeout_seconds,
+                             reporting_max_size=settings.db_reporting_pool_max)
 
 
 async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0, host: str = "127.0.0.1",
@@ -38,7 +39,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     """
     server = GrpcServer("booking", port, host=host)
     service = BookingService(pool, settings)
-    booking_pb2_grpc.add_BookingServiceServicer_to_server(BookingApi(service), server.server)
+    booking_pb2_grpc.add_BookingServiceServicer_to_server(BookingApi(service, ScheduleService(pool)), server.server)
     server.add_service(SERVICE, CALLERS)
     server.add_background(lambda: listen(pool, taken.NOTIFY_CHANNEL, service.taken.freed,
                                          on_listening=service.taken.listening))

@@ -15,7 +15,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from cutylib import paging, tenancy
 from cutylib.errors import InvalidArgument, PermissionDenied
 from cutylib.fields import parse_uuid
-from cutylib.money import require_money
+from cutylib.money import require_money, worth_of_euros_minor
 from cutylib.principal import Principal
 
 
@@ -26,10 +26,15 @@ MAX_NAME = 200
 MAX_KEY = 200  # customer ids, request ids, payment refs: opaque strings chosen by callers
 MAX_BATCH = 1000
 MAX_LIST_WINDOW = timedelta(days=93)
-# A slot's price at the most, in minor units (one million in a currency of cents). An admin's typo
-# or worse would otherwise be a price any card could be asked for: a customer buying the slot, or
-# moving a booking to it (docs/security.md, "Who may spend a customer's card").
-MAX_SLOT_PRICE_MINOR = 100_000_000
+# A slot's price at the most: about a million euros' worth in its currency (cutylib.money: one
+# number of minor units for every currency would be 52 EUR in rupiah and a fortune in dinars). An
+# admin's typo or worse would otherwise be a price any card could be asked for: a customer buying
+# the slot, or moving a booking to it (docs/security.md, "Who may spend a customer's card").
+MAX_SLOT_PRICE_EUROS = 1_000_000
+
+
+def max_slot_price_minor(currency: str) -> int:
+    return worth_of_euros_minor(currency, MAX_SLOT_PRICE_EUROS)
 DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE = 100, 500
 ADMIN_ROLES = ("admin", "system")
 # Postgres and zoneinfo both list these, but none is a place: a salon's zone must be one.
@@ -45,6 +50,10 @@ class Salon:
     # Issue 12: the cancellation policy (docs/booking.md, "Cancellation policy").
     free_cancellation_hours: int = 24
     cancellation_fee_percent: int = 0
+    # Booking settings of services (docs/booking.md, "Services and working hours").
+    min_notice_minutes: int = 60
+    booking_horizon_days: int = 90
+    time_step_minutes: int = 15
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class Slot:
     currency: str
     time_zone: str
     available: bool
+    service_id: uuid.UUID | None = None  # a service slot (resource_id None: any able resource)
 
     @property
     def local_start_time(self) -> str:
@@ -94,6 +104,10 @@ class Hold:
     cancellation_fee_percent: int = 0
     # Issue 12: the payment a booking cancelled after purchase had been confirmed with ("" if none).
     cancelled_payment_ref: str = ""
+    service_id: uuid.UUID | None = None
+    buffer_before_minutes: int = 0
+    buffer_after_minutes: int = 0
+    offered: bool = False  # a short hold offered to a race loser (docs/booking.md)
 
 
 @dataclass(frozen=True)
@@ -192,9 +206,10 @@ def slot_draft(index: int, resource_id: str, start: datetime | None, end: dateti
         raise InvalidArgument(f"{f}.end_time", f"{f}.end_time must be after start_time "
                                                f"({start_utc.isoformat()}), got {end_utc.isoformat()}")
     cur, amount = require_money(f"{f}.price", currency, amount_minor)
-    if amount > MAX_SLOT_PRICE_MINOR:
-        raise InvalidArgument(f"{f}.price.amount_minor", f"{f}.price.amount_minor must be at most "
-                                                         f"{MAX_SLOT_PRICE_MINOR} (minor units), got {amount}")
+    top = max_slot_price_minor(cur)
+    if amount > top:
+        raise InvalidArgument(f"{f}.price.amount_minor", f"{f}.price.amount_minor must be at most {top} "
+                                                         f"(minor units of {cur}), got {amount}")
     return SlotDraft(index, rid, start_utc, end_utc, amount, cur)
 
 
@@ -228,6 +243,14 @@ def extension_seconds(requested: int, maximum: int) -> int:
         return maximum
     if not 0 < requested <= maximum:
         raise InvalidArgument("seconds", f"seconds must be between 1 and {maximum} (or 0 for {maximum}), got {requested}")
+    return requested
+
+
+def offer_seconds(requested: int, maximum: int) -> int:
+    """HoldSlot's offer_seconds: how long a loser's alternative is held for them (0: not at all),
+    never longer than a hold."""
+    if not 0 <= requested <= maximum:
+        raise InvalidArgument("offer_seconds", f"offer_seconds must be between 0 and {maximum}, got {requested}")
     return requested
 
 

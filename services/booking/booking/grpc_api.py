@@ -5,7 +5,7 @@ cutylib's interceptor turns them into statuses with details.
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import grpc
 
@@ -18,9 +18,9 @@ from cutylib.fields import parse_uuid
 from cutylib.timestamps import optional_instant, to_timestamp
 from cutylib.tls import GATEWAY, PAYMENTS
 
-from . import domain
+from . import domain, schedule
 from .domain import Hold, Salon, Slot
-from .service import BookingService, SlotTaken
+from .service import BookingService, ScheduleService, SlotTaken
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
 # The catalogue is the gateway's (admins and signed-in users); holds are the orchestrator's alone.
@@ -31,6 +31,8 @@ CALLERS = {
     "ListSlots": {GATEWAY}, "GetSlot": {PAYMENTS}, "ListBookings": {GATEWAY},
     "HoldSlot": {PAYMENTS}, "ConfirmHold": {PAYMENTS}, "ReleaseHold": {PAYMENTS}, "ExtendHold": {PAYMENTS},
     "GetHold": {PAYMENTS}, "CancelBooking": {PAYMENTS},
+    "CreateService": {GATEWAY}, "ListServices": {GATEWAY}, "SetWorkingHours": {GATEWAY}, "SetHoursOverride": {GATEWAY},
+    "SetBookingSettings": {GATEWAY}, "GetAvailability": {GATEWAY}, "GetServiceSlot": {PAYMENTS},
 }
 
 _STATUS = {
@@ -42,11 +44,15 @@ _STATUS = {
 
 
 
+def _id(value) -> str:
+    return "" if value is None else str(value)
+
+
 def slot_pb(s: Slot) -> pb.Slot:
-    return pb.Slot(id=str(s.id), resource_id=str(s.resource_id), salon_id=str(s.salon_id),
+    return pb.Slot(id=str(s.id), resource_id=_id(s.resource_id), salon_id=str(s.salon_id),
                    start_time=to_timestamp(s.start_time), end_time=to_timestamp(s.end_time), local_start_time=s.local_start_time,
                    price=common_pb2.Money(currency_code=s.currency, amount_minor=s.price_minor),
-                   available=s.available)
+                   available=s.available, service_id=_id(s.service_id))
 
 
 def hold_pb(h: Hold) -> pb.Hold:
@@ -56,13 +62,24 @@ def hold_pb(h: Hold) -> pb.Hold:
                    payment_ref=h.payment_ref, extended=h.extended, create_time=to_timestamp(h.created_at),
                    request_id=h.request_id, merchant_id=h.merchant_id, salon_id=str(h.salon_id),
                    free_cancellation_hours=h.free_cancellation_hours,
-                   cancellation_fee_percent=h.cancellation_fee_percent)
+                   cancellation_fee_percent=h.cancellation_fee_percent, service_id=_id(h.service_id),
+                   buffer_before_minutes=h.buffer_before_minutes, buffer_after_minutes=h.buffer_after_minutes,
+                   offered=h.offered)
 
 
 def salon_pb(salon: Salon) -> pb.Salon:
     return pb.Salon(id=str(salon.id), name=salon.name, time_zone=salon.time_zone, merchant_id=salon.merchant_id,
                     free_cancellation_hours=salon.free_cancellation_hours,
-                    cancellation_fee_percent=salon.cancellation_fee_percent)
+                    cancellation_fee_percent=salon.cancellation_fee_percent,
+                    min_notice_minutes=salon.min_notice_minutes, booking_horizon_days=salon.booking_horizon_days,
+                    time_step_minutes=salon.time_step_minutes)
+
+
+def service_pb(s: schedule.Service) -> pb.Service:
+    return pb.Service(id=str(s.id), salon_id=str(s.salon_id), name=s.name, duration_minutes=s.duration_minutes,
+                      price=common_pb2.Money(currency_code=s.currency, amount_minor=s.price_minor),
+                      buffer_before_minutes=s.buffer_before_minutes, buffer_after_minutes=s.buffer_after_minutes,
+                      resource_ids=[str(r) for r in s.resource_ids])
 
 
 def booking_pb(h: Hold, time_zone: str) -> pb.Booking:
@@ -74,8 +91,9 @@ def booking_pb(h: Hold, time_zone: str) -> pb.Booking:
 
 
 class BookingApi(booking_pb2_grpc.BookingServiceServicer):
-    def __init__(self, service: BookingService):
+    def __init__(self, service: BookingService, schedule_service: ScheduleService):
         self.service = service
+        self.schedule = schedule_service
 
     # --- catalog ---------------------------------------------------------------------------------
 
@@ -153,11 +171,13 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         caller = principal.current()
         customer_id = domain.hold_customer(caller, request.customer_id)
         request_id = domain.require_key("request_id", request.request_id)
+        offer_seconds = domain.offer_seconds(request.offer_seconds, self.service.settings.hold_ttl_seconds)
         try:
-            hold = await self.service.hold_slot(caller, slot_id, customer_id, request_id)
+            hold = await self.service.hold_slot(caller, slot_id, customer_id, request_id, offer_seconds)
         except SlotTaken as e:
             raise AlreadyExists(e.message, reason=e.reason, detail=pb.SlotUnavailable(
-                slot_id=str(e.slot_id), alternatives=[slot_pb(s) for s in e.alternatives])) from None
+                slot_id=str(e.slot_id), alternatives=[slot_pb(s) for s in e.alternatives],
+                held_alternative=hold_pb(e.offer) if e.offer else None)) from None
         return hold_pb(hold)
 
     async def ConfirmHold(self, request: pb.ConfirmHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
@@ -184,3 +204,82 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
     async def GetHold(self, request: pb.GetHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         hold_id = parse_uuid("hold_id", request.hold_id)
         return hold_pb(await self.service.get_hold(principal.current(), hold_id))
+
+    # --- services and working hours ----------------------------------------------------------------
+
+    async def CreateService(self, request: pb.CreateServiceRequest, context: grpc.aio.ServicerContext) -> pb.Service:
+        caller = principal.current()
+        domain.require_admin(caller)
+        salon_id = parse_uuid("salon_id", request.salon_id)
+        price = request.price if request.HasField("price") else None
+        draft = schedule.service_draft(request.name, request.duration_minutes, price.currency_code if price else None,
+                                       price.amount_minor if price else None, request.buffer_before_minutes,
+                                       request.buffer_after_minutes, list(request.resource_ids))
+        return service_pb(await self.schedule.create_service(caller, salon_id, draft))
+
+    async def ListServices(self, request: pb.ListServicesRequest,
+                           context: grpc.aio.ServicerContext) -> pb.ListServicesResponse:
+        caller = principal.current()
+        tenancy.merchant_filter(caller)
+        salon_id = parse_uuid("salon_id", request.salon_id)
+        found, token = await self.schedule.list_services(caller, salon_id, request.page_size, request.page_token)
+        return pb.ListServicesResponse(services=[service_pb(s) for s in found], next_page_token=token)
+
+    async def SetWorkingHours(self, request: pb.SetWorkingHoursRequest,
+                              context: grpc.aio.ServicerContext) -> pb.WorkingHours:
+        caller = principal.current()
+        domain.require_admin(caller)
+        salon_id = parse_uuid("salon_id", request.salon_id)
+        resource_id = parse_uuid("resource_id", request.resource_id)
+        week = schedule.weekly_hours([(i.weekday, i.opens, i.closes) for i in request.intervals])
+        await self.schedule.set_working_hours(caller, salon_id, resource_id, week)
+        return pb.WorkingHours(resource_id=str(resource_id), intervals=[
+            pb.WeeklyInterval(weekday=i.weekday, opens=i.opens, closes=i.closes) for i in week])
+
+    async def SetHoursOverride(self, request: pb.SetHoursOverrideRequest,
+                               context: grpc.aio.ServicerContext) -> pb.HoursOverride:
+        caller = principal.current()
+        domain.require_admin(caller)
+        salon_id = parse_uuid("salon_id", request.salon_id)
+        resource_id = parse_uuid("resource_id", request.resource_id) if request.resource_id else None
+        day, closed, intervals = schedule.day_override(request.day, request.closed,
+                                                       [(i.opens, i.closes) for i in request.intervals])
+        await self.schedule.set_hours_override(caller, salon_id, resource_id, day, closed, intervals)
+        return pb.HoursOverride(salon_id=str(salon_id), resource_id=_id(resource_id), day=day.isoformat(),
+                                closed=closed,
+                                intervals=[pb.TimeInterval(opens=i.opens, closes=i.closes) for i in intervals])
+
+    async def SetBookingSettings(self, request: pb.SetBookingSettingsRequest,
+                                 context: grpc.aio.ServicerContext) -> pb.Salon:
+        caller = principal.current()
+        caller.require_role("admin")  # of the salon's merchant (the update filters by it)
+        tenancy.owning_merchant(caller)
+        salon_id = parse_uuid("salon_id", request.salon_id)
+        change = schedule.settings_change(
+            request.min_notice_minutes if request.HasField("min_notice_minutes") else None,
+            request.booking_horizon_days if request.HasField("booking_horizon_days") else None,
+            request.time_step_minutes if request.HasField("time_step_minutes") else None)
+        return salon_pb(await self.schedule.set_booking_settings(caller, salon_id, change))
+
+    async def GetAvailability(self, request: pb.GetAvailabilityRequest,
+                              context: grpc.aio.ServicerContext) -> pb.GetAvailabilityResponse:
+        caller = principal.current()
+        tenancy.merchant_filter(caller)
+        salon_id = parse_uuid("salon_id", request.salon_id)
+        service_id = parse_uuid("service_id", request.service_id)
+        resource_id = parse_uuid("resource_id", request.resource_id) if request.resource_id else None
+        start, end = schedule.day_range(request.start_day, request.end_day)
+        time_zone, minutes, times, token = await self.schedule.availability(
+            caller, salon_id, service_id, resource_id, start, end, request.page_size, request.page_token)
+        length = timedelta(minutes=minutes)
+        return pb.GetAvailabilityResponse(time_zone=time_zone, next_page_token=token, times=[
+            pb.AvailableTime(start_time=to_timestamp(t.start_time), end_time=to_timestamp(t.start_time + length),
+                             local_start_time=domain.local_time(t.start_time, time_zone),
+                             resource_ids=[str(r) for r in t.resource_ids]) for t in times])
+
+    async def GetServiceSlot(self, request: pb.GetServiceSlotRequest, context: grpc.aio.ServicerContext) -> pb.Slot:
+        caller = principal.current()
+        service_id = parse_uuid("service_id", request.service_id)
+        resource_id = parse_uuid("resource_id", request.resource_id) if request.resource_id else None
+        start = domain.require_instant("start_time", optional_instant(request, "start_time"))
+        return slot_pb(await self.schedule.service_slot(caller, service_id, resource_id, start))

@@ -24,6 +24,10 @@ class BookingMetrics(Metrics):
         self.holds_taken_over = self.counter(
             "cuty_booking_expired_holds_taken_over_total",
             "Expired holds that a new HoldSlot retired before the sweeper did (expired holds never block)")
+        self.offers_made = self.counter(
+            "cuty_booking_offers_made_total", "Race losers for whom an alternative was held at once (a short hold)")
+        self.offers_accepted = self.counter(
+            "cuty_booking_offers_accepted_total", "Alternatives held for a race loser that the loser then took")
         self.holds_swept = self.counter("cuty_booking_holds_swept_total", "Expired holds marked expired by the sweeper")
         self.sweeps = self.counter("cuty_booking_sweeps_total", "Sweeper rounds")
         # outcome: confirmed | reacquired (expired, time still free) | hold_lost (expired and taken)

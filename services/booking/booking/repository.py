@@ -31,7 +31,8 @@ Db = Union[asyncpg.Connection, asyncpg.Pool]
 
 # --- salons and resources ------------------------------------------------------------------------
 
-_SALON_COLUMNS = "id, name, time_zone, merchant_id, free_cancellation_hours, cancellation_fee_percent"
+_SALON_COLUMNS = ("id, name, time_zone, merchant_id, free_cancellation_hours, cancellation_fee_percent, "
+                  "min_notice_minutes, booking_horizon_days, time_step_minutes")
 INSERT_SALON = ("INSERT INTO salons (id, merchant_id, name, time_zone, free_cancellation_hours, "
                 f"cancellation_fee_percent) VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_SALON_COLUMNS}")
 GET_SALON = (f"SELECT {_SALON_COLUMNS} FROM salons "
@@ -74,7 +75,8 @@ class Salons:
 
 def salon_from(r: Any) -> Salon:
     return Salon(r["id"], r["name"], r["time_zone"], r["merchant_id"], r["free_cancellation_hours"],
-                 r["cancellation_fee_percent"])
+                 r["cancellation_fee_percent"], r["min_notice_minutes"], r["booking_horizon_days"],
+                 r["time_step_minutes"])
 
 
 class Resources:
@@ -97,7 +99,7 @@ SLOT_AVAILABLE = """(s.start_time > clock_timestamp() AND NOT EXISTS (
        AND h.during && tstzrange(s.start_time, s.end_time)
        AND (h.status = 'confirmed' OR h.expires_at > clock_timestamp())))"""
 
-SLOT_COLUMNS = "s.id, s.salon_id, s.resource_id, s.start_time, s.end_time, s.price_minor, s.currency"
+SLOT_COLUMNS = "s.id, s.salon_id, s.resource_id, s.start_time, s.end_time, s.price_minor, s.currency, s.service_id"
 
 # Only slots whose resource belongs to the salon ($8 is its merchant) are inserted; the caller
 # compares counts. A new slot may overlap a hold of an existing, longer one on its chair, hence
@@ -121,6 +123,8 @@ SELECT sa.time_zone, sl.*
           SELECT {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
             FROM slots s
            WHERE s.merchant_id = sa.merchant_id AND s.salon_id = sa.id AND s.start_time >= $2 AND s.start_time < $3
+             -- explicit slots only: service slots are names for computed times (GetAvailability)
+             AND s.service_id IS NULL
              -- keyset paging: after the previous page's last slot ($5 NULL: the first page)
              AND ($5::timestamptz IS NULL OR (s.start_time, s.resource_id, s.id) > ($5, $6::uuid, $7::uuid))
       ) x
@@ -140,7 +144,7 @@ SELECT sa.time_zone, {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
 
 def slot_from(r: Any, time_zone: str, available: bool) -> Slot:
     return Slot(r["id"], r["salon_id"], r["resource_id"], r["start_time"], r["end_time"], r["price_minor"],
-                r["currency"], time_zone, available)
+                r["currency"], time_zone, available, r["service_id"])
 
 
 class Slots:
@@ -183,8 +187,8 @@ class Slots:
 
 # booking_take_hold and booking_confirm_hold (migrations/functions/) decide in one round trip; each
 # sets the merchant ('*') for its own call, so the pool runs them as they are (sets_its_merchant).
-TAKE_HOLD = sets_its_merchant("SELECT outcome, hold, alternatives, time_zone, db_now, taken_over "
-                              "FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7)")
+TAKE_HOLD = sets_its_merchant("SELECT outcome, hold, alternatives, time_zone, db_now, taken_over, offer "
+                              "FROM booking_take_hold($1, $2, $3, $4, $5, $6, $7, $8)")
 CONFIRM_HOLD = sets_its_merchant("SELECT outcome, hold, db_now FROM booking_confirm_hold($1, $2, $3)")
 # Only a live hold is released: an expired one stays 'expired' (swept or not), so the answer to
 # a release does not depend on whether the sweeper came by first.
@@ -274,7 +278,9 @@ def hold_from(r: Any, now: datetime) -> Hold:
                 effective_status(r["status"], r["expires_at"], now), r["start_time"], r["end_time"],
                 r["price_minor"], r["currency"], r["expires_at"], r["extended"], r["payment_ref"] or "",
                 r["created_at"], r["merchant_id"], _or(r, "free_cancellation_hours", 24),
-                _or(r, "cancellation_fee_percent", 0), _or(r, "cancelled_payment_ref", "") or "")
+                _or(r, "cancellation_fee_percent", 0), _or(r, "cancelled_payment_ref", "") or "",
+                _or(r, "service_id", None), _or(r, "buffer_before_minutes", 0), _or(r, "buffer_after_minutes", 0),
+                _or(r, "offered", False))
 
 
 def _or(r: Any, column: str, default):
@@ -290,13 +296,18 @@ class Holds:
         self.db = db
 
     async def take(self, slot_id: uuid.UUID, customer_id: str, request_id: str, *, ttl_seconds: int,
-                   max_active: int, max_alternatives: int) -> tuple[str, Hold | None, list[Slot], int]:
-        """(outcome, hold, alternatives, expired holds taken over): see booking_take_hold."""
+                   max_active: int, max_alternatives: int,
+                   offer_seconds: int = 0) -> tuple[str, Hold | None, list[Slot], int, Hold | None]:
+        """(outcome, hold, alternatives, expired holds taken over, the alternative held for a loser):
+        see booking_take_hold."""
         r = await self.db.fetchrow(TAKE_HOLD, uuid.uuid4(), slot_id, customer_id, request_id, ttl_seconds,
-                                   max_active, max_alternatives)
-        hold = hold_from(r["hold"], r["db_now"]) if r["outcome"] in ("held", "existing", "request_reused") else None
+                                   max_active, max_alternatives, offer_seconds)
+        hold = (hold_from(r["hold"], r["db_now"])
+                if r["outcome"] in ("held", "existing", "request_reused", "adopted") else None)
         alternatives = [slot_from(s, r["time_zone"], True) for s in r["alternatives"] or ()]
-        return r["outcome"], hold, alternatives, r["taken_over"] or 0
+        offer = r["offer"]
+        offer = hold_from(offer, r["db_now"]) if offer is not None and offer["id"] is not None else None
+        return r["outcome"], hold, alternatives, r["taken_over"] or 0, offer
 
     async def blocking(self, slot_id: uuid.UUID) -> Blocked | None:
         """What blocks `slot_id`'s time now, or None when nothing does."""

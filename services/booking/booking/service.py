@@ -13,20 +13,22 @@ from __future__ import annotations
 import logging
 import uuid
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import AsyncIterator
 
 import asyncpg
 
 from cutylib import tenancy
 from cutylib.config import Settings
+from cutylib.db import reports
 from cutylib.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
-from . import domain, metrics
+from . import domain, metrics, schedule
 from .domain import Hold, Resource, Salon, Slot, SlotDraft
 from .repository import Holds, Slots
+from .schedule_repository import Schedule
 from .taken import TakenSlots
 from .unit_of_work import BookingUnitOfWork, db_now, scoped
 
@@ -36,13 +38,16 @@ MAX_ALTERNATIVES = 3
 
 
 class SlotTaken(AlreadyExists):
-    """HoldSlot lost: the time is held or booked. Carries the alternatives offered instead."""
+    """HoldSlot lost: the time is held or booked. Carries the alternatives offered instead, and the
+    one held for the loser (`offer`), if asked for and one could be held."""
 
-    def __init__(self, slot_id: uuid.UUID, alternatives: list[Slot]):
+    def __init__(self, slot_id: uuid.UUID, alternatives: list[Slot], offer: Hold | None = None):
+        held = f"; alternative {offer.slot_id} is held for you until {offer.expires_at.isoformat()}" if offer else ""
         super().__init__(f"slot {slot_id} is held or booked by someone else; "
-                         f"{len(alternatives)} alternative(s) offered", reason="slot-unavailable")
+                         f"{len(alternatives)} alternative(s) offered{held}", reason="slot-unavailable")
         self.slot_id = slot_id
         self.alternatives = alternatives
+        self.offer = offer
 
 
 class BookingService:
@@ -58,14 +63,15 @@ class BookingService:
         return BookingUnitOfWork(self.pool)
 
     @asynccontextmanager
-    async def _reading(self, caller: Principal) -> AsyncIterator[tuple[Slots, Holds, str | None]]:
+    async def _reading(self, caller: Principal, pool=None) -> AsyncIterator[tuple[Slots, Holds, str | None]]:
         """Repositories for one read and the caller's merchant filter: straight on the pool for
-        callers not bound to a merchant (no extra round trip), in a scoped transaction otherwise."""
+        callers not bound to a merchant (no extra round trip), in a scoped transaction otherwise.
+        `pool`: another pool to read from (the reporting pool, `cutylib.db.reports`)."""
         merchant = tenancy.merchant_filter(caller)
-        if merchant is None:
+        if merchant is None and pool is None:
             yield self.slots, self.holds, None
             return
-        async with scoped(self.pool, caller) as uow:
+        async with scoped(pool or self.pool, caller) as uow:
             yield uow.slots, uow.holds, merchant
 
     # --- catalog (admin) -------------------------------------------------------------------------
@@ -150,7 +156,7 @@ class BookingService:
         size = domain.page_size(page_size)
         query = domain.agenda_query(salon_id, day, include_held)
         after = domain.decode_agenda_token(page_token, query)
-        async with self._reading(caller) as (_, holds, merchant):
+        async with self._reading(caller, reports(self.pool)) as (_, holds, merchant):  # a report: its own pool
             found = await holds.agenda(salon_id, day, include_held, after, size + 1, merchant)
         if found is None:
             raise NotFound(f"salon {salon_id} not found")
@@ -163,19 +169,23 @@ class BookingService:
 
     # --- holds -----------------------------------------------------------------------------------
 
-    async def hold_slot(self, caller: Principal, slot_id: uuid.UUID, customer_id: str, request_id: str) -> Hold:
+    async def hold_slot(self, caller: Principal, slot_id: uuid.UUID, customer_id: str, request_id: str,
+                        offer_seconds: int = 0) -> Hold:
+        """`offer_seconds` > 0: a loser gets the first free alternative held for them that long
+        (docs/booking.md, "The race loser is kept"); such a loser always asks the database, since
+        only the database can hold it."""
         if caller.role in tenancy.MERCHANT_ROLES:
             # Not a path of the checkout (the orchestrator holds as `system`), but a merchant's
             # user holds only its merchant's slots. A slot's merchant never changes.
             await self.get_slot(caller, slot_id)
-        known = self.taken.answer(slot_id, customer_id)
+        known = None if offer_seconds else self.taken.answer(slot_id, customer_id)
         if known is not None:  # a loser of a slot known to be blocked: no database round trip
             metrics.REGISTRY.losers_from_memory.inc()
             self._lost(known)
             raise SlotTaken(slot_id, list(known))
-        outcome, hold, alternatives, taken_over = await self.holds.take(
+        outcome, hold, alternatives, taken_over, offer = await self.holds.take(
             slot_id, customer_id, request_id, ttl_seconds=self.settings.hold_ttl_seconds,
-            max_active=self.settings.max_active_holds, max_alternatives=MAX_ALTERNATIVES)
+            max_active=self.settings.max_active_holds, max_alternatives=MAX_ALTERNATIVES, offer_seconds=offer_seconds)
         if hold is not None:
             set_span_attributes(hold_id=str(hold.id))
         if outcome == "held":
@@ -185,6 +195,14 @@ class BookingService:
             return hold
         if outcome == "existing":  # an idempotent retry: the hold as it is now (maybe confirmed)
             return hold
+        if outcome == "adopted":  # the customer accepts the alternative held for them
+            metrics.REGISTRY.offers_accepted.inc()
+            return hold
+        if outcome == "taken" and offer_seconds:
+            self._lost(alternatives)
+            if offer is not None:
+                metrics.REGISTRY.offers_made.inc()
+            raise SlotTaken(slot_id, alternatives, offer)
         if outcome == "taken":
             self._lost(alternatives)
             generation = self.taken.start_filling(slot_id)
@@ -207,6 +225,9 @@ class BookingService:
             raise NotFound(f"slot {slot_id} not found")
         if outcome == "slot_started":
             raise FailedPrecondition(f"slot {slot_id} has already started", reason="slot-started")
+        if outcome == "outside_window":
+            raise FailedPrecondition(f"slot {slot_id} is before the salon's minimum notice or beyond its booking "
+                                     "horizon", reason="outside-booking-window")
         raise RuntimeError(f"booking_take_hold returned an unknown outcome {outcome!r}")
 
     @staticmethod
@@ -309,3 +330,106 @@ class BookingService:
         between this check and the write."""
         if caller.role == "customer" or caller.role in tenancy.MERCHANT_ROLES:
             await self.get_hold(caller, hold_id)
+
+
+class ScheduleService:
+    """Services, working hours, booking settings and availability (docs/booking.md, "Services and
+    working hours"). Admins of the salon's merchant change them (another merchant's salon:
+    NOT_FOUND, as a missing one); availability is for every signed-in user, staff and admins of
+    their merchant's salons only."""
+
+    def __init__(self, pool: asyncpg.Pool):
+        self.pool = pool
+
+    async def create_service(self, caller: Principal, salon_id: uuid.UUID, draft) -> "schedule.Service":
+        async with scoped(self.pool, caller) as uow:
+            service, missing = await uow.schedule.add_service(salon_id, draft, tenancy.merchant_filter(caller))
+            if service is None:
+                raise NotFound(f"salon {salon_id} not found")
+            if missing:  # leaving the uow uncommitted rolls the service back
+                i = draft.resource_ids.index(missing[0])
+                raise NotFound(f"resource_ids[{i}]: resource {missing[0]} is not a resource of salon {salon_id}",
+                               field=f"resource_ids[{i}]")
+            await uow.commit()
+        return service
+
+    async def list_services(self, caller: Principal, salon_id: uuid.UUID, page_size: int,
+                            page_token: str) -> tuple[list, str]:
+        size = domain.page_size(page_size)
+        query = schedule.services_query(salon_id)
+        after = schedule.decode_services_token(page_token, query)
+        async with scoped(self.pool, caller) as uow:
+            found = await uow.schedule.services(salon_id, after, size + 1, tenancy.merchant_filter(caller))
+        if found is None:
+            raise NotFound(f"salon {salon_id} not found")
+        if len(found) <= size:
+            return found, ""
+        last = found[size - 1]
+        return found[:size], schedule.encode_services_token(query, last.created_at, last.id)
+
+    async def set_working_hours(self, caller: Principal, salon_id: uuid.UUID, resource_id: uuid.UUID,
+                                intervals: list) -> list:
+        async with scoped(self.pool, caller) as uow:
+            if not await uow.schedule.set_week(salon_id, resource_id, intervals, tenancy.merchant_filter(caller)):
+                raise NotFound(f"resource {resource_id} of salon {salon_id} not found")
+            await uow.commit()
+        return intervals
+
+    async def set_hours_override(self, caller: Principal, salon_id: uuid.UUID, resource_id: uuid.UUID | None,
+                                 day, closed: bool, intervals: list) -> None:
+        async with scoped(self.pool, caller) as uow:
+            outcome = await uow.schedule.set_override(salon_id, resource_id, day, closed, intervals,
+                                                      tenancy.merchant_filter(caller))
+            if outcome == "salon_not_found":
+                raise NotFound(f"salon {salon_id} not found")
+            if outcome == "resource_not_found":
+                raise NotFound(f"resource {resource_id} is not a resource of salon {salon_id}", field="resource_id")
+            await uow.commit()
+
+    async def set_booking_settings(self, caller: Principal, salon_id: uuid.UUID, change) -> Salon:
+        merchant = tenancy.owning_merchant(caller)
+        async with scoped(self.pool, caller) as uow:
+            salon = await uow.schedule.set_settings(salon_id, merchant, change)
+            if salon is None:
+                raise NotFound(f"salon {salon_id} not found")
+            await uow.commit()
+        return salon
+
+    async def availability(self, caller: Principal, salon_id: uuid.UUID, service_id: uuid.UUID,
+                           resource_id: uuid.UUID | None, start, end, page_size: int,
+                           page_token: str) -> tuple[str, int, list, str]:
+        """(the salon's zone, the service's duration, one page of free times, the next token)."""
+        size = schedule.times_page_size(page_size)
+        query = schedule.availability_query(service_id, start, end, resource_id)
+        after = schedule.decode_times_token(page_token, query)
+        if after is not None:
+            after = after + timedelta(microseconds=1)  # strictly after the previous page's last time
+        merchant = tenancy.merchant_filter(caller)
+        if merchant is None:  # one statement straight on the pool: no BEGIN/COMMIT round trips
+            found = await Schedule(self.pool).availability(service_id, salon_id, resource_id, start, end, after,
+                                                           size + 1, None)
+        else:
+            async with scoped(self.pool, caller) as uow:
+                found = await uow.schedule.availability(service_id, salon_id, resource_id, start, end, after,
+                                                        size + 1, merchant)
+        if found is None:
+            raise NotFound(f"service {service_id} of salon {salon_id} not found")
+        time_zone, minutes, times = found
+        if len(times) <= size:
+            return time_zone, minutes, times, ""
+        return time_zone, minutes, times[:size], schedule.encode_times_token(query, times[size - 1].start_time)
+
+    async def service_slot(self, caller: Principal, service_id: uuid.UUID, resource_id: uuid.UUID | None,
+                           start: datetime) -> Slot:
+        async with scoped(self.pool, caller) as uow:
+            outcome, slot = await uow.schedule.service_slot(service_id, resource_id, start,
+                                                            tenancy.merchant_filter(caller))
+            await uow.commit()
+        if outcome == "service_not_found":
+            raise NotFound(f"service {service_id} not found")
+        if outcome == "resource_not_able":
+            raise InvalidArgument("resource_id", f"resource {resource_id} does not perform service {service_id}")
+        if outcome == "off_grid":
+            raise InvalidArgument("start_time", f"start_time {start.isoformat()} is not on the salon's grid of "
+                                                "start times (GetAvailability answers the free ones)")
+        return slot

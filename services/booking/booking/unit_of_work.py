@@ -12,6 +12,7 @@ from cutylib.db import UnitOfWork
 from cutylib.principal import Principal
 
 from .repository import Holds, Resources, Salons, Slots
+from .schedule_repository import Schedule
 
 
 class BookingUnitOfWork(UnitOfWork):
@@ -22,6 +23,7 @@ class BookingUnitOfWork(UnitOfWork):
     resources: Resources
     slots: Slots
     holds: Holds
+    schedule: Schedule
 
     async def __aenter__(self) -> "BookingUnitOfWork":
         await super().__aenter__()
@@ -42,6 +44,7 @@ def _bind(uow: UnitOfWork) -> None:
     uow.resources = Resources(uow.conn)
     uow.slots = Slots(uow.conn)
     uow.holds = Holds(uow.conn)
+    uow.schedule = Schedule(uow.conn)
 
 
 @asynccontextmanager

@@ -1,5 +1,6 @@
 """`python -m codepool` serves; `python -m codepool import ...` and `python -m codepool rotate ...`
-are the operator commands (see `--help`)."""
+are the operator commands (see `--help`); `python -m codepool ops code ...` the incident story
+(codepool/ops.py)."""
 from __future__ import annotations
 
 import pathlib
@@ -9,6 +10,10 @@ MIGRATIONS = pathlib.Path(__file__).resolve().parents[1] / "migrations"
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["ops"]:
+        from .ops import main as ops_main
+
+        return ops_main(argv[1:])
     if argv and argv[0] in ("import", "rotate", "-h", "--help"):
         from .cli import main as cli_main
 

@@ -9,8 +9,10 @@ import asyncpg
 from cuty.codepool.v1 import codepool_pb2, codepool_pb2_grpc
 from cutylib.config import Settings, env_float, env_int
 from cutylib.db import ALL_MERCHANTS, create_pool
+from cutylib import retention
 from cutylib.grpc_server import GrpcServer
 from cutylib.metrics import LeaseLeader, refresh_periodically
+from cutylib.retention import Retention
 
 from . import metrics
 from .catalog import Catalog
@@ -24,6 +26,8 @@ from .workers import Sweeper
 log = logging.getLogger("codepool")
 
 SERVICE = codepool_pb2.DESCRIPTOR.services_by_name["CodePoolService"]
+# How long audit entries are kept (CUTY_AUDIT_LOG_RETENTION_DAYS; 0: forever): two years.
+AUDIT_LOG_RETENTION_DAYS = 730
 
 RECORD_HASH_KEY = """
 INSERT INTO hash_key_check (fingerprint) VALUES ($1) ON CONFLICT (singleton) DO NOTHING
@@ -35,7 +39,8 @@ async def create_codepool_pool(dsn: str, settings: Settings, **overrides) -> asy
     staff and admins are narrowed to theirs. Behind PgBouncer in transaction mode in production, so
     the merchant goes with each transaction, not at connect (docs/tenancy.md)."""
     options = dict(min_size=settings.db_pool_min, max_size=settings.db_pool_max, application_name="cuty-codepool",
-                   acquire_timeout=settings.db_acquire_timeout_seconds)
+                   acquire_timeout=settings.db_acquire_timeout_seconds,
+                   reporting_max_size=settings.db_reporting_pool_max)
     options.update(overrides)
     return await create_pool(dsn, merchant=ALL_MERCHANTS, merchant_at_connect=False, **options)
 
@@ -79,6 +84,9 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     # advisory lock, elects it: in Kubernetes the pool goes through PgBouncer in transaction mode.
     server.add_background(lambda: refresh_periodically(lambda: metrics.REGISTRY.refresh_stock(pool),
                                                        leader=LeaseLeader(pool, "codepool"), metrics=metrics.REGISTRY))
+    # The audit log's partitions: made ahead, detached (and archived) past its retention.
+    server.add_background(Retention(pool, [retention.table("audit_log", AUDIT_LOG_RETENTION_DAYS)],
+                                    retention.archive_dir()).run)
     server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters
     log.info("code pool wired", extra={"keys": sorted(keyring.keys), "active_key": keyring.active,
                                        "reservation_ttl_seconds": settings.code_reservation_ttl_seconds})

@@ -17,7 +17,7 @@ import asyncpg
 import grpc
 
 from cutylib import tenancy
-from cutylib.db import UnitOfWork
+from cutylib.db import UnitOfWork, reports
 from cutylib.errors import AlreadyExists, DomainError, FailedPrecondition, NotFound
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
@@ -184,7 +184,7 @@ class Catalog:
 
     async def list_codes(self, p: Principal, product_id: uuid.UUID, after: uuid.UUID, limit: int, actor: str):
         """[(id, status, masked value)] in id order, and the next page's cursor (None on the last page)."""
-        async with tenancy.scoped(self.pool, p) as uow:
+        async with tenancy.scoped(reports(self.pool), p) as uow:  # a report: its own pool
             product = await uow.conn.fetchrow(GET_PRODUCT, product_id, tenancy.merchant_filter(p))
             if product is None:
                 raise NotFound(f"no product {product_id}")

@@ -1,6 +1,8 @@
 """gRPC <-> use cases: translate protos and check who may call; no business rules here."""
 from __future__ import annotations
 
+import json
+
 import grpc
 
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
@@ -12,7 +14,7 @@ from cutylib.money import require_money
 from cutylib.timestamps import to_timestamp
 from cutylib.tls import CODEPOOL, GATEWAY, PAYMENTS
 
-from . import domain
+from . import domain, incident
 from .catalog import Catalog, Product
 from .domain import ReservationView, ReserveCommand
 from .importer import Chunk, Importer, ImportResult
@@ -30,6 +32,7 @@ CALLERS = {
     "ImportCodeBatch": {GATEWAY}, "GetStock": {GATEWAY}, "ListCodes": {GATEWAY}, "RevealCode": {GATEWAY},
     "ReserveCodes": {PAYMENTS}, "DeliverCodes": {PAYMENTS}, "ReleaseReservation": {PAYMENTS},
     "GetReservation": {PAYMENTS}, "GetDeliveredCodes": {PAYMENTS}, "ListStockEvents": {PAYMENTS},
+    "GetOrderEvidence": {PAYMENTS},
 }
 
 STATUS = {domain.RESERVED: pb.RESERVATION_STATUS_RESERVED, domain.DELIVERED: pb.RESERVATION_STATUS_DELIVERED,
@@ -203,3 +206,15 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         return pb.ListStockEventsResponse(events=[
             pb.StockEvent(seq=e.seq, id=e.id, merchant_id=e.merchant_id, type=e.type, payload_json=e.payload_json,
                           create_time=to_timestamp(e.created_at)) for e in events])
+
+    async def GetOrderEvidence(self, request: pb.GetOrderEvidenceRequest,
+                               context: grpc.aio.ServicerContext) -> pb.OrderEvidence:
+        principal.current().require_role("system")  # the orchestrator's operator command, for any merchant
+        order_id = domain.require_id("order_id", request.order_id)
+        by = request.requested_by.strip()
+        if not 1 <= len(by) <= 100:
+            raise InvalidArgument("requested_by", f"requested_by must name who asks (1-100 characters), got {by!r}")
+        document = await incident.order_evidence(self.catalog.pool, self.catalog.keyring, order_id, by=by)
+        if document is None:
+            raise NotFound(f"no order {order_id}")
+        return pb.OrderEvidence(document_json=json.dumps(document, separators=(",", ":")))

@@ -5,21 +5,31 @@ from __future__ import annotations
 
 import prometheus_client
 
+from cutylib.config import env_int
 from cutylib.metrics import Metrics
 
-# One row per product and state, from the counter rows (product_stock): a few rows per product,
-# whatever the number of codes. Products with no codes report 0.
+# The label is bounded: one series per state for each of the `$1` products nearest to running out
+# (fewest available codes first; products never stocked last), and the others summed as
+# product_id="other", so a sum over every series is still the whole stock whatever the number of
+# products (CUTY_METRICS_STOCK_PRODUCTS, 50). Read from the counter rows (product_stock).
 STOCK_BY_PRODUCT = """
-SELECT p.id::text AS product_id, s.state,
-       coalesce(CASE s.state WHEN 'available' THEN c.available WHEN 'reserved' THEN c.reserved
-                             ELSE c.delivered END, 0)::bigint AS n
-FROM products p
-CROSS JOIN (VALUES ('available'), ('reserved'), ('delivered')) AS s(state)
-LEFT JOIN (SELECT merchant_id, product_id, sum(available) AS available, sum(reserved) AS reserved,
-                  sum(delivered) AS delivered
-           FROM product_stock GROUP BY merchant_id, product_id) c
-       ON c.merchant_id = p.merchant_id AND c.product_id = p.id
+WITH stock AS (
+    SELECT p.id, coalesce(c.available, 0) AS available, coalesce(c.reserved, 0) AS reserved,
+           coalesce(c.delivered, 0) AS delivered
+    FROM products p
+    LEFT JOIN (SELECT merchant_id, product_id, sum(available) AS available, sum(reserved) AS reserved,
+                      sum(delivered) AS delivered
+               FROM product_stock GROUP BY merchant_id, product_id) c
+           ON c.merchant_id = p.merchant_id AND c.product_id = p.id
+), ranked AS (
+    SELECT *, row_number() OVER (ORDER BY available + reserved + delivered = 0, available, id) AS rank FROM stock
+)
+SELECT CASE WHEN rank <= $1 THEN id::text ELSE 'other' END AS product_id,
+       sum(available)::bigint AS available, sum(reserved)::bigint AS reserved, sum(delivered)::bigint AS delivered
+FROM ranked GROUP BY 1
 """
+STATES = ("available", "reserved", "delivered")
+OTHER = "other"
 
 
 class CodePoolMetrics(Metrics):
@@ -41,14 +51,15 @@ class CodePoolMetrics(Metrics):
                                         "Delivered codes read in plaintext by their buyer (audited)")
         self._stock_labels: set[tuple[str, str]] = set()
 
-    async def refresh_stock(self, pool) -> None:
-        rows = await pool.fetch(STOCK_BY_PRODUCT)
+    async def refresh_stock(self, pool, top: int | None = None) -> None:
+        top = env_int("CUTY_METRICS_STOCK_PRODUCTS", 50) if top is None else top
         seen = set()
-        for r in rows:
-            self.codes.labels(r["product_id"], r["state"]).set(r["n"])
-            seen.add((r["product_id"], r["state"]))
+        for r in await pool.fetch(STOCK_BY_PRODUCT, top):
+            for state in STATES:
+                self.codes.labels(r["product_id"], state).set(r[state])
+                seen.add((r["product_id"], state))
         for labels in self._stock_labels - seen:
-            self.codes.remove(*labels)  # a product deleted since the last round
+            self.codes.remove(*labels)  # a product no longer among the shown ones (or deleted)
         self._stock_labels = seen
 
 

@@ -94,6 +94,11 @@ class AdmissionControl:
             self._peak = self.in_flight
         return True
 
+    def cancel(self) -> None:
+        """The end of an admitted request that never called a backend (refused by a later check:
+        its token, its body): its place is given back, and it is no latency sample."""
+        self.in_flight -= 1
+
     def release(self, route: str, started: float, outcome: int = OK) -> None:
         """The end of an admitted call of `route` that started at `started` (this clock)."""
         self.in_flight -= 1

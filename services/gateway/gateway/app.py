@@ -1,10 +1,13 @@
 """The gateway as one ASGI application: every route goes through the same steps.
 
     match route (404/405) -> server span -> rate limit per client address (429) -> Request-Timeout
-    (400) -> body size (413) -> bearer header (401) -> token signature (401) -> rate limit per
-    subject (429) -> role (403) -> Idempotency-Key (400) -> transcode (400) -> time left (504)
-    -> admission by criticality (503 overloaded) -> gRPC call over mutual TLS, the user as a
+    (400) -> admission by criticality (503 overloaded) -> body size (413) -> bearer header (401)
+    -> token signature (401) -> rate limit per subject (429) -> role (403) -> Idempotency-Key
+    (400) -> transcode (400) -> time left (504) -> gRPC call over mutual TLS, the user as a
     signed assertion, with a deadline -> JSON answer, or the gRPC status as an RFC 9457 problem
+
+The refusals that come by thousands when the platform is flooded (429 per address, 503 overloaded)
+are decided before anything costly: no token is verified, no body read, nothing transcoded.
 
 A server-streaming RPC takes the same steps up to the call, and is then answered as Server-Sent
 Events (sse.py): a refusal before the stream opens is still a problem.
@@ -16,6 +19,7 @@ short (see bench/gateway.py).
 """
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import math
@@ -32,7 +36,7 @@ from . import access as access_log, admission, auth, openapi, problems, tracing
 from .admission import AdmissionControl
 from .backends import Backends
 from .descriptors import Route, load_routes
-from .memo import Memo
+from .memo import Memo, can_carry_secrets, carries_secrets
 from .policy import LOAD, Access, access_for, load_for
 from .problems import Problem, bad_request
 from .ratelimit import RateLimiter, retry_after_header
@@ -56,6 +60,12 @@ MAX_REQUEST_TIMEOUT = 3600.0
 # Rate-limit buckets per client address, one per kind of route, so that a flood of API calls from
 # an address does not starve the PSP's webhooks or the health probes from the same one.
 _API, _WEBHOOK, _OWN_ROUTES = 0, 1, 2
+# An answer given before the request's body was read (413, 401, 429...): the gateway reads and
+# drops at most this much more of the body, for at most this long, before it closes the
+# connection, so that the client has read the answer before the close (a close with unread data
+# resets the connection, and the client sees a broken pipe instead of the answer).
+DRAIN_MAX_BYTES = 8 * 1024 * 1024
+DRAIN_MAX_SECONDS = 2.0
 
 
 class ClientGone(Exception):
@@ -95,6 +105,10 @@ class Gateway:
         self._matches = Memo(max_entries=4096, max_bytes=2 * 1024 * 1024)
         self._requests = Memo(max_entries=4096, max_bytes=8 * 1024 * 1024)
         self._answers = Memo(max_entries=1024, max_bytes=32 * 1024 * 1024)
+        # RPCs whose requests may hold a secret (plaintext codes) are never memoised; those whose
+        # answers may hold one (a client secret, a code's value) only when this answer holds none.
+        self._secret_requests = {r.rpc for r in self.routes if can_carry_secrets(r.input_type.DESCRIPTOR)}
+        self._secret_answers = {r.rpc for r in self.routes if can_carry_secrets(r.output_type.DESCRIPTOR)}
         for rpc, a in self.access.items():
             if a.roles == frozenset():
                 log.warning("route has no access policy; refused to everyone", extra={"rpc": rpc})
@@ -152,6 +166,9 @@ class Gateway:
         raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1").split("?", 1)[0]
         query = scope.get("query_string", b"").decode("latin-1")
         route, bound, allowed = self.match(method, raw_path)
+        unread = None
+        if "transfer-encoding" in headers or headers.get("content-length", "0") != "0":
+            receive = unread = _BodyReader(receive)
         route_name = route.template.source if route else (raw_path if raw_path in _OWN else "(unmatched)")
         name = f"{method} {route_name}"
         # Health probes start no trace: every few seconds per replica, they would bury the real ones.
@@ -202,17 +219,25 @@ class Gateway:
         if tp:
             out += [(b"traceparent", tp.encode()), (b"x-trace-id", trace_id.encode())]
         out += [(k.encode(), v.encode()) for k, v in extra.items()]
-        await send({"type": "http.response.start", "status": status, "headers": out})
-        await send({"type": "http.response.body", "body": body})
+        if unread is not None and not unread.done:
+            # Answered before the body was read: answer, take a bounded amount more of the body,
+            # then close (docs/security.md, "A refused body still gets its answer").
+            out.append((b"connection", b"close"))
+            await send({"type": "http.response.start", "status": status, "headers": out})
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+            await _drain(unread, DRAIN_MAX_BYTES, DRAIN_MAX_SECONDS)
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await send({"type": "http.response.start", "status": status, "headers": out})
+            await send({"type": "http.response.body", "body": body})
         access_log.record(method, route_name, status, time.perf_counter() - t0, trace_id,
                           log_line=self.settings.access_log)
 
     # The one generic route handler ---------------------------------------------------------------
     async def _rpc(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
                    t0: float) -> bytes:
-        criticality, budget, since = self._budget(route, headers, t0)
-        request, metadata = await self._prepare(route, bound, query, headers, receive)
-        timeout = self._admit(route, criticality, budget, since)
+        request, metadata, timeout, budget, criticality = await self._admit_and_prepare(
+            route, bound, query, headers, receive, t0)
         adm = self.admission
         started, outcome = adm.clock(), admission.OK
         try:
@@ -231,8 +256,10 @@ class Gateway:
         key = (route.rpc, raw)
         body = self._answers.get(key)
         if body is None:
-            body = to_json(route.output_type.FromString(raw))
-            self._answers.put(key, body, 2 * len(raw) + len(body))
+            answer = route.output_type.FromString(raw)
+            body = to_json(answer)
+            if route.rpc not in self._secret_answers or not carries_secrets(answer):
+                self._answers.put(key, body, 2 * len(raw) + len(body))
         return body
 
     async def _stream(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str], receive,
@@ -241,9 +268,14 @@ class Gateway:
         messages as Server-Sent Events (sse.py); the call is cancelled when the client leaves.
         Admission counts the opening only: an open stream costs the service little, and one that
         held a place for its hour would leave none to the calls the limit is measured on."""
-        criticality, budget, since = self._budget(route, headers, t0)
-        request, metadata = await self._prepare(route, bound, query, headers, receive)
-        timeout = self._admit(route, criticality, budget, since)
+        request, metadata, timeout, budget, criticality = await self._admit_and_prepare(
+            route, bound, query, headers, receive, t0)
+        expires_in = None
+        if not self.access[route.rpc].public:
+            # The stream ends when its token would no longer be accepted (sse.py); the call's own
+            # deadline a moment later bounds the service's side even if the gateway's is missed.
+            expires_in = self.verify.seconds_left(auth.token_of(headers.get("authorization")))
+            timeout = min(timeout, max(expires_in, 0) + 1.0)
         call = self.backends.stream(route, request, metadata=metadata, timeout=timeout)
         adm = self.admission
         started, outcome = adm.clock(), admission.OK
@@ -255,10 +287,28 @@ class Gateway:
         finally:
             adm.release(route.rpc, started, outcome)
         body = sse.events(call, first, heartbeat=self.settings.sse_heartbeat_seconds, service=route.owner,
-                          deadline=budget, trace_id=trace_id)
+                          deadline=budget, trace_id=trace_id, expires_in=expires_in)
         # no-transform / X-Accel-Buffering: proxies must pass each event on as it comes.
         return StreamingResponse(body, media_type=sse.MEDIA_TYPE, headers={
             "cache-control": "no-store, no-transform", "x-accel-buffering": "no"})
+
+    async def _admit_and_prepare(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str],
+                                 receive, t0: float) -> tuple[bytes, tuple, float, float, str]:
+        """Admission first, then every other check of the route: (the serialized request, the call's
+        metadata, its timeout, the request's budget, its criticality). A refusal for load (503)
+        costs no token verification, no body read and no transcoding: past capacity the gateway
+        refuses several times more requests than it admits, and each must cost almost nothing.
+        An admitted request that fails a later check (401, 403, 400, 413, 504) gives its place
+        back unmeasured; one that reaches the call gives it back in `release` after it."""
+        criticality, budget, since = self._budget(route, headers, t0)
+        self._admit(route, criticality)
+        try:
+            request, metadata = await self._prepare(route, bound, query, headers, receive)
+            timeout = self._time_left(route, criticality, budget, since)
+        except BaseException:
+            self.admission.cancel()
+            raise
+        return request, metadata, timeout, budget, criticality
 
     async def _prepare(self, route: Route, bound: dict[str, str], query: str, headers: dict[str, str],
                        receive) -> tuple[bytes, tuple]:
@@ -329,19 +379,23 @@ class Gateway:
             return criticality, longest, None
         return criticality, min(longest, _request_timeout(raw)), t0
 
-    def _admit(self, route: Route, criticality: str, budget: float, since: float | None) -> float:
-        """The call's deadline, what is left of `budget` (counted from `since` when given); or the
-        request refused now: 504 when nothing is left, 503 `overloaded` when its criticality's
-        share of the concurrency limit is in use."""
+    def _admit(self, route: Route, criticality: str) -> None:
+        """A place for the request among the backend calls in flight, or the request refused now:
+        503 `overloaded` when its criticality's share of the concurrency limit is in use."""
+        if not self.admission.admit(criticality):
+            access_log.shed(route.template.source, criticality, "overloaded")
+            raise problems.overloaded("the platform is at capacity and serves purchases already under way first; "
+                                      "nothing was done, retry after Retry-After", admission.retry_after())
+
+    @staticmethod
+    def _time_left(route: Route, criticality: str, budget: float, since: float | None) -> float:
+        """The call's deadline, what is left of `budget` (counted from `since` when given); 504 when
+        nothing is left."""
         left = budget if since is None else budget - (time.perf_counter() - since)
         if left <= 0:
             access_log.shed(route.template.source, criticality, "deadline")
             raise Problem(504, "deadline-exceeded", f"the request's time ({budget:g} s) ran out before the gateway "
                           "called the service: nothing was done; retry with more time")
-        if not self.admission.admit(criticality):
-            access_log.shed(route.template.source, criticality, "overloaded")
-            raise problems.overloaded("the platform is at capacity and serves purchases already under way first; "
-                                      "nothing was done, retry after Retry-After", admission.retry_after())
         return left
 
     def _outcome(self, route: Route, criticality: str, p: Problem) -> int:
@@ -359,7 +413,8 @@ class Gateway:
         body) when they are small. A refused request (400) is never memoised."""
         key = (route.rpc, tuple(bound.items()), query, body)
         size = len(query) + len(body) + sum(len(k) + len(v) for k, v in bound.items())
-        if size <= MEMO_MAX_INPUT:
+        memo = size <= MEMO_MAX_INPUT and route.rpc not in self._secret_requests
+        if memo:
             data = self._requests.get(key)
             if data is not None:
                 return data
@@ -367,7 +422,7 @@ class Gateway:
             data = build_request(route, bound, query, body).SerializeToString()
         except TranscodeError as e:
             raise bad_request(e.field, e.message) from None
-        if size <= MEMO_MAX_INPUT:
+        if memo:
             self._requests.put(key, data, 2 * size + len(data) + 64)
         return data
 
@@ -397,6 +452,33 @@ def _too_large(limit: int, size: int | None = None) -> Problem:
     got = f", got {size} bytes" if size is not None else ""
     return Problem(413, "payload-too-large", f"the request body may be at most {limit} bytes{got}",
                    extra={"maxBytes": limit})
+
+
+class _BodyReader:
+    """`receive` of a request that has a body, noting when the body has been read to its end."""
+    __slots__ = ("receive", "done")
+
+    def __init__(self, receive):
+        self.receive = receive
+        self.done = False
+
+    async def __call__(self):
+        msg = await self.receive()
+        if msg["type"] == "http.disconnect" or not msg.get("more_body"):
+            self.done = True
+        return msg
+
+
+async def _drain(reader: _BodyReader, max_bytes: int, max_seconds: float) -> None:
+    """Read and drop the rest of a body: at most `max_bytes`, for at most `max_seconds`."""
+    async def drop() -> None:
+        taken = 0
+        while not reader.done and taken <= max_bytes:
+            taken += len((await reader()).get("body", b""))
+    try:
+        await asyncio.wait_for(drop(), max_seconds)
+    except asyncio.TimeoutError:
+        pass
 
 
 async def _read_body(receive, limit: int) -> bytes:

@@ -101,6 +101,14 @@ class Verifier:
         self._bytes += len(token)
         return who
 
+    def seconds_left(self, token: str) -> float:
+        """How long a token this verifier has verified is still accepted: until its `exp` plus the
+        leeway. A live stream opened with the token ends then (docs/security.md)."""
+        hit = self._cache.get(token)
+        # (Not cached: verified a moment ago and the cache cleared since; its `exp` as it says.)
+        exp = hit[1] if hit is not None else float(jwt.decode(token, options={"verify_signature": False})["exp"])
+        return exp + self.leeway - self._clock()
+
     def verify(self, token: str, key, algorithms: list[str]) -> tuple[Principal, float]:
         self.verified += 1
         options = {"require": ["exp", "sub"], "verify_aud": bool(self.audience), "verify_iss": bool(self.issuer)}

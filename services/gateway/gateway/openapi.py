@@ -39,6 +39,9 @@ PROBLEM = {
         "field": {"type": "string", "description": "the request field at fault (JSON name)"},
         "traceId": {"type": "string"},
         "alternatives": {"type": "array", "items": {"$ref": "#/components/schemas/cuty.booking.v1.Slot"}},
+        "heldAlternative": {"$ref": "#/components/schemas/cuty.booking.v1.Hold",
+                            "description": "slot-unavailable at checkout: an alternative held for the buyer "
+                                           "for a short while; a checkout of its slotId takes it"},
         "available": {"type": "integer"},
     },
     "required": ["type", "title", "status"],

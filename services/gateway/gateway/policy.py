@@ -45,6 +45,15 @@ POLICY: dict[str, Access] = {
     # A day's agenda names customers: the salon's merchant only (the operator's reads must be
     # audited, issue 14, and booking keeps no read audit).
     "cuty.booking.v1.BookingService.ListBookings": Access(_roles(STAFF, ADMIN)),
+    # Services and working hours (docs/booking.md): the salon's merchant's admins define them
+    # (another merchant's salon: 404); every signed-in user reads services and free times, staff and
+    # admins of their merchant's salons only.
+    "cuty.booking.v1.BookingService.CreateService": Access(_roles(ADMIN)),
+    "cuty.booking.v1.BookingService.ListServices": Access(SIGNED_IN),
+    "cuty.booking.v1.BookingService.SetWorkingHours": Access(_roles(ADMIN)),
+    "cuty.booking.v1.BookingService.SetHoursOverride": Access(_roles(ADMIN)),
+    "cuty.booking.v1.BookingService.SetBookingSettings": Access(_roles(ADMIN)),
+    "cuty.booking.v1.BookingService.GetAvailability": Access(SIGNED_IN),
     "cuty.codepool.v1.CodePoolService.CreateProduct": Access(_roles(ADMIN)),
     "cuty.codepool.v1.CodePoolService.ImportCodeBatch": Access(_roles(ADMIN)),
     "cuty.codepool.v1.CodePoolService.GetStock": Access(READERS),
@@ -120,6 +129,12 @@ LOAD: dict[str, Load] = {
     "cuty.booking.v1.BookingService.BatchCreateSlots": Load(NORMAL, WRITE),
     "cuty.booking.v1.BookingService.ListSlots": Load(SHEDDABLE, READ),
     "cuty.booking.v1.BookingService.ListBookings": Load(SHEDDABLE, READ),
+    "cuty.booking.v1.BookingService.CreateService": Load(NORMAL, WRITE),
+    "cuty.booking.v1.BookingService.ListServices": Load(SHEDDABLE, READ),
+    "cuty.booking.v1.BookingService.SetWorkingHours": Load(NORMAL, WRITE),
+    "cuty.booking.v1.BookingService.SetHoursOverride": Load(NORMAL, WRITE),
+    "cuty.booking.v1.BookingService.SetBookingSettings": Load(NORMAL, WRITE),
+    "cuty.booking.v1.BookingService.GetAvailability": Load(SHEDDABLE, READ),
     "cuty.codepool.v1.CodePoolService.CreateProduct": Load(NORMAL, WRITE),
     "cuty.codepool.v1.CodePoolService.ImportCodeBatch": Load(NORMAL, WRITE),
     "cuty.codepool.v1.CodePoolService.GetStock": Load(SHEDDABLE, READ),

@@ -13,6 +13,9 @@ One mechanism for any server-streaming route:
    the connection. A failure after the head is one `event: error` with the problem as data.
 4. When the client goes away (starlette cancels the body) or the stream ends, the gRPC call is
    cancelled: the backend's stream (and its place under the per-user cap) is freed at once.
+5. A stream lives no longer than the token that opened it is accepted (`expires_in`): then one
+   `event: error` with a 401 `token-expired` problem, and the stream ends. A token is checked
+   once, when the stream opens; without this, a token revoked by expiry would keep watching.
 """
 from __future__ import annotations
 
@@ -59,22 +62,32 @@ def frame(msg: Message) -> bytes:
 
 
 async def events(call: grpc.aio.UnaryStreamCall, first: Message | None, *, heartbeat: float, service: str,
-                 deadline: float, trace_id: str) -> AsyncIterator[bytes]:
-    """The response body: frames and keep-alives until the stream ends or the client leaves."""
+                 deadline: float, trace_id: str, expires_in: float | None = None) -> AsyncIterator[bytes]:
+    """The response body: frames and keep-alives until the stream ends, the client leaves, or
+    `expires_in` seconds have passed (the token that opened it is no longer accepted)."""
     read: asyncio.Future | None = None
+    loop = asyncio.get_running_loop()
+    end = None if expires_in is None else loop.time() + expires_in
     try:
         if first is not None:
             yield frame(first)
         while True:
             read = asyncio.ensure_future(call.read())
             while not read.done():
-                done, _ = await asyncio.wait({read}, timeout=heartbeat)
-                if not done:
+                left = heartbeat if end is None else end - loop.time()
+                if left <= 0:
+                    yield _expired(trace_id)
+                    return
+                done, _ = await asyncio.wait({read}, timeout=min(heartbeat, left))
+                if not done and (end is None or end > loop.time()):
                     yield KEEP_ALIVE
             msg, read = read.result(), None
             if msg is grpc.aio.EOF:
                 return
             yield frame(msg)
+            if end is not None and loop.time() >= end:
+                yield _expired(trace_id)
+                return
     except grpc.aio.AioRpcError as e:
         if e.code() == grpc.StatusCode.CANCELLED:
             return
@@ -84,3 +97,9 @@ async def events(call: grpc.aio.UnaryStreamCall, first: Message | None, *, heart
         if read is not None:
             read.cancel()
         call.cancel()
+
+
+def _expired(trace_id: str) -> bytes:
+    p = problems.Problem(401, "token-expired", "the token that opened this stream has expired; reconnect with "
+                         "a fresh token, and Last-Event-ID to resume where it stopped")
+    return b"event: error\ndata: " + p.body(trace_id) + b"\n\n"

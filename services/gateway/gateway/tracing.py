@@ -1,7 +1,8 @@
-"""A server span per HTTP request, continuing the caller's W3C trace.
+"""A server span per HTTP request, starting our trace and linking the caller's W3C trace.
 
-The incoming `traceparent` is extracted, the span is made current, and `inject` writes it into the
-metadata of the backend call, so one trace runs gateway -> orchestrator -> booking/codepool. The
+The incoming `traceparent` becomes a link of the span (`baggage` is ignored), the span is made
+current, and `inject` writes it into the metadata of the backend call, so one trace runs
+gateway -> orchestrator -> booking/codepool. The
 gateway injects explicitly instead of installing the grpc.aio client interceptor: the same
 propagation without a Python interceptor (and a client span) on every call's hot path. The
 answer's `traceparent` names this span, so a support engineer can find the trace of any response.
@@ -11,12 +12,16 @@ from __future__ import annotations
 import contextlib
 
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import SpanKind
 
 from cutylib import telemetry
 
 _tracer = trace.get_tracer("cuty.gateway")
+_TRACE_CONTEXT = TraceContextTextMapPropagator()
+_ROOT = Context()  # no parent, no baggage
 
 
 class _Headers:
@@ -33,9 +38,17 @@ class _Headers:
 
 
 def start_server_span(name: str, headers: dict[str, str]):
-    """A context manager for the request's span; `headers` are lower-cased str -> str."""
-    ctx = propagate.extract(headers, getter=_Headers)
-    return telemetry.current_span(_tracer, name, context=ctx, kind=SpanKind.SERVER)
+    """A context manager for the request's span; `headers` are lower-cased str -> str.
+
+    The span starts a trace of its own: a client's `traceparent` is a link, never the parent (a
+    client would otherwise put its spans into our traces and choose, by its sampled flag, which
+    requests we record), and its `baggage` is not read at all, so it never travels to a service."""
+    links = None
+    if "traceparent" in headers:
+        remote = trace.get_current_span(_TRACE_CONTEXT.extract(headers, getter=_Headers)).get_span_context()
+        if remote.is_valid:
+            links = [trace.Link(remote)]
+    return telemetry.current_span(_tracer, name, context=_ROOT, kind=SpanKind.SERVER, links=links)
 
 
 def passive_span(headers: dict[str, str]):

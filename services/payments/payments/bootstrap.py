@@ -6,10 +6,12 @@ import inspect
 import asyncpg
 
 from cuty.payments.v1 import payments_pb2, payments_pb2_grpc
+from cutylib import retention
 from cutylib.config import Settings
 from cutylib.db import ALL_MERCHANTS, create_pool
 from cutylib.grpc_server import GrpcServer
 from cutylib.metrics import MetricsLeader, refresh_periodically
+from cutylib.retention import Retention
 
 from . import signature
 from .checkout import wiring
@@ -22,6 +24,9 @@ from .settings import PaymentsOptions
 from .webhooks import WebhookInbox
 
 SERVICE = payments_pb2.DESCRIPTOR.services_by_name["PaymentService"]
+# How long the payment timeline is kept (CUTY_PAYMENT_EVENTS_RETENTION_DAYS; 0: forever): 400 days,
+# a year of sales and the month after it in which a chargeback may still ask about one.
+PAYMENT_EVENTS_RETENTION_DAYS = 400
 
 
 async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
@@ -31,7 +36,8 @@ async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
     # direct connection: LISTEN needs one); staff and admins are narrowed to theirs (docs/tenancy.md).
     return await create_pool(dsn, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
                              application_name="cuty-payments", merchant=ALL_MERCHANTS, max_inactive_connection_lifetime=0,
-                             acquire_timeout=settings.db_acquire_timeout_seconds)
+                             acquire_timeout=settings.db_acquire_timeout_seconds,
+                             reporting_max_size=settings.db_reporting_pool_max)
 
 
 def build_core(settings: Settings, pool: asyncpg.Pool, *, psp=None,
@@ -57,6 +63,9 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
         server.add_background(inbox.run_retries)
         server.add_background(inbox.run_purge)
         server.add_background(Reconciler(core).run)
+        # The timeline's partitions: made ahead, detached (and archived) past its retention.
+        server.add_background(Retention(pool, [retention.table("payment_events", PAYMENT_EVENTS_RETENTION_DAYS)],
+                                        retention.archive_dir()).run)
         # One replica (the advisory-lock leader) exports the gauges read from the database.
         server.add_background(lambda: refresh_periodically(
             lambda: core.metrics.refresh(pool, settings.reconcile_after_seconds),

@@ -6,18 +6,20 @@ import asyncio
 import itertools
 import json
 import secrets
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
 import asyncpg
 import grpc
 import httpx
+import jwt
 
 from cuty.booking.v1 import booking_pb2 as bpb, booking_pb2_grpc
 from cuty.codepool.v1 import codepool_pb2 as cpb, codepool_pb2_grpc
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2 as pb, checkout_pb2_grpc
-from cutylib.config import with_database
+from cutylib.config import DEV_JWT_SECRET, with_database
 from cutylib.timestamps import to_timestamp
 from booking.grpc_api import CALLERS as BOOKING_CALLERS
 from codepool.grpc_api import CALLERS as CODEPOOL_CALLERS
@@ -41,6 +43,14 @@ STAFF = user("e2e-staff", "staff")
 PAYMENTS_CALLERS = {**CHECKOUT_CALLERS, **PAYMENT_CALLERS}
 
 
+def customer_headers() -> dict[str, str]:
+    """A new customer's bearer token for the gateway (the development JWT secret)."""
+    now = int(time.time())
+    token = jwt.encode({"sub": f"cust-{uuid.uuid4().hex[:8]}", "role": "customer", "iat": now, "exp": now + 600},
+                       DEV_JWT_SECRET, algorithm="HS256")
+    return {"Authorization": f"Bearer {token}"}
+
+
 def md(customer: str | None, key: str | None = None, role: str = "customer"):
     out = list(user(customer, role)) if customer else []
     if key:
@@ -56,9 +66,10 @@ class CheckoutStack:
         self.resource_id = ""
 
     async def open(self) -> "CheckoutStack":
-        self._channels = [acting_channel(a, "payments", PAYMENTS_CALLERS) for a in self.stack.payments_addrs]
-        self._booking_ch = acting_channel(self.stack.booking_addr, "booking", BOOKING_CALLERS)
-        self._codepool_ch = acting_channel(self.stack.codepool_addr, "codepool", CODEPOOL_CALLERS)
+        pki = self.stack.pki
+        self._channels = [acting_channel(a, "payments", PAYMENTS_CALLERS, pki=pki) for a in self.stack.payments_addrs]
+        self._booking_ch = acting_channel(self.stack.booking_addr, "booking", BOOKING_CALLERS, pki=pki)
+        self._codepool_ch = acting_channel(self.stack.codepool_addr, "codepool", CODEPOOL_CALLERS, pki=pki)
         self.booking = booking_pb2_grpc.BookingServiceStub(self._booking_ch)
         self.codepool = codepool_pb2_grpc.CodePoolServiceStub(self._codepool_ch)
         salon = await self.booking.CreateSalon(bpb.CreateSalonRequest(name="Cuty e2e", time_zone="Europe/Istanbul"),
@@ -328,13 +339,14 @@ BASE_ENV = {
 PORT_TAKEN = "Address already in use"
 
 
-async def start_stack(pg, workdir, *, replicas: int = 1, gateway: bool = False, **env) -> CheckoutStack:
-    """`gateway`: also run the HTTP gateway (`stack.gateway_url`; the PSP's webhooks then go through it)."""
+async def start_stack(pg, workdir, *, replicas: int = 1, gateway: bool = False, pki=None, **env) -> CheckoutStack:
+    """`gateway`: also run the HTTP gateway (`stack.gateway_url`; the PSP's webhooks then go through it).
+    `pki`: the stack's development PKI (default: the session's)."""
     for attempt in range(3):
         suffix = uuid.uuid4().hex[:8]
         dbs = {svc: with_database(pg.dsn, f"cuty_{svc}_co_{suffix}") for svc in ("booking", "codepool", "payments")}
         full = {**BASE_ENV, **{f"CUTY_{svc.upper()}_DATABASE_URL": dsn for svc, dsn in dbs.items()}, **env}
-        stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full, gateway=gateway)
+        stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full, gateway=gateway, pki=pki)
         try:
             await stack.start()
             break

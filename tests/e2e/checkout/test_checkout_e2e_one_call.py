@@ -3,17 +3,14 @@ paymentMethod buys codes (and a slot), a replay of it charges nothing more, and 
 about the payment the synchronous answer already captured is settled by its one statement."""
 from __future__ import annotations
 
-import time
 import uuid
 
 import httpx
-import jwt
 import pytest_asyncio
 
-from cutylib.config import DEV_JWT_SECRET
 from cutylib.testing.procs import wait_for
 
-from checkout_e2e import start_stack
+from checkout_e2e import customer_headers, start_stack
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -21,13 +18,6 @@ async def shop(pg, tmp_path_factory):
     s = await start_stack(pg, tmp_path_factory.mktemp("checkout-e2e-one-call"), gateway=True)
     yield s
     await s.close()
-
-
-def customer_headers() -> dict[str, str]:
-    now = int(time.time())
-    token = jwt.encode({"sub": f"cust-{uuid.uuid4().hex[:8]}", "role": "customer", "iat": now, "exp": now + 600},
-                       DEV_JWT_SECRET, algorithm="HS256")
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def test_one_post_with_a_payment_method_buys_codes(shop):

@@ -41,6 +41,7 @@ class Devstack:
                     "CUTY_PAYMENTS_GRPC_PORT": str(free_port()), "CUTY_PSP_URL": f"http://127.0.0.1:{free_port()}",
                     "CUTY_BOOKING_HEALTH_PORT": str(free_port()), "CUTY_CODEPOOL_HEALTH_PORT": str(free_port()),
                     "CUTY_PAYMENTS_HEALTH_PORT": str(free_port()), "CUTY_PROMETHEUS_PORT": str(free_port()),
+                    "CUTY_WEBHOOKS_OUT_HEALTH_PORT": str(free_port()), "CUTY_WEBHOOKS_OUT_METRICS_PORT": str(free_port()),
                     **{f"CUTY_{s}_METRICS_PORT": str(free_port()) for s in ("GATEWAY", "BOOKING", "CODEPOOL", "PAYMENTS")},
                     "CUTY_JWT_SECRET": SECRET, "CUTY_PSP_WEBHOOK_SECRET": WEBHOOK_SECRET,
                     "CUTY_PSP_WEBHOOK_DELAY_MS": "20",

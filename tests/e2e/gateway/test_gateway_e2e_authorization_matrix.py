@@ -58,6 +58,15 @@ MATRIX = {
     ("GET", "/v1/salons/{salon_id}/slots"): row(roles=("customer", "staff", "admin", "operator")),
     # Issue 12: a salon's agenda; another merchant's salon does not exist for its staff.
     ("GET", "/v1/salons/{salon_id}/bookings"): row(roles=("staff", "admin")),
+    # Services and working hours: the salon's merchant's admins define them; every signed-in user
+    # reads services and free times, staff and admins of their own merchant's salons only.
+    ("POST", "/v1/salons/{salon_id}/services"): row(roles=("admin",)),
+    ("GET", "/v1/salons/{salon_id}/services"): row(roles=("customer", "staff", "admin", "operator")),
+    ("POST", "/v1/salons/{salon_id}/resources/{resource_id}:setWorkingHours"): row(roles=("admin",)),
+    ("POST", "/v1/salons/{salon_id}:setHoursOverride"): row(roles=("admin",)),
+    ("POST", "/v1/salons/{salon_id}:setBookingSettings"): row(roles=("admin",)),
+    ("GET", "/v1/salons/{salon_id}/services/{service_id}/availability"): row(
+        roles=("customer", "staff", "admin", "operator")),
     ("POST", "/v1/products"): row(roles=("admin",), other=200),
     ("POST", "/v1/products/{product_id}/codes:import"): row(roles=("admin",)),
     ("GET", "/v1/products/{product_id}/stock"): row(roles=("staff", "admin", "operator")),
@@ -121,6 +130,7 @@ class World:
     intent: str
     endpoint: str  # a webhook endpoint of TEST_MERCHANT's, subscribed to checkout.completed
     delivery: str  # its delivery of the checkout's checkout.completed
+    service: str = ""  # a service of the salon, performed by the resource
 
 
 def headers(role: str, merchant: str, sub: str | None = None, **extra) -> dict[str, str]:
@@ -168,8 +178,12 @@ async def world(http, stack, until_state) -> World:
         await db.close()
     log = (await http.get(f"/v1/webhookEndpoints/{endpoint.json()['id']}/deliveries", headers=admin)).json()
     (delivery,) = [d for d in log["deliveries"] if d["eventType"] == "checkout.completed"]
+    service = await http.post(f"/v1/salons/{salon['id']}/services", headers=admin, json={
+        "name": "Matrix cut", "durationMinutes": 30, "resourceIds": [resource["id"]],
+        "price": {"currencyCode": "TRY", "amountMinor": "1000"}})
+    assert service.status_code == 200, service.text
     return World(salon["id"], resource["id"], product["id"], codes[0]["id"], customer, created["id"],
-                 done["payment"]["id"], intent, endpoint.json()["id"], delivery["id"])
+                 done["payment"]["id"], intent, endpoint.json()["id"], delivery["id"], service.json()["id"])
 
 
 async def held_checkout(http, w: World, customer: str) -> str:
@@ -192,7 +206,8 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
     h = headers(role, merchant, sub)
     key = {"Idempotency-Key": uuid.uuid4().hex}
     ids = {"salon_id": w.salon, "product_id": w.product, "code_id": w.code_id, "checkout_id": w.checkout,
-           "payment_id": w.payment, "endpoint_id": w.endpoint, "delivery_id": w.delivery}
+           "payment_id": w.payment, "endpoint_id": w.endpoint, "delivery_id": w.delivery,
+           "resource_id": w.resource, "service_id": w.service}
     body, params = None, None
     if template == "/v1/salons":
         body = {"name": "Another", "timeZone": "Europe/Istanbul"}
@@ -200,6 +215,17 @@ async def call(http, w: World, method: str, template: str, role: str, merchant: 
         body = {"freeCancellationHours": 24, "cancellationFeePercent": 0}  # the defaults: the world stays as it is
     elif template.endswith("/resources"):
         body = {"name": "stylist"}
+    elif template.endswith("/services") and method == "POST":
+        body = {"name": "cut", "durationMinutes": 30, "resourceIds": [w.resource],
+                "price": {"currencyCode": "TRY", "amountMinor": "1"}}
+    elif template.endswith(":setWorkingHours"):
+        body = {"intervals": [{"weekday": 1, "opens": "09:00", "closes": "17:00"}]}
+    elif template.endswith(":setHoursOverride"):
+        body = {"day": "2030-01-01"}  # neither closed nor hours: no override (nothing changes)
+    elif template.endswith(":setBookingSettings"):
+        body = {"timeStepMinutes": 15}  # the default: the world stays as it is
+    elif template.endswith("/availability"):
+        params = {"startDay": "2026-01-01"}
     elif template.endswith("slots:batchCreate"):
         body = {"slots": [future_slot(w.resource)]}
     elif template == "/v1/products":

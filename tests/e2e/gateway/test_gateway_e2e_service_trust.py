@@ -136,3 +136,19 @@ def test_each_process_gets_only_its_own_keys(stack):
         assert ("CUTY_PSP_WEBHOOK_SECRET" in env) == (name == "payments"), name
     assert (folder / "ca.key").stat().st_mode & 0o077 == 0
 
+
+
+def test_make_run_delivers_webhooks_from_a_process_of_its_own_with_its_own_database_role(stack):
+    """As in Kubernetes: payments delivers nothing itself; `payments-webhooks-out` connects as
+    `payments_webhooks_out` and holds no certificate, no PSP secret, no signing key."""
+    from cutylib.config import WEBHOOKS_OUT_DB_ROLE
+    children = stack.state()["children"]
+
+    def env_of(name: str) -> dict[str, str]:
+        return dict(line.split("=", 1) for line in
+                    pathlib.Path(f"/proc/{children[name]}/environ").read_bytes().decode().split("\0") if "=" in line)
+    assert env_of("payments")["CUTY_WEBHOOKS_OUT_WORKERS"] == "0"
+    out = env_of("payments-webhooks-out")
+    assert out["CUTY_WEBHOOKS_OUT_DATABASE_URL"].startswith(f"postgresql://{WEBHOOKS_OUT_DB_ROLE}@")
+    for secret in ("CUTY_TLS_KEY", "CUTY_USER_ASSERTION_KEY", "CUTY_JWT_SECRET", "CUTY_PSP_WEBHOOK_SECRET"):
+        assert secret not in out, secret

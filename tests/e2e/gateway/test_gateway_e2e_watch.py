@@ -115,3 +115,24 @@ async def test_the_per_user_cap_and_a_closed_client_frees_its_stream(http, auth,
         await wait_for(admitted, timeout=5, interval=0.1, message="a closed stream's place to be freed")
         for cm in streams:
             await cm.__aexit__(None, None, None)
+
+
+async def test_a_stream_ends_when_the_token_that_opened_it_expires(http, auth, fresh_key, new_slots):
+    """A watch lives no longer than its token would be accepted (its `exp` plus the gateway's 30 s
+    leeway): then one `event: error` saying the token expired, and the stream ends; the client
+    reconnects with a fresh token and Last-Event-ID."""
+    from tests.e2e.gateway.conftest import make_token
+    slot = (await new_slots(1))[0]
+    sub = "watcher-" + fresh_key()["Idempotency-Key"][:8]
+    me = {"Authorization": f"Bearer {make_token('customer', sub)}"}
+    co = (await http.post("/v1/checkouts", json={"slotId": slot["id"]}, headers={**me, **fresh_key()})).json()
+    short = {"Authorization": f"Bearer {make_token('customer', sub, ttl=-27)}"}  # accepted for ~3 s more
+    async with watch(http, co["id"], short) as resp:
+        assert resp.status_code == 200
+        events = await asyncio.wait_for(read_until(sse(resp), lambda e: False), 15)
+    assert events[0]["event"] == "state-changed"
+    assert events[-1]["event"] == "error" and events[-1]["data"]["type"] == "token-expired", events[-1]
+    assert events[-1]["data"]["status"] == 401
+    # a fresh token resumes where it stopped
+    async with watch(http, co["id"], me, last_event_id=events[0]["id"]) as resp:
+        assert resp.status_code == 200

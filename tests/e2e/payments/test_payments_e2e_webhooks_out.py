@@ -17,6 +17,7 @@ import asyncpg
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cutylib.config import WEBHOOKS_OUT_DB_ROLE, with_user
 from cutylib.pgcluster import free_port
 from cutylib.principal import Principal
 from cutylib.testing.procs import REPO, wait_for
@@ -87,7 +88,9 @@ async def test_the_webhooks_out_process_delivers_alone_and_keeps_its_memory(pg, 
                                           MERCHANT)) == {"state": "pending", "attempts": 0}
 
             health_port, metrics_port = free_port(), free_port()
+            # It connects as its own role: the delivery tables only (docs/security.md, "Database roles").
             env = {**stack.common_env(), "CUTY_WEBHOOKS_OUT_WORKERS": "1",
+                   "CUTY_WEBHOOKS_OUT_DATABASE_URL": with_user(payments_dsn, WEBHOOKS_OUT_DB_ROLE),
                    "CUTY_WEBHOOKS_OUT_HEALTH_PORT": str(health_port),
                    "CUTY_WEBHOOKS_OUT_METRICS_PORT": str(metrics_port)}
             log = open(tmp_path / "webhooks-out.log", "ab")
@@ -97,6 +100,9 @@ async def test_the_webhooks_out_process_delivers_alone_and_keeps_its_memory(pg, 
             await wait_for(lambda: healthy(health_port), timeout=30, message="webhooks-out ready")
             assert await healthy(health_port, "liveness")
             await rx.until(lambda evs: first in evs, timeout=20)
+            assert {r["usename"] for r in await db.fetch(
+                "SELECT usename FROM pg_stat_activity WHERE application_name = 'cuty-payments-webhooks-out'")} \
+                == {WEBHOOKS_OUT_DB_ROLE}
             before = rss_of(out.pid)
             peak = before
             await publish(db, [h.id for h in hostile] + [good.id])

@@ -22,6 +22,8 @@ from cutylib.testing.tenancy import probe_role, rows_seen
 from cutylib.testing.trust import TEST_MERCHANT, user
 
 TABLES = ("salons", "resources", "slots", "holds")
+# services and working hours (docs/booking.md): merchant tables like the rest
+SCHEDULE_TABLES = ("services", "service_resources", "working_hours", "hours_overrides")
 T = tomorrow(10)
 H = timedelta(hours=1)
 
@@ -241,7 +243,7 @@ async def test_every_merchant_table_has_row_level_security_and_keys_lead_with_th
                EXISTS (SELECT 1 FROM pg_policy p WHERE p.polrelid = c.oid) AS has_policy
           FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'merchant_id' AND NOT a.attisdropped
          WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'""")
-    assert sorted(r["relname"] for r in tables) == sorted(TABLES)
+    assert sorted(r["relname"] for r in tables) == sorted(TABLES + SCHEDULE_TABLES)
     for r in tables:
         assert r["relrowsecurity"] and r["relforcerowsecurity"] and r["has_policy"], r["relname"]
     # Unique and exclusion constraints (the primary keys on random uuids aside) lead with merchant_id.
@@ -250,5 +252,6 @@ async def test_every_merchant_table_has_row_level_security_and_keys_lead_with_th
                 WHERE attrelid = conrelid AND attnum = conkey[1]) AS first
           FROM pg_constraint
          WHERE connamespace = 'public'::regnamespace AND contype IN ('u', 'x', 'f')""")
-    assert {k["conname"] for k in keys if k["t"] in TABLES and k["first"] != "merchant_id"} == set()
+    assert {k["conname"] for k in keys
+            if k["t"] in TABLES + SCHEDULE_TABLES and k["first"] != "merchant_id"} == set()
 

@@ -278,3 +278,30 @@ async def test_only_an_operator_or_admin_may_retry_a_checkout(harness, api):
         await api.RetryCheckout(req, metadata=md("ops-1", role="admin"))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_reason(e.value) == "checkout-not-needing-attention"
+
+
+async def test_a_pay_out_of_time_before_its_charge_is_never_charged_unless_its_caller_retries(harness, api):
+    """The paying request's deadline is recorded with the payment attempt: a worker carrying the saga
+    on after it does not start the charge (the buyer left); a retry with the same Idempotency-Key
+    brings the caller back, and its own time counts."""
+    gone = await api.CreateCheckout(pb.CreateCheckoutRequest(slot_id=harness.booking.add_slot()), metadata=md("eve"))
+    back = await api.CreateCheckout(pb.CreateCheckoutRequest(slot_id=harness.booking.add_slot()), metadata=md("eve"))
+    harness.booking.delay["ExtendHold"] = 1.0  # the step before the charge outlasts the requests' time
+    for c, key in ((gone, "pay-gone"), (back, "pay-back")):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await api.PayCheckout(pb.PayCheckoutRequest(checkout_id=c.id, payment_method="pm_card_ok"),
+                                  metadata=md("eve", key), timeout=0.4)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    harness.booking.delay["ExtendHold"] = 0
+    again = await wait_for(lambda: _pay_or_none(api, back.id, "pay-back"), timeout=10, message="the retry answers")
+    assert again.state == pb.CHECKOUT_STATE_CHARGING
+    assert await harness.pool.fetchval("SELECT pay_deadline > clock_timestamp() + interval '5 seconds' "
+                                       "FROM checkouts WHERE id = $1", uuid.UUID(back.id))
+    harness.start_workers(1)
+    await wait_for(lambda: _state_is(api, back.id, pb.CHECKOUT_STATE_COMPLETED), timeout=10, message="COMPLETED")
+    await wait_for(lambda: _state_is(api, gone.id, pb.CHECKOUT_STATE_FAILED), timeout=10, message="FAILED")
+    ended = await api.GetCheckout(pb.GetCheckoutRequest(checkout_id=gone.id), metadata=md("eve"))
+    assert ended.failure_reason == "pay-deadline-passed" and not ended.payment.id
+    assert list(harness.psp.charges.values()) == [1]  # the retried one only
+    assert await harness.pool.fetchval("SELECT count(*) FROM payments WHERE checkout_id = $1", uuid.UUID(gone.id)) == 0
+    assert harness.booking.effects["confirm"] == 1

@@ -16,6 +16,7 @@ from cutylib.principal import Principal
 from cutylib.testing.trust import TEST_MERCHANT
 from cutylib.testing.procs import wait_for
 from payments.checkout.domain import validate_create
+from payments.checkout.idempotency import Replay
 
 C = "customer-" + uuid.uuid4().hex[:8]
 ME = Principal(C, "customer")
@@ -212,3 +213,32 @@ async def test_a_charge_for_a_reschedule_the_customer_did_not_start_is_never_mad
     row = await h.row(paid.id)
     assert h.booking.status_of(row["reschedule_hold_id"]) == "HOLD_STATUS_RELEASED"
     assert sum(h.psp.charges.values()) == 1 and row["reschedule_payment_id"] is None
+
+
+# -- a replay is authorised first, and its key is the principal's own -----------------------------------
+async def test_a_replayed_reschedule_is_authorised_before_its_stored_answer_is_returned(make_harness):
+    """The Idempotency-Key of a reschedule belongs to who sent it: the same subject as staff of another
+    merchant is refused as a stranger (NOT_FOUND) even with the key and the request of the first, and
+    the same subject in another role of the merchant is refused as a reuse, never given the answer."""
+    h = make_harness()
+    paid = await purchase(h, price=10_000)
+    cheaper = h.booking.add_slot(price=9_000)
+    first = await h.service.reschedule(STAFF, paid.id, cheaper, "", "key-1")
+    assert first.slot_id == cheaper
+    with pytest.raises(Replay) as replayed:  # the sender's own retry: the first answer, unchanged
+        await h.service.reschedule(STAFF, paid.id, cheaper, "", "key-1")
+    assert pb.Checkout.FromString(replayed.value.response) == first
+    elsewhere = Principal(STAFF.subject, "staff", "merchant-elsewhere")
+    with pytest.raises(errors.NotFound):
+        await h.service.reschedule(elsewhere, paid.id, cheaper, "", "key-1")
+    as_admin = Principal(STAFF.subject, "admin", TEST_MERCHANT)
+    with pytest.raises(errors.InvalidArgument) as e:
+        await h.service.reschedule(as_admin, paid.id, cheaper, "", "key-1")
+    assert e.value.reason == "idempotency-key-reused"
+    # and the customer's own key is theirs: staff sending it are not given the customer's answer
+    back = h.booking.add_slot(price=9_000)
+    mine = await h.service.reschedule(ME, paid.id, back, "", "key-2")
+    assert mine.slot_id == back
+    with pytest.raises(errors.InvalidArgument):
+        await h.service.reschedule(Principal(C, "staff", TEST_MERCHANT), paid.id, back, "", "key-2")
+    assert sum(h.psp.charges.values()) == 1

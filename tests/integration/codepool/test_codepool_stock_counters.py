@@ -220,9 +220,35 @@ async def test_the_stock_gauge_reads_the_counters(stub, cp_pool):
         await service.reserve(ReserveCommand(order, order + "/1", uuid.UUID(product_id), 1, "cust-" + new_id()), "system")
     await service.deliver(order, "tx-" + new_id(), "system")
     gauge = metrics.CodePoolMetrics(prometheus_client.CollectorRegistry())
-    await gauge.refresh_stock(cp_pool)
+    await gauge.refresh_stock(cp_pool, top=1_000_000)  # every product of the shared database shown
     seen = {state: gauge.value("cuty_codepool_codes", product_id=product_id, state=state)
             for state in ("available", "reserved", "delivered")}
     assert seen == {"available": 3, "reserved": 1, "delivered": 1}
     assert {state: gauge.value("cuty_codepool_codes", product_id=empty, state=state)
             for state in ("available", "reserved", "delivered")} == {"available": 0, "reserved": 0, "delivered": 0}
+
+
+async def test_the_stock_gauge_shows_the_products_nearest_to_running_out_and_sums_the_rest(stub, cp_pool):
+    """A bounded label: `top` products (fewest available first, never stocked last), the rest as
+    product_id="other"; per state, the series add up to the whole stock."""
+    await stocked_product(stub, 1)
+    await stocked_product(stub, 3)
+    await new_product(stub)  # never stocked
+    stocked = {str(r["product_id"]): r["available"] for r in await cp_pool.fetch(
+        "SELECT product_id, sum(available) AS available FROM product_stock GROUP BY product_id "
+        "HAVING sum(available + reserved + delivered) > 0")}
+    totals = await cp_pool.fetchrow("SELECT sum(available) AS available, sum(reserved) AS reserved, "
+                                    "sum(delivered) AS delivered FROM product_stock")
+    registry = prometheus_client.CollectorRegistry()
+    gauge = metrics.CodePoolMetrics(registry)
+    for top in (2, 1):  # fewer shown the second time: the others' series are removed
+        await gauge.refresh_stock(cp_pool, top=top)
+        series = {(s.labels["product_id"], s.labels["state"]): s.value
+                  for f in registry.collect() if f.name == "cuty_codepool_codes" for s in f.samples}
+        shown = {pid for pid, _ in series} - {metrics.OTHER}
+        assert len(shown) == top and metrics.OTHER in {pid for pid, _ in series}
+        assert shown <= set(stocked)  # two stocked products at least: no never-stocked one shown
+        hidden = set(stocked) - shown
+        assert max(stocked[p] for p in shown) <= min(stocked[p] for p in hidden)
+        for state in metrics.STATES:
+            assert sum(v for (_, st), v in series.items() if st == state) == totals[state], state

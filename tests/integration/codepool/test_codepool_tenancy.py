@@ -12,7 +12,7 @@ import pytest
 from cuty.codepool.v1 import codepool_pb2 as pb
 from cuty.common.v1 import common_pb2
 from cutylib.testing.ids import new_id
-from cutylib.testing.tenancy import probe_role, rows_seen
+from cutylib.testing.tenancy import PARTITIONS_WITHOUT_RLS, probe_role, rows_seen
 from cutylib.testing.trust import TEST_MERCHANT, user
 
 from codepool_testkit import ADMIN, STAFF, make_codes, reserve_request, stocked_product
@@ -307,12 +307,14 @@ async def test_every_merchant_table_has_forced_rls_and_a_policy(cp_pool):
         SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
                EXISTS (SELECT FROM pg_policy p WHERE p.polrelid = c.oid) AS has_policy
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = 'public' AND c.relkind = 'r'
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
           AND EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'merchant_id'
                       AND NOT a.attisdropped)""")
     assert sorted(r["relname"] for r in rows) == sorted(MERCHANT_TABLES)
     for r in rows:
         assert r["relrowsecurity"] and r["relforcerowsecurity"] and r["has_policy"], dict(r)
+    # The audit log's partitions too: the role may name one directly.
+    assert await cp_pool.fetch(PARTITIONS_WITHOUT_RLS) == []
 
 
 async def test_every_row_names_its_merchant_there_is_no_default(cp_pool):
@@ -321,7 +323,8 @@ async def test_every_row_names_its_merchant_there_is_no_default(cp_pool):
     rows = await cp_pool.fetch("""
         SELECT c.relname, a.attnotnull, a.atthasdef
         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = 'public' AND c.relkind = 'r' AND a.attname = 'merchant_id' AND NOT a.attisdropped""")
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND a.attname = 'merchant_id'
+          AND NOT a.attisdropped""")
     not_null_no_default = {r["relname"]: (r["attnotnull"], r["atthasdef"]) for r in rows}
     assert not_null_no_default == {t: (True, False) for t in MERCHANT_TABLES}
     with pytest.raises(asyncpg.NotNullViolationError):

@@ -135,14 +135,12 @@ async def test_the_address_comes_from_the_trusted_proxy_header_when_configured(s
         assert (await c.get("/readyz", headers={"X-Forwarded-For": "203.0.113.6"})).status_code == 200
 
 
-async def test_traceparent_is_continued_and_propagated(client, fake, bearer):
-    incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    r = await client.get(SLOTS, headers={**bearer("customer"), "traceparent": incoming})
-    assert r.headers["x-trace-id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+async def test_the_edge_spans_trace_is_propagated_and_answered(client, fake, bearer):
+    r = await client.get(SLOTS, headers=bearer("customer"))
     version, trace_id, span_id, flags = r.headers["traceparent"].split("-")
-    assert (version, trace_id) == ("00", "4bf92f3577b34da6a3ce929d0e0e4736") and span_id != "00f067aa0ba902b7"
+    assert version == "00" and trace_id == r.headers["x-trace-id"]
     sent = fake.last("ListSlots").metadata["traceparent"]
-    assert sent.split("-")[1] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert sent.split("-")[1] == trace_id
 
 
 async def test_every_answer_has_a_fresh_trace_id(client, bearer):
@@ -162,3 +160,107 @@ async def test_path_ids_are_decoded_and_passed_verbatim(client, fake, bearer):
     r = await client.get("/v1/checkouts/1%27%20OR%20%271%27%3D%271", headers=bearer("customer"))
     assert r.status_code == 200
     assert fake.last("GetCheckout").request.checkout_id == "1' OR '1'='1"
+
+
+def _post_raw(url: str, head: bytes, body_chunks, *, read_timeout: float = 10) -> bytes:
+    """A real socket: send the head and the whole body as fast as the kernel takes it (what a
+    client does that does not wait for 100-continue), then read the answer to its end. A reset
+    or broken pipe on the way is what the client would see."""
+    import socket
+    import threading
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=read_timeout) as s:
+        answer: list[bytes] = []
+
+        def read():
+            try:
+                while chunk := s.recv(65536):
+                    answer.append(chunk)
+            except OSError as e:  # a reset while reading
+                answer.append(f"<{type(e).__name__}>".encode())
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            s.sendall(head)
+            for chunk in body_chunks:
+                s.sendall(chunk)
+        except OSError as e:  # the peer closed before taking the body: the client's broken pipe
+            reader.join(read_timeout)
+            return b"".join(answer) + f"<send: {type(e).__name__}>".encode()
+        reader.join(read_timeout)
+        return b"".join(answer)
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_two_mib_post_gets_its_413_answer_and_the_connection_is_closed(gw, bearer, framing):
+    """Over the limit, the gateway answers 413 while the body still comes, takes a bounded amount
+    more so the client is never reset before it has read the answer, and closes the connection."""
+    mib2 = 2 * 1024 * 1024
+    auth = bearer("admin")["Authorization"]
+    for _ in range(5):
+        if framing == "content-length":
+            head = (f"POST /v1/salons HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\n"
+                    f"Content-Type: application/json\r\nContent-Length: {mib2}\r\n\r\n").encode()
+            chunks = [b"x" * 65536] * (mib2 // 65536)
+        else:
+            head = (f"POST /v1/salons HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\n"
+                    "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+            chunks = [b"10000\r\n" + b"x" * 65536 + b"\r\n"] * (mib2 // 65536) + [b"0\r\n\r\n"]
+        answer = await asyncio.to_thread(_post_raw, gw.url, head, chunks)
+        assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+        head_part, _, body = answer.partition(b"\r\n\r\n")
+        assert b"connection: close" in head_part.lower(), head_part
+        assert json.loads(body)["type"] == "payload-too-large"
+
+
+async def test_a_clients_traceparent_is_a_link_of_a_new_trace_and_its_baggage_is_dropped(gw, fake, bearer):
+    """A client chooses its traceparent: it may not put its spans into our traces (nor choose
+    whether we sample), so the edge span starts a trace of its own that links the client's; the
+    client's baggage never reaches a service."""
+    from opentelemetry import trace as otel
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exporter = InMemorySpanExporter()
+    otel.get_tracer_provider().add_span_processor(SimpleSpanProcessor(exporter))
+    incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        r = await client.get(SLOTS, headers={**bearer("customer"), "traceparent": incoming,
+                                             "baggage": "tenant=other-merchant,role=operator"})
+    assert r.status_code == 200
+    ours = r.headers["x-trace-id"]
+    assert ours != "4bf92f3577b34da6a3ce929d0e0e4736" and r.headers["traceparent"].split("-")[1] == ours
+    sent = fake.last("ListSlots").metadata
+    assert sent["traceparent"].split("-")[1] == ours and "baggage" not in sent
+    (edge,) = [s for s in exporter.get_finished_spans() if s.name == f"GET {SLOTS_ROUTE}"]
+    assert edge.parent is None and format(edge.context.trace_id, "032x") == ours
+    assert [(format(link.context.trace_id, "032x"), format(link.context.span_id, "016x")) for link in edge.links] == [
+        ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")]
+
+
+async def test_the_gateways_memo_never_keeps_secrets(gw, fake, script, bearer):
+    """Answers carrying a client secret or a code's value, and requests carrying plaintext codes,
+    are never kept in the gateway's memo tables; answers without them still are."""
+    from cuty.payments.v1 import checkout_pb2
+    secret, code = "cs_" + secrets.token_hex(8), "CODE-" + secrets.token_hex(6)
+
+    def checkout(request, md):
+        out = checkout_pb2.Checkout(id=request.checkout_id)
+        if request.checkout_id == "with-secrets":
+            out.payment.client_secret = secret
+            out.payment.next_action.redirect_url = f"https://psp.example/3ds/{secret}"
+            out.codes.add(id="c1", value=code)
+        return out
+    script("GetCheckout", checkout)
+    me = bearer("customer")
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as client:
+        for _ in range(2):
+            r = await client.get("/v1/checkouts/with-secrets", headers=me)
+            assert r.status_code == 200 and r.json()["payment"]["clientSecret"] == secret
+            r = await client.get("/v1/checkouts/plain", headers=me)
+            assert r.status_code == 200
+        r = await client.post("/v1/products/p1/codes:import", headers=bearer("admin"),
+                              json={"batchRef": "b", "codes": [code]})
+        assert r.status_code == 200 and list(fake.last("ImportCodeBatch").request.codes) == [code]
+    kept = repr(list(gw.app._answers._data.items()) + list(gw.app._requests._data.items()))
+    assert secret not in kept and code not in kept
+    assert "plain" in kept  # the memo still works for answers without secrets

@@ -148,3 +148,46 @@ async def test_time_spent_in_the_gateway_counts_against_request_timeout(client, 
     assert r.status_code == 504 and "nothing was done" in r.json()["detail"], r.text
     assert len(fake.calls) == calls
     assert shed("/v1/checkouts/{checkout_id}", "critical", "deadline") == before + 1
+
+
+async def test_a_refusal_for_load_verifies_no_token_and_reads_no_body(start_gateway, fake, script, gate, bearer):
+    # Past capacity most requests are refused: each refusal must cost almost nothing, so admission
+    # comes before the token's signature, the body and the transcoding.
+    g = await start_gateway(concurrency_min=4, concurrency_max=4, concurrency_initial=4)
+    script("CreateCheckout", gate)
+    async with httpx.AsyncClient(base_url=g.url, timeout=30) as c:
+        admitted = [asyncio.create_task(create(c, bearer("customer", sub=f"early-{i}"))) for i in range(3)]
+        await gate.until_waiting(3)
+        verified, calls = g.app.verify.verified, len(fake.calls)
+
+        # A token never seen before, a forged one, and a body that is not JSON: all refused for
+        # load, none of them looked at.
+        overloaded(await create(c, bearer("customer", sub="never-seen")))
+        overloaded(await c.post("/v1/checkouts", content=b"{not json",
+                                headers={"Authorization": "Bearer forged.token.here", "Idempotency-Key": "k1"}))
+        assert g.app.verify.verified == verified
+        assert len(fake.calls) == calls and g.app.admission.in_flight == 3
+
+        gate.open.set()
+        assert [r.status_code for r in await asyncio.gather(*admitted)] == [200, 200, 200]
+
+
+async def test_an_admitted_request_refused_later_gives_its_place_back(start_gateway, fake, bearer):
+    g = await start_gateway(concurrency_min=4, concurrency_max=4, concurrency_initial=4)
+    limit = g.app.admission.limit
+    async with httpx.AsyncClient(base_url=g.url, timeout=30) as c:
+        # 401 (forged token), 400 (a body that is not JSON), 400 (no Idempotency-Key), 403 (role)
+        for _ in range(10):
+            r = await c.post("/v1/checkouts", json={"productId": "p1", "quantity": 1},
+                             headers={"Authorization": "Bearer forged.token.here", "Idempotency-Key": "k1"})
+            assert r.status_code == 401, r.text
+            r = await c.post("/v1/checkouts", content=b"{not json",
+                             headers={**bearer("customer"), "Idempotency-Key": "k2"})
+            assert r.status_code == 400, r.text
+            r = await c.post("/v1/checkouts", json={"productId": "p1", "quantity": 1}, headers=bearer("customer"))
+            assert r.status_code == 400 and r.json()["field"] == "Idempotency-Key", r.text
+        assert g.app.admission.in_flight == 0
+        # Not latency samples either: the limit did not move, and calls are admitted as before.
+        assert g.app.admission.limit == limit
+        assert (await create(c, bearer("customer"))).status_code == 200
+    assert g.app.admission.in_flight == 0

@@ -66,7 +66,8 @@ async def test_response_is_proto3_json(client, fake, bearer):
         del fake.scripts["ListSlots"]
     assert r.json() == {"slots": [{"id": "s1", "salonId": "", "resourceId": "r1", "startTime": "2026-03-08T09:00:00Z",
                                    "localStartTime": "2026-03-08T12:00:00+03:00",
-                                   "price": {"currencyCode": "TRY", "amountMinor": "75000"}, "available": False}],
+                                   "price": {"currencyCode": "TRY", "amountMinor": "75000"}, "available": False,
+                                   "serviceId": ""}],
                         "nextPageToken": ""}
 
 

@@ -17,7 +17,7 @@ from cutylib.grpc_client import create_channel
 from cutylib.grpc_errors import bad_field, error_reason, unpack_detail
 from cutylib.grpc_server import GrpcServer
 from cutylib.identity import AssertionSigner
-from cutylib.testing.trust import channel_as, dev_pki, user
+from cutylib.testing.trust import channel_as, dev_pki, reissue, trust_cas, user, write_cert
 from cutylib.tls import DevPki, TlsFiles, Transport, issue, make_ca
 
 SERVICE = booking_pb2.DESCRIPTOR.services_by_name["BookingService"]
@@ -274,4 +274,48 @@ async def test_no_reflection_in_production(monkeypatch):
                     pass
             assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
+        await server.stop()
+
+
+async def test_certificates_are_reloaded_without_a_restart(tmp_path, monkeypatch):
+    """A CA rotation (docs/security.md, "Rotation") under a running server and a long-lived client
+    channel, both watching their files: trust both CAs, re-issue from the new one, trust only the new
+    one. Calls keep succeeding on the same channel; once re-issued, the server presents the new
+    certificate and accepts a peer that has only a certificate of the new CA; at the end, one of the
+    old CA is refused. A half-written pair (the key without its certificate) is not taken."""
+    monkeypatch.setenv("CUTY_TLS_RELOAD_SECONDS", "0.1")
+    live, new = DevPki(tmp_path / "live").ensure(), DevPki(tmp_path / "new").ensure()
+    old_gateway = Transport("gateway", live.files("gateway"))  # fixed files of the old CA
+    server = await _serve(Transport.watching("booking", live.paths("booking")))
+    client = create_channel(addr(server), "booking", Transport.watching("gateway", live.paths("gateway")),
+                            deadline_seconds=3)
+
+    async def calls_succeed():
+        assert (await stub(client).CreateSalon(CREATE)).name == "anonymous"
+
+    async def after_reload():
+        await asyncio.sleep(0.25)
+        await calls_succeed()
+
+    try:
+        await calls_succeed()
+        trust_cas(live, live, new)
+        await after_reload()
+        reissue(live, "booking", new)
+        cert = reissue(live, "gateway", new, key_only=True)  # the client sees a key without its certificate
+        await after_reload()
+        assert client.generation == 1  # the CA bundle only: the half-written pair is not taken
+        write_cert(live, "gateway", cert)
+        await after_reload()
+        assert client.generation == 2
+        new_only = Transport("gateway", new.files("gateway"))  # trusts only the new CA
+        async with create_channel(addr(server), "booking", new_only, deadline_seconds=3) as ch:
+            assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
+        trust_cas(live, new)
+        await after_reload()
+        async with create_channel(addr(server), "booking", old_gateway, deadline_seconds=3) as ch:
+            assert await code_of(stub(ch).CreateSalon(CREATE)) == grpc.StatusCode.UNAVAILABLE
+        await calls_succeed()
+    finally:
+        await client.close()
         await server.stop()

@@ -87,14 +87,33 @@ def test_slot_draft_checks_end_after_start():
     assert _field(e) == "slots[2].end_time"
 
 
-def test_a_slot_price_has_an_upper_bound_named_in_the_error():
+@pytest.mark.parametrize("currency, top", [
+    ("EUR", 100_000_000),            # 1,000,000.00 EUR
+    ("TRY", 10_000_000_000),         # 100,000,000.00 TRY: a lira is worth about a fiftieth of a euro
+    ("JPY", 100_000_000),            # 100,000,000 yen: no minor unit, a yen about a 175th of a euro
+    ("KWD", 1_000_000_000),          # 1,000,000.000 KWD: three decimals
+    ("IDR", 1_000_000_000_000),      # 10,000,000,000.00 IDR: 10^8 minor units would be about 52 EUR
+])
+def test_a_slot_price_has_an_upper_bound_per_currency_named_in_the_error(currency, top):
+    """The bound is about a million euros' worth in every currency: minor units (JPY has none,
+    KWD three) and the value of a unit (IDR, TRY) differ, so one number of minor units for all
+    would refuse a real price in one currency and allow an absurd one in another."""
     start = NOW + timedelta(days=1)
-    top = domain.slot_draft(0, str(uuid.uuid4()), start, start + timedelta(hours=1), "TRY", domain.MAX_SLOT_PRICE_MINOR)
-    assert top.price_minor == domain.MAX_SLOT_PRICE_MINOR == 100_000_000
-    for price in (domain.MAX_SLOT_PRICE_MINOR + 1, 2**63 - 1):
+    assert domain.max_slot_price_minor(currency) == top
+    ok = domain.slot_draft(0, str(uuid.uuid4()), start, start + timedelta(hours=1), currency, top)
+    assert ok.price_minor == top
+    for price in (top + 1, 2**63 - 1):
         with pytest.raises(InvalidArgument) as e:
-            domain.slot_draft(3, str(uuid.uuid4()), start, start + timedelta(hours=1), "TRY", price)
-        assert _field(e) == "slots[3].price.amount_minor" and "at most 100000000" in str(e.value)
+            domain.slot_draft(3, str(uuid.uuid4()), start, start + timedelta(hours=1), currency, price)
+        assert _field(e) == "slots[3].price.amount_minor" and f"at most {top} " in str(e.value)
+        assert currency in str(e.value)
+
+
+def test_every_accepted_currency_has_a_minor_unit_and_a_bound():
+    from cutylib import money
+    assert set(money.MINOR_UNITS) | set(money.VALUE_MAGNITUDE) <= money.ISO_4217
+    for c in money.ISO_4217:
+        assert 10**7 <= domain.max_slot_price_minor(c) <= 10**14, c
 
 
 def test_slot_batch_rules():

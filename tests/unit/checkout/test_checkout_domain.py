@@ -245,3 +245,22 @@ def test_the_watched_payment_follows_the_reschedule_payment_states():
         s = saga(state, payment_id="purchase", reschedule=Reschedule(payment_id="difference"))
         expected = "difference" if state in d.RESCHEDULE_PAYMENT_STATES else "purchase"
         assert d.watched_payment_id(s) == expected, state
+
+
+def test_the_charge_is_not_started_past_the_paying_requests_deadline():
+    now = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+    due = now - timedelta(milliseconds=1)
+    assert d.pay_deadline_passed(saga(d.CHARGING, pay_deadline=due), now)
+    assert d.pay_deadline_passed(saga(d.HELD, payment_method="pm_card_ok", pay_deadline=due), now)
+    # Not yet; no deadline; or the charge started already (a payment exists): the saga goes on.
+    assert not d.pay_deadline_passed(saga(d.CHARGING, pay_deadline=now + timedelta(seconds=1)), now)
+    assert not d.pay_deadline_passed(saga(d.CHARGING), now)
+    assert not d.pay_deadline_passed(saga(d.CHARGING, pay_deadline=due, payment_id=str(uuid.uuid4())), now)
+    assert not d.pay_deadline_passed(saga(d.CONFIRMING, pay_deadline=due), now)
+    assert {Step.PAY, Step.EXTEND, Step.CHARGE} == d.BEFORE_CHARGE
+
+
+def test_the_database_clock_of_a_row_moves_on_with_the_local_one():
+    s = saga(d.CHARGING)
+    later = dataclasses_replace(s, read_mono=s.read_mono - 2.0)  # read two seconds ago
+    assert later.read_at + timedelta(seconds=1.9) < d.db_now(later) < later.read_at + timedelta(seconds=3)

@@ -33,7 +33,8 @@ OWN_SECRETS = {"gateway": {"cuty-gateway-secrets", "cuty-gateway-assertion-key",
                "codepool": {"cuty-codepool-secrets", "codepool-tls", "cuty-codepool-db-app"},
                "payments": {"cuty-payments-secrets", "payments-tls", "cuty-payments-db-app"},
                # of payments' secrets, the endpoint secrets' keyring alone (test_webhooks_out_...)
-               "payments-webhooks-out": {"cuty-payments-secrets", "cuty-payments-db-app"}}
+               # and its own database role's password, never the owner's (cuty-payments-db-app)
+               "payments-webhooks-out": {"cuty-payments-secrets", "cuty-payments-db-webhooks-out"}}
 
 
 @functools.cache
@@ -216,6 +217,12 @@ def test_each_service_mounts_only_its_own_secrets_and_certificate(objects):
         assert env["CUTY_TLS_CERT"] and env["CUTY_TLS_KEY"] and env["CUTY_TLS_CA"], name
         assert certs[f"{name}-tls"]["spec"]["dnsNames"][0] == name  # the identity in the SAN
         assert ("CUTY_USER_ASSERTION_KEY" in env) == (name == "gateway")  # only the gateway signs users
+        # The certificate's Secret is mounted whole (no subPath), so cert-manager's renewal reaches the
+        # running pod's files, which it re-reads (cutylib.tls.CertificateFiles; docs/security.md, "Rotation").
+        (tls,) = [m for m in containers(d)[0]["volumeMounts"] if m["mountPath"] == env["CUTY_TLS_CERT"].rsplit("/", 1)[0]]
+        assert "subPath" not in tls and tls["readOnly"], name
+        (volume,) = [v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == tls["name"]]
+        assert volume["secret"]["secretName"] == f"{name}-tls", name
 
 
 def test_network_denies_by_default_and_allows_the_designed_edges(objects):
@@ -271,6 +278,15 @@ def test_webhooks_out_runs_alone_with_the_least_it_needs(objects):
         {"name": "cuty-payments-secrets", "key": "CUTY_WEBHOOK_SECRET_KEYS"}
     payments_env = {e["name"]: e.get("value") for e in containers(deployments["payments"])[0]["env"]}
     assert payments_env["CUTY_WEBHOOKS_OUT_WORKERS"] == "0"
+    # its own database role, declared on the payments cluster with the password it connects with
+    assert env["CUTY_WEBHOOKS_OUT_DATABASE_URL"]["value"].startswith(
+        "postgresql://payments_webhooks_out:$(CUTY_WEBHOOKS_OUT_DB_PASSWORD)@cuty-payments-db-rw:5432/")
+    assert env["CUTY_WEBHOOKS_OUT_DB_PASSWORD"]["valueFrom"]["secretKeyRef"] == \
+        {"name": "cuty-payments-db-webhooks-out", "key": "password"}
+    assert "CUTY_PAYMENTS_DATABASE_URL" not in env
+    cluster = by_kind(objects, "Cluster")["cuty-payments-db"]
+    roles = {r["name"]: r for r in cluster["spec"]["managed"]["roles"]}
+    assert roles["payments_webhooks_out"]["passwordSecret"] == {"name": "cuty-payments-db-webhooks-out"}
 
     policies = by_kind(objects, "NetworkPolicy", "cuty")
     mine = [p for p in policies.values()
@@ -295,8 +311,15 @@ def test_prod_scales_survives_disruption_and_backs_up():
     objects = render("prod")
     assert set(by_kind(objects, "HorizontalPodAutoscaler")) == set(SERVICES)
     pdbs = by_kind(objects, "PodDisruptionBudget")
-    assert set(pdbs) == set(SERVICES) | set(WORKERS)
-    assert all(p["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {"app": n}}} for n, p in pdbs.items())
+    poolers = by_kind(objects, "Pooler")
+    assert set(pdbs) == set(SERVICES) | set(WORKERS) | set(poolers)
+    for n, p in pdbs.items():
+        # One pod at a time, whatever the scale; a pod that is not Ready never blocks a drain.
+        selector = {"cnpg.io/poolerName": n} if n in poolers else {"app": n}
+        assert p["spec"] == {"maxUnavailable": 1, "unhealthyPodEvictionPolicy": "AlwaysAllow",
+                             "selector": {"matchLabels": selector}}, n
+    assert all(p["spec"]["instances"] >= 2 for p in poolers.values())
+    assert all(c["spec"].get("enablePDB", True) for c in by_kind(objects, "Cluster").values())
     # The HPAs own the services' replica counts: an apply must not reset them.
     for name, d in by_kind(objects, "Deployment", "cuty").items():
         assert ("replicas" in d["spec"]) == (name in WORKERS), name
@@ -309,8 +332,10 @@ def test_prod_scales_survives_disruption_and_backs_up():
     max_conn = int(clusters["cuty-payments-db"]["spec"]["postgresql"]["parameters"]["max_connections"])
     out = by_kind(objects, "Deployment")["payments-webhooks-out"]
     out_pool = int({e["name"]: e.get("value") for e in containers(out)[0]["env"]}["CUTY_DB_POOL_MAX"])
-    # CUTY_DB_POOL_MAX=20 per replica, the webhook delivery workers' pools, plus operator and migrations
-    assert hpa * 20 + out["spec"]["replicas"] * out_pool + 10 <= max_conn
+    # CUTY_DB_POOL_MAX=20 per replica and its reporting pool (CUTY_DB_REPORTING_POOL_MAX=3), the
+    # webhook delivery workers' pools, plus operator and migrations
+    from cutylib.config import Settings
+    assert hpa * (20 + Settings().db_reporting_pool_max) + out["spec"]["replicas"] * out_pool + 10 <= max_conn
     assert all(d["spec"]["replicas"] == 1 for d in by_kind(render("dev"), "Deployment").values())
 
 

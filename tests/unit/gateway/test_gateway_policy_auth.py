@@ -21,6 +21,13 @@ DESIGN_TABLE = {
     ("POST", "/v1/salons/{salon_id}/slots:batchCreate"): {"admin"},
     ("GET", "/v1/salons/{salon_id}/slots"): {"customer", "staff", "admin", "operator"},
     ("GET", "/v1/salons/{salon_id}/bookings"): {"staff", "admin"},  # issue 12: a day's agenda
+    # services and working hours: the merchant's admins define them, every signed-in user reads
+    ("POST", "/v1/salons/{salon_id}/services"): {"admin"},
+    ("GET", "/v1/salons/{salon_id}/services"): {"customer", "staff", "admin", "operator"},
+    ("POST", "/v1/salons/{salon_id}/resources/{resource_id}:setWorkingHours"): {"admin"},
+    ("POST", "/v1/salons/{salon_id}:setHoursOverride"): {"admin"},
+    ("POST", "/v1/salons/{salon_id}:setBookingSettings"): {"admin"},
+    ("GET", "/v1/salons/{salon_id}/services/{service_id}/availability"): {"customer", "staff", "admin", "operator"},
     ("POST", "/v1/products"): {"admin"},
     ("POST", "/v1/products/{product_id}/codes:import"): {"admin"},
     ("GET", "/v1/products/{product_id}/stock"): {"staff", "admin", "operator"},

@@ -51,7 +51,17 @@ def test_slot_unavailable_carries_alternatives_as_slot_json():
     assert (d["status"], d["type"]) == (409, "slot-unavailable")
     assert d["alternatives"] == [{"id": "s2", "salonId": "", "resourceId": "r1",
                                   "localStartTime": "2026-03-08T12:00:00+03:00",
-                                  "price": {"currencyCode": "TRY", "amountMinor": "75000"}, "available": False}]
+                                  "price": {"currencyCode": "TRY", "amountMinor": "75000"}, "available": False,
+                                  "serviceId": ""}]
+
+
+def test_slot_unavailable_names_the_alternative_held_for_the_loser():
+    offer = booking_pb2.Hold(id="h9", slot_id="s2", offered=True, customer_id="c1")
+    err = errors.AlreadyExists("slot s1 is taken", reason="slot-unavailable",
+                               detail=booking_pb2.SlotUnavailable(slot_id="s1", held_alternative=offer))
+    d = doc(from_rpc_error(rpc_error(err), service="payments", deadline=5))
+    assert (d["heldAlternative"]["id"], d["heldAlternative"]["slotId"], d["heldAlternative"]["offered"]) == (
+        "h9", "s2", True)
 
 
 def test_out_of_stock_carries_available_as_a_number():

@@ -73,3 +73,21 @@ async def test_the_stream_is_open_only_after_the_backends_initial_metadata():
     eager = FakeCall(metadata=())
     await eager.queue.put(event(3))
     assert (await sse.opened(eager, service="payments", deadline=1)).id == 3
+
+
+async def test_a_busy_stream_still_ends_when_its_token_expires():
+    """Events arriving all the time do not keep a stream past its token: it ends with one
+    `event: error` (401 token-expired) and the call is cancelled."""
+    call = FakeCall()
+    await call.queue.put(event(0))
+    body = sse.events(call, None, heartbeat=10, service="payments", deadline=1, trace_id="t", expires_in=0.2)
+    chunks, i = [], 0
+    async for chunk in body:
+        chunks.append(chunk)
+        i += 1
+        await call.queue.put(event(i))
+        await asyncio.sleep(0.01)
+        assert i < 200, "the stream outlived its token"
+    assert chunks[-1].startswith(b"event: error\n")
+    assert json.loads(chunks[-1].split(b"data: ", 1)[1])["type"] == "token-expired"
+    assert call.cancelled

@@ -106,7 +106,8 @@ def test_response_json_is_proto3_mapping_and_deterministic():
 def test_response_keeps_non_ascii_and_injection_strings_verbatim():
     s = booking_pb2.Salon(name="Kuaför 'Ayşe'; DROP TABLE salons;-- <script>")
     assert to_json(s).decode() == ('{"id":"","name":"Kuaför \'Ayşe\'; DROP TABLE salons;-- <script>","timeZone":"",'
-                                   '"merchantId":"","freeCancellationHours":0,"cancellationFeePercent":0}')
+                                   '"merchantId":"","freeCancellationHours":0,"cancellationFeePercent":0,"minNoticeMinutes":0,'
+                                   '"bookingHorizonDays":0,"timeStepMinutes":0}')
 
 
 def test_field_of_parse_error_variants():

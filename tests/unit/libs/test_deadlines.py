@@ -7,7 +7,8 @@ import grpc
 import pytest
 
 from cutylib import deadlines, errors
-from cutylib.grpc_client import _Defaults
+from cutylib.grpc_client import Channel
+from cutylib.tls import Transport
 from cutylib.grpc_server import TrustAndErrorInterceptor, Trust
 
 METHOD = "/grpc.health.v1.Health/Check"  # open to any caller: no caller table needed here
@@ -107,7 +108,12 @@ async def test_streams_beyond_their_cap_are_refused_and_their_places_come_back()
 
 def test_onward_calls_get_at_most_the_time_the_call_has_left():
     timeouts = []
-    call = _Defaults(lambda request, timeout, metadata: timeouts.append(timeout), 5.0, ())
+
+    class Recording:  # a grpc channel whose calls record their timeout
+        def unary_unary(self, method):
+            return lambda request, timeout, metadata: timeouts.append(timeout)
+
+    call = Channel(Recording, 5.0, Transport.plaintext("payments")).unary_unary("/x")
     call(None)
     call(None, timeout=1.0)
     with deadlines.within(time.monotonic() + 0.5):

@@ -92,6 +92,28 @@ def test_dashboards_are_grafana_json_with_queries():
         assert all(t["expr"] for p in doc["panels"] for t in p["targets"]), b.name
 
 
+def test_dashboards_choose_datasource_cluster_and_namespace_and_every_query_follows():
+    """One dashboard serves every cluster and namespace (Grafana's sidecar loads them once): each
+    metric selector of each query is narrowed to the chosen cluster and namespace (`.*` for All,
+    which also matches the local Prometheus's series, which have neither label)."""
+    from observability_names import _LABELS, _NAME
+
+    for b in sorted((DEPLOY / "dashboards").glob("*.json")):
+        doc = json.loads(b.read_text())
+        variables = {v["name"]: v for v in doc["templating"]["list"]}
+        assert set(variables) >= {"datasource", "cluster", "namespace"}, b.name
+        assert variables["namespace"]["query"]["query"] == 'label_values(up{cluster=~"$cluster"}, namespace)'
+        assert all(variables[v]["allValue"] == ".*" and variables[v]["includeAll"] for v in ("cluster", "namespace"))
+        for p in doc["panels"]:
+            assert p["datasource"]["uid"] == "${datasource}", (b.name, p["title"])
+            for t in p["targets"]:
+                for m in re.finditer(_NAME.pattern + r"(\{[^}]*\})?", t["expr"]):
+                    if m.group(1) in _LABELS:
+                        continue
+                    assert m.group(2) and m.group(2).startswith('{cluster=~"$cluster",namespace=~"$namespace"'), \
+                        (b.name, p["title"], t["expr"])
+
+
 def test_names_are_prometheus_style():
     for name, files in metric_families().items():
         assert name.islower() and not name.endswith("_total"), (name, files)

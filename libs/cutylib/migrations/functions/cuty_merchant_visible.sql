@@ -11,7 +11,16 @@
 -- parameters and does not carry a session setting from one server connection to the next; the
 -- hot single statements set it themselves (a function declared SET cuty.merchant = '*').
 -- A row whose merchant is not known yet (NULL) is visible to '*' only.
+-- PL/pgSQL, not an inlined SQL function, for the planner's sake: inlined, the policy became
+-- `current_setting(..) = ANY (ARRAY['*', merchant_id])`, which the planner takes to keep one row
+-- in ~170 (it cannot know the setting), so a merchant's list page, believing its filters matched a
+-- handful of rows, read all of them to sort them: 0.5-1 s for a salon's or a product's checkouts
+-- of a year (`make bench-growth`, docs/benchmarks.md). A function call it cannot see into gets the
+-- default third, and the list walks its index in order and stops at the page. The cost is a call
+-- per row read (about a microsecond), on statements that read few rows.
 CREATE OR REPLACE FUNCTION cuty_merchant_visible(m text) RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT current_setting('cuty.merchant', true) IN ('*', m)
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN current_setting('cuty.merchant', true) IN ('*', m);
+END
 $$;

@@ -9,7 +9,7 @@
 -- Kubernetes CloudNativePG creates it, a managed role, before the Job runs (docs/deploy.md).
 -- No statement runs for ever, whoever runs it (a person's psql, a tool, the service): the
 -- database's default statement timeout; the service role has a shorter one of its own where it is
--- created, and the migration runner lifts it for its own transaction.
+-- created, and the migration runner sets a bound of its own (CUTY_MIGRATION_STATEMENT_TIMEOUT).
 CREATE OR REPLACE FUNCTION cuty_service_role(r name) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN

@@ -6,10 +6,7 @@
 CREATE OR REPLACE FUNCTION cuty_tenant_table(t regclass) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', t);
-    EXECUTE format('ALTER TABLE %s FORCE ROW LEVEL SECURITY', t);
-    EXECUTE format('CREATE POLICY merchant_isolation ON %s USING (cuty_merchant_visible(merchant_id)) '
-                   'WITH CHECK (cuty_merchant_visible(merchant_id))', t);
+    PERFORM cuty_tenant_rls(t);
     EXECUTE format('CREATE TRIGGER merchant_immutable BEFORE UPDATE OF merchant_id ON %s '
                    'FOR EACH ROW EXECUTE FUNCTION cuty_merchant_immutable()', t);
 END

@@ -40,7 +40,7 @@ BEGIN
             EXIT;
         ELSIF hold.status = 'expired' THEN
             -- Re-acquire: the exclusion constraint decides whether the time is still free.
-            PERFORM booking_retire_stale(hold.merchant_id, hold.resource_id, hold.start_time, hold.end_time, hold.id);
+            PERFORM booking_retire_stale(hold.merchant_id, hold.resource_id, lower(hold.during), upper(hold.during), hold.id);
             BEGIN
                 UPDATE holds h SET status = 'confirmed', payment_ref = p_payment_ref, updated_at = clock_timestamp()
                  WHERE h.id = p_hold_id AND h.status = 'expired'

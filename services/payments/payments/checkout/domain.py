@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import enum
 import math
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
@@ -218,6 +219,12 @@ class Saga:
     cancel_reason: str | None = None
     # The reschedule under way (or the last one): the checkouts table's reschedule_* columns.
     reschedule: Reschedule = Reschedule()
+    # The last instant its charge may start (the paying request's deadline; None: none). Past it, a
+    # saga whose charge has not started ends instead (Step.ABANDON): its caller is gone.
+    pay_deadline: datetime | None = None
+    # The local monotonic clock when the row was read, to tell how far the database clock has
+    # moved since read_at (db_now) without asking it again.
+    read_mono: float = field(default_factory=time.monotonic, compare=False, repr=False)
 
     @property
     def terminal(self) -> bool:
@@ -240,7 +247,7 @@ class Saga:
             cancellation_fee_percent=row.get("cancellation_fee_percent"), start_time=row.get("start_time"),
             refund_amount_minor=row.get("refund_amount_minor"), cancelled_by=row.get("cancelled_by"),
             cancel_reason=row.get("cancel_reason"),
-            reschedule=Reschedule.from_row(row),
+            reschedule=Reschedule.from_row(row), pay_deadline=row.get("pay_deadline"),
         )
 
     @property
@@ -272,6 +279,7 @@ class Step(enum.Enum):
     RESCHEDULE_CONFIRM = "reschedule_confirm"  # ConfirmHold (new), CancelBooking (old), refund a decrease
     RESCHEDULE_REVERT = "reschedule_revert"    # cancel / refund the difference, release the new hold
     PAY = "pay"                        # a local transition: a one-call checkout starts its payment
+    ABANDON = "abandon"                # a local transition: the paying request is gone, nothing charged
     EXPIRE = "expire"                  # a local transition: the hold ran out unpaid
     LATE_CAPTURE = "late_capture"      # a local transition: RELEASING, but the money arrived
     WAIT = "wait"                      # nothing to do until next_run_at / a wake-up
@@ -338,6 +346,25 @@ def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_secon
     if st == RESCHEDULE_REVERTING:
         return Step.RESCHEDULE_REVERT
     return Step.WAIT
+
+
+def db_now(saga: Saga) -> datetime:
+    """The database clock now, as far as the row tells: its read_at moved on by the time elapsed
+    since it was read (a step may have taken seconds since)."""
+    return saga.read_at + timedelta(seconds=max(0.0, time.monotonic() - saga.read_mono))
+
+
+# Steps that lead to the charge: not started once the paying request is gone (pay_deadline_passed).
+BEFORE_CHARGE = frozenset({Step.PAY, Step.EXTEND, Step.CHARGE})
+
+
+def pay_deadline_passed(saga: Saga, now: datetime) -> bool:
+    """The request that asked for the payment can no longer be answered and the charge has not
+    started (no payment known: the engine has looked it up by its attempt key before asking):
+    nobody waits for this purchase, so it must not be charged. Whether a request still drives the
+    saga is the engine's to know; this is the row's view."""
+    return (saga.pay_deadline is not None and saga.payment_id is None and now >= saga.pay_deadline
+            and saga.state in (HELD, CHARGING))
 
 
 def pays_on_create(saga: Saga) -> bool:

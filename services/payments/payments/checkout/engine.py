@@ -45,7 +45,8 @@ _NOTHING = repo.Fields()
 _KEYED_STATES = (domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING)
 
 # Steps that call another service (booking, the code pool, the PSP through the payments core).
-_CALLS_OUT = frozenset(Step) - {Step.OBSERVE, Step.RESCHEDULE_OBSERVE, Step.EXPIRE, Step.LATE_CAPTURE, Step.WAIT}
+_CALLS_OUT = frozenset(Step) - {Step.OBSERVE, Step.RESCHEDULE_OBSERVE, Step.EXPIRE, Step.LATE_CAPTURE, Step.WAIT,
+                                Step.ABANDON}
 # Steps that start moving money: from here on a drive ignores the deadline of the request it runs in.
 _CHARGES = frozenset({Step.CHARGE, Step.RESCHEDULE_CHARGE})
 
@@ -107,7 +108,13 @@ class Engine:
         get at most that time; otherwise the lease goes back (a worker carries on at once, as after
         a cancelled request) and DeadlineExceeded is raised. A saga that already charged (or
         charges in this drive) is driven as by a worker: a deadline never leaves money half-moved.
-        The saga's own reads and writes never wait on the request's deadline."""
+        The saga's own reads and writes never wait on the request's deadline.
+
+        A request out of time before its charge started marks the paying request's deadline as
+        passed (pay_deadline = now, exact where the recorded one is late by the wait for a
+        connection): the worker that carries on does not start the charge, nor does any worker
+        after the paying request's deadline (Step.ABANDON). A request cancelled by its client is
+        not marked: a retry with the same Idempotency-Key may still want the payment."""
         parent, links = _checkout_trace(saga)
         deadline = deadlines.current() if (saga.payment_key is None or unpaid) else None
         with deadlines.detached(), tracer.start_as_current_span(
@@ -117,7 +124,7 @@ class Engine:
                 return await self._drive(saga, owner, payment, unpaid, deadline)
             except OutOfTime as stop:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.sagas.hand_back(saga.id, owner), 1.0)
+                    await asyncio.wait_for(self.sagas.hand_back(saga.id, owner, caller_gone=True), 1.0)
                 raise deadlines.exceeded(f"start the checkout's {stop} step") from None
             except Fenced:
                 return await self.sagas.get(saga.id) or saga, None
@@ -132,6 +139,7 @@ class Engine:
                 return await self.sagas.get(saga.id) or saga, None
 
     async def _drive(self, saga: Saga, owner: str, payment, unpaid: bool = False, deadline: float | None = None):
+        by_request = deadline is not None  # a request waits for this drive (its deadline governs it)
         learned = _NOTHING  # facts a step learned that are not written yet
         key_checked = unpaid
         while not saga.terminal:
@@ -150,6 +158,11 @@ class Engine:
             status = payment.status if payment is not None else None
             step = domain.next_step(saga, status, saga.read_at, self.options.expiry_grace_seconds,
                                     self.options.pay_window_seconds)
+            if (not by_request and step in domain.BEFORE_CHARGE
+                    and domain.pay_deadline_passed(saga, domain.db_now(saga))):
+                # Nobody waits for this payment any more (the paying request's deadline passed):
+                # end without charging. The payment was looked up by its attempt key above.
+                step = Step.ABANDON
             if self._waits(step, saga, status):
                 saga, again = await self._release(saga, owner, learned, status)
                 learned = _NOTHING

@@ -75,7 +75,10 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
     async def CreateCheckout(self, request: checkout_pb2.CreateCheckoutRequest,
                              context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         customer = principal.current().require_subject()
-        req = domain.validate_create(request.slot_id, request.product_id, request.quantity,
+        slot_id = request.slot_id
+        if request.service_id or request.HasField("start_time") or request.resource_id:
+            slot_id = await self.service.service_slot(request)
+        req = domain.validate_create(slot_id, request.product_id, request.quantity,
                                      request.payment_method if request.HasField("payment_method") else None)
         try:
             return views.checkout_pb(await self.service.create(customer, req, _key(context)))

@@ -123,16 +123,24 @@ def _refused(err: grpc.aio.AioRpcError) -> Refused:
     return Refused(errors.FailedPrecondition(msg))
 
 
+# A buyer who loses the time at checkout keeps the first alternative for this long, held for them by
+# booking (docs/booking.md, "The race loser is kept"); a checkout of its slot within it takes it.
+LOSER_OFFER_SECONDS = 60
+
+
 class BookingHolds:
     def __init__(self, stub):
         self.stub = stub
 
     async def hold(self, saga: Saga) -> Held:
-        return await self.hold_slot(saga.slot_id, saga.customer_id, domain.hold_request_id(saga.id))
+        return await self.hold_slot(saga.slot_id, saga.customer_id, domain.hold_request_id(saga.id),
+                                    offer_seconds=LOSER_OFFER_SECONDS)
 
-    async def hold_slot(self, slot_id: str, customer_id: str, request_id: str) -> Held:
-        """booking.HoldSlot, idempotent on `request_id` (a purchase's hold, or a reschedule's new one)."""
-        req = booking_pb2.HoldSlotRequest(slot_id=slot_id, customer_id=customer_id, request_id=request_id)
+    async def hold_slot(self, slot_id: str, customer_id: str, request_id: str, offer_seconds: int = 0) -> Held:
+        """booking.HoldSlot, idempotent on `request_id` (a purchase's hold, or a reschedule's new one).
+        `offer_seconds`: a lost time leaves the buyer with an alternative held that long."""
+        req = booking_pb2.HoldSlotRequest(slot_id=slot_id, customer_id=customer_id, request_id=request_id,
+                                          offer_seconds=offer_seconds)
         try:
             with _as_system():
                 h = await self.stub.HoldSlot(req)
@@ -190,6 +198,18 @@ class BookingHolds:
         try:
             with _as_system():
                 return await self.stub.GetSlot(booking_pb2.GetSlotRequest(slot_id=slot_id))
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _RETRYABLE:
+                raise errors.Unavailable("booking is unavailable; retry") from None
+            raise _refused(e).error from None
+
+    async def service_slot(self, service_id: str, start, resource_id: str) -> str:
+        """The slot id naming a service time (booking.GetServiceSlot, made on first use), so a
+        checkout of a service time is a checkout of that slot."""
+        req = booking_pb2.GetServiceSlotRequest(service_id=service_id, start_time=start, resource_id=resource_id)
+        try:
+            with _as_system():
+                return (await self.stub.GetServiceSlot(req)).id
         except grpc.aio.AioRpcError as e:
             if e.code() in _RETRYABLE:
                 raise errors.Unavailable("booking is unavailable; retry") from None

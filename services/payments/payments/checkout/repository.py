@@ -46,15 +46,17 @@ _RESCHEDULE = in_list(RESCHEDULE_STATES)
 # CreateCheckout's first write, the PENDING row with the request's saga lease, as part of its
 # Idempotency-Key's statement (idempotency.begin_with): the checkout id is the key's resource id,
 # the customer the key's ($1). Inserts nothing unless the key was taken (`began` has its row).
-# $15: a one-call checkout's payment method (NULL: hold only), which makes the saga pay once held.
+# $15: a one-call checkout's payment method (NULL: hold only), which makes the saga pay once held;
+# $16: the seconds its charge may still start in (the request's deadline; NULL: none), pay_deadline.
 INSERT_PENDING = f"""
 first AS (
     INSERT INTO checkouts (id, customer_id, kind, slot_id, product_id, quantity, order_id,
-                           lease_owner, lease_until, next_run_at, traceparent, payment_method)
+                           lease_owner, lease_until, next_run_at, traceparent, payment_method, pay_deadline)
     SELECT began.resource_id, $1, $8::text, $9::uuid, $10::uuid, $11::int,
            CASE WHEN $8::text = 'codes' THEN began.resource_id END, $12::text,
            clock_timestamp() + make_interval(secs => $13::float8),
-           clock_timestamp() + make_interval(secs => $13::float8), $14::text, $15::text
+           clock_timestamp() + make_interval(secs => $13::float8), $14::text, $15::text,
+           CASE WHEN $15::text IS NOT NULL THEN clock_timestamp() + make_interval(secs => $16::float8) END
     FROM began
     ON CONFLICT (id) DO NOTHING
     {_RETURNING}
@@ -157,11 +159,13 @@ SELECT * FROM upd
 # PayCheckout's first write: HELD -> CHARGING and the saga lease for the request, as part of its
 # Idempotency-Key's statement (idempotency.begin_with): only when the key was taken (`began` has
 # its row); customer = $1. The hold must not have run out (database clock): a buyer is never
-# charged for an expired hold.
+# charged for an expired hold. $14: the seconds the charge may still start in (the request's
+# deadline; NULL: none), pay_deadline.
 START_CHARGING = f"""
 first AS (
     UPDATE checkouts SET
         state = 'CHARGING', version = version + 1, payment_key = $9::uuid, payment_method = $10::text,
+        pay_deadline = clock_timestamp() + make_interval(secs => $14::float8),
         lease_owner = $11::text,
         lease_until = clock_timestamp() + make_interval(secs => $12::float8),
         next_run_at = clock_timestamp() + make_interval(secs => $12::float8),
@@ -173,6 +177,17 @@ first AS (
     INSERT INTO payment_events (checkout_id, source, from_status, to_status, version, trace_id, note, merchant_id)
     SELECT id, 'saga', 'HELD', state, version, $13::text, 'pay ' || $10::text, merchant_id FROM first
 )
+"""
+
+# A retried PayCheckout (the same Idempotency-Key) whose first attempt died before its charge
+# started: its caller is back, so the charge may start until this request's deadline too ($2
+# seconds from now; NULL: no deadline, no limit). A worker that read the row before this and finds
+# the old deadline passed still ends it (its decision is fenced by nothing here, and is right for
+# the moment it read).
+EXTEND_PAY_DEADLINE = """
+UPDATE checkouts SET pay_deadline = CASE WHEN $2::float8 IS NULL THEN NULL
+                                         ELSE GREATEST(pay_deadline, clock_timestamp() + make_interval(secs => $2::float8)) END
+WHERE id = $1 AND state = 'CHARGING' AND payment_id IS NULL AND pay_deadline IS NOT NULL
 """
 
 # CancelCheckout takes the lease whoever held it: every write of the displaced holder is fenced
@@ -356,8 +371,14 @@ CLEAR_WAKEUP = f"UPDATE checkouts SET wakeup = false WHERE id = $1 AND lease_own
 
 # A drive cancelled mid-step (shutdown, a client hanging up on a synchronous request): the step is
 # idempotent, so hand the saga to any replica now instead of leaving it until the lease expires.
+# $3: the request that drove the saga ran out of time before its charge started: from now on the
+# charge may not start (pay_deadline), whatever was recorded (that one is late by the request's
+# wait for a connection).
 HAND_BACK = f"""
-UPDATE checkouts SET lease_owner = NULL, lease_until = NULL, wakeup = false, next_run_at = clock_timestamp()
+UPDATE checkouts SET lease_owner = NULL, lease_until = NULL, wakeup = false, next_run_at = clock_timestamp(),
+    pay_deadline = CASE WHEN $3 AND payment_id IS NULL AND payment_method IS NOT NULL
+                        THEN LEAST(COALESCE(pay_deadline, clock_timestamp()), clock_timestamp())
+                        ELSE pay_deadline END
 WHERE id = $1 AND lease_owner = $2 AND state NOT IN {_IDLE}
 """
 
@@ -508,16 +529,20 @@ def saga_of(row) -> Saga | None:
 
 
 def insert_pending(*, kind: str, slot_id: str | None, product_id: str | None, quantity: int, owner: str,
-                   lease_seconds: float, payment_method: str | None = None) -> tuple[str, tuple]:
-    """CreateCheckout's first write, for IdempotencyStore.claim(first=...)."""
+                   lease_seconds: float, payment_method: str | None = None,
+                   pay_within: float | None = None) -> tuple[str, tuple]:
+    """CreateCheckout's first write, for IdempotencyStore.claim(first=...). `pay_within`: a one-call
+    checkout's seconds in which its charge may start (the request's deadline), None: no limit."""
     return INSERT_PENDING, (kind, slot_id, product_id, quantity, owner, lease_seconds, current_traceparent(),
-                            payment_method)
+                            payment_method, pay_within)
 
 
 def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,
-                   lease_seconds: float) -> tuple[str, tuple]:
-    """PayCheckout's first write, for IdempotencyStore.claim(first=...)."""
-    return START_CHARGING, (checkout_id, payment_key, payment_method, owner, lease_seconds, current_trace_id())
+                   lease_seconds: float, pay_within: float | None = None) -> tuple[str, tuple]:
+    """PayCheckout's first write, for IdempotencyStore.claim(first=...). `pay_within`: the seconds in
+    which the charge may start (the request's deadline), None: no limit."""
+    return START_CHARGING, (checkout_id, payment_key, payment_method, owner, lease_seconds, current_trace_id(),
+                            pay_within)
 
 
 def start_reschedule(*, checkout_id: str, slot_id: str, payment_method: str | None, who: str, owner: str,
@@ -626,5 +651,8 @@ class Sagas:
         row = await tenancy.fetchrow(self.db, LAST_EVENT, checkout_id, principal=caller)
         return None if row is None else CheckoutEvent(row["seq"], row["to_status"], row["created_at"])
 
-    async def hand_back(self, checkout_id: str, owner: str) -> None:
-        await self.db.execute(HAND_BACK, checkout_id, owner)
+    async def extend_pay_deadline(self, checkout_id: str, pay_within: float | None) -> None:
+        await self.db.execute(EXTEND_PAY_DEADLINE, checkout_id, pay_within)
+
+    async def hand_back(self, checkout_id: str, owner: str, *, caller_gone: bool = False) -> None:
+        await self.db.execute(HAND_BACK, checkout_id, owner, caller_gone)

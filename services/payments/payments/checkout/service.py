@@ -12,7 +12,9 @@ import uuid
 
 import asyncpg
 
-from cutylib import errors, paging, tenancy
+from cuty.payments.v1 import checkout_pb2
+from cutylib import deadlines, errors, paging, tenancy
+from cutylib.db import reports
 from cutylib.fields import canonical_uuid
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
@@ -83,7 +85,8 @@ class CheckoutService:
         # The PENDING row is inserted by the key's own statement (one round trip).
         first = repo.insert_pending(kind=req.kind, slot_id=req.slot_id, product_id=req.product_id,
                                     quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds,
-                                    payment_method=req.payment_method)
+                                    payment_method=req.payment_method,
+                                    pay_within=_pay_within() if req.payment_method is not None else None)
         async with self.keys.claim(customer, "create", key, h, first) as claim:  # or Replay
             claim.finish(await self._create(claim.resource_id, owner, claim.row))
         return claim.answer
@@ -128,6 +131,18 @@ class CheckoutService:
                                  reason="idempotency-key-in-flight")
         return leased
 
+    async def service_slot(self, request: checkout_pb2.CreateCheckoutRequest) -> str:
+        """A service time's slot id (booking makes it on first use; the same time is the same slot,
+        so an Idempotency-Key's retry resolves to the slot of its first attempt)."""
+        if request.slot_id or request.product_id:
+            raise errors.InvalidArgument("service_id", "give a service time (service_id, start_time) or slot_id or "
+                                                       "product_id, not more than one")
+        service_id = canonical_uuid("service_id", request.service_id)
+        if not request.HasField("start_time"):
+            raise errors.InvalidArgument("start_time", "start_time is required with service_id")
+        resource_id = canonical_uuid("resource_id", request.resource_id) if request.resource_id else ""
+        return await self.holds.booking.service_slot(service_id, request.start_time, resource_id)
+
     # -- PayCheckout ------------------------------------------------------------------------------
     async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> CheckoutAnswer:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
@@ -136,7 +151,8 @@ class CheckoutService:
         owner = new_owner("pay")
         # HELD -> CHARGING is written by the key's own statement (one round trip).
         first = repo.start_charging(checkout_id=checkout_id, payment_key=domain.payment_attempt_id(checkout_id),
-                                    payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds)
+                                    payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds,
+                                    pay_within=_pay_within())
         async with self.keys.claim(customer, "pay", key, h, first) as claim:  # or Replay
             claim.finish(await self._pay(customer, checkout_id, payment_method, claim.resumed, owner, claim.row))
         return claim.answer
@@ -160,7 +176,10 @@ class CheckoutService:
             current = await self._owned(customer, checkout_id)
             if resumed and current.payment_key is not None and current.payment_method == payment_method:
                 # The retry of a pay whose process died after it started charging: the saga went on
-                # (a worker resumed it), so the answer is where it stands now, not an error.
+                # (a worker resumed it), so the answer is where it stands now, not an error. Its
+                # caller is back: the charge, if not started yet, may start within this request's time.
+                if current.state == domain.CHARGING and current.payment_id is None:
+                    await self.sagas.extend_pay_deadline(checkout_id, _pay_within())
                 return await self.view(current)
             if current.state == domain.HELD:
                 raise errors.FailedPrecondition(f"the hold of checkout {checkout_id} has expired",
@@ -289,9 +308,13 @@ class CheckoutService:
         are the engine's, driven here and, after a crash, by any worker."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         slot_id = canonical_uuid("slot_id", slot_id)
-        h = request_hash("reschedule", checkout_id, slot_id, payment_method)
-        await self.keys.replay_if_answered(caller.require_subject(), "reschedule", key, h)
+        # Who may see the checkout is asked before any stored answer is given back, and the key is
+        # bound to the role and merchant it was used with: the same subject in another role or as
+        # another merchant's staff is refused as a reuse, never handed the first answer
+        # (docs/security.md, "Replays are the sender's own").
         current = await self.seen(caller, checkout_id)
+        h = request_hash("reschedule", checkout_id, slot_id, payment_method, caller.role, caller.org)
+        await self.keys.replay_if_answered(caller.require_subject(), "reschedule", key, h)
         staff = caller.role in STAFF_ROLES
         if current.kind != domain.BOOKING:
             raise errors.FailedPrecondition(f"checkout {checkout_id} bought codes; only a booking is rescheduled",
@@ -393,7 +416,7 @@ class CheckoutService:
                                                filters.created_before_key)
         key = paging.decode_keyset(page_token, fingerprint, 1)
         after = None if key is None else (key[0], key[1][0])
-        async with tenancy.scoped(self.pool, caller) as uow:
+        async with tenancy.scoped(reports(self.pool), caller) as uow:  # a report: its own pool
             rows = await repo.Sagas(uow.conn).list(q, after, size + 1)
         page = rows[:size]
         if caller.role == tenancy.OPERATOR_ROLE:
@@ -423,3 +446,13 @@ class CheckoutService:
         if with_codes and saga.kind == domain.CODES and saga.state == domain.COMPLETED:
             codes = await self.holds.codes.delivered_codes(saga)
         return CheckoutAnswer(saga, payment, tuple(codes))
+
+
+def _pay_within() -> float | None:
+    """The seconds in which the request's charge may start (its deadline less the margin its answer
+    needs; cutylib.deadlines), recorded with the payment attempt (checkouts.pay_deadline): past
+    them nobody waits for this payment, and a worker carrying the saga on ends it uncharged. None
+    without a deadline. Counted from the first write's statement, so a wait for a connection makes
+    it later by that wait at most; a request that stops marks the exact instant (Sagas.hand_back)."""
+    left = deadlines.remaining()
+    return None if left is None else max(0.0, left - deadlines.MARGIN_SECONDS)

@@ -24,6 +24,8 @@ from .settings import CheckoutOptions
 log = logging.getLogger(__name__)
 
 FREE_NOTE = "free: no payment taken"
+# failure_reason of a checkout whose paying request was gone before its charge could start.
+PAY_DEADLINE_PASSED = "pay-deadline-passed"
 tracer = trace.get_tracer("cuty.checkout")
 
 
@@ -87,6 +89,10 @@ class Steps:
         # first write makes (START_CHARGING); the charge and what follows are the same steps after it.
         return Outcome(Move(domain.CHARGING), repo.Fields(payment_key=domain.payment_attempt_id(saga.id)),
                        note=f"pay {saga.payment_method}")
+
+    async def _abandon(self, saga: Saga, payment, status) -> Outcome:
+        # The request that asked for the payment is gone before the charge started: release, no charge.
+        return Outcome(Move(domain.RELEASING, domain.FAILED, PAY_DEADLINE_PASSED))
 
     async def _expire(self, saga: Saga, payment, status) -> Outcome:
         return Outcome(Move(domain.RELEASING, domain.EXPIRED, "hold-expired-unpaid"))

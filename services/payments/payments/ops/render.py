@@ -29,6 +29,8 @@ def render(s: Story) -> str:
             f"product {c['product_id']} x{c['quantity']} order {c['order_id']}"
         amount = f"{c['amount_minor']} {c['currency']} (minor units)" if c.get("amount_minor") is not None else "-"
         add(f"  {target}  amount {amount}  hold expires {c['expire_time'] or '-'}")
+        if c["kind"] == "codes":
+            add(f"  the codes' story (in a code pool pod): python -m codepool ops code {c['order_id']} --by <you>")
     for p in s.payments:
         add(f"payment {p['id']}  status {p['status']}  version {p['version']}  method {p['payment_method']}")
         add(f"  PSP intent {p['psp_intent_id'] or '- (the PSP has not answered)'}  refund {p['psp_refund_id'] or '-'}"

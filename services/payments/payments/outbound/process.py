@@ -24,7 +24,8 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from cutylib.config import Settings, database_url_for, env_int, env_str
+from cutylib.config import (WEBHOOKS_OUT_HEALTH_PORT as HEALTH_PORT, WEBHOOKS_OUT_METRICS_PORT as METRICS_PORT,
+                            Settings, env_int, env_str, webhooks_out_database_url)
 from cutylib.db import ALL_MERCHANTS, create_pool
 from cutylib.dbwatch import DatabaseWatch
 from cutylib.grpc_server import LIVENESS, _supervised as supervised
@@ -38,8 +39,6 @@ from .worker import DeliveryOptions, DeliveryWorker
 log = logging.getLogger(__name__)
 
 NAME = "payments-webhooks-out"
-HEALTH_PORT = 51054
-METRICS_PORT = 9468
 
 
 class WebhooksOut:
@@ -101,7 +100,8 @@ class WebhooksOut:
 async def serve(migrations: pathlib.Path) -> None:
     settings = Settings.from_env()
     settings.check_secrets(NAME)
-    dsn = database_url_for("payments")
+    # Its own database role (payments_webhooks_out: the delivery tables only; docs/security.md).
+    dsn = webhooks_out_database_url()
     # Connected on demand: the database may be away at start (the watch says when it is back).
     pool = await create_pool(dsn, min_size=0, max_size=settings.db_pool_max, application_name=f"cuty-{NAME}",
                              acquire_timeout=settings.db_acquire_timeout_seconds, merchant=ALL_MERCHANTS)

@@ -17,6 +17,7 @@ from datetime import datetime
 import asyncpg
 
 from cutylib import tenancy
+from cutylib.db import reports
 from cutylib.principal import Principal
 
 from .secrets import SecretBox, SecretDamaged, default_box
@@ -309,7 +310,7 @@ class Endpoints:
 
     async def deliveries(self, caller: Principal, merchant: str, endpoint_id: str, before_seq: int,
                          limit: int) -> list[Delivery]:
-        rows = await tenancy.fetch(self.pool, LIST_DELIVERIES, merchant, endpoint_id, before_seq, limit,
+        rows = await tenancy.fetch(reports(self.pool), LIST_DELIVERIES, merchant, endpoint_id, before_seq, limit,
                                    principal=caller)
         return [Delivery.from_row(r) for r in rows]
 

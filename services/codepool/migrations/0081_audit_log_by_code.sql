@@ -1,0 +1,6 @@
+-- cuty:no-transaction
+-- The audit entries that name a code without an order (an admin's reveal, an operator's read, a
+-- key rotation), for the incident story (codepool/incident.py TRAIL). Entries of an order (reserve,
+-- deliver, release, expire, the buyer's reads: the hot path) are found by audit_log_by_order and
+-- stay out of this index.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS audit_log_by_code ON audit_log USING gin (code_ids) WHERE order_id IS NULL;
