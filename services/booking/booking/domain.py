@@ -205,12 +205,18 @@ def slot_draft(index: int, resource_id: str, start: datetime | None, end: dateti
     if end_utc <= start_utc:
         raise InvalidArgument(f"{f}.end_time", f"{f}.end_time must be after start_time "
                                                f"({start_utc.isoformat()}), got {end_utc.isoformat()}")
-    cur, amount = require_money(f"{f}.price", currency, amount_minor)
+    cur, amount = require_price(f"{f}.price", currency, amount_minor)
+    return SlotDraft(index, rid, start_utc, end_utc, amount, cur)
+
+
+def require_price(field: str, currency: str | None, amount_minor: int | None) -> tuple[str, int]:
+    """A price a salon may ask (a slot's or a service's): valid money, at most the bound of its currency."""
+    cur, amount = require_money(field, currency, amount_minor)
     top = max_slot_price_minor(cur)
     if amount > top:
-        raise InvalidArgument(f"{f}.price.amount_minor", f"{f}.price.amount_minor must be at most {top} "
-                                                         f"(minor units of {cur}), got {amount}")
-    return SlotDraft(index, rid, start_utc, end_utc, amount, cur)
+        raise InvalidArgument(f"{field}.amount_minor", f"{field}.amount_minor must be at most {top} "
+                                                       f"(minor units of {cur}), got {amount}")
+    return cur, amount
 
 
 def check_slot_batch(drafts: list[SlotDraft], now: datetime) -> None:

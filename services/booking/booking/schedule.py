@@ -15,9 +15,8 @@ from datetime import date, datetime, timedelta
 from cutylib import paging
 from cutylib.errors import InvalidArgument
 from cutylib.fields import parse_uuid
-from cutylib.money import require_money
 
-from .domain import MAX_SLOT_PRICE_MINOR, require_day, require_name
+from .domain import require_day, require_name, require_price
 
 MIN_DURATION, MAX_DURATION = 5, 1440
 MAX_BUFFER = 240
@@ -87,10 +86,7 @@ def service_draft(name: str, duration: int, currency: str | None, amount_minor: 
     if not MIN_DURATION <= duration <= MAX_DURATION:
         raise InvalidArgument("duration_minutes", f"duration_minutes must be between {MIN_DURATION} and "
                                                   f"{MAX_DURATION}, got {duration}")
-    cur, amount = require_money("price", currency, amount_minor)
-    if amount > MAX_SLOT_PRICE_MINOR:
-        raise InvalidArgument("price.amount_minor", f"price.amount_minor must be at most {MAX_SLOT_PRICE_MINOR} "
-                                                    f"(minor units), got {amount}")
+    cur, amount = require_price("price", currency, amount_minor)
     for field, value in (("buffer_before_minutes", buffer_before), ("buffer_after_minutes", buffer_after)):
         if not 0 <= value <= MAX_BUFFER:
             raise InvalidArgument(field, f"{field} must be between 0 and {MAX_BUFFER}, got {value}")
