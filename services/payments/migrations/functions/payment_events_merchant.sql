@@ -1,6 +1,8 @@
--- The merchant of a timeline event, looked up from its payment or checkout. No trigger calls it
--- since migration 0005 (every statement names the merchant itself); it stays defined only because
--- the baseline (0001) declares its trigger with it, so a new database must have it to get to 0005.
+-- The timeline: each event carries the merchant of its payment or checkout. Every statement that
+-- appends one names it itself (tests/unit/payments/test_payments_events_name_their_merchant.py);
+-- this trigger only fills one left NULL, which none of them leaves where a merchant is known. A
+-- checkout's events from before its hold have none (NULL: seen by the customer's checkout view and
+-- the platform only).
 CREATE OR REPLACE FUNCTION payment_events_merchant() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.merchant_id IS NULL THEN
