@@ -25,7 +25,7 @@ from typing import Any
 import asyncpg
 
 from .ops import Story, story
-from .repository import AUDIT_OPERATOR_READ
+from .operator import AUDIT_OPERATOR_READ
 
 SCHEMA = "cuty.chargeback-evidence/1"
 ORDER_FIELDS = ("id", "kind", "merchant_id", "customer_id", "state", "outcome", "failure_reason", "amount_minor",
