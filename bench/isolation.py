@@ -44,6 +44,8 @@ SECONDS = float(os.environ.get("BENCH_SECONDS", "48"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "6"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
 WARMUP = float(os.environ.get("BENCH_WARMUP_SECONDS", "5"))
+# BENCH_SIDES="before,roles,after": also the service roles alone, the delivery workers still in payments.
+SIDES = os.environ.get("BENCH_SIDES", "before,after").split(",")
 EVENTS = ["checkout.completed", "booking.confirmed"]
 
 
@@ -77,6 +79,8 @@ class Isolated(Side):
         self.out: subprocess.Popen | None = None
         if name == "before":
             self.stack.env.update(CUTY_TEST_DB_ROLE="owner", CUTY_WEBHOOKS_OUT_WORKERS="1")
+        elif name == "roles":
+            self.stack.env.update(CUTY_WEBHOOKS_OUT_WORKERS="1")
         else:
             self.stack.env.update(CUTY_WEBHOOKS_OUT_WORKERS="0")
 
@@ -126,7 +130,7 @@ class Isolated(Side):
 async def main() -> None:
     server = bench_postgres()
     work = tempfile.mkdtemp(prefix="cuty-bench-isolation-")
-    sides = [Isolated(server, work, "before"), Isolated(server, work, "after")]
+    sides = [Isolated(server, work, name) for name in SIDES]
     receiver = Receiver()
     url = await receiver.start()
     try:
@@ -141,7 +145,7 @@ async def main() -> None:
         measured = {s.name: [] for s in sides}
         cpu_of = {s.name: {} for s in sides}
         for rnd in range(ROUNDS):
-            for side in (sides if rnd % 2 == 0 else sides[::-1]):
+            for side in (sides[rnd % len(sides):] + sides[:rnd % len(sides)]):  # each side first in turn
                 extra0 = side.cpu(server)
                 run, cpu = await measure(side, server, buyer("booking", "two-call", side, side.products[0], []),
                                          CONCURRENCY, SECONDS / ROUNDS)
@@ -152,24 +156,26 @@ async def main() -> None:
                     cpu_of[side.name][n] = cpu_of[side.name].get(n, 0.0) + v
                 print(f"  round {rnd} {side.name:6} {run.ops / run.seconds:7.1f}/s", file=sys.stderr)
         await asyncio.sleep(2)  # the last deliveries
-        before, after = merged(measured["before"]), merged(measured["after"])
+        before = merged(measured["before"])
         per = {name: per_checkout(cpu_of[name], merged(measured[name]).ops) for name in measured}
-        results = [
-            before.result("booking two-call->COMPLETED, owner role, delivery in payments (before)", CONCURRENCY,
-                          cpu_ms_per_checkout=per["before"]),
-            after.result("booking two-call->COMPLETED, service roles, delivery process apart (after)", CONCURRENCY,
-                         limit=before, notes="limit: the before side, alternated with it; ratio < 1 is the cost",
-                         cpu_ms_per_checkout=per["after"]),
-        ]
+        label = {"before": "owner role, delivery in payments (before)",
+                 "roles": "service roles, delivery in payments",
+                 "after": "service roles, delivery process apart (after)"}
+        results = [merged(measured[name]).result(
+            f"booking two-call->COMPLETED, {label[name]}", CONCURRENCY, cpu_ms_per_checkout=per[name],
+            **({} if name == "before" else {"limit": before,
+                                            "notes": "limit: the before side, alternated with it; ratio < 1 is the cost"}))
+            for name in SIDES]
         report("isolation", results)
-        for name in ("before", "after"):
-            lat = sorted(merged(measured[name]).latencies_ms)
+        for name in SIDES:
             run = merged(measured[name])
+            lat = sorted(run.latencies_ms)
             print(f"  {name:6} {run.ops_per_s:7.1f}/s p50 {percentile(lat, 0.5):6.1f} ms p99 {percentile(lat, 0.99):6.1f} ms "
                   f"cpu/checkout {per[name]['total']:.2f} ms {per[name]}")
-        print(f"  after/before: throughput {after.ops_per_s / before.ops_per_s:.3f}, "
-              f"CPU per checkout {per['after']['total'] / per['before']['total']:.3f}; "
-              f"webhooks delivered {receiver.count}")
+            if name != "before":
+                print(f"  {name}/before: throughput {run.ops_per_s / before.ops_per_s:.3f}, "
+                      f"CPU per checkout {per[name]['total'] / per['before']['total']:.3f}")
+        print(f"  webhooks delivered {receiver.count}")
     finally:
         await receiver.runner.cleanup()
         for side in sides:

@@ -131,35 +131,42 @@ async def availability(clients, pool, results: list[Result]) -> None:
 
 
 async def any_vs_named(clients, server, results: list[Result]) -> None:
+    """Three variants, alternated in rounds: a named stylist per hold (no two calls want one time);
+    any free stylist with the calls in flight spread over many times (round robin over them); and
+    any free stylist with the calls in flight bunched on a few times (each time's 20 holds queued
+    together, so up to 64 calls race for the same 2-3 times: the contended case)."""
     _, rs, service = await salon(clients, STYLISTS)
     first = (datetime.now(timezone.utc) + timedelta(days=3)).date()
     per_day = 10 * STYLISTS  # one hold per stylist and hour: the blocks (45 + 15 minutes) touch
-    days = -(-2 * HOLDS // per_day) + 1
+    days = -(-3 * HOLDS // per_day) + 3
     starts = local_starts(first, days)
-    # named: each (stylist, hour) once; any: each hour as often as there are stylists. Disjoint days.
-    half = len(starts) // 2
-    named_ids = await service_slots(clients, service.id, [(r, t) for t in starts[:half] for r in rs])
-    any_one = await service_slots(clients, service.id, [("", t) for t in starts[half:]])
-    any_ids = [s for s in any_one for _ in rs]
-    named_ids, any_ids = named_ids[:HOLDS], any_ids[:HOLDS]
+    third = len(starts) // 3
+    named_ids = (await service_slots(clients, service.id, [(r, t) for t in starts[:third] for r in rs]))[:HOLDS]
+    spread_times = await service_slots(clients, service.id, [("", t) for t in starts[third:2 * third]])
+    bunched_times = await service_slots(clients, service.id, [("", t) for t in starts[2 * third:]])
     chunk = HOLDS // ROUNDS
-    runs: dict[str, list[Run]] = {"named": [], "any": []}
-    cpu = {"named": 0.0, "any": 0.0}
+    variants = {"named": named_ids, "any, spread": [], "any, bunched": []}
+    for r in range(ROUNDS):  # each round's part takes whole times: 20 holds of each
+        times = spread_times[r * chunk // STYLISTS:(r + 1) * chunk // STYLISTS]
+        variants["any, spread"] += [t for _ in rs for t in times]
+        times = bunched_times[r * chunk // STYLISTS:(r + 1) * chunk // STYLISTS]
+        variants["any, bunched"] += [t for t in times for _ in rs]
+    runs: dict[str, list[Run]] = {v: [] for v in variants}
+    cpu = {v: 0.0 for v in variants}
     pid = server.proc.proc.pid
     for r in range(ROUNDS):
-        for name, ids in (("named", named_ids), ("any", any_ids)):
+        for name, ids in variants.items():
             part = ids[r * chunk:(r + 1) * chunk]
             c0 = cpu_seconds(pid)
-            runs[name].append(await closed_loop(holder(clients, part, f"{name}{r}"), concurrency=IN_FLIGHT,
+            runs[name].append(await closed_loop(holder(clients, part, f"{name.replace(', ', '-')}{r}"), concurrency=IN_FLIGHT,
                                                 total=len(part)))
             cpu[name] += cpu_seconds(pid) - c0
     named = merged(runs["named"])
-    for name in ("any", "named"):
+    for name in ("any, spread", "any, bunched", "named"):
         run = merged(runs[name])
         results.append(run.result(
-            f"b: HoldSlot, service time, {'any free stylist' if name == 'any' else 'named stylist'}", IN_FLIGHT,
-            limit=named if name == "any" else None,
-            notes="target ratio >= 0.8 of the named" if name == "any" else "",
+            f"b: HoldSlot, service time, {name}", IN_FLIGHT, limit=None if name == "named" else named,
+            notes="target ratio >= 0.8 of the named" if name == "any, spread" else "",
             server_cpu_ms_per_op=round(1000 * cpu[name] / max(1, run.ops), 3)))
 
 

@@ -256,8 +256,10 @@ async def salon_day(c: httpx.AsyncClient, secret: str, demo: dict) -> None:
                   f"{r.json()['state']} (hold {r.json()['holdId']})")
             continue
         offer = r.json().get("heldAlternative") or {}
-        print(f"   customer {i}: {r.status_code} {r.json()['type']}; held for them until {offer.get('expireTime')}: "
-              f"{offer.get('startTime')} with stylist {offer.get('resourceId')}")
+        local = (dt.datetime.fromisoformat(offer["startTime"].replace("Z", "+00:00")).astimezone(ZoneInfo(ZONE))
+                 .isoformat()[:16] if offer else "-")
+        print(f"   customer {i}: {r.status_code} {r.json()['type']}; held for them for 60 s (until "
+              f"{offer.get('expireTime')}): {local} with stylist {offer.get('resourceId')}")
         if offer:
             took = _ok(await c.post("/v1/checkouts", json={"slotId": offer["slotId"]},
                                     headers={**who, "Idempotency-Key": uuid.uuid4().hex}))

@@ -254,10 +254,10 @@ def extension_seconds(requested: int, maximum: int) -> int:
 
 def offer_seconds(requested: int, maximum: int) -> int:
     """HoldSlot's offer_seconds: how long a loser's alternative is held for them (0: not at all),
-    never longer than a hold."""
-    if not 0 <= requested <= maximum:
-        raise InvalidArgument("offer_seconds", f"offer_seconds must be between 0 and {maximum}, got {requested}")
-    return requested
+    never longer than a hold (`maximum`, CUTY_HOLD_TTL_SECONDS): a longer ask gets a hold's length."""
+    if requested < 0:
+        raise InvalidArgument("offer_seconds", f"offer_seconds must not be negative, got {requested}")
+    return min(requested, maximum)
 
 
 # --- who may act ---------------------------------------------------------------------------------

@@ -96,9 +96,11 @@ async def test_openapi_lists_every_route(http):
             ("POST", "/v1/payments/{payment_id}:refund")} <= ops
     assert ("GET", "/v1/checkouts") in ops and ("GET", "/v1/salons/{salon_id}/bookings") in ops  # issue 12
     assert ("POST", "/v1/webhookEndpoints") in ops  # issue 12, item 6
-    # 28 annotated RPCs (issue 12: lists, agenda, :watch, :refund, :reschedule, 5 webhook endpoint
-    # routes, :setCancellationPolicy) + /healthz + /openapi.json
-    assert len(ops) == 30
+    assert ("GET", "/v1/salons/{salon_id}/services/{service_id}/availability") in ops  # services and hours
+    # 34 annotated RPCs (issue 12: lists, agenda, :watch, :refund, :reschedule, 5 webhook endpoint
+    # routes, :setCancellationPolicy; services, :setWorkingHours, :setHoursOverride,
+    # :setBookingSettings, availability) + /healthz + /openapi.json
+    assert len(ops) == 36
     watch = doc["paths"]["/v1/checkouts/{checkout_id}:watch"]["get"]["responses"]["200"]["content"]
     assert set(watch) == {"text/event-stream"}
 

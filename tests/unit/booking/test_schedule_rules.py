@@ -67,3 +67,11 @@ def test_availability_tokens_are_bound_to_their_query():
     assert schedule.decode_times_token(schedule.encode_times_token(q, at), q) == at
     other = schedule.availability_query(service, date(2027, 1, 1), date(2027, 1, 8), None)
     assert _field(lambda: schedule.decode_times_token(schedule.encode_times_token(q, at), other)) == "page_token"
+
+
+def test_an_offer_is_never_longer_than_a_hold():
+    from booking import domain
+    assert domain.offer_seconds(0, 300) == 0
+    assert domain.offer_seconds(60, 300) == 60
+    assert domain.offer_seconds(60, 2) == 2  # a short hold (tests, demos) offers what it has
+    assert _field(lambda: domain.offer_seconds(-1, 300)) == "offer_seconds"
