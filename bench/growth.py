@@ -509,7 +509,7 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
     try:
         plans.append(await explain(conn, f"[{name}] GetStock", catalog.STOCK, uuid.UUID(site.product), m))
         await conn.execute("SELECT set_config('cuty.merchant', '*', false)")
-        plans.append(await explain(conn, f"[{name}] stock gauge", metrics.STOCK_BY_PRODUCT))
+        plans.append(await explain(conn, f"[{name}] stock gauge", metrics.STOCK_BY_PRODUCT, 50))
         plans.append(await explain_rolled_back(conn, f"[{name}] reservation sweeper", repository.CLAIM_EXPIRED, 500))
     finally:
         await conn.close()

@@ -462,7 +462,7 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     try:
         bound = env_float("CUTY_MIGRATION_STATEMENT_TIMEOUT", DEFAULT_MIGRATION_STATEMENT_TIMEOUT_SECONDS)
         await conn.execute(f"SET statement_timeout = '{max(1, int(bound * 1000))}ms'")
-        await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+        await _take_migration_lock(conn, bound)
         try:
             await conn.execute(MIGRATIONS_TABLE)
             done = {r["version"]: r["checksum"] for r in await conn.fetch("SELECT version, checksum FROM schema_migrations")}
@@ -477,6 +477,21 @@ async def migrate(dsn: str, migrations_dir: str | pathlib.Path, *, create: bool 
     finally:
         await conn.close()
     return applied_now
+
+
+async def _take_migration_lock(conn: asyncpg.Connection, bound: float) -> None:
+    """The session advisory lock that serialises replicas migrating together, taken by polling with
+    pg_try_advisory_lock rather than waiting in pg_advisory_lock: a statement waiting for the lock
+    holds a snapshot, and the holder's CREATE INDEX CONCURRENTLY waits for every older snapshot to
+    end, so two replicas starting together would deadlock. Waits at most `bound` seconds."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + bound
+    pause = 0.05
+    while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", MIGRATION_LOCK_KEY):
+        if loop.time() >= give_up:
+            raise MigrationError(f"another migration held the migration lock for more than {bound:.0f} s")
+        await asyncio.sleep(pause)
+        pause = min(1.0, pause * 2)
 
 
 async def _retrying_on_lock_timeout(run, attempts: int, lock_timeout: float):

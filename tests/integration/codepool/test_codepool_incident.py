@@ -152,4 +152,7 @@ async def test_the_story_reads_through_its_indexes(cp_pool, statement, index):
         await conn.execute("SET LOCAL enable_seqscan = off")
         args = ("m", uuid.uuid4(), 10) if statement == "DELIVERIES" else ("m", uuid.uuid4(), ["o"], 10)
         plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + getattr(incident, statement), *args))
-    assert index in plan, plan
+        # audit_log is partitioned by time: its index is read through the partitions' own.
+        names = {index} | {r[0] for r in await conn.fetch(
+            "SELECT i.inhrelid::regclass::text FROM pg_inherits i WHERE i.inhparent = $1::regclass", index)}
+    assert any(f" {name} " in plan for name in names), plan

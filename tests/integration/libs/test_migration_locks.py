@@ -71,3 +71,27 @@ async def test_no_transaction_migrations_run_outside_it_after_it(scratch_db, tmp
         await conn.close()
     assert await migrate(scratch_db, tmp_path, shared=False) == []
     assert await pending_migrations(scratch_db, tmp_path, shared=False) == []
+
+
+async def test_replicas_migrating_together_through_a_concurrent_index_both_start(scratch_db, tmp_path):
+    # Two replicas of a new release start at once. One builds the index CONCURRENTLY while the other
+    # waits for the migration lock: the waiter must hold no snapshot the build waits for (that was a
+    # deadlock, and one replica exited), and each change is applied exactly once.
+    await _setup(scratch_db, tmp_path)
+    filler = await asyncpg.connect(scratch_db)
+    try:
+        await filler.execute("INSERT INTO a SELECT g, g FROM generate_series(1, 200000) g")
+    finally:
+        await filler.close()
+    (tmp_path / "0002_index.sql").write_text(
+        "-- cuty:no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS a_v ON a (v);\n")
+    (tmp_path / "0003_index.sql").write_text(
+        "-- cuty:no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS a_vid ON a (v, id);\n")
+    runs = await asyncio.wait_for(asyncio.gather(*(migrate(scratch_db, tmp_path, shared=False) for _ in range(3))),
+                                  timeout=120)
+    assert sorted(v for run in runs for v in run) == ["0002_index", "0003_index"]
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        assert await conn.fetchval("SELECT bool_and(indisvalid) FROM pg_index WHERE indexrelid IN ('a_v'::regclass, 'a_vid'::regclass)")
+    finally:
+        await conn.close()
