@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from .disputes import Disputes
-from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, SCENARIOS, Scenario, scenario_of
+from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, Scenario, scenario_of
 from .settings import Settings
 from .state import (
     CANCELED, FAILED, PROCESSING, REQUIRES_ACTION, SUCCEEDED,
