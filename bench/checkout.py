@@ -380,7 +380,7 @@ async def direct(kind, conc, booking, codepool, psp, slot_iter, product) -> Run:
     async def one(i: int) -> None:
         key = str(uuid.uuid4())
         if kind == "booking":
-            # No ExtendHold: a buyer paying with more than the pay window left costs none (issue 11).
+            # No ExtendHold: a buyer paying with more than the pay window left costs none.
             h = await booking.HoldSlot(bpb.HoldSlotRequest(slot_id=next(slot_iter), customer_id=f"d-{key}",
                                                            request_id=key))
         else:

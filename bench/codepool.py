@@ -1,4 +1,4 @@
-"""Code pool benchmark (`make bench-codepool`; issue 3, "Benchmark").
+"""Code pool benchmark (`make bench-codepool`, "Benchmark").
 
 On one product with 1,000,000 available codes, in one run:
   * import of the 1,000,000 codes through the ImportCodes stream: codes/s and the service's peak RSS;
@@ -33,7 +33,7 @@ from cutylib.testing.trust import acting_channel, user
 from cutylib.testing.procs import ServiceProcess, base_env, free_port
 
 MIGRATIONS = ROOT / "services" / "codepool" / "migrations"
-# codes_available leads with the merchant (issue 14); the service's RESERVE names it too.
+# codes_available leads with the merchant; the service's RESERVE names it too.
 PICK = """SELECT id FROM codes WHERE merchant_id = $2 AND product_id = $1 AND status = 'available'
 ORDER BY seq LIMIT 1 FOR UPDATE{skip}"""
 RAW = """WITH picked AS ({pick})
@@ -143,7 +143,7 @@ async def main(quick: bool, n_codes: int) -> None:
                 await stub.ReserveCodes(pb.ReserveCodesRequest(order_id=order, order_item_id=order + "/1",
                                                                product_id=product.id, quantity=1,
                                                                # one customer per order: a customer may hold
-                                                               # only CUTY_MAX_ACTIVE_RESERVATIONS (issue 10)
+                                                               # only CUTY_MAX_ACTIVE_RESERVATIONS
                                                                customer_id=order))
 
             for c in (1, 8, 32):

@@ -4,7 +4,7 @@ Scenarios (closed loop, N concurrent clients, each its own customer):
 - `GET /v1/salons/{id}/slots` (a day of a two-stylist salon: 18 slots) vs BookingService.ListSlots
 - `POST /v1/checkouts` (one code) vs CheckoutService.CreateCheckout (booking + codepool behind it)
 
-Target (issue 6): the gateway adds <= 30% to p99 and keeps >= 60% of the direct throughput.
+Target: the gateway adds <= 30% to p99 and keeps >= 60% of the direct throughput.
 
 The HTTP side uses a minimal keep-alive HTTP/1.1 client (one connection per client) so that on a
 small machine the figures measure the gateway, not a heavyweight client library sharing its CPU.
@@ -87,7 +87,7 @@ async def main() -> None:
                                                     "CUTY_GATEWAY_ADDRESS_RATE_BURST": 1_000_000,
                                                     "CUTY_GATEWAY_CONCURRENCY_MIN": 1000,
                                                     "CUTY_GATEWAY_CONCURRENCY_MAX": 1000, "CUTY_LOG_LEVEL": "WARNING",
-                                                    # each client buys again and again (issue 10's caps)
+                                                    # each client buys again and again (the per-customer caps)
                                                     "CUTY_MAX_ACTIVE_RESERVATIONS": 1_000_000,
                                                     "CUTY_MAX_QUANTITY_PER_PRODUCT": 1_000_000})
     print("starting postgres, the services, the PSP simulator and the gateway ...", flush=True)

@@ -41,7 +41,7 @@ async def seed(dsn: str, n: int) -> list[uuid.UUID]:
     conn = await asyncpg.connect(dsn)
     try:
         salon, resource = uuid.uuid4(), uuid.uuid4()
-        # booking's tables belong to a merchant (issue 14): the children name their salon's
+        # booking's tables belong to a merchant: the children name their salon's
         await conn.execute("INSERT INTO salons (id, merchant_id, name, time_zone) VALUES ($1, 'bench', 'bench', 'UTC')",
                            salon)
         await conn.execute("INSERT INTO resources (id, merchant_id, salon_id, name) VALUES ($1, 'bench', $2, 'chair')",

@@ -1,4 +1,4 @@
-"""A merchant's webhook endpoint for tests (issue 12, item 6): a real local HTTP server that
+"""A merchant's webhook endpoint for tests: a real local HTTP server that
 verifies Cuty-Signature with the endpoint's secret, deduplicates by Cuty-Event-Id, and can be told
 to fail (HTTP 500) the first N requests or to answer slowly. It records every request, and notes
 when two requests of one delivery were in flight at the same time (which the lease rules out)."""

@@ -146,7 +146,7 @@ class Settings:
     lease_seconds: float = env_field(env_float, "CUTY_LEASE_SECONDS", 30)
     reconcile_after_seconds: float = env_field(env_float, "CUTY_RECONCILE_AFTER_SECONDS", 60)
     code_keys: str = env_field(env_str, "CUTY_CODE_KEYS", "")
-    # Issue 12: payments' keyring for webhook endpoint secrets at rest (cutylib.keyring's forms).
+    # Payments' keyring for webhook endpoint secrets at rest (cutylib.keyring's forms).
     webhook_secret_keys: str = env_field(env_str, "CUTY_WEBHOOK_SECRET_KEYS", "")
     otlp_endpoint: str = env_field(env_str, "OTEL_EXPORTER_OTLP_ENDPOINT", "")
     grpc_deadline_seconds: float = env_field(env_float, "CUTY_GRPC_DEADLINE_SECONDS", 5)
@@ -155,12 +155,12 @@ class Settings:
     # Reporting reads' own pool (lists, a salon's agenda): cutylib.db.reports.
     db_reporting_pool_max: int = env_field(env_int, "CUTY_DB_REPORTING_POOL_MAX", 3)
     environment: str = env_field(env_str, "CUTY_ENV", "development")
-    # Issue 10: one customer may not hoard a product's stock (code pool ReserveCodes).
+    # One customer may not hoard a product's stock (code pool ReserveCodes).
     max_active_reservations: int = env_field(env_int, "CUTY_MAX_ACTIVE_RESERVATIONS", 3)
     max_quantity_per_product: int = env_field(env_int, "CUTY_MAX_QUANTITY_PER_PRODUCT", 10)
-    # Issue 10: a hold is never confirmed once its slot starts within this many seconds (0: has started).
+    # A hold is never confirmed once its slot starts within this many seconds (0: has started).
     confirm_cutoff_seconds: float = env_field(env_float, "CUTY_CONFIRM_CUTOFF_SECONDS", 0)
-    # Issue 10: a request waits at most this long for a pooled database connection (then UNAVAILABLE).
+    # A request waits at most this long for a pooled database connection (then UNAVAILABLE).
     db_acquire_timeout_seconds: float = env_field(env_float, "CUTY_DB_ACQUIRE_TIMEOUT_SECONDS", 5)
 
     @classmethod

@@ -130,7 +130,7 @@ def reports(pool: asyncpg.Pool) -> asyncpg.Pool:
 
 class BoundedPool(asyncpg.Pool):
     """A pool whose acquire, unless given its own timeout, waits at most `acquire_timeout` seconds
-    (issue 10, item 9): with every connection busy (slow queries, stalled streams) a request fails
+   : with every connection busy (slow queries, stalled streams) a request fails
     fast with TimeoutError, which the gRPC error mapping answers UNAVAILABLE (retryable), instead of
     queueing without end. The pool's fetch/execute helpers and UnitOfWork all acquire through it.
 

@@ -49,7 +49,7 @@ class DatabaseWatch:
         self.ready = asyncio.Event()  # migrations done once; set for good
 
     async def run(self) -> None:
-        # Probes and warm-up are background polling: they start no trace (issue 15).
+        # Probes and warm-up are background polling: they start no trace.
         with telemetry.quiet():
             await self._prepare()
             while True:

@@ -32,7 +32,7 @@ DAYS = 7
 PRICE = {"currencyCode": "TRY", "amountMinor": "75000"}
 CODES = 200
 TOKEN_TTL = 7 * 24 * 3600
-# Two merchants (issue 14): a salon chain that owns the demo salon, and a shop that owns the gift
+# Two merchants: a salon chain that owns the demo salon, and a shop that owns the gift
 # cards. Each has its own staff and admin tokens; customers and the operator belong to none.
 SALON_MERCHANT = "demo-salons"
 SHOP_MERCHANT = "demo-shop"
@@ -188,7 +188,7 @@ async def race(c: httpx.AsyncClient, secret: str, demo: dict, buyers: int = 50) 
 
 
 async def reschedule(c: httpx.AsyncClient, secret: str, demo: dict, head: dict, done: dict) -> dict:
-    """Issue 12, item 2: the winner moves the booking to a dearer slot of the same salon an hour
+    """The winner moves the booking to a dearer slot of the same salon an hour
     later; the difference is charged with the card of the purchase, then the old slot is released."""
     admin = _admin(secret, SALON_MERCHANT)
     run = uuid.uuid4().hex[:6]
@@ -212,7 +212,7 @@ async def reschedule(c: httpx.AsyncClient, secret: str, demo: dict, head: dict, 
 
 
 async def cancel_after_purchase(c: httpx.AsyncClient, head: dict, done: dict) -> None:
-    """Issue 12: the winner cancels the completed booking; its salon's policy decides the refund."""
+    """The winner cancels the completed booking; its salon's policy decides the refund."""
     print(f"\n1c) the winner cancels booking {done['id']} (policy at purchase: free until "
           f"{done.get('freeCancellationHours', 0)} h before the start, then a {done.get('cancellationFeePercent', 0)} % fee; "
           f"free until {done.get('freeCancellationDeadline', '-')})")
@@ -378,7 +378,7 @@ async def main_async() -> int:
 
 
 async def merchants_apart(c: httpx.AsyncClient, secret: str, checkout_id: str) -> None:
-    """Issue 14: one merchant's staff cannot see another merchant's sales."""
+    """One merchant's staff cannot see another merchant's sales."""
     print(f"\n4) merchants are tenants: checkout {checkout_id} bought a {SHOP_MERCHANT} product")
     for merchant in (SHOP_MERCHANT, SALON_MERCHANT):
         r = await c.get(f"/v1/checkouts/{checkout_id}", headers=_auth(secret, "demo-staff", "staff", merchant=merchant))

@@ -3,7 +3,7 @@
 Each carries what the caller needs to act: the field at fault, a machine-readable reason, and an
 optional protobuf detail message (alternatives for a lost slot race, the available count...).
 
-A typed detail is attached one way (issue 11): the layer that speaks protobuf (a service's
+A typed detail is attached one way: the layer that speaks protobuf (a service's
 grpc_api, or the saga's adapter of another service's answers) raises the error with `detail=`;
 use cases raise their own error type carrying plain facts (booking's SlotTaken, the code pool's
 OutOfStock), which that layer translates.

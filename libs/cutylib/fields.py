@@ -1,4 +1,4 @@
-"""Parsing request fields the same way in every service (issue 11: four copies before): a bad
+"""Parsing request fields the same way in every service (four copies before): a bad
 value is an InvalidArgument naming the field, with what was expected and (a bounded part of) what
 came."""
 from __future__ import annotations

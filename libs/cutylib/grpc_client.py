@@ -2,7 +2,7 @@
 
 The defaults are added by wrapping the channel's multicallables, not by a grpc.aio client
 interceptor: an intercepted call runs as an extra task with its own call object around the real
-one, which cost about a tenth of a cheap call's client CPU (docs/benchmarks.md, "Issue 11, part 4").
+one, which cost about a tenth of a cheap call's client CPU (docs/benchmarks.md, "The checkout redesign, part 4").
 
 When the process's certificate files change (cutylib.tls.CertificateFiles), the next call opens a
 new grpc channel with the new files and the old one is closed once its calls had `RETIRE_GRACE_SECONDS`

@@ -44,7 +44,7 @@ def status_for_exception(exc: BaseException) -> grpc.Status | None:
     if isinstance(exc, DomainError):
         return to_status(exc)
     # Answers carry stable messages; what the database said goes to the log, with the trace id the
-    # client is shown (issue 10, item 6: database text must not reach clients).
+    # client is shown (database text must not reach clients).
     if isinstance(exc, (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError)):
         log.warning("transaction conflict", extra={"error_type": type(exc).__name__, "error": str(exc)})
         return rpc_status.to_status(status_pb2.Status(code=code_pb2.ABORTED, message=TRANSACTION_CONFLICT))

@@ -168,7 +168,7 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
             status = status_for_exception(exc)
             if status is None:
                 # The detail (exception, stack) goes to the log with the trace id; the caller gets a
-                # stable message that names nothing internal (issue 10, item 6).
+                # stable message that names nothing internal.
                 log.exception("unhandled error in %s", method)
                 await context.abort(grpc.StatusCode.INTERNAL, "internal error; quote the trace id when reporting it")
             else:

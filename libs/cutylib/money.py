@@ -1,5 +1,5 @@
 """Money rules every service applies the same way: amounts are integers in minor units, currencies
-ISO 4217 codes (issue 11: booking's slot prices, the code pool's product prices and payments'
+ISO 4217 codes (booking's slot prices, the code pool's product prices and payments'
 amounts used to check them three different ways).
 
 ISO_4217: the active codes of the ISO 4217 list (2025 edition, incl. ZWG and XCG), minus the ones

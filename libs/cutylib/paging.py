@@ -44,7 +44,7 @@ def decode_seq(token: str) -> int:
     return seq
 
 
-# --- keyset tokens (issue 12: lists ordered by an instant and ids) --------------------------------
+# --- keyset tokens (lists ordered by an instant and ids) --------------------------------
 # A token carries the last row's key (an instant in microseconds and its uuids) and a fingerprint of
 # the query it belongs to (the caller and the filters), so a token replayed with another query is
 # refused (INVALID_ARGUMENT naming `page_token`) instead of silently paging something else.

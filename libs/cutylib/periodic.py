@@ -1,5 +1,5 @@
 """The loop of every periodic worker (booking's hold sweeper, the code pool's reservation sweeper,
-the metrics refresh): one round now and then every `interval` seconds, forever (issue 11: it was
+the metrics refresh): one round now and then every `interval` seconds, forever (it was
 written out per sweeper). A round that fails for a reason a later round may not have (the
 database restarting, a connection killed) is logged and retried next round; anything else
 propagates, so a bug stops the task loudly instead of being retried forever.

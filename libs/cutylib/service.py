@@ -67,7 +67,7 @@ async def migrate_only(name: str, migrations: pathlib.Path) -> int:
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's event loop (pinned in requirements.lock) unless CUTY_EVENT_LOOP=asyncio: its socket
     I/O and callback scheduling are C, where asyncio's are Python, and on the checkout path they
-    were the largest share of every process's CPU (issue 11, docs/benchmarks.md). None: asyncio's."""
+    were the largest share of every process's CPU (docs/benchmarks.md). None: asyncio's."""
     if env_str("CUTY_EVENT_LOOP", "uvloop") == "asyncio":
         return None
     try:

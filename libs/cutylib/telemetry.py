@@ -211,7 +211,7 @@ def current_span(tracer: trace.Tracer, name: str, *, context=None, kind=trace.Sp
     the caller's tracestate, trace flags "not sampled" (with the random-trace-id flag as the SDK
     sets it). Going through the SDK for that (proxy tracer, sampler, attributes, two
     context-manager layers) was ~20 µs of every RPC a server handled, the largest share of its
-    interceptors (docs/benchmarks.md, "Issue 11, part 2"). With an exporter, another provider
+    interceptors (docs/benchmarks.md, "The checkout redesign, part 2"). With an exporter, another provider
     installed first (tests), or OTEL_SDK_DISABLED, the SDK decides as before."""
     if _unsampled is None or trace.get_tracer_provider() is not _unsampled:
         return tracer.start_as_current_span(name, context=context, kind=kind, **options)

@@ -1,4 +1,4 @@
-"""Merchants as tenants (issue 14, docs/tenancy.md): whose rows a unit of work may see.
+"""Merchants as tenants (docs/tenancy.md): whose rows a unit of work may see.
 
 A merchant (an organisation: a salon chain, a shop) owns salons and products and everything made
 from them. Its id is the `org` claim of its staff's and admins' tokens, carried to the services in

@@ -45,7 +45,7 @@ _signers: dict[pathlib.Path, AssertionSigner] = {}
 _minted: dict[str, tuple[Principal, pathlib.Path]] = {}
 
 
-# The merchant of a test's staff and admins when the test does not name one (issue 14).
+# The merchant of a test's staff and admins when the test does not name one.
 TEST_MERCHANT = "merchant-test"
 
 

@@ -47,7 +47,7 @@ class Salon:
     name: str
     time_zone: str
     merchant_id: str = ""
-    # Issue 12: the cancellation policy (docs/booking.md, "Cancellation policy").
+    # The cancellation policy (docs/booking.md, "Cancellation policy").
     free_cancellation_hours: int = 24
     cancellation_fee_percent: int = 0
     # Booking settings of services (docs/booking.md, "Services and working hours").
@@ -99,10 +99,10 @@ class Hold:
     payment_ref: str
     created_at: datetime
     merchant_id: str = ""  # the slot's merchant (docs/tenancy.md, "Booking")
-    # Issue 12: its salon's cancellation policy when the hold was taken.
+    # Its salon's cancellation policy when the hold was taken.
     free_cancellation_hours: int = 24
     cancellation_fee_percent: int = 0
-    # Issue 12: the payment a booking cancelled after purchase had been confirmed with ("" if none).
+    # The payment a booking cancelled after purchase had been confirmed with ("" if none).
     cancelled_payment_ref: str = ""
     service_id: uuid.UUID | None = None
     buffer_before_minutes: int = 0
@@ -131,7 +131,7 @@ def effective_status(status: str, expires_at: datetime, now: datetime) -> str:
 
 # --- input ---------------------------------------------------------------------------------------
 
-# Issue 12: a salon's cancellation policy when CreateSalon does not give one (docs/booking.md).
+# A salon's cancellation policy when CreateSalon does not give one (docs/booking.md).
 DEFAULT_FREE_CANCELLATION_HOURS, DEFAULT_CANCELLATION_FEE_PERCENT = 24, 0
 MAX_FREE_CANCELLATION_HOURS = 8760  # a year; the database's CHECK says the same
 
@@ -289,9 +289,9 @@ def hold_customer(caller: Principal, requested: str) -> str:
     return require_key("customer_id", requested)
 
 
-# Issue 12: who reads a salon's agenda (customers' ids and payment refs): its merchant's staff and
+# Who reads a salon's agenda (customers' ids and payment refs): its merchant's staff and
 # admins (the services confine them to their merchant) and the system; not the operator (booking
-# keeps no read audit, and every operator read must be audited: issue 14).
+# keeps no read audit, and every operator read must be audited: docs/tenancy.md).
 AGENDA_ROLES = ("staff", "admin", "system")
 
 
@@ -334,7 +334,7 @@ def wall_clock_starts(tz: str, day: date, opens: time, closes: time, step: timed
     return sorted(out)
 
 
-# --- pages (issue 10: ListSlots has a row limit) ----------------------------------------------------
+# --- pages (ListSlots has a row limit) ----------------------------------------------------
 
 @dataclass(frozen=True)
 class SlotCursor:
@@ -362,7 +362,7 @@ def decode_page_token(token: str) -> SlotCursor | None:
     return decode_agenda_token(token, _SLOTS_QUERY)
 
 
-# --- the agenda (issue 12: ListBookings) -----------------------------------------------------------
+# --- the agenda (ListBookings) -----------------------------------------------------------
 
 def require_day(field: str, value: str) -> date:
     """A calendar day, YYYY-MM-DD (the salon's wall-clock day)."""

@@ -23,7 +23,7 @@ log = logging.getLogger("booking.repository")
 
 Db = Union[asyncpg.Connection, asyncpg.Pool]
 
-# Merchants (issue 14, docs/tenancy.md, "Booking"): every table carries merchant_id. A query a staff or
+# Merchants (docs/tenancy.md, "Booking"): every table carries merchant_id. A query a staff or
 # admin user runs takes the merchant as a parameter (`$n::text IS NULL OR ... = $n`, NULL: any
 # merchant, for customers, the operator and the system) besides running in a narrowed transaction
 # (cutylib.tenancy.scoped, Row-Level Security). Joins between the tables match on merchant_id too,
@@ -197,7 +197,7 @@ UPDATE holds SET status = 'released', updated_at = clock_timestamp()
  WHERE id = $1 AND status = 'held' AND expires_at > clock_timestamp()
 RETURNING holds AS hold, clock_timestamp() AS db_now
 """
-# Issue 12: a booking cancelled after purchase. Only the confirmed hold of that payment; it becomes
+# A booking cancelled after purchase. Only the confirmed hold of that payment; it becomes
 # 'released' (out of the no-overlap constraint: the time is bookable again) and remembers when and
 # which payment it was confirmed with. Nothing when it is not (the caller then reads why).
 CANCEL_BOOKING = """
@@ -247,7 +247,7 @@ RETURNING h.id
 """
 
 
-# Issue 12: a salon's agenda for the local day $2 (midnight to midnight on the salon's wall clock,
+# A salon's agenda for the local day $2 (midnight to midnight on the salon's wall clock,
 # so 23 or 25 hours on a DST day): its confirmed bookings, and with $3 its live holds, in
 # (start_time, resource_id, id) order after the cursor ($4..$6), at most $7. One row with NULL
 # hold columns when the salon exists but has nothing that day; no row when the salon does not

@@ -3,7 +3,7 @@
 Use cases that are one statement (all the hold ones) run it straight on the pool: the statement is
 its own transaction, and HoldSlot's single round trip is the point (docs/booking.md).
 
-Merchants (issue 14, docs/tenancy.md, "Booking"): a staff or admin caller works in its merchant's
+Merchants (docs/tenancy.md, "Booking"): a staff or admin caller works in its merchant's
 transaction (`scoped`: Row-Level Security) and every query filters by its merchant
 (`tenancy.merchant_filter`); another merchant's salon, slot or hold answers NOT_FOUND like a
 missing one. Customers, the operator and the system see every merchant and keep their paths.
@@ -78,7 +78,7 @@ class BookingService:
 
     async def create_salon(self, caller: Principal, name: str, time_zone: str,
                            policy: domain.CancellationPolicy = domain.CancellationPolicy()) -> Salon:
-        """In the admin's own merchant, with its cancellation policy (issue 12)."""
+        """In the admin's own merchant, with its cancellation policy."""
         merchant = tenancy.owning_merchant(caller)
         async with scoped(self.pool, caller) as uow:
             salon = await uow.salons.add(merchant, name, time_zone, policy)
@@ -87,7 +87,7 @@ class BookingService:
 
     async def set_cancellation_policy(self, caller: Principal, salon_id: uuid.UUID, hours: int | None,
                                       fee_percent: int | None) -> Salon:
-        """Issue 12: the admin's own merchant's salon only (another's: NOT_FOUND, as a missing one).
+        """The admin's own merchant's salon only (another's: NOT_FOUND, as a missing one).
         Bookings already held or bought keep their copy of the old policy."""
         merchant = tenancy.owning_merchant(caller)
         async with scoped(self.pool, caller) as uow:
@@ -149,7 +149,7 @@ class BookingService:
 
     async def list_bookings(self, caller: Principal, salon_id: uuid.UUID, day, include_held: bool,
                             page_size: int = 0, page_token: str = "") -> tuple[str, list[Hold], str]:
-        """Issue 12: one page of the salon's agenda for its local `day` (time zone, holds, next
+        """One page of the salon's agenda for its local `day` (time zone, holds, next
         token). Staff and admins only of their merchant's salons (another's: NOT_FOUND); neither
         customers nor the operator (unaudited here)."""
         domain.require_agenda_reader(caller)
@@ -254,7 +254,7 @@ class BookingService:
                                      reason="hold-lost")
         if outcome == "released":
             raise FailedPrecondition(f"hold {hold_id} was released", reason="hold-released")
-        if outcome == "started":  # a late payment: the appointment has started (issue 10)
+        if outcome == "started":  # a late payment: the appointment has started
             metrics.REGISTRY.confirmations.labels("too_late").inc()
             raise FailedPrecondition(f"hold {hold_id}: the slot has started (or starts within "
                                      f"{self.settings.confirm_cutoff_seconds:g}s); it is not confirmed",
@@ -278,7 +278,7 @@ class BookingService:
         return hold
 
     async def cancel_booking(self, caller: Principal, hold_id: uuid.UUID, payment_ref: str) -> Hold:
-        """Issue 12: a booking cancelled after purchase (the saga's CANCELLING step): the confirmed
+        """A booking cancelled after purchase (the saga's CANCELLING step): the confirmed
         hold of `payment_ref` is released, so its time is bookable again. Idempotent: a repeat
         answers the cancelled hold. The refund is the saga's, never booking's."""
         await self._check_owner(caller, hold_id)

@@ -1,1 +1,1 @@
-"""The code pool: digital codes sold exactly once (issue 3; docs/codepool.md)."""
+"""The code pool: digital codes sold exactly once (docs/codepool.md)."""

@@ -1,7 +1,7 @@
 """Products, stock and reading codes: the staff list (masked), the admin reveal (audited, counted)
-and the buyer's own delivered codes (issue 3, "Reading codes").
+and the buyer's own delivered codes ("Reading codes").
 
-Merchants (issue 14, docs/tenancy.md, "The code pool"): a staff or admin caller reads and writes only its
+Merchants (docs/tenancy.md, "The code pool"): a staff or admin caller reads and writes only its
 own merchant's products and codes, filtered in SQL (`merchant` parameters: the caller's merchant,
 or NULL for any) inside `tenancy.scoped` (Row-Level Security as the second line); another
 merchant's product or code is NOT_FOUND, worded as a missing one. The platform's operator reads
@@ -71,7 +71,7 @@ ON CONFLICT (merchant_id, code_id) DO UPDATE SET views = code_views.views + 1, l
 RETURNING views
 """
 
-# Every plaintext read of delivered codes by their buyer is counted per code (issue 10, item 12).
+# Every plaintext read of delivered codes by their buyer is counted per code.
 COUNT_VIEWS = """
 INSERT INTO code_views (merchant_id, product_id, code_id, views, last_viewed_at)
 SELECT c.merchant_id, c.product_id, c.id, 1, clock_timestamp() FROM codes c WHERE c.id = ANY($1::uuid[])
@@ -90,7 +90,7 @@ INSERT INTO audit_log (merchant_id, actor, action, product_id, code_ids)
 SELECT c.merchant_id, $1, 'reveal', c.product_id, ARRAY[c.id] FROM codes c WHERE c.id = $2
 """
 
-# An operator's read of a merchant's stock or codes (issue 14): who (subject and role), what.
+# An operator's read of a merchant's stock or codes: who (subject and role), what.
 AUDIT_OPERATOR_READ = """
 INSERT INTO audit_log (merchant_id, actor, action, product_id, code_ids, details)
 SELECT p.merchant_id, $1, 'operator_read', p.id, $3::uuid[],
@@ -221,7 +221,7 @@ class Catalog:
         """The plaintext of an order's codes, for its own customer and only once delivered.
         Another customer's order answers NOT_FOUND: existence is not leaked. Every read is audited
         (`read_delivered`, with the codes and who asked) and counted per code, in the transaction
-        that reads them: no plaintext leaves without its record (issue 10, item 12)."""
+        that reads them: no plaintext leaves without its record."""
         set_span_attributes(order_id=order_id)
         owner = await self.pool.fetchrow(ORDER_OWNER, order_id)
         if owner is None or owner["customer_id"] != customer_id:

@@ -30,7 +30,7 @@ async def import_csv(addr: str, product_id: str, path: str | pathlib.Path, *, ba
     The server imports all of it or nothing, so an interrupted upload leaves no trace.
 
     Runs as the code pool's own identity (its certificate, in its pod): the call acts as `system`,
-    for any merchant; the codes go to the product's merchant (issue 14), which the product id names."""
+    for any merchant; the codes go to the product's merchant, which the product id names."""
     parse_uuid("product_id", product_id)
     path = pathlib.Path(path)
     check = csvfile.check_file(path)

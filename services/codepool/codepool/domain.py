@@ -139,7 +139,7 @@ class ReservationView:
     currency: str
     payment_transaction_id: str = ""
     code_ids: tuple[str, ...] = field(default_factory=tuple)
-    merchant_id: str = ""  # the product's merchant (issue 14)
+    merchant_id: str = ""  # the product's merchant
 
     @classmethod
     def from_row(cls, row, code_ids) -> "ReservationView":

@@ -24,7 +24,7 @@ from .stock_events import StockEvents
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
 # Catalogue and stock are the gateway's; reservations and plaintext codes the orchestrator's alone;
 # the streaming import is the operator CLI's, run in the code pool's own pod.
-# Roles (issue 14; the gateway's policy.py agrees): staff and admins act within their merchant
+# Roles (the gateway's policy.py agrees): staff and admins act within their merchant
 # (tenancy.merchant_filter), the platform's operator reads stock and masked codes of any merchant
 # (audited), never plaintext; `system` (the orchestrator, the CLI) acts for every merchant.
 CALLERS = {

@@ -1,11 +1,11 @@
-"""Importing supplier batches: any size, bounded memory, all or nothing (issue 3, "ImportCodes").
+"""Importing supplier batches: any size, bounded memory, all or nothing ("ImportCodes").
 
 The stream is encrypted chunk by chunk and copied (COPY) into a temporary staging table inside one
 transaction; only then are duplicates counted, in SQL, by keyed hash, within the batch and against
 the product's codes. A batch with any duplicate is refused whole; otherwise all of it is moved into
 `codes` in one statement. Nothing is visible to anyone until the commit.
 
-Merchants (issue 14): an admin imports only into its own merchant's products (another's is
+Merchants: an admin imports only into its own merchant's products (another's is
 NOT_FOUND, as a missing one), inside `tenancy.scoped`; the operator CLI (`python -m codepool
 import`, the code pool's own identity: `system`) imports into any product. Either way the batch,
 the codes and the audit entries take their merchant from the product row, in SQL.
@@ -90,7 +90,7 @@ class Chunk:
 
 class Importer:
     """An import holds one connection and its transaction for as long as its stream lasts, so
-    imports are limited (issue 10, item 9): at most `concurrency` at once, each waiting at most
+    imports are limited: at most `concurrency` at once, each waiting at most
     `slot_wait_seconds` for its turn (then UNAVAILABLE), and a stream silent for `idle_seconds` is
     given up (ABORTED, rolled back, connection returned). Stalled uploads can therefore never take
     the connections buyers need."""

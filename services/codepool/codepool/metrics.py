@@ -1,4 +1,4 @@
-"""The code pool's metrics (issue 15): stock per product and state (a gauge refreshed from the
+"""The code pool's metrics: stock per product and state (a gauge refreshed from the
 database every CUTY_METRICS_REFRESH_SECONDS, never counted per request), reservations, deliveries,
 expiries and reveals. `REGISTRY` is the process's instance (cutylib.metrics)."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ class CodePoolMetrics(Metrics):
         self.reservations_expired = self.counter(
             "cuty_codepool_reservations_expired_total", "Reservations released by the sweeper after their TTL")
         self.reveals = self.counter("cuty_codepool_reveals_total", "Codes revealed to an admin (audited)")
-        # Plaintext reads by the buyer (GetDeliveredCodes), codes per read; each also audited (issue 10).
+        # Plaintext reads by the buyer (GetDeliveredCodes), codes per read; each also audited.
         self.buyer_reads = self.counter("cuty_codepool_codes_read_by_buyer_total",
                                         "Delivered codes read in plaintext by their buyer (audited)")
         # outcome: opened | replace | reject | refund | refunded | reopen (docs/codepool.md, "Claims")

@@ -21,7 +21,7 @@ from cutylib.db import sets_its_merchant
 # buyers hold), their deliveries and the audit entry. Returns no row when the reservation already
 # exists (a replay) or the product is unknown. When fewer codes than ordered could be taken it
 # raises SQLSTATE CP001 (codepool_short_stock), which undoes the whole statement: all or nothing.
-# The merchant comes from the product row (issue 14): the reservation, its deliveries and its audit
+# The merchant comes from the product row: the reservation, its deliveries and its audit
 # entry take it from there, and the code scan names it, as codes_available leads with it. The
 # scalar subquery `(SELECT merchant_id FROM r)` is a parameter of the index scan (an InitPlan), so
 # the scan still yields `seq` order with no sort; no reservation inserted (a replay) -> NULL -> no codes.
@@ -42,7 +42,7 @@ SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries d
 FROM reservations r WHERE r.order_id = $1
 """
 
-# A staff or admin reader's: only its merchant's reservation ($2), else nothing (issue 14).
+# A staff or admin reader's: only its merchant's reservation ($2), else nothing.
 GET_MERCHANT_RESERVATION = GET_RESERVATION.rstrip() + " AND r.merchant_id = $2\n"
 
 # The stored reservation a non-inserting RESERVE collided with: this request's own, else the other.

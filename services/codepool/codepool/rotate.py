@@ -36,7 +36,7 @@ FROM unnest($2::uuid[], $3::bytea[], $4::bytea[], $5::text[]) AS u(id, nonce, ci
 WHERE c.id = u.id AND c.key_id = u.old_key
 """
 # One entry per merchant of the batch (a batch walks the primary key across products): each
-# merchant's audit log names only its own codes (issue 14).
+# merchant's audit log names only its own codes.
 AUDIT = """
 INSERT INTO audit_log (merchant_id, actor, action, code_ids, details)
 SELECT c.merchant_id, $1, 'rotate', array_agg(c.id ORDER BY c.id), $3

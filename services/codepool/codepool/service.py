@@ -1,4 +1,4 @@
-"""Reservation use cases: reserve, deliver, release, read, expire (issue 3, "Behaviour").
+"""Reservation use cases: reserve, deliver, release, read, expire ("Behaviour").
 
 Each runs in one unit of work that rolls back unless committed, so a failure half-way leaves
 nothing behind; the invariants themselves are enforced by the database (see repository.py).

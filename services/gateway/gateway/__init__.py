@@ -1,1 +1,1 @@
-"""The HTTP gateway: HTTP/JSON -> gRPC for every route annotated in the protos (issue 6)."""
+"""The HTTP gateway: HTTP/JSON -> gRPC for every route annotated in the protos."""

@@ -142,7 +142,7 @@ def principal_of(claims: dict) -> Principal:
     if problem is not None:
         raise unauthenticated(f"the token's 'org' claim {problem}")
     if role in MERCHANT_ROLES and org is None:
-        # Issue 14: staff and admins act for one merchant, named by the identity provider.
+        # Staff and admins act for one merchant, named by the identity provider.
         raise unauthenticated(f"a token with role {role!r} must carry the 'org' claim (the merchant it belongs to)")
     if not isinstance(claims["exp"], (int, float)):
         raise unauthenticated("the token's 'exp' claim must be a number")

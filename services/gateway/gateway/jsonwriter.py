@@ -93,7 +93,7 @@ def _compile(desc: Descriptor) -> Callable[[Message], dict]:
         # float32 and maps: rare here, keep exact
         return lambda m: json_format.MessageToDict(m, always_print_fields_with_no_presence=True)
     # Fields without presence (scalars, enums, lists) are written even when unset, zeros and false
-    # included, as grpc-gateway's EmitUnpopulated does (issue 10, item 13): a client reads
+    # included, as grpc-gateway's EmitUnpopulated does: a client reads
     # `"available": "0"`, not a missing key. Message fields keep their presence: absent when unset.
     plan = [(f.number, f.json_name, _value(f), f.is_repeated, f.name, f.has_presence)
             for f in sorted(desc.fields, key=lambda f: f.number)]  # field-number order, as json_format

@@ -1,4 +1,4 @@
-"""Bounded memo tables for the gateway's pure per-request steps (issue 11, part 2).
+"""Bounded memo tables for the gateway's pure per-request steps.
 
 Matching a path, transcoding a request and writing a GET's answer as JSON are pure functions
 of their inputs (the route table and descriptors never change in a running gateway), and the same

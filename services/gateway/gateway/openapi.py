@@ -260,7 +260,7 @@ def _problem(description: str) -> dict:
 
 
 def problem_responses(r: Route, access: Access) -> list[tuple[int, str]]:
-    """The problems a route can answer (issue 10, item 15), from what the gateway and the
+    """The problems a route can answer, from what the gateway and the
     conventions know about it: its input, its policy, its path and its method."""
     out: list[tuple[int, str]] = [(400, "bad input: `field` names the request field at fault (a request field, "
                                         "or a header such as Request-Timeout)"),

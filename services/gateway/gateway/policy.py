@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 CUSTOMER, STAFF, ADMIN, OPERATOR = "customer", "staff", "admin", "operator"
 SIGNED_IN = frozenset({CUSTOMER, STAFF, ADMIN, OPERATOR})
-# Issue 14: staff and admins act within their merchant (the services filter by it); the platform's
+# Staff and admins act within their merchant (the services filter by it); the platform's
 # operator (support) reads across merchants, and the services audit every such read.
 READERS = frozenset({STAFF, ADMIN, OPERATOR})
 TOKEN_ROLES = SIGNED_IN  # roles a token may carry; `system` is for internal callers only
@@ -36,14 +36,14 @@ def _roles(*r: str) -> frozenset[str]:
 
 POLICY: dict[str, Access] = {
     "cuty.booking.v1.BookingService.CreateSalon": Access(_roles(ADMIN)),
-    # Issue 12: the salon's merchant's admins change its cancellation policy (another's: 404).
+    # The salon's merchant's admins change its cancellation policy (another's: 404).
     "cuty.booking.v1.BookingService.SetCancellationPolicy": Access(_roles(ADMIN)),
     "cuty.booking.v1.BookingService.CreateResource": Access(_roles(ADMIN)),
     "cuty.booking.v1.BookingService.BatchCreateSlots": Access(_roles(ADMIN)),
     "cuty.booking.v1.BookingService.ListSlots": Access(SIGNED_IN),
-    # Issue 12: a salon's agenda (customers' ids): its merchant's staff and admins, the operator.
+    # A salon's agenda (customers' ids): its merchant's staff and admins, the operator.
     # A day's agenda names customers: the salon's merchant only (the operator's reads must be
-    # audited, issue 14, and booking keeps no read audit).
+    # audited, and booking keeps no read audit).
     "cuty.booking.v1.BookingService.ListBookings": Access(_roles(STAFF, ADMIN)),
     # Services and working hours (docs/booking.md): the salon's merchant's admins define them
     # (another merchant's salon: 404); every signed-in user reads services and free times, staff and
@@ -79,21 +79,21 @@ POLICY: dict[str, Access] = {
     # Its customer, and whoever reads the merchant's sales: staff, admins (an admin can do what
     # staff can) and the operator (docs/gateway.md).
     "cuty.payments.v1.CheckoutService.GetCheckout": Access(READERS | {CUSTOMER}),
-    # Issue 12: the customer's own (before the purchase; after it, a booking per its cancellation
+    # The customer's own (before the purchase; after it, a booking per its cancellation
     # policy); the merchant's staff and admins cancel a completed booking with a full refund and a
     # reason (another merchant's: 404). The operator does not give a merchant's money back.
     "cuty.payments.v1.CheckoutService.CancelCheckout": Access(_roles(CUSTOMER, STAFF, ADMIN)),
-    # Issue 12, item 2: the customer reschedules their own completed booking (until its free-cancellation
+    # The customer reschedules their own completed booking (until its free-cancellation
     # deadline), the merchant's staff and admins any of theirs (another merchant's: 404); the operator
     # does not move a merchant's bookings.
     "cuty.payments.v1.CheckoutService.RescheduleCheckout": Access(_roles(CUSTOMER, STAFF, ADMIN), idempotency_key=True),
-    # Issue 12: a customer's own checkouts; staff and admins their merchant's; the operator all (audited).
+    # A customer's own checkouts; staff and admins their merchant's; the operator all (audited).
     "cuty.payments.v1.CheckoutService.ListCheckouts": Access(READERS | {CUSTOMER}),
-    # Issue 12: live updates as Server-Sent Events, for whoever may GetCheckout it; the SSE
+    # Live updates as Server-Sent Events, for whoever may GetCheckout it; the SSE
     # Last-Event-ID header goes to the service, which resumes after that event.
     "cuty.payments.v1.CheckoutService.WatchCheckout": Access(
         READERS | {CUSTOMER}, forward_headers=(("last-event-id", "last-event-id"),)),
-    # Issue 10: the merchant's admin, or the platform's operator, retries a NEEDS_ATTENTION checkout.
+    # The merchant's admin, or the platform's operator, retries a NEEDS_ATTENTION checkout.
     "cuty.payments.v1.CheckoutService.RetryCheckout": Access(_roles(ADMIN, OPERATOR)),
     # Staff book for a customer (phone, walk-in): the salon's merchant's staff and admins (another
     # merchant's slot or checkout: 404); they record a payment at the desk and a no-show. Neither
@@ -102,11 +102,11 @@ POLICY: dict[str, Access] = {
     "cuty.payments.v1.CheckoutService.MarkPaidAtVenue": Access(_roles(STAFF, ADMIN)),
     "cuty.payments.v1.CheckoutService.MarkNoShow": Access(_roles(STAFF, ADMIN)),
     "cuty.payments.v1.PaymentService.GetPaymentTimeline": Access(READERS),
-    # Issue 15: staff find the payment behind a PSP intent id (GET /v1/payments:lookup?pspIntentId=).
+    # Staff find the payment behind a PSP intent id (GET /v1/payments:lookup?pspIntentId=).
     "cuty.payments.v1.PaymentService.LookupPayment": Access(READERS),
-    # Issue 12: the merchant's staff (and admins) give money back; the operator reads, it does not refund.
+    # The merchant's staff (and admins) give money back; the operator reads, it does not refund.
     "cuty.payments.v1.PaymentService.IssueRefund": Access(_roles(STAFF, ADMIN), idempotency_key=True),
-    # Issue 12, item 6: a merchant's webhook endpoints and their delivery logs are its admins'
+    # A merchant's webhook endpoints and their delivery logs are its admins'
     # (the endpoint secrets and the integration are theirs; the operator does not read them).
     "cuty.payments.v1.WebhookEndpointService.CreateWebhookEndpoint": Access(_roles(ADMIN)),
     "cuty.payments.v1.WebhookEndpointService.ListWebhookEndpoints": Access(_roles(ADMIN)),

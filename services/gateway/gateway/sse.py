@@ -1,4 +1,4 @@
-"""Server-streaming RPCs as Server-Sent Events (issue 12: `GET /v1/checkouts/{id}:watch`).
+"""Server-streaming RPCs as Server-Sent Events (`GET /v1/checkouts/{id}:watch`).
 
 One mechanism for any server-streaming route:
 

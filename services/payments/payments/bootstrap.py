@@ -74,7 +74,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
             leader=MetricsLeader(pool, "payments"), metrics=core.metrics))
     if psp is None:
         server.on_stop(core.psp.aclose)
-    # Issue 12, item 6: merchants' webhook endpoints and the delivery workers of the outbox.
+    # Merchants' webhook endpoints and the delivery workers of the outbox.
     outbound.register(server, settings, pool, core.worker_id, workers=workers)
     # Claims on delivered codes: an admin's resolution (replace, refund, reject) and its finisher.
     claims.register(server, pool, core, workers=workers)

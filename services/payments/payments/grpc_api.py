@@ -26,7 +26,7 @@ from .webhooks import WebhookInbox
 CALLERS = {
     "CreatePayment": {PAYMENTS}, "GetPayment": {GATEWAY, PAYMENTS}, "CancelPayment": {PAYMENTS},
     "RefundPayment": {PAYMENTS}, "GetPaymentTimeline": {GATEWAY}, "HandlePspWebhook": {GATEWAY},
-    "LookupPayment": {GATEWAY},  # issue 15: staff find a payment by the PSP's intent id
+    "LookupPayment": {GATEWAY},  # Staff find a payment by the PSP's intent id
     "IssueRefund": {GATEWAY},  # the merchant's staff refund, fully or partly (through the gateway only)
 }
 # Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust).
@@ -38,9 +38,9 @@ SIGNATURE_KEY = "cuty-signature"
 IDEMPOTENCY_KEY = "idempotency-key"
 # CreatePayment / CancelPayment / RefundPayment move money: internal callers and admins only.
 MONEY_ROLES = ("system", "admin")
-READ_ROLES = ("system", "staff", "admin", "operator")  # staff and admins within their merchant (issue 14)
+READ_ROLES = ("system", "staff", "admin", "operator")  # staff and admins within their merchant
 MAX_REASON = 200
-# Issue 12: who refunds through the API. The merchant's staff and admins (within their merchant),
+# Who refunds through the API. The merchant's staff and admins (within their merchant),
 # and `system` (the service's own tooling). Not the operator: support reads across merchants, but
 # giving a merchant's money back is the merchant's decision (docs/payments.md, "Refunds").
 REFUND_ROLES = ("system", "staff", "admin")

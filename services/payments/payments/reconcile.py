@@ -41,7 +41,7 @@ class Reconciler:
                                                       core.settings.lease_seconds, core.settings.reconcile_after_seconds)
         if claimed:
             await asyncio.gather(*(self._one(view, previous_owner) for view, previous_owner in claimed))
-        # Issue 12: refunds left pending (a PSP timeout, a crash around the PSP call) are asked again
+        # Refunds left pending (a PSP timeout, a crash around the PSP call) are asked again
         # with the same key once they are as old as a payment would be.
         with quiet():
             refunds = await core.finish_pending_refunds(float(core.settings.reconcile_after_seconds),

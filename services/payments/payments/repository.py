@@ -16,7 +16,7 @@ PAYMENT_COLUMNS = """id, checkout_id, customer_id, status, version, lease_owner,
     failure_reason, reconcile_at, created_at, updated_at, merchant_id, refunded_minor, refund_settled_minor"""
 
 GET_PAYMENT = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1"
-# A user's read (issue 14): $2 is the caller's merchant (staff, admin) or NULL (any merchant), so
+# A user's read: $2 is the caller's merchant (staff, admin) or NULL (any merchant), so
 # another merchant's payment is not found.
 GET_PAYMENT_SEEN_BY = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)"
 GET_BY_KEY = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE merchant_id = $1 AND idempotency_key = $2"
@@ -56,7 +56,7 @@ WITH upd AS (
         client_secret = CASE WHEN $3 = 'requires_action' THEN COALESCE($6, client_secret) END,
         failure_reason = COALESCE($7, failure_reason),
         psp_refund_id = COALESCE($8, psp_refund_id),
-        -- The PSP says the whole charge went back (issue 12: the running totals follow).
+        -- The PSP says the whole charge went back (the running totals follow).
         refunded_minor = CASE WHEN $3 = 'refunded' THEN amount_minor ELSE refunded_minor END,
         refund_settled_minor = CASE WHEN $3 = 'refunded' THEN amount_minor ELSE refund_settled_minor END,
         reconcile_at = CASE WHEN $3 IN ('succeeded', 'failed', 'canceled', 'refunded') THEN NULL ELSE reconcile_at END,

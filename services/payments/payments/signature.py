@@ -18,7 +18,7 @@ from cutylib.errors import Unauthenticated
 
 TOLERANCE_SECONDS = 300
 # A unix time has 10 digits until 2286. Longer is malformed, and int() of thousands of digits
-# raises ValueError (Python's integer string limit): that became a 500 (issue 10, item 5).
+# raises ValueError (Python's integer string limit): that became a 500.
 MAX_TIMESTAMP_DIGITS = 12
 _HEX = frozenset(string.hexdigits)
 

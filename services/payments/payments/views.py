@@ -34,8 +34,8 @@ class PaymentView:
     failure_reason: str | None
     created_at: datetime
     updated_at: datetime
-    merchant_id: str = ""  # issue 14: the merchant paid
-    # Issue 12: refunded or being refunded (pending and succeeded refunds), and what the PSP confirmed.
+    merchant_id: str = ""  # The merchant paid
+    # Refunded or being refunded (pending and succeeded refunds), and what the PSP confirmed.
     refunded_minor: int = 0
     refund_settled_minor: int = 0
     # The payment attempt id: the key it was created with, and the PSP's Idempotency-Key.
@@ -120,7 +120,7 @@ class TimelineEvent:
 
 @dataclass(frozen=True)
 class RefundView:
-    """One refund of a payment (issue 12): pending until the PSP answers, then succeeded or failed."""
+    """One refund of a payment: pending until the PSP answers, then succeeded or failed."""
     id: str
     merchant_id: str
     payment_id: str

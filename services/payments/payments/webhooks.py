@@ -1,6 +1,6 @@
 """PSP webhooks: verify, store (deduplicated on the PSP's event id) before acknowledging, then
 finalize under the payment's lease; if another worker holds it, keep the event deferred and let the
-retry worker finish it. Issue 4, "Webhooks"; docs/payments.md."""
+retry worker finish it (docs/payments.md, "Webhooks")."""
 from __future__ import annotations
 
 import asyncio
@@ -138,7 +138,7 @@ def parse_event(payload: bytes) -> dict[str, Any]:
 
 
 # What a payment intent carries that lets someone act for the customer (complete 3-D Secure, confirm
-# the intent client-side). Kept out of psp_events (issue 10, item 10): the payments row keeps what
+# the intent client-side). Kept out of psp_events: the payments row keeps what
 # the customer still needs, and only while it needs it (invariant 6).
 SECRET_FIELDS = ("client_secret", "next_action")
 
@@ -224,7 +224,7 @@ class WebhookInbox:
         observed = domain.EVENT_STATUS[event_type]
         try:
             if event_type == "charge.refunded" and isinstance(obj.get("payment_intent"), str):
-                # Issue 12: a refund may be partial, and only the intent's totals say whether the whole
+                # A refund may be partial, and only the intent's totals say whether the whole
                 # charge went back (refunded) or not (succeeded: old news for a partly refunded payment,
                 # whose own refund path records it). Asking is idempotent; a failure retries below.
                 obj = await self.core.psp.get_intent(obj["payment_intent"])

@@ -48,7 +48,7 @@ class Intent:
     amount_refunded: int = 0
     canceled_at: int | None = None
     cancellation_reason: str | None = None
-    # The W3C traceparent the create request came with: its webhooks carry it back (issue 15).
+    # The W3C traceparent the create request came with: its webhooks carry it back.
     traceparent: str | None = None
     # Created without a payment method: the customer presents one on the hosted page (a payment link).
     hosted: bool = False

@@ -136,13 +136,13 @@ class CheckoutStack:
 
     async def reschedule(self, who: str, checkout_id: str, slot: str, *, method: str = "", key: str | None = None,
                          role: str = "customer", replica: int = 0) -> pb.Checkout:
-        """Issue 12, item 2: RescheduleCheckout as `who` (a customer, or staff of the test merchant)."""
+        """RescheduleCheckout as `who` (a customer, or staff of the test merchant)."""
         return await self.api(replica).RescheduleCheckout(
             pb.RescheduleCheckoutRequest(checkout_id=checkout_id, slot_id=slot, payment_method=method),
             metadata=md(who, key or str(uuid.uuid4()), role), timeout=10)
 
     async def check_reschedules(self, checkout_ids: list[str]) -> dict[str, dict]:
-        """Issue 12, item 2's oracle over finished checkouts that were rescheduled (or tried to be):
+        """The reschedule oracle over finished checkouts that were rescheduled (or tried to be):
         never both lost, never both kept: the customer holds exactly one confirmed booking, the
         checkout's, on its slot, and nothing else live; money consistent: what the PSP kept of all
         the checkout's payments (charges minus refunds) is the booked slot's price, and each payment
@@ -208,14 +208,14 @@ class CheckoutStack:
 
     # -- the oracle -------------------------------------------------------------------------------
     async def check_outbox(self) -> int:
-        """Issue 12, item 6, over every checkout of the database: no state change without its event
+        """Over every checkout of the database: no state change without its event
         and no event without its state change. A COMPLETED checkout has exactly one
         checkout.completed and one booking.confirmed / codes.delivered, a REFUNDED one exactly one
         checkout.refunded, any other none; every event is about a checkout in the state it
         announces, of its merchant. Returns how many events were checked."""
         def completed(kind):
             return {"checkout.completed": 1, "booking.confirmed" if kind == "booking" else "codes.delivered": 1}
-        # Issue 12, item 2: a rescheduled booking has one booking.rescheduled per reschedule that
+        # A rescheduled booking has one booking.rescheduled per reschedule that
         # succeeded (`reschedules`), whatever state it is in now; one under way has its COMPLETED events.
         want = {"COMPLETED": completed, "RESCHEDULING": completed, "RESCHEDULE_CONFIRMING": completed,
                 "RESCHEDULE_REVERTING": completed,
@@ -270,7 +270,7 @@ class CheckoutStack:
             refunded = r["psp_intent_id"] in refunded_intents
             assert captured == (st in ("COMPLETED", "REFUNDED", "CANCELLED_AFTER_PURCHASE")), (
                 cid, st, "captured" if captured else "not captured")
-            # Issue 12: a booking cancelled after purchase is refunded what its cancel decided (if anything).
+            # A booking cancelled after purchase is refunded what its cancel decided (if anything).
             assert refunded == (st == "REFUNDED" or (st == "CANCELLED_AFTER_PURCHASE" and r["refund_amount_minor"] > 0)), (
                 cid, st, refunded)
             if st == "CANCELLED_AFTER_PURCHASE":

@@ -70,7 +70,7 @@ async def hold_lost_then_captured(shop):
 
 
 async def cancel_after_purchase(shop):
-    """Issue 12: a completed booking cancelled by its customer (the salon's default policy: a full
+    """A completed booking cancelled by its customer (the salon's default policy: a full
     refund): the crash lands on the refund or on booking's CancelBooking; the restarted process
     finishes the cancel, refunding once."""
     async def one():
@@ -88,12 +88,12 @@ MATRIX = [
     ("extend:before", happy), ("extend:after", happy),
     ("charge:before", happy), ("charge:after", happy),
     ("confirm:before", happy), ("confirm:after", happy),
-    # Issue 12, item 6: right after COMPLETED (and its outbox events) committed.
+    # Right after COMPLETED (and its outbox events) committed.
     ("recorded:COMPLETED", happy),
     ("release:before", declined), ("release:after", declined),
     ("cancel_payment:before", cancel_during_3ds), ("cancel_payment:after", cancel_during_3ds),
     ("refund:before", hold_lost_then_captured), ("refund:after", hold_lost_then_captured),
-    # Issue 12: cancel after purchase, refund first, then the slot.
+    # Cancel after purchase, refund first, then the slot.
     ("cancel_refund:before", cancel_after_purchase), ("cancel_refund:after", cancel_after_purchase),
     ("cancel_release:before", cancel_after_purchase), ("cancel_release:after", cancel_after_purchase),
 ]
@@ -120,7 +120,7 @@ async def test_sigkill_at_every_saga_step_then_recover(crashy):
     assert all(states[c] == "FAILED" for c in by_point["release:before"])
     assert all(states[c] == "REFUNDED" for c in by_point["refund:after"])
     assert all(states[c] == "COMPLETED" for c in by_point["recorded:COMPLETED"])
-    # Issue 12, item 6: whatever the crashes, every state change has its event and every event its
+    # Whatever the crashes, every state change has its event and every event its
     # state change (the outbox trigger writes them in one statement).
     assert await shop.check_outbox() >= 2 * sum(s == "COMPLETED" for s in states.values())
     for point in ("cancel_refund:before", "cancel_refund:after", "cancel_release:before", "cancel_release:after"):

@@ -1,4 +1,4 @@
-"""Survive the database (issue 13): the stack's own PostgreSQL stops under traffic; a service is
+"""Survive the database: the stack's own PostgreSQL stops under traffic; a service is
 restarted while it is down; then it comes back.
 
 While it is down no process exits, every service's health says NOT_SERVING (liveness stays

@@ -1,4 +1,4 @@
-"""Load balancing that works (issue 13): a client channel spreads calls over every replica its
+"""Load balancing that works: a client channel spreads calls over every replica its
 target names (round_robin), so added replicas get load; two booking processes both serve."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12, item 3, crash safety with real processes: the payments process SIGKILLs itself between
+"""Crash safety with real processes: the payments process SIGKILLs itself between
 the refund's database write and the PSP call (CUTY_CRASH_AT=psp_refund:before), then between the
 PSP's answer and its record (psp_refund:after); restarted, the staff's retry with the same
 Idempotency-Key (or reconciliation, whichever comes first) finishes the refund, and the PSP's

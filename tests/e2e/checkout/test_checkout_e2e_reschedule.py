@@ -1,4 +1,4 @@
-"""Issue 12, item 2: a COMPLETED booking rescheduled to another slot of its salon, with real processes
+"""A COMPLETED booking rescheduled to another slot of its salon, with real processes
 (booking, the PSP simulator, the orchestrator) on PostgreSQL: the same price, a dearer slot (the
 difference charged through the PSP), a cheaper one (the difference refunded), a declined difference
 (undone: the booking unchanged, nothing kept), the new slot raced by another buyer with real

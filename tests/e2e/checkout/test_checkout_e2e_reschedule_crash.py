@@ -1,4 +1,4 @@
-"""Issue 12, item 2, crash matrix of the reschedule: the orchestrator SIGKILLs itself at every step
+"""Crash matrix of the reschedule: the orchestrator SIGKILLs itself at every step
 of a reschedule (CUTY_CRASH_AT: the new hold, the difference's charge, the new hold's confirm, the
 old booking's release, a decrease's refund, an undone reschedule's release of the new hold, right
 after the moves that commit a step) and is restarted; the client retries with the same

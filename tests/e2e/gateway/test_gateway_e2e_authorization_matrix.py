@@ -1,4 +1,4 @@
-"""Issue 14: the authorisation matrix, generated from the gateway's route table and run against the
+"""The authorisation matrix, generated from the gateway's route table and run against the
 real stack (gateway, services, Postgres, PSP simulator as processes).
 
 Every route x every role x the merchant the caller belongs to (the objects' own merchant, or
@@ -50,13 +50,13 @@ def row(ok: int = 200, *, roles: tuple[str, ...], other: int = 404, denied: int 
 MATRIX = {
     # An admin creates in their own merchant: there is no "other" object to hit.
     ("POST", "/v1/salons"): row(roles=("admin",), other=200),
-    # Issue 12: the salon's merchant's admins; another merchant's salon does not exist for them.
+    # The salon's merchant's admins; another merchant's salon does not exist for them.
     ("POST", "/v1/salons/{salon_id}:setCancellationPolicy"): row(roles=("admin",)),
     ("POST", "/v1/salons/{salon_id}/resources"): row(roles=("admin",)),
     ("POST", "/v1/salons/{salon_id}/slots:batchCreate"): row(roles=("admin",)),
     # Customers browse every salon; staff and admins only their merchant's; the operator all.
     ("GET", "/v1/salons/{salon_id}/slots"): row(roles=("customer", "staff", "admin", "operator")),
-    # Issue 12: a salon's agenda; another merchant's salon does not exist for its staff.
+    # A salon's agenda; another merchant's salon does not exist for its staff.
     ("GET", "/v1/salons/{salon_id}/bookings"): row(roles=("staff", "admin")),
     # Services and working hours: the salon's merchant's admins define them; every signed-in user
     # reads services and free times, staff and admins of their own merchant's salons only.
@@ -73,21 +73,21 @@ MATRIX = {
     ("GET", "/v1/products/{product_id}/codes"): row(roles=("staff", "admin", "operator")),
     ("POST", "/v1/codes/{code_id}:reveal"): row(roles=("admin",)),
     ("POST", "/v1/checkouts"): row(roles=("customer",)),
-    # Issue 12: a list is filtered to the caller (a customer's own, a merchant's own): another
+    # A list is filtered to the caller (a customer's own, a merchant's own): another
     # merchant's staff get 200 and none of this merchant's checkouts
     # (test_another_merchants_list_is_empty_of_ours).
     ("GET", "/v1/checkouts"): row(roles=("customer", "staff", "admin", "operator"), other=200),
     ("POST", "/v1/checkouts/{checkout_id}:pay"): row(roles=("customer",)),
     ("GET", "/v1/checkouts/{checkout_id}"): row(roles=("customer", "staff", "admin", "operator")),
-    # Issue 12: the customer cancels their own (a fresh HELD one here); the merchant's staff and
+    # The customer cancels their own (a fresh HELD one here); the merchant's staff and
     # admins cancel a completed booking with a full refund: the world's checkout bought codes, so
     # they are refused (409 codes-delivered); another merchant's checkout does not exist for them.
     ("POST", "/v1/checkouts/{checkout_id}:cancel"): {**row(roles=("customer", "staff", "admin")),
                                                      "staff": (409, 404), "admin": (409, 404)},
-    # Issue 12, item 2: allowed, then refused by the saga (409 not-a-booking): the world's checkout
+    # Allowed, then refused by the saga (409 not-a-booking): the world's checkout
     # bought codes; another merchant's checkout does not exist for its staff; the operator is refused.
     ("POST", "/v1/checkouts/{checkout_id}:reschedule"): row(409, roles=("customer", "staff", "admin")),
-    # Issue 12: Server-Sent Events; the world's COMPLETED checkout ends its stream after one event.
+    # Server-Sent Events; the world's COMPLETED checkout ends its stream after one event.
     ("GET", "/v1/checkouts/{checkout_id}:watch"): row(roles=("customer", "staff", "admin", "operator")),
     # Allowed, and then refused by the saga (409): the checkout does not need attention.
     ("POST", "/v1/checkouts/{checkout_id}:retry"): row(409, roles=("admin", "operator")),
@@ -99,7 +99,7 @@ MATRIX = {
     ("POST", "/v1/checkouts/{checkout_id}:markNoShow"): row(409, roles=("staff", "admin")),
     ("GET", "/v1/payments/{payment_id}/events"): row(roles=("staff", "admin", "operator")),
     ("GET", "/v1/payments:lookup"): row(roles=("staff", "admin", "operator")),
-    # Issue 12: the world's payment bought codes that were delivered: staff are refused (409
+    # The world's payment bought codes that were delivered: staff are refused (409
     # codes-delivered), the merchant's admin refunds 1 minor unit (the amount named); another
     # merchant's payment does not exist for them; the operator reads but does not refund.
     ("POST", "/v1/payments/{payment_id}:refund"): {**row(roles=("staff", "admin")), "staff": (409, 404)},
@@ -120,7 +120,7 @@ MATRIX = {
     ("GET", "/v1/products/{product_id}/batches/{batch_id}/claims:export"): row(roles=("admin",)),
     # No token needed, and a token grants nothing: an unsigned webhook is refused as unsigned.
     ("POST", "/v1/psp/webhooks"): row(roles=(), public=401),
-    # Issue 12, item 6: webhook endpoints are a merchant's admins'; an admin creates and lists in
+    # Webhook endpoints are a merchant's admins'; an admin creates and lists in
     # their own merchant (no "other" object), another merchant's endpoint does not exist for them.
     ("POST", "/v1/webhookEndpoints"): row(roles=("admin",), other=200),
     ("GET", "/v1/webhookEndpoints"): row(roles=("admin",), other=200),

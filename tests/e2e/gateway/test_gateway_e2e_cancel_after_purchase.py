@@ -1,4 +1,4 @@
-"""Issue 12, item 1, over HTTP through the gateway (real processes: booking, payments, the PSP
+"""Over HTTP through the gateway (real processes: booking, payments, the PSP
 simulator): a salon's cancellation policy, a customer cancelling a completed booking past its free
 cancellation (the fee kept, the rest refunded) and seeing CANCELLED_AFTER_PURCHASE with the refund
 amount, a repeat answering the same, the slot bookable again; the merchant's staff cancelling with a

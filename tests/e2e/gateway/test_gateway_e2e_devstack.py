@@ -22,12 +22,12 @@ def alive(pid: int) -> bool:
 
 
 async def demo_counts(url: str, demo: dict, headers: dict) -> tuple[int, str]:
-    """Counted by the platform's operator: the demo's product belongs to the demo merchant (issue 14),
+    """Counted by the platform's operator: the demo's product belongs to the demo merchant,
     and a test admin (TEST_MERCHANT) would see NOT_FOUND."""
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     listed, token = 0, ""
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as c:
-        while True:  # ListSlots is paged (issue 10)
+        while True:  # ListSlots is paged
             slots = await c.get(f"/v1/salons/{demo['salon_id']}/slots", params={
                 "startTime": now.isoformat(), "endTime": (now + dt.timedelta(days=9)).isoformat(),
                 "pageToken": token})
@@ -49,7 +49,7 @@ async def test_devstack_lifecycle(devstack_at, tmp_path, auth):
     assert demo["slots"] == 126 and demo["codes"] == 200
     assert await demo_counts(first.url, demo, auth("operator")) == (126, "200")
     out = first.output()
-    # a token per role is printed, staff and admins one per demo merchant (issue 14)
+    # a token per role is printed, staff and admins one per demo merchant
     assert all(f"{role} " in out for role in ("customer", "operator"))
     assert all(f"{role}@{m} " in out for role in ("staff", "admin") for m in ("demo-salons", "demo-shop"))
 

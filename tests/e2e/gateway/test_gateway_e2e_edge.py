@@ -96,8 +96,8 @@ async def test_openapi_lists_every_route(http):
             ("POST", "/v1/psp/webhooks"), ("GET", "/v1/payments/{payment_id}/events"),
             ("POST", "/v1/products/{product_id}/codes:import"), ("GET", "/v1/payments:lookup"),
             ("POST", "/v1/payments/{payment_id}:refund")} <= ops
-    assert ("GET", "/v1/checkouts") in ops and ("GET", "/v1/salons/{salon_id}/bookings") in ops  # issue 12
-    assert ("POST", "/v1/webhookEndpoints") in ops  # issue 12, item 6
+    assert ("GET", "/v1/checkouts") in ops and ("GET", "/v1/salons/{salon_id}/bookings") in ops
+    assert ("POST", "/v1/webhookEndpoints") in ops
     assert ("GET", "/v1/salons/{salon_id}/services/{service_id}/availability") in ops  # services and hours
     # Every route annotated in the protos (the gateway's own table), plus /healthz, /readyz and /openapi.json.
     annotated = {(r.http_method.upper(), r.template.openapi_path) for r in load_routes()}

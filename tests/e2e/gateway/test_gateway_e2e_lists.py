@@ -1,4 +1,4 @@
-"""Issue 12, item 4, through the gateway over HTTP: a customer's list of their purchases
+"""Through the gateway over HTTP: a customer's list of their purchases
 (GET /v1/checkouts) and a salon's agenda for its staff (GET /v1/salons/{id}/bookings)."""
 import datetime as dt
 import uuid

@@ -1,4 +1,4 @@
-"""Issue 10, item 4: GET /v1/salons/{id}/slots pages with pageSize / pageToken query parameters; a
+"""GET /v1/salons/{id}/slots pages with pageSize / pageToken query parameters; a
 bad token is a 400 problem naming the field."""
 import datetime as dt
 import uuid

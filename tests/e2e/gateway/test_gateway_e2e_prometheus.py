@@ -1,4 +1,4 @@
-"""`make run` brings a local Prometheus with the alert rules (issue 15)."""
+"""`make run` brings a local Prometheus with the alert rules."""
 import shutil
 
 import httpx

@@ -109,7 +109,7 @@ async def test_full_code_purchase(http, auth, fresh_key, new_product, until_stat
 
 
 async def test_a_free_slot_is_booked_without_a_payment(http, auth, fresh_key, salon, until_state):
-    """Issue 10, item 11: a zero price completes, with no PSP call, and the timeline says so."""
+    """A zero price completes, with no PSP call, and the timeline says so."""
     import datetime as dt
     import uuid
 
@@ -131,7 +131,7 @@ async def test_a_free_slot_is_booked_without_a_payment(http, auth, fresh_key, sa
 
 
 async def test_answers_carry_zeros_and_false(http, auth, new_product):
-    """Issue 10, item 13: unpopulated fields are written (grpc-gateway's EmitUnpopulated)."""
+    """Unpopulated fields are written (grpc-gateway's EmitUnpopulated)."""
     product, _ = await new_product(2)
     stock = await http.get(f"/v1/products/{product['id']}/stock", headers=auth("staff"))
     assert stock.status_code == 200, stock.text

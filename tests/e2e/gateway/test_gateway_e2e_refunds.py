@@ -1,4 +1,4 @@
-"""Issue 12, item 3, over HTTP through the gateway (real processes, the PSP simulator): the merchant's
+"""Over HTTP through the gateway (real processes, the PSP simulator): the merchant's
 staff refund a booking partly, then the rest; a replay answers the same refund, a reused key is 422,
 an over-refund 409; the PSP's ledger refunded exactly what was captured, once."""
 import asyncio

@@ -1,4 +1,4 @@
-"""Issue 12, item 2, over HTTP through the gateway (real processes): a customer reschedules their
+"""Over HTTP through the gateway (real processes): a customer reschedules their
 completed booking to a dearer slot of the salon (the difference charged with the purchase's card)
 and sees the new slot in the answer; the merchant's endpoint receives a verified
 `booking.rescheduled`; bad input is a 400 problem naming `slotId` and changes nothing; another

@@ -147,7 +147,7 @@ async def test_a_customer_token_reaches_none_of_them_through_the_gateway(http, a
     me = auth("customer")
     for path in ("/v1/payments/x:cancel", "/v1/codes/x:deliver", "/v1/holds/x:confirm"):
         assert (await http.post(path, headers=me, json={})).status_code in (404, 405)
-    # Issue 12: the merchant's refund route is public, for staff and admins only.
+    # The merchant's refund route is public, for staff and admins only.
     assert (await http.post("/v1/payments/x:refund", headers=me, json={})).status_code == 403
 
 

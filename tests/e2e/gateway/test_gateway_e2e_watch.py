@@ -1,4 +1,4 @@
-"""Issue 12, item 5: live updates as Server-Sent Events, read through the real gateway by a real
+"""Live updates as Server-Sent Events, read through the real gateway by a real
 HTTP client (httpx streaming) across a 3-D Secure purchase, with a reconnect by Last-Event-ID."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 10, item 5: no webhook input makes the platform answer 5xx or leak a traceback.
+"""No webhook input makes the platform answer 5xx or leak a traceback.
 
 Property test over the real gateway and payments (the session's devstack): any Cuty-Signature
 header (missing, garbage, non-ASCII, a t= of thousands of digits, many parts) with any body (bytes,

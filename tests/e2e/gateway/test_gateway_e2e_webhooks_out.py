@@ -1,4 +1,4 @@
-"""Issue 12, item 6, end to end: through the gateway an admin registers a webhook endpoint pointing
+"""End to end: through the gateway an admin registers a webhook endpoint pointing
 at a local receiver, a customer's purchase completes, and the receiver gets a `checkout.completed`
 signed with the endpoint's secret; the delivery log shows it, and a manual redelivery sends the
 same event again (the receiver deduplicates it by its id)."""

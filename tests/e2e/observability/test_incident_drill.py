@@ -1,4 +1,4 @@
-"""Issue 15, the incident drill, with real processes (PSP simulator, booking, code pool, payments,
+"""The incident drill, with real processes (PSP simulator, booking, code pool, payments,
 the gateway): the PSP refuses every refund; a 3-D Secure payment completes after its hold ran out
 and someone else took the slot (a late capture), so the saga must refund, and cannot.
 

@@ -1,4 +1,4 @@
-"""Issue 15, item 6: after an e2e purchase, every process's /metrics (on its own port) is scraped,
+"""After an e2e purchase, every process's /metrics (on its own port) is scraped,
 and every metric named in the dashboards and alert rules is really exported."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 15, items 2-3: one checkout paid with pm_card_webhook_first is one trace, received over
+"""Items 2-3: one checkout paid with pm_card_webhook_first is one trace, received over
 OTLP from the real exporter of real processes: gateway, payments (API, saga steps), booking and
 the PSP call, and the webhook's delivery a trace of its own linked to it, with the cuty.* ids on the spans."""
 from __future__ import annotations

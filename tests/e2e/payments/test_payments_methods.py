@@ -186,7 +186,7 @@ async def test_cancel_3ds_then_refund_ok(payments_stack):
     refunds = [x for x in (await ps.ledger())["refunds"] if x["intent_id"] == ok.psp_intent_id]
     assert len(refunds) == 1
     await wait_webhooks_done(ps, ok.id, 2)  # the charge.refunded webhook arrives later: no change
-    # Issue 12: the refund is reserved (an event that keeps the status), then settled.
+    # The refund is reserved (an event that keeps the status), then settled.
     assert [e.to_status for e in await events_of(ps, ok.id)] == ["created", "succeeded", "succeeded", "refunded"]
 
 

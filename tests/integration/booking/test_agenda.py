@@ -1,4 +1,4 @@
-"""Issue 12, item 4: a salon's agenda (ListBookings). One local day of the salon (midnight to
+"""A salon's agenda (ListBookings). One local day of the salon (midnight to
 midnight on its wall clock: 23 or 25 hours on a DST day), its confirmed bookings (and, asked for,
 its live holds) in (start, resource, id) order, paged like ListSlots; staff and admins of the
 salon's merchant read it (not the platform's operator: the agenda names customers and booking keeps

@@ -114,7 +114,7 @@ async def test_batch_refusals_beyond_the_fields(booking, booking_pool):
         await stub.BatchCreateSlots(pb.BatchCreateSlotsRequest(
             salon_id=salon, slots=[_slot(r1, start=T + 3 * H, end=T + 4 * H), _slot(r1)]), metadata=ADMIN)
     assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    # the constraint's text (key columns and values) stays in the log (issue 10, item 6)
+    # the constraint's text (key columns and values) stays in the log
     assert e.value.details() == "a slot with the same resource, start and end exists already"
     assert await booking_pool.fetchval("SELECT count(*) FROM slots WHERE salon_id = $1", salon) == 1
 

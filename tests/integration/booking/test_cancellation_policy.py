@@ -1,4 +1,4 @@
-"""Issue 12, item 1: a salon's cancellation policy (CreateSalon, checked field by field, defaults 24 h
+"""A salon's cancellation policy (CreateSalon, checked field by field, defaults 24 h
 and 0 %), copied onto each hold when it is taken (the policy shown at purchase is the one applied,
 whatever the salon says later), and CancelBooking: a confirmed booking released so its time is
 bookable again, idempotent, the saga's only."""

@@ -1,4 +1,4 @@
-"""Issue 10, item 2: a late payment never confirms an appointment that has started, or that starts
+"""A late payment never confirms an appointment that has started, or that starts
 within CUTY_CONFIRM_CUTOFF_SECONDS, whether its hold is still live or expired (re-take)."""
 import dataclasses
 from datetime import datetime, timedelta, timezone

@@ -1,4 +1,4 @@
-"""Issue 10, item 4: ListSlots is paged (page_size <= 500, page_token), in a stable order, so no
+"""ListSlots is paged (page_size <= 500, page_token), in a stable order, so no
 request reads a salon's whole calendar at once; a bad token or size names its field."""
 from datetime import timedelta
 

@@ -86,8 +86,8 @@ class FakeBooking(Faults):
         self.holds: dict[str, dict] = {}
         self.by_request: dict[tuple[str, str], str] = {}
         self.effects: Counter[str] = Counter()
-        self.started: set[str] = set()  # slots whose appointment has started: never confirmed (issue 10)
-        # Issue 12: slot -> its start and its salon's cancellation policy (hours, fee %) at hold time.
+        self.started: set[str] = set()  # slots whose appointment has started: never confirmed
+        # Slot -> its start and its salon's cancellation policy (hours, fee %) at hold time.
         self.start_of: dict[str, datetime] = {}
         self.policy_of: dict[str, tuple[int, int]] = {}
 
@@ -167,7 +167,7 @@ class FakeBooking(Faults):
         return self._msg(h)
 
     async def GetSlot(self, req, timeout=None):
-        """Issue 12, item 2: a reschedule checks the new slot's salon first."""
+        """A reschedule checks the new slot's salon first."""
         await self.enter("GetSlot")
         if req.slot_id not in self.slots:
             raise rpc_error(grpc.StatusCode.NOT_FOUND, f"slot {req.slot_id} not found")
@@ -213,7 +213,7 @@ class FakeBooking(Faults):
         return self._msg(h)
 
     async def CancelBooking(self, req, timeout=None):
-        """Issue 12: a confirmed hold cancelled after purchase: released; idempotent on the payment ref."""
+        """A confirmed hold cancelled after purchase: released; idempotent on the payment ref."""
         mode = await self.enter("CancelBooking")
         h = self.holds[req.hold_id]
         if h["status"] == "confirmed" and h["payment_ref"] == req.payment_ref:

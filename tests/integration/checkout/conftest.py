@@ -168,7 +168,7 @@ async def harness(make_harness) -> Harness:
 
 @pytest.fixture
 def endpoints(checkout_pool):
-    """The merchants' webhook endpoints service (issue 12, item 6) over the real table."""
+    """The merchants' webhook endpoints service over the real table."""
     return WebhookEndpoints(Endpoints(checkout_pool), "development", allow_private=True)
 
 

@@ -59,7 +59,7 @@ async def test_replay_returns_the_first_answer_byte_for_byte_and_has_no_second_e
 
 @pytest.mark.parametrize("flow", ["pay", "one-call create"])
 async def test_a_replayed_pay_shows_the_action_only_while_the_payment_requires_it(harness, api, flow):
-    """Issue 10, item 3 (invariant 6): the stored answer keeps no client secret or redirect URL; a
+    """Invariant 6: the stored answer keeps no client secret or redirect URL; a
     replay while 3-D Secure is pending shows the action of the payment as it is now, a replay after
     the payment finished shows none. The same for PayCheckout and a one-call CreateCheckout."""
     harness.start_workers(1)
@@ -266,7 +266,7 @@ async def test_the_stored_answer_is_the_answer_given(harness, api):
 
 
 async def test_only_an_operator_or_admin_may_retry_a_checkout(harness, api):
-    """Issue 10, item 8: RetryCheckout is an operator's tool; for others it does not exist."""
+    """RetryCheckout is an operator's tool; for others it does not exist."""
     cust = f"c-{uuid.uuid4()}"
     created = await api.CreateCheckout(pb.CreateCheckoutRequest(slot_id=harness.booking.add_slot()), metadata=md(cust))
     req = pb.RetryCheckoutRequest(checkout_id=created.id)

@@ -1,4 +1,4 @@
-"""Issue 12, item 4: ListCheckouts. A customer lists their own checkouts across merchants; staff and
+"""ListCheckouts. A customer lists their own checkouts across merchants; staff and
 admins their merchant's, filtered by salon, product, state and time; the operator every merchant's,
 each page audited. Newest first, keyset pages that walk every checkout once while new ones arrive;
 bad filters name their field; a list never shows a client secret or a code."""

@@ -1,4 +1,4 @@
-"""Issue 15, the operator's view, in process (real PostgreSQL, fake booking / PSP): `ops story` finds
+"""The operator's view, in process (real PostgreSQL, fake booking / PSP): `ops story` finds
 a checkout by whichever id the on-call engineer has and names the failing step and its error,
 `ops stuck` lists it, `ops retry` / `ops refund` go through the gRPC API as the payments identity
 and are recorded with who did them; staff see attempts and last error, customers do not; staff find

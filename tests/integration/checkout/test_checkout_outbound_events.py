@@ -1,4 +1,4 @@
-"""Issue 12, item 6: outbound events for merchants. The outbox (merchant_events) is written with the
+"""Outbound events for merchants. The outbox (merchant_events) is written with the
 checkout's state change and never without it; admins register webhook endpoints (merchant-scoped);
 delivery workers POST signed events to a real local receiver at least once, retry with back-off,
 never run one delivery twice at the same time, and an admin can redeliver."""

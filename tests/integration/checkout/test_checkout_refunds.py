@@ -1,4 +1,4 @@
-"""Issue 12, item 3: the merchant's refunds, full or partial, in process (real PostgreSQL, real saga
+"""The merchant's refunds, full or partial, in process (real PostgreSQL, real saga
 and payments core, fake booking / code pool / PSP): never more than captured in total (decided by
 the database, also under real concurrency), idempotent per (merchant, payment, key), in the payment
 timeline with amount, reason and who, the saga's full refund refunding only the rest, a PSP timeout

@@ -1,4 +1,4 @@
-"""Issue 12, item 2, in process (real PostgreSQL, the real saga, engine and workers, fake booking and
+"""In process (real PostgreSQL, the real saga, engine and workers, fake booking and
 PSP): a reschedule whose step keeps failing goes to NEEDS_ATTENTION like the other finishing steps
 (both bookings kept meanwhile, the money moved once) and an operator's retry finishes it; a step
 that fails once is finished by a worker with the same keys; a charge the PSP has not settled yet

@@ -32,7 +32,7 @@ async def state(h, checkout_id):
 
 
 async def test_a_hold_with_more_than_the_pay_window_left_is_charged_without_an_extension(make_harness):
-    """Issue 11: PayCheckout extends the hold only when less than the pay window is left of it; a
+    """PayCheckout extends the hold only when less than the pay window is left of it; a
     buyer paying early costs no ExtendHold call, and the hold keeps its own expiry."""
     h = make_harness(hold_ttl=300, pay_window_seconds=120)
     created = await h.service.create(C, booking_req(h), "")
@@ -225,7 +225,7 @@ async def test_late_capture(make_harness, slot_taken, final):
 
 
 async def test_a_payment_landing_after_the_slot_started_is_refunded(harness):
-    """Issue 10, item 2: booking refuses to confirm a started appointment (slot-started); the saga
+    """Booking refuses to confirm a started appointment (slot-started); the saga
     takes its hold-lost path and refunds the captured payment."""
     h = harness
     created = await h.service.create(C, booking_req(h), "")
@@ -273,7 +273,7 @@ async def test_cancel_after_capture_refunds(harness):
 
 async def test_completed_codes_cannot_be_cancelled(harness):
     """A completed code purchase is delivered: not cancelled (a completed booking is cancelled
-    after purchase, issue 12: test_checkout_cancel_after_purchase.py)."""
+    after purchase, test_checkout_cancel_after_purchase.py)."""
     h = harness
     created = await h.service.create(C, validate_create("", h.codepool.add_product(), 1), "")
     await h.service.pay(C, created.id, "pm_card_ok", "")
@@ -379,7 +379,7 @@ async def test_charge_whose_result_was_lost_is_found_by_its_key(make_harness):
     assert len(h.psp.refunds) == 1
 
 
-# -- issue 10, item 8: bounded retries of the finishing steps ------------------------------------------
+# -- Bounded retries of the finishing steps ------------------------------------------
 
 async def _needs_attention(h, checkout_id) -> bool:
     return await _is(h, checkout_id, "NEEDS_ATTENTION")
@@ -439,7 +439,7 @@ async def test_an_unexpected_answer_to_a_release_needs_attention_after_the_time_
     assert h.booking.holds[created.hold_id]["status"] == "released"
 
 
-# -- issue 10, item 11: free items ----------------------------------------------------------------------
+# -- Free items ----------------------------------------------------------------------
 
 async def _notes(h, checkout_id):
     return [r["note"] for r in await h.pool.fetch(

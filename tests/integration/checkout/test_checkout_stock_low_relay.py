@@ -1,4 +1,4 @@
-"""Issue 12, item 6: `stock.low` from the code pool's outbox to a merchant's endpoint. A real code
+"""`stock.low` from the code pool's outbox to a merchant's endpoint. A real code
 pool (in process, its own database) writes the event with the stock change; the orchestrator's relay
 stores it in merchant_events with its deliveries and its cursor in one transaction; a crash of the
 relay before its commit stores nothing and the next round stores the event once; a re-read event is

@@ -1,4 +1,4 @@
-"""Issue 14 in the payments service: a checkout and its payment belong to the merchant of what was
+"""Merchants as tenants in the payments service: a checkout and its payment belong to the merchant of what was
 bought; staff and admins see and retry only their merchant's, the operator sees every merchant's
 and is audited, and the database refuses to move a row or to show it to another merchant."""
 from __future__ import annotations

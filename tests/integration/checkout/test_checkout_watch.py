@@ -1,4 +1,4 @@
-"""Issue 12, item 5: WatchCheckout in process (real PostgreSQL, the real saga, fake booking / PSP).
+"""WatchCheckout in process (real PostgreSQL, the real saga, fake booking / PSP).
 
 Events come from LISTEN/NOTIFY (one listener per process), are resumable by event id, carry the
 buyer's action to the buyer only, warn before a hold runs out, are capped per user, and keep

@@ -1,4 +1,4 @@
-"""Conservation under chaos (issue 3, "Tests"): 100 codes, 64 concurrent clients reserving, releasing
+"""Conservation under chaos ("Tests"): 100 codes, 64 concurrent clients reserving, releasing
 and delivering at random while database backends are killed. At every read the stock adds up to 100,
 every code is held by at most one order and matches its delivery, every order holds exactly its
 quantity; afterwards, every delivery a client was told about is in the database, disjoint from all others.

@@ -38,7 +38,7 @@ async def test_ciphertext_swapped_between_rows_fails_to_decrypt(stub, cp_pool):
             await _reveal(stub, str(row["id"]))
         assert e.value.code() == grpc.StatusCode.DATA_LOSS
         assert error_reason(e.value) == "code-integrity"
-        # which key and why is for the log, not the caller (issue 10, item 6)
+        # which key and why is for the log, not the caller
         assert e.value.details() == f"code {row['id']} failed its integrity check and is not served"
     # masked listing refuses too rather than showing another row's digits
     with pytest.raises(grpc.aio.AioRpcError) as e:

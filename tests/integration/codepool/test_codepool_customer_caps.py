@@ -1,4 +1,4 @@
-"""Issue 10, item 1: one customer cannot reserve a product's whole stock. At most
+"""One customer cannot reserve a product's whole stock. At most
 CUTY_MAX_ACTIVE_RESERVATIONS live reservations and CUTY_MAX_QUANTITY_PER_PRODUCT codes of one
 product per customer, decided by the database under real concurrency."""
 import asyncio

@@ -131,7 +131,7 @@ async def test_bad_batch_request(stub, mutate, field):
 
 
 async def test_unknown_product_is_not_found(stub):
-    # NOT_FOUND, as another merchant's product is (issue 14: existence does not leak)
+    # NOT_FOUND, as another merchant's product is (existence does not leak)
     req = pb.ImportCodeBatchRequest(product_id=str(uuid.uuid4()), batch_ref="b", codes=make_codes(3))
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.ImportCodeBatch(req, metadata=ADMIN)

@@ -1,4 +1,4 @@
-"""Issue 10, item 9: stalled imports never starve buyers. An import holds a connection for as long
+"""Stalled imports never starve buyers. An import holds a connection for as long
 as its stream lasts; imports are limited and a silent stream is given up, and a request that cannot
 get a connection in time fails UNAVAILABLE instead of queueing without end."""
 import asyncio

@@ -112,7 +112,7 @@ async def test_stock_requires_staff_and_a_known_product(stub):
 
 
 async def test_every_plaintext_read_is_audited_and_counted(stub, cp_pool):
-    """Issue 10, item 12: the buyer's reads of its codes are audited and counted like an admin's reveal."""
+    """The buyer's reads of its codes are audited and counted like an admin's reveal."""
     from codepool import metrics
 
     product_id, _ = await stocked_product(stub, 2)

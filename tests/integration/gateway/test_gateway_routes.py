@@ -88,7 +88,7 @@ async def test_enum_names_in_responses(client, fake, bearer):
         del fake.scripts["GetCheckout"]
     assert {k: v for k, v in r.json().items() if v not in ("", 0, [])} == {
         "id": "00000000-0000-4000-8000-000000000002", "kind": "CHECKOUT_KIND_BOOKING", "state": "CHECKOUT_STATE_AWAITING_ACTION"}
-    assert r.json()["quantity"] == 0 and r.json()["codes"] == []  # unpopulated fields are written (issue 10)
+    assert r.json()["quantity"] == 0 and r.json()["codes"] == []  # unpopulated fields are written
 
 
 async def test_webhook_passes_raw_body_and_signature_without_a_token(client, fake, bearer):

@@ -115,7 +115,7 @@ async def test_refund_is_idempotent_and_only_for_succeeded(core, fake_psp):
 
 
 async def test_a_status_change_wakes_its_checkout_in_the_same_statement(make_core, payments_pool):
-    """Issue 11: the checkout saga's wake-up is the database's (trigger payments_wake_checkout,
+    """The checkout saga's wake-up is the database's (trigger payments_wake_checkout,
     payments_wake_checkout): it commits with the payment change or not at all, and finalize knows nothing of it."""
     core = make_core()
     checkout = uuid.uuid4()

@@ -83,7 +83,7 @@ async def test_ids_and_roles(payments_server):
 
 
 async def test_the_timeline_is_paged(payments_server):
-    """Issue 10 item 4: every list is paged (page_size <= 500, stable order, opaque tokens)."""
+    """Every list is paged (page_size <= 500, stable order, opaque tokens)."""
     stub = payments_server
     p = await stub.CreatePayment(create())
     await stub.CancelPayment(pb.CancelPaymentRequest(payment_id=p.id))

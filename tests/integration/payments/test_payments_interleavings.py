@@ -1,7 +1,7 @@
 """500 seeded interleavings of the synchronous answer, webhooks (duplicated, stale, out of order) and
 reconciliation on one payment each, against the real PostgreSQL with real concurrent connections.
 
-Oracle (issue 4): the status only moves forward, exactly one transition to `succeeded` when the
+Oracle: the status only moves forward, exactly one transition to `succeeded` when the
 PSP captured, the version rises once per accepted change, no terminal answer carries a secret.
 """
 import asyncio
@@ -112,7 +112,7 @@ async def one_interleaving(seed: int, creator, workers, psp: RecordingPsp, pool)
     assert (events[0]["from_status"], events[0]["to_status"]) == (None, "created"), ctx
     for prev, e in zip(events, events[1:]):
         assert e["from_status"] == prev["to_status"], ctx
-        # Issue 12: a refund's own events (reserved, settled after the PSP said "refunded") may
+        # A refund's own events (reserved, settled after the PSP said "refunded") may
         # keep the status; every other event is a forward transition.
         assert domain.can_transition(e["from_status"], e["to_status"]) or (
             e["from_status"] == e["to_status"] and "refund" in e["note"]), ctx

@@ -215,7 +215,7 @@ async def test_event_left_received_by_a_crashed_handler_is_finished_by_the_retry
     assert (await stored(payments_pool, evt_id))["attempts"] == 1
 
 
-# -- issue 10, item 10: no secrets at rest in psp_events; handled events are purged -----------------
+# -- No secrets at rest in psp_events; handled events are purged -----------------
 
 async def test_stored_events_keep_no_client_secret_or_redirect(payments_server, payments_pool, core, fake_psp):
     p = await three_ds(core)

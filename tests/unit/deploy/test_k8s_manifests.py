@@ -1,4 +1,4 @@
-"""Offline checks of deploy/k8s (issues 9 and 13): every overlay renders with `kubectl kustomize`;
+"""Offline checks of deploy/k8s: every overlay renders with `kubectl kustomize`;
 core objects validate strictly (kubernetes-validate); custom resources (CloudNativePG,
 cert-manager) validate against their vendored CRD schemas with unknown fields refused; and the
 policies the design asks for hold: probes, resources, restricted security, pinned images, headless

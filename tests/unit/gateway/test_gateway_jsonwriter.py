@@ -61,7 +61,7 @@ def _emit_unpopulated(msg) -> dict:
 
 
 def test_zeros_false_and_empty_lists_are_written_and_unset_messages_left_out():
-    """Issue 10, item 13: as grpc-gateway's EmitUnpopulated, a client reads "0", false and []."""
+    """As grpc-gateway's EmitUnpopulated, a client reads "0", false and []."""
     from cuty.payments.v1 import checkout_pb2
 
     assert jsonwriter.to_dict(codepool_pb2.Stock()) == {"productId": "", "available": "0", "reserved": "0",

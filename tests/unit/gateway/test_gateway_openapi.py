@@ -21,7 +21,7 @@ def test_every_route_is_documented(routes):
     slots = doc["paths"]["/v1/salons/{salon_id}/slots"]["get"]
     assert {p["name"] for p in slots["parameters"]} == {"salon_id", "startTime", "endTime", "availableOnly",
                                                          "pageSize", "pageToken", "Request-Timeout"}
-    lists = doc["paths"]["/v1/checkouts"]["get"]  # issue 12
+    lists = doc["paths"]["/v1/checkouts"]["get"]
     assert {p["name"] for p in lists["parameters"]} == {"salonId", "productId", "state", "createdAfter",
                                                          "createdBefore", "pageSize", "pageToken", "Request-Timeout"}
     agenda = doc["paths"]["/v1/salons/{salon_id}/bookings"]["get"]
@@ -36,7 +36,7 @@ def test_every_route_is_documented(routes):
 
 
 def test_each_route_documents_the_problems_it_can_answer(routes):
-    """Issue 10, item 15: problem responses per status, not only a `default`."""
+    """Problem responses per status, not only a `default`."""
     rs = list(routes.values())
     doc = document(rs, {r.rpc: access_for(r.rpc) for r in rs})
     problem = {"$ref": "#/components/schemas/Problem"}

@@ -13,14 +13,14 @@ SECRET = "unit-test-secret-of-at-least-32-bytes!"
 
 # docs/gateway.md, "Authentication and roles": route -> who may call it ("its customer" is checked
 # by the service).
-# Issue 14: staff and admins within their merchant (checked by the services), the operator across.
+# Staff and admins within their merchant (checked by the services), the operator across.
 DESIGN_TABLE = {
     ("POST", "/v1/salons"): {"admin"},
-    ("POST", "/v1/salons/{salon_id}:setCancellationPolicy"): {"admin"},  # issue 12: the salon's merchant's
+    ("POST", "/v1/salons/{salon_id}:setCancellationPolicy"): {"admin"},  # The salon's merchant's
     ("POST", "/v1/salons/{salon_id}/resources"): {"admin"},
     ("POST", "/v1/salons/{salon_id}/slots:batchCreate"): {"admin"},
     ("GET", "/v1/salons/{salon_id}/slots"): {"customer", "staff", "admin", "operator"},
-    ("GET", "/v1/salons/{salon_id}/bookings"): {"staff", "admin"},  # issue 12: a day's agenda
+    ("GET", "/v1/salons/{salon_id}/bookings"): {"staff", "admin"},  # A day's agenda
     # services and working hours: the merchant's admins define them, every signed-in user reads
     ("POST", "/v1/salons/{salon_id}/services"): {"admin"},
     ("GET", "/v1/salons/{salon_id}/services"): {"customer", "staff", "admin", "operator"},
@@ -36,18 +36,18 @@ DESIGN_TABLE = {
     ("POST", "/v1/checkouts"): {"customer"},
     ("POST", "/v1/checkouts/{checkout_id}:pay"): {"customer"},
     ("GET", "/v1/checkouts/{checkout_id}"): {"customer", "staff", "admin", "operator"},  # admin can do what staff can
-    ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer", "staff", "admin"},  # issue 12: staff cancel
-    ("POST", "/v1/checkouts/{checkout_id}:reschedule"): {"customer", "staff", "admin"},  # issue 12, item 2
-    ("GET", "/v1/checkouts"): {"customer", "staff", "admin", "operator"},  # issue 12: lists
-    ("GET", "/v1/checkouts/{checkout_id}:watch"): {"customer", "staff", "admin", "operator"},  # issue 12: SSE
-    ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # issue 10: retry of NEEDS_ATTENTION
+    ("POST", "/v1/checkouts/{checkout_id}:cancel"): {"customer", "staff", "admin"},  # Staff cancel
+    ("POST", "/v1/checkouts/{checkout_id}:reschedule"): {"customer", "staff", "admin"},
+    ("GET", "/v1/checkouts"): {"customer", "staff", "admin", "operator"},  # Lists
+    ("GET", "/v1/checkouts/{checkout_id}:watch"): {"customer", "staff", "admin", "operator"},  # SSE
+    ("POST", "/v1/checkouts/{checkout_id}:retry"): {"admin", "operator"},  # Retry of NEEDS_ATTENTION
     # staff book for a customer, record a payment at the desk and a no-show (their merchant's only)
     ("POST", "/v1/checkouts:createForCustomer"): {"staff", "admin"},
     ("POST", "/v1/checkouts/{checkout_id}:markPaid"): {"staff", "admin"},
     ("POST", "/v1/checkouts/{checkout_id}:markNoShow"): {"staff", "admin"},
     ("GET", "/v1/payments/{payment_id}/events"): {"staff", "admin", "operator"},
-    ("GET", "/v1/payments:lookup"): {"staff", "admin", "operator"},  # issue 15: a payment by its PSP intent id
-    ("POST", "/v1/payments/{payment_id}:refund"): {"staff", "admin"},  # issue 12: the merchant's refunds
+    ("GET", "/v1/payments:lookup"): {"staff", "admin", "operator"},  # A payment by its PSP intent id
+    ("POST", "/v1/payments/{payment_id}:refund"): {"staff", "admin"},  # The merchant's refunds
     ("POST", "/v1/psp/webhooks"): None,
     # After a code is sold (docs/codepool.md, "Claims"): the buyer's own, the merchant's staff and admins.
     ("POST", "/v1/checkouts/{checkout_id}/codes/{code_id}:claim"): {"customer", "staff", "admin"},
@@ -59,7 +59,7 @@ DESIGN_TABLE = {
     ("POST", "/v1/products/{product_id}/batches/{batch_id}:release"): {"admin"},
     ("POST", "/v1/products/{product_id}/batches/{batch_id}:retire"): {"admin"},
     ("GET", "/v1/products/{product_id}/batches/{batch_id}/claims:export"): {"admin"},
-    # Issue 12, item 6: a merchant's webhook endpoints and delivery log: its admins only.
+    # A merchant's webhook endpoints and delivery log: its admins only.
     ("POST", "/v1/webhookEndpoints"): {"admin"},
     ("GET", "/v1/webhookEndpoints"): {"admin"},
     ("DELETE", "/v1/webhookEndpoints/{endpoint_id}"): {"admin"},

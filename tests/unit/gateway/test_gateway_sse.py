@@ -1,4 +1,4 @@
-"""Issue 12: server-streaming routes as Server-Sent Events (gateway/sse.py), without a network."""
+"""Server-streaming routes as Server-Sent Events (gateway/sse.py), without a network."""
 from __future__ import annotations
 
 import asyncio

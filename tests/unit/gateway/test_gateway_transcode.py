@@ -94,7 +94,7 @@ def test_response_json_is_proto3_mapping_and_deterministic():
                               expire_time=timestamp_pb2.Timestamp(seconds=1772960400))
     c.amount.currency_code, c.amount.amount_minor = "TRY", 10000
     out = to_json(c)
-    # every field without presence is written, zeros and empty strings included (issue 10, item 13)
+    # every field without presence is written, zeros and empty strings included
     assert out == (b'{"id":"c1","kind":"CHECKOUT_KIND_CODES","state":"CHECKOUT_STATE_HELD","holdId":"","orderId":"",'
                    b'"expireTime":"2026-03-08T09:00:00Z",'
                    b'"amount":{"currencyCode":"TRY","amountMinor":"10000"},"codes":[],"slotId":"","productId":"",'

@@ -1,4 +1,4 @@
-"""Issue 10, item 6: database error text never reaches a client. Statuses made from database
+"""Database error text never reaches a client. Statuses made from database
 exceptions carry stable messages; what the database said is logged, with the trace id."""
 import json
 import logging

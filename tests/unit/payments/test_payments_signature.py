@@ -50,7 +50,7 @@ def test_rotation_any_v1_against_any_secret():
     (f"t={NOW},t={NOW},v1=" + "a" * 64, "signature-malformed"),
     (f"t=-{NOW},v1=" + "a" * 64, "signature-malformed"),
     (f"t={NOW},v1=xyz", "signature-malformed"),
-    ("t=" + "9" * 4300 + ",v1=" + "a" * 64, "signature-malformed"),  # int() refuses it: was a 500 (issue 10)
+    ("t=" + "9" * 4300 + ",v1=" + "a" * 64, "signature-malformed"),  # int() refuses it: was a 500
     ("t=" + "0" * 13 + ",v1=" + "a" * 64, "signature-malformed"),
     (f"t={NOW},v1=" + "a" * 64, "signature-mismatch"),
 ])

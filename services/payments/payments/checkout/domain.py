@@ -81,7 +81,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     **{s: frozenset() for s in TERMINAL},
     # A purchase is finished when COMPLETED; its one way on is a cancel after purchase
     # (a booking's customer per its policy, or the merchant's staff), which starts a new saga leg,
-    # or a reschedule (item 2), which ends COMPLETED again (on the new slot, or unchanged).
+    # or a reschedule, which ends COMPLETED again (on the new slot, or unchanged).
     COMPLETED: frozenset({CANCELLING, RESCHEDULING}),
 }
 

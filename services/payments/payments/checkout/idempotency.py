@@ -229,7 +229,7 @@ def begin_with(first: str) -> str:
     is CTE text (`name AS (...)`, ..., the last one named `first`) that reads `began` (the key row
     just inserted or taken over; no row -> it must write nothing) and whose own parameters start
     at $8. The statement answers the key's columns and the first write's row (NULLs when it wrote
-    nothing). The one place a statement is composed from parts (issue 11)."""
+    nothing). The one place a statement is composed from parts."""
     return (f"WITH began AS ({BEGIN.strip()}), {first.strip()}\n"
             "SELECT began.resource_id AS key_resource_id, began.resumed AS key_resumed, first.*\n"
             "FROM began LEFT JOIN first ON true")

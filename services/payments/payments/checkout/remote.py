@@ -187,7 +187,7 @@ class BookingHolds:
 
     async def confirm(self, saga: Saga, hold_id: str | None = None) -> None:
         # payment_ref = the payment id: ConfirmHold is idempotent on it, and re-acquires an
-        # expired hold whose time is still free. `hold_id`: a reschedule's new hold (issue 12),
+        # expired hold whose time is still free. `hold_id`: a reschedule's new hold,
         # confirmed with the purchase's payment ref too, so a later cancel finds it the same way.
         req = booking_pb2.ConfirmHoldRequest(hold_id=hold_id or saga.hold_id, payment_ref=domain.payment_ref(saga))
         await _confirm(lambda: self.stub.ConfirmHold(req), "booking.ConfirmHold",
@@ -231,7 +231,7 @@ class BookingHolds:
             raise _refused(e).error from None
 
     async def cancel_booking(self, saga: Saga) -> None:
-        """Issue 12: the confirmed booking cancelled after purchase (its time bookable again);
+        """The confirmed booking cancelled after purchase (its time bookable again);
         idempotent on (hold, payment ref). Any refusal is retried and ends in NEEDS_ATTENTION."""
         req = booking_pb2.CancelBookingRequest(hold_id=saga.hold_id, payment_ref=domain.payment_ref(saga))
         try:
@@ -243,7 +243,7 @@ class BookingHolds:
             raise
 
 
-# The code pool's per-customer caps (issue 10): the buyer's own doing, not the product's stock.
+# The code pool's per-customer caps: the buyer's own doing, not the product's stock.
 _CUSTOMER_CAPS = frozenset({"too-many-active-reservations", "quantity-limit"})
 
 

@@ -21,7 +21,7 @@ class CheckoutOptions:
     expiry_grace_seconds: float = env_field(env_float, "CUTY_CHECKOUT_EXPIRY_GRACE_SECONDS", 0.0)
     # A booking's payment is given at least this long to finish (3-D Secure included): PayCheckout
     # extends the hold (booking.ExtendHold, once, by CUTY_HOLD_MAX_EXTENSION_SECONDS) only when
-    # less is left of it. A buyer paying with more left costs no extension call (issue 11).
+    # less is left of it. A buyer paying with more left costs no extension call.
     pay_window_seconds: float = env_field(env_float, "CUTY_CHECKOUT_PAY_WINDOW_SECONDS", 120.0)
     # A staff-made checkout's payment link lives this long unless the request says (1..86400):
     # its hold blocks the time meanwhile (docs/checkout.md, "Staff book for a customer").
@@ -31,12 +31,12 @@ class CheckoutOptions:
     # step is retried with the same idempotency key.
     remote_deadline_seconds: float = env_field(env_float, "CUTY_SAGA_REMOTE_DEADLINE_SECONDS", 5.0)
     # A finishing step (confirm, release, refund) failing this many times in a row, or for this long,
-    # stops retrying: the saga waits in NEEDS_ATTENTION for an operator (issue 10, item 8).
+    # stops retrying: the saga waits in NEEDS_ATTENTION for an operator.
     max_attempts: int = env_field(env_int, "CUTY_SAGA_MAX_ATTEMPTS", 30)
     attention_after_seconds: float = env_field(env_float, "CUTY_SAGA_ATTENTION_AFTER_SECONDS", 3600.0)
     # Crash injection for the crash-matrix test: "<step>:before" / "<step>:after" (comma separated).
     crash_at: str = env_field(env_str, "CUTY_CRASH_AT", "")
-    # Issue 12, live updates (WatchCheckout): open streams per user and per process, the warning
+    # Live updates (WatchCheckout): open streams per user and per process, the warning
     # before a hold runs out (hold-expiring at TTL - this), and how often the one LISTEN connection
     # of the process is checked (a connection lost without a FIN is found within this).
     max_watch_streams_per_user: int = env_field(env_int, "CUTY_MAX_WATCH_STREAMS_PER_USER", 5)

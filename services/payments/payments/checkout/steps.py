@@ -117,7 +117,7 @@ class Steps:
 
     async def _charge(self, saga: Saga, payment, status) -> Outcome:
         if saga.amount_minor == 0:
-            # A free item (issue 10, item 11): nothing to charge and no PSP call. The payment attempt
+            # A free item: nothing to charge and no PSP call. The payment attempt
             # key stands in for the payment as the confirm step's reference.
             return Outcome(Move(domain.CONFIRMING), note=FREE_NOTE)
         if saga.settle == "venue":
@@ -175,7 +175,7 @@ class Steps:
         return Outcome(Move(domain.REFUNDED), payment=payment)
 
     async def _cancel_purchase(self, saga: Saga, payment, status) -> Outcome:
-        """Issue 12: a COMPLETED booking cancelled after purchase. The refund the cancel decided
+        """A COMPLETED booking cancelled after purchase. The refund the cancel decided
         (refund_amount_minor, fixed when CANCELLING began) through the payments core's refunds, on
         the key of (checkout, cancel-refund), then booking's CancelBooking frees the slot. Both are
         idempotent, so a crash between them (crash points cancel_refund:after, cancel_release:before)
@@ -184,8 +184,8 @@ class Steps:
         refunded = None
         if amount > 0:
             reason = saga.cancel_reason or "cancelled by the customer under the booking's cancellation policy"
-            # The purchase's payment first, then what reschedules to dearer slots charged (issue 12,
-            # item 2), each on a key of its own; a repeat asks each what it asked the first time.
+            # The purchase's payment first, then what reschedules to dearer slots charged, each
+            # on a key of its own; a repeat asks each what it asked the first time.
             left = amount
             for payment_id, remaining, asked in await self.payments.captured_payments(
                     saga.id, saga.payment_id, domain.cancel_refund_key(saga.id), domain.cancel_refund_key(saga.id) + ":"):
@@ -212,7 +212,7 @@ class Steps:
         note = f"refunded {amount} {saga.currency or ''} minor units" if refunded is not None else "nothing refunded"
         return Outcome(Move(domain.CANCELLED_AFTER_PURCHASE), note=note)
 
-    # -- reschedule (issue 12, item 2; docs/checkout.md "Reschedule") ------------------------------
+    # -- reschedule (docs/checkout.md "Reschedule") ------------------------------
     # Hold the new slot, charge a price increase, confirm the new hold, cancel the old booking,
     # refund a price decrease; each call on a key of (checkout, reschedule number, step). The old
     # booking is given up only after the new one is confirmed (never both lost), in the same step,

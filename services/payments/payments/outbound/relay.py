@@ -1,5 +1,5 @@
-"""The relay of the code pool's `stock.low` events into the merchant events (issue 12, item 6;
-docs/webhooks-out.md "stock.low: relayed from the code pool").
+"""The relay of the code pool's `stock.low` events into the merchant events
+(docs/webhooks-out.md "stock.low: relayed from the code pool").
 
 The code pool owns stock and writes `stock.low` into its own outbox (codepool's stock_events) in the
 statement that changes the stock. This loop, a background task of every payments replica, carries

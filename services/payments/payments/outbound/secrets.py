@@ -1,4 +1,4 @@
-"""Webhook endpoint secrets, encrypted at rest (issue 12, item 6; docs/webhooks-out.md "Secrets").
+"""Webhook endpoint secrets, encrypted at rest (docs/webhooks-out.md "Secrets").
 
 Signing a delivery needs the secret itself, so it cannot be hashed; it is stored as AES-256-GCM
 ciphertext under payments' own keyring (`CUTY_WEBHOOK_SECRET_KEYS`, cutylib.keyring: the platform's
