@@ -71,6 +71,24 @@ def test_no_file_refers_to_documents_outside_the_repository():
                       "docs/architecture.md (or the doc that covers it) instead:\n" + "\n".join(hits))
 
 
+# A comment or document that says which tracker issue asked for something instead of what and why
+# (the history lives in git). Spelled in parts so that this file does not match itself.
+_ISSUE_NUMBER = re.compile(r"\b" + "issue" + r"s? #?\d+\b", re.IGNORECASE)
+
+
+def test_no_file_narrates_issue_numbers():
+    hits = []
+    for path in TRACKED:
+        text = _text(path)
+        if text is None or path.suffix not in {".py", ".md", ".sql", ".proto", ".yaml", ".yml", ".json", ""}:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if _ISSUE_NUMBER.search(line):
+                hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
+    assert not hits, "say what and why, not which issue asked for it:\n" + "\n".join(hits)
+    assert _ISSUE_NUMBER.search("(" + "issue" + " 12, item 2)") and not _ISSUE_NUMBER.search("an issuer 12")
+
+
 # -- links in the markdown documents -----------------------------------------------------------------
 
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
