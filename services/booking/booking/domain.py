@@ -75,6 +75,7 @@ class Slot:
     time_zone: str
     available: bool
     service_id: uuid.UUID | None = None  # a service slot (resource_id None: any able resource)
+    merchant_id: str = ""  # its salon's merchant
 
     @property
     def local_start_time(self) -> str:

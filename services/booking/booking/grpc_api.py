@@ -58,7 +58,7 @@ def slot_pb(s: Slot) -> pb.Slot:
     return pb.Slot(id=str(s.id), resource_id=_id(s.resource_id), salon_id=str(s.salon_id),
                    start_time=to_timestamp(s.start_time), end_time=to_timestamp(s.end_time), local_start_time=s.local_start_time,
                    price=common_pb2.Money(currency_code=s.currency, amount_minor=s.price_minor),
-                   available=s.available, service_id=_id(s.service_id))
+                   available=s.available, service_id=_id(s.service_id), merchant_id=s.merchant_id)
 
 
 def hold_pb(h: Hold) -> pb.Hold:

@@ -99,7 +99,8 @@ SLOT_AVAILABLE = """(s.start_time > clock_timestamp() AND NOT EXISTS (
        AND h.during && tstzrange(s.start_time, s.end_time)
        AND (h.status = 'confirmed' OR h.expires_at > clock_timestamp())))"""
 
-SLOT_COLUMNS = "s.id, s.salon_id, s.resource_id, s.start_time, s.end_time, s.price_minor, s.currency, s.service_id"
+SLOT_COLUMNS = ("s.id, s.merchant_id, s.salon_id, s.resource_id, s.start_time, s.end_time, s.price_minor, s.currency, "
+                "s.service_id")
 
 # Only slots whose resource belongs to the salon ($8 is its merchant) are inserted; the caller
 # compares counts. A new slot may overlap a hold of an existing, longer one on its chair, hence
@@ -144,7 +145,7 @@ SELECT sa.time_zone, {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
 
 def slot_from(r: Any, time_zone: str, available: bool) -> Slot:
     return Slot(r["id"], r["salon_id"], r["resource_id"], r["start_time"], r["end_time"], r["price_minor"],
-                r["currency"], time_zone, available, r["service_id"])
+                r["currency"], time_zone, available, r["service_id"], r.get("merchant_id") or "")
 
 
 class Slots:

@@ -52,7 +52,7 @@ def test_slot_unavailable_carries_alternatives_as_slot_json():
     assert d["alternatives"] == [{"id": "s2", "salonId": "", "resourceId": "r1",
                                   "localStartTime": "2026-03-08T12:00:00+03:00",
                                   "price": {"currencyCode": "TRY", "amountMinor": "75000"}, "available": False,
-                                  "serviceId": ""}]
+                                  "serviceId": "", "merchantId": ""}]
 
 
 def test_slot_unavailable_names_the_alternative_held_for_the_loser():

@@ -208,16 +208,6 @@ class BookingHolds:
                 raise errors.Unavailable("booking is unavailable; retry") from None
             raise _refused(e).error from None
 
-    async def get_slot_of_caller(self, slot_id: str) -> booking_pb2.Slot:
-        """A slot as the caller (a merchant's staff, whose assertion goes along) may see it: another
-        merchant's is NOT_FOUND, as a missing one."""
-        try:
-            return await self.stub.GetSlot(booking_pb2.GetSlotRequest(slot_id=slot_id))
-        except grpc.aio.AioRpcError as e:
-            if e.code() in _RETRYABLE:
-                raise errors.Unavailable("booking is unavailable; retry") from None
-            raise _refused(e).error from None
-
     async def service_slot(self, service_id: str, start, resource_id: str) -> str:
         """The slot id naming a service time (booking.GetServiceSlot, made on first use), so a
         checkout of a service time is a checkout of that slot."""
