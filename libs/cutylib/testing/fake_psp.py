@@ -1,9 +1,7 @@
-"""One in-memory stand-in for the payments PSP client (the calls of payments.psp.PspClient), for
-in-process tests that need deterministic PSP answers: the payments core's and the checkout saga's
-(issue 11: two copies before). The e2e tests use the real simulator process (services/pspsim).
-
-It raises payments' own PspError / PspUnavailable, so it is importable where `payments` is (the
-payments and checkout tests); no service imports it.
+"""One in-memory stand-in for the PSP client (`cutylib.psp.Psp`, as payments.psp.PspClient), for
+in-process tests that need deterministic PSP answers: the payments core's and the checkout saga's.
+The e2e tests use the real simulator process (services/pspsim). It raises the contract's own
+PspError / PspUnavailable; no service imports it.
 
     psp = FakePsp()
     psp.unavailable["create"] = 2     # the next two creates answer "unknown" (a timeout)
@@ -18,7 +16,7 @@ import secrets
 from collections import Counter
 from typing import Any
 
-from payments.psp import PspError, PspUnavailable
+from cutylib.psp import PspError, PspUnavailable
 
 INITIAL = {
     "pm_card_ok": "succeeded",

@@ -94,7 +94,7 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         # sku, the threshold's range, quantities: the contract's rules (codepool.proto), checked before.
         threshold = (request.low_stock_threshold if request.HasField("low_stock_threshold")
                      else domain.DEFAULT_LOW_STOCK_THRESHOLD)
-        return product_proto(await self.catalog.createproduct_proto(p, request.sku, name, currency, amount, threshold))
+        return product_proto(await self.catalog.create_product(p, request.sku, name, currency, amount, threshold))
 
     async def GetProduct(self, request: pb.GetProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
         return product_proto(await self.catalog.get_product(principal.current(),

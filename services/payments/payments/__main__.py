@@ -1,5 +1,5 @@
 """Composition root of the payments orchestrator: `python -m payments` serves; `python -m payments
-migrate` migrates; `python -m payments ops ...` is the operator's view (payments/ops.py);
+migrate` migrates; `python -m payments ops ...` is the operator's view (payments/ops/);
 `python -m payments evidence ...` exports chargeback evidence (payments/evidence.py);
 `python -m payments webhooks-out` runs only the merchants' webhook delivery workers
 (payments/outbound/process.py)."""

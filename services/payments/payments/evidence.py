@@ -25,7 +25,7 @@ from typing import Any
 import asyncpg
 
 from .ops import Story, story
-from .repository import AUDIT_OPERATOR_READ
+from .operator import AUDIT_OPERATOR_READ
 
 SCHEMA = "cuty.chargeback-evidence/1"
 ORDER_FIELDS = ("id", "kind", "merchant_id", "customer_id", "state", "outcome", "failure_reason", "amount_minor",
@@ -73,7 +73,7 @@ async def _codepool_part(order_id: str, by: str) -> dict:
 
 async def evidence(pool, query: str, *, by: str, codepool=_codepool_part) -> list[dict[str, Any]]:
     """One document per order `query` names (payments without a checkout are not orders)."""
-    from .ops import _plain
+    from .ops.queries import _plain
 
     out = []
     for s in await story(pool, query):
@@ -91,7 +91,7 @@ async def evidence(pool, query: str, *, by: str, codepool=_codepool_part) -> lis
 async def _run(args) -> int:
     import grpc
 
-    from .ops import _connect, _dump
+    from .ops.cli import _connect, _dump
 
     pool = await _connect()
     found = 0

@@ -1,14 +1,14 @@
 """The payments service's metrics (docs/observability.md): finalize outcomes,
-version conflicts, deferred finalizes, lease takeovers, webhooks, reconciliation, and the checkout
-saga's (payments.checkout runs in this process). `REGISTRY` is the process's instance, exported on
+version conflicts, deferred finalizes, lease takeovers, webhooks, reconciliation, refunds; and the
+checkout saga's (checkout/metrics.py, inherited: payments.checkout runs in this process). `REGISTRY` is the process's instance, exported on
 CUTY_PAYMENTS_METRICS_PORT; a test's PaymentsCore gets `PaymentsMetrics()`, a private registry."""
 from __future__ import annotations
 
 import prometheus_client
 
-from cutylib.metrics import LAG_BUCKETS, Metrics
+from cutylib.metrics import LAG_BUCKETS
 
-from .checkout import domain as saga_domain
+from .checkout.metrics import CheckoutMetrics
 
 # Sample names tests and benchmarks read with `metrics.value(...)`.
 VERSION_CONFLICTS = "cuty_payments_version_conflicts_total"
@@ -18,11 +18,6 @@ RECONCILED_PAYMENTS = "cuty_payments_reconciled_total"
 WEBHOOKS = "cuty_payments_webhooks_total"
 FINALIZE = "cuty_payments_finalize_total"
 PSP_EVENTS_PURGED = "cuty_payments_psp_events_purged_total"
-SAGAS_NEED_ATTENTION = "cuty_checkout_sagas_need_attention_total"
-SAGAS_RETRIED_BY_OPERATOR = "cuty_checkout_sagas_retried_by_operator_total"
-
-# The saga states a checkout waits in (domain.TERMINAL's complement); the "stuck" gauges report each.
-NON_TERMINAL = saga_domain.NON_TERMINAL
 
 NON_TERMINAL_PAYMENTS = """
 SELECT count(*) FILTER (WHERE updated_at < clock_timestamp() - make_interval(secs => $1)) AS backlog,
@@ -30,16 +25,13 @@ SELECT count(*) FILTER (WHERE updated_at < clock_timestamp() - make_interval(sec
 FROM payments WHERE status IN ('created', 'requires_action', 'processing')  -- payments_reconcile_due's predicate
 """
 
-SAGAS_BY_STATE = """
-SELECT state, count(*) AS n, extract(epoch FROM clock_timestamp() - min(updated_at)) AS oldest_age
-FROM checkouts WHERE state = ANY($1::text[]) GROUP BY state
-"""
 
+class PaymentsMetrics(CheckoutMetrics):
+    """The payments process's metrics: the core's, and the saga's it inherits (one registry)."""
 
-class PaymentsMetrics(Metrics):
     def __init__(self, registry=None):
         super().__init__(registry)
-        c, g, h = self.counter, self.gauge, self.histogram
+        c, h = self.counter, self.histogram
         # outcome: applied | same | stale | contradicts; source: sync | webhook | reconcile | ...
         self.finalize = c(FINALIZE, "finalize() results by source and outcome", ["source", "outcome"])
         self.version_conflicts = c(VERSION_CONFLICTS, "Finalize writes that lost the version race and re-read")
@@ -63,34 +55,13 @@ class PaymentsMetrics(Metrics):
         self.oldest_nonterminal = self.db_gauge("cuty_payments_oldest_nonterminal_payment_age_seconds",
                                     "Age of the oldest payment in a non-terminal status (0 when none)")
         # The gauges read from the database (refresh below) are db_gauges: one replica exports them.
-        # -- the checkout saga (payments.checkout) --
-        self.sagas_finished = c("cuty_checkout_sagas_finished_total", "Checkouts that reached an end state",
-                                ["state"])
-        self.step_duration = h("cuty_checkout_step_duration_seconds", "Saga step duration by step", ["step"],
-                               buckets=LAG_BUCKETS)
-        # kind: release | cancel_intent | refund
-        self.compensations = c("cuty_checkout_compensations_total", "Compensation steps performed", ["kind"])
-        self.retries = c("cuty_checkout_retries_total", "Saga steps that failed and were scheduled again, by "
-                         "the state they failed in", ["state"])
-        self.need_attention = c(SAGAS_NEED_ATTENTION, "Checkouts whose finishing step gave up (NEEDS_ATTENTION): "
-                                "an operator must look")
-        self.operator_retries = c(SAGAS_RETRIED_BY_OPERATOR, "NEEDS_ATTENTION checkouts put back to work by an operator")
-        self.late_captures = c("cuty_checkout_late_captures_total",
-                               "Payments captured after the saga had started releasing")
-        self.sagas = self.db_gauge("cuty_checkout_sagas", "Checkouts per non-terminal state (refreshed periodically)", ["state"])
-        self.oldest_saga = self.db_gauge("cuty_checkout_oldest_saga_age_seconds", "Per non-terminal state, how long the "
-                             "oldest checkout has been in it (0 when none; refreshed periodically)", ["state"])
 
     async def refresh(self, pool, reconcile_after_seconds: float) -> None:
         """The gauges read from the database (cutylib.metrics.refresh_periodically)."""
         row = await pool.fetchrow(NON_TERMINAL_PAYMENTS, float(reconcile_after_seconds))
         self.reconcile_backlog.set(row["backlog"])
         self.oldest_nonterminal.set(float(row["oldest_age"]))
-        by_state = {r["state"]: r for r in await pool.fetch(SAGAS_BY_STATE, list(NON_TERMINAL))}
-        for state in NON_TERMINAL:
-            r = by_state.get(state)
-            self.sagas.labels(state).set(r["n"] if r else 0)
-            self.oldest_saga.labels(state).set(float(r["oldest_age"]) if r else 0.0)
+        await self.refresh_sagas(pool)
 
 
 REGISTRY = PaymentsMetrics(prometheus_client.REGISTRY)

@@ -1,5 +1,6 @@
 """Who did an operator action (a retry of a NEEDS_ATTENTION checkout, a refund by hand), as the
-payment timeline records it (issue 15, "Operator's view").
+payment timeline records it (docs/observability.md, "The operator's view"); and the record kept of every
+read the platform's operator makes across merchants (`OperatorReads`).
 
 - A user (through the gateway, with the gateway-signed assertion) is recorded as `<role>:<subject>`
   from that assertion; nothing the user sends can change it.
@@ -11,8 +12,9 @@ payment timeline records it (issue 15, "Operator's view").
 """
 from __future__ import annotations
 
-from cutylib import principal
+from cutylib import principal, tenancy
 from cutylib.errors import InvalidArgument
+from cutylib.telemetry import current_trace_id
 
 OPERATOR_KEY = "cuty-operator"
 MAX_NAME = 64
@@ -33,3 +35,23 @@ def who(caller: principal.Principal, metadata) -> str:
         named = principal.metadata_value(metadata, OPERATOR_KEY)
         return f"ops:{clean_name(named, OPERATOR_KEY)}" if named else "system"
     return f"{caller.role}:{caller.subject}"
+
+
+# Every read of the platform's operator (support, across merchants) leaves a row here, written
+# before the answer is sent.
+AUDIT_OPERATOR_READ = """
+INSERT INTO operator_reads (subject, rpc, object_id, of_merchant, trace_id) VALUES ($1, $2, $3, $4, $5)
+"""
+
+
+class OperatorReads:
+    """The audit of the operator's reads across merchants (docs/tenancy.md)."""
+
+    def __init__(self, db) -> None:
+        self.db = db
+
+    async def record(self, caller: principal.Principal, rpc: str, object_id: str, merchant_id: str | None) -> None:
+        """Keep who read what of whose, when `caller` is the platform's operator (others: nothing)."""
+        if caller.role == tenancy.OPERATOR_ROLE:
+            await self.db.execute(AUDIT_OPERATOR_READ, caller.subject, rpc, object_id, merchant_id,
+                                  current_trace_id())

@@ -20,6 +20,9 @@ from opentelemetry import propagate, trace
 from prometheus_client import REGISTRY, Histogram
 
 from cutylib.metrics import DURATION_BUCKETS, observe
+from cutylib.psp import PspError, PspUnavailable
+
+__all__ = ["PspClient", "PspError", "PspUnavailable"]
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("cuty.payments.psp")
@@ -31,30 +34,10 @@ PSP_DURATION = Histogram("http_client_request_duration_seconds", "Calls to the P
                          buckets=DURATION_BUCKETS, registry=REGISTRY)
 
 
-class PspError(Exception):
-    """A definitive 4xx answer: the PSP understood the request and refused it."""
-
-    def __init__(self, status: int, error: dict[str, Any]):
-        super().__init__(f"PSP answered {status}: {error.get('code', '')}: {error.get('message', '')}")
-        self.status = status
-        self.error = error
-        self.code = str(error.get("code", ""))
-
-    @property
-    def payment_intent(self) -> dict[str, Any] | None:
-        """The intent the PSP attaches to a wrong-state refusal (e.g. cancel of a succeeded intent)."""
-        pi = self.error.get("payment_intent")
-        return pi if isinstance(pi, dict) else None
-
-
-class PspUnavailable(Exception):
-    """No definitive answer (timeouts, 5xx, connection errors after retries): outcome unknown."""
-
-
 class PspClient:
-    """One keep-alive aiohttp session per process (issue 11: httpx + httpcore cost about ten times
-    aiohttp's CPU per call under concurrency, docs/benchmarks.md), created on first use inside the
-    running event loop."""
+    """The `cutylib.psp.Psp` calls over HTTP. One keep-alive aiohttp session per process (httpx +
+    httpcore cost about ten times aiohttp's CPU per call under concurrency, docs/benchmarks.md),
+    created on first use inside the running event loop."""
 
     def __init__(self, base_url: str, *, timeout: float = 3.0, retries: int = 2, backoff: float = 0.1,
                  max_connections: int = 100):

@@ -12,7 +12,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from . import domain, repository as sql
+from . import domain
 from cutylib.telemetry import quiet
 
 from .service import PaymentsCore
@@ -37,21 +37,20 @@ class Reconciler:
     async def run_once(self) -> int:
         core = self.core
         with quiet():  # polling starts no trace; each payment reconciled gets its own span
-            rows = await core.pool.fetch(sql.CLAIM_RECONCILE, core.options.batch_size, core.worker_id,
-                                         float(core.settings.lease_seconds), float(core.settings.reconcile_after_seconds))
-        if rows:
-            await asyncio.gather(*(self._one(r) for r in rows))
+            claimed = await core.rows.claim_reconcile(core.options.batch_size, core.worker_id,
+                                                      core.settings.lease_seconds, core.settings.reconcile_after_seconds)
+        if claimed:
+            await asyncio.gather(*(self._one(view, previous_owner) for view, previous_owner in claimed))
         # Issue 12: refunds left pending (a PSP timeout, a crash around the PSP call) are asked again
         # with the same key once they are as old as a payment would be.
         with quiet():
             refunds = await core.finish_pending_refunds(float(core.settings.reconcile_after_seconds),
                                                         core.options.batch_size)
-        return len(rows) + refunds
+        return len(claimed) + refunds
 
-    async def _one(self, row: Any) -> None:
+    async def _one(self, view: PaymentView, previous_owner: str | None) -> None:
         core = self.core
-        view = PaymentView.from_row(row)
-        core._note_takeover(view.id, row["previous_owner"])
+        core._note_takeover(view.id, previous_owner)
         with tracer.start_as_current_span("payments.reconcile", attributes={"cuty.payment.id": view.id}):
             try:
                 try:

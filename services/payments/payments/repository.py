@@ -1,6 +1,15 @@
-"""The payments SQL, as named constants. Every write that protects an invariant is one conditional
-statement (version token, lease predicate, UNIQUE), never a read-then-write in Python."""
+"""The payments SQL, as named constants, run by `Payments` and `Refunds`, which answer the core's
+value objects (views.py). Every write that protects an invariant is one conditional statement
+(version token, lease predicate, UNIQUE), never a read-then-write in Python."""
 from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from cutylib import tenancy
+from cutylib.principal import Principal
+
+from .views import CapturedPayment, PaymentView, RefundView, TimelineEvent
 
 PAYMENT_COLUMNS = """id, checkout_id, customer_id, status, version, lease_owner, lease_until, psp_intent_id,
     psp_refund_id, amount_minor, currency, payment_method, idempotency_key, redirect_url, client_secret,
@@ -32,18 +41,6 @@ WITH ins AS (
 SELECT * FROM ins
 """
 
-# Issue 14: every read of the platform's operator (support, across merchants) leaves a row here,
-# written before the answer is sent.
-AUDIT_OPERATOR_READ = """
-INSERT INTO operator_reads (subject, rpc, object_id, of_merchant, trace_id) VALUES ($1, $2, $3, $4, $5)
-"""
-
-INSERT_EVENT = """
-INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-RETURNING seq
-"""
-
 # Steps 4 and 5 of finalize (docs/payments.md) as one statement: the version-token UPDATE and the event it
 # causes commit together or not at all. Zero rows means another path won the race.
 # The customer action is kept only while the new status waits for the customer (the table's CHECK
@@ -67,8 +64,9 @@ WITH upd AS (
     WHERE id = $1 AND version = $2
     RETURNING {PAYMENT_COLUMNS}
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT id, checkout_id, $9, $10, status, version, $11, $12 FROM upd
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT id, checkout_id, $9, $10, status, version, $11, $12, merchant_id FROM upd
 )
 SELECT * FROM upd
 """
@@ -127,42 +125,17 @@ ORDER BY seq
 LIMIT $4
 """
 
-# -- PSP events ------------------------------------------------------------------------------------
-
-MARK_PSP_EVENT = """
-UPDATE psp_events SET
-    status = $2,
-    processed_at = CASE WHEN $2 IN ('processed', 'ignored') THEN clock_timestamp() END,
-    next_attempt_at = CASE WHEN $2 IN ('deferred', 'received')
-                           THEN clock_timestamp() + make_interval(secs => $3::float8) END,
-    last_error = $4
-WHERE event_id = $1 AND status IN ('received', 'deferred')
-"""
-
-# Claiming pushes next_attempt_at forward: the row is invisible to other replicas until then.
-# Handled events past the retention period (issue 10, item 10), oldest first, a batch at a time.
-PURGE_PSP_EVENTS = """
-DELETE FROM psp_events WHERE event_id IN (
-    SELECT event_id FROM psp_events
-    WHERE status IN ('processed', 'ignored')
-      AND processed_at < clock_timestamp() - make_interval(secs => $1::float8 * 86400)
-    ORDER BY processed_at
-    LIMIT $2)
-"""
-
-CLAIM_PSP_EVENTS = """
-WITH due AS (
-    SELECT event_id FROM psp_events
-    WHERE status IN ('received', 'deferred') AND next_attempt_at <= now()
-    ORDER BY next_attempt_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE psp_events e SET attempts = e.attempts + 1,
-    next_attempt_at = clock_timestamp() + make_interval(secs => $2::float8)
-FROM due
-WHERE e.event_id = due.event_id
-RETURNING e.event_id, e.type, e.payment_id, e.payload, e.attempts
+# A cancel after purchase refunds across the checkout's captured payments (a
+# reschedule to a dearer slot charged a second one): the purchase's first, then by time; what is
+# left of each, and what an earlier attempt of this cancel asked of it ($2: the purchase's refund
+# key; $3: the prefix of the others', completed by the payment id).
+CAPTURED_PAYMENTS = """
+SELECT p.id::text AS id, p.amount_minor - p.refunded_minor AS left_minor, r.requested_minor AS asked_minor
+FROM payments p
+LEFT JOIN refunds r ON r.merchant_id = p.merchant_id AND r.payment_id = p.id
+     AND r.key = CASE WHEN p.id = $4::uuid THEN $2::text ELSE $3::text || p.id::text END
+WHERE p.checkout_id = $1 AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+ORDER BY p.id = $4::uuid DESC, p.created_at, p.id
 """
 
 # -- refunds (the refunds table and the payment's running totals) -------------------------------------
@@ -300,3 +273,126 @@ WITH due AS (
 UPDATE refunds r SET updated_at = clock_timestamp() FROM due WHERE r.id = due.id
 RETURNING {', '.join('r.' + c.strip() for c in REFUND_COLUMNS.split(','))}
 """
+
+
+def _payment(row: Any) -> PaymentView | None:
+    return PaymentView.from_row(row) if row is not None else None
+
+
+def _refund(row: Any) -> RefundView | None:
+    return RefundView.from_row(row) if row is not None else None
+
+
+class Payments:
+    """The payments rows. Every method is one statement on `db` (a pool or the caller's connection)
+    and answers the payment as read or written: None when there is none, or when a fenced write
+    wrote nothing (another path won the version or the lease)."""
+
+    def __init__(self, db: Any):
+        self.db = db
+
+    async def get(self, payment_id: uuid.UUID) -> PaymentView | None:
+        return _payment(await self.db.fetchrow(GET_PAYMENT, payment_id))
+
+    async def get_seen_by(self, payment_id: uuid.UUID, seen_by: Principal) -> PaymentView | None:
+        """Within the user's merchant only (and Row-Level Security narrows the read as well)."""
+        return _payment(await tenancy.fetchrow(self.db, GET_PAYMENT_SEEN_BY, payment_id,
+                                               tenancy.merchant_filter(seen_by), principal=seen_by))
+
+    async def by_key(self, merchant_id: str, idempotency_key: str) -> PaymentView | None:
+        return _payment(await self.db.fetchrow(GET_BY_KEY, merchant_id, idempotency_key))
+
+    async def by_intent_seen_by(self, psp_intent_id: str, seen_by: Principal) -> PaymentView | None:
+        return _payment(await tenancy.fetchrow(self.db, GET_BY_INTENT_SEEN_BY, psp_intent_id,
+                                               tenancy.merchant_filter(seen_by), principal=seen_by))
+
+    async def insert(self, payment_id: uuid.UUID, checkout_id: uuid.UUID | None, customer_id: str, amount_minor: int,
+                     currency: str, payment_method: str, idempotency_key: str, reconcile_after_seconds: float,
+                     trace_id: str, merchant_id: str) -> PaymentView | None:
+        """The new payment and its "created" event; None when the key was used before."""
+        return _payment(await self.db.fetchrow(INSERT_PAYMENT, payment_id, checkout_id, customer_id, amount_minor,
+                                               currency, payment_method, idempotency_key,
+                                               float(reconcile_after_seconds), trace_id, merchant_id))
+
+    async def write(self, read: PaymentView, observed: str, intent_id: str | None, redirect_url: str | None,
+                    client_secret: str | None, failure_reason: str | None, psp_refund_id: str | None, source: str,
+                    trace_id: str, note: str) -> PaymentView | None:
+        """FINALIZE from the payment as `read`: None when its version moved (another path won)."""
+        return _payment(await self.db.fetchrow(
+            FINALIZE, uuid.UUID(read.id), read.version, observed, intent_id, redirect_url, client_secret,
+            failure_reason, psp_refund_id, source, read.status, trace_id, note))
+
+    async def learn_intent(self, payment_id: uuid.UUID, psp_intent_id: str) -> PaymentView | None:
+        """The intent id, where none is known yet (no status change)."""
+        return _payment(await self.db.fetchrow(SET_INTENT_ID, payment_id, psp_intent_id))
+
+    async def take_lease(self, payment_id: uuid.UUID, owner: str, lease_seconds: float) -> tuple[bool, str | None]:
+        """(taken, the owner displaced: None when the lease was free)."""
+        row = await self.db.fetchrow(TAKE_LEASE, payment_id, owner, float(lease_seconds))
+        return (False, None) if row is None else (True, row["previous_owner"])
+
+    async def release_lease(self, payment_id: uuid.UUID, owner: str) -> None:
+        await self.db.execute(RELEASE_LEASE, payment_id, owner)
+
+    async def claim_reconcile(self, limit: int, owner: str, lease_seconds: float,
+                              backoff_seconds: float) -> list[tuple[PaymentView, str | None]]:
+        """Due non-terminal payments, leased to `owner`: (payment, the owner displaced)."""
+        rows = await self.db.fetch(CLAIM_RECONCILE, limit, owner, float(lease_seconds), float(backoff_seconds))
+        return [(PaymentView.from_row(r), r["previous_owner"]) for r in rows]
+
+    async def timeline(self, payment: PaymentView, after_seq: int, limit: int,
+                       seen_by: Principal | None) -> list[TimelineEvent]:
+        rows = await tenancy.fetch(self.db, TIMELINE, uuid.UUID(payment.id),
+                                   uuid.UUID(payment.checkout_id) if payment.checkout_id else None,
+                                   after_seq, limit, payment.merchant_id, principal=seen_by)
+        return [TimelineEvent.from_row(r) for r in rows]
+
+    async def captured_payments(self, checkout_id: str, purchase_payment_id: str | None, purchase_key: str,
+                                other_key_prefix: str) -> list[CapturedPayment]:
+        rows = await self.db.fetch(CAPTURED_PAYMENTS, checkout_id, purchase_key, other_key_prefix,
+                                   purchase_payment_id or "00000000-0000-0000-0000-000000000000")
+        return [CapturedPayment(r["id"], r["left_minor"], r["asked_minor"]) for r in rows]
+
+
+class Refunds:
+    """The refunds rows and the payment's running totals they move. Every method is one statement
+    on `db` and answers the refund as read or written (None: none, or nothing written)."""
+
+    def __init__(self, db: Any):
+        self.db = db
+
+    async def reserve(self, refund_id: uuid.UUID, merchant_id: str, payment_id: uuid.UUID, key: str,
+                      amount_minor: int | None, reason: str, actor: str, codes_delivered_ok: bool, trace_id: str,
+                      note: str, currency: str | None) -> RefundView | None:
+        """RESERVE_REFUND: None when it does not fit (or the key was used: UniqueViolationError)."""
+        return _refund(await self.db.fetchrow(RESERVE_REFUND, refund_id, merchant_id, payment_id, key, amount_minor,
+                                              reason, actor, codes_delivered_ok, trace_id, note, currency))
+
+    async def by_key(self, merchant_id: str, payment_id: uuid.UUID, key: str,
+                     seen_by: Principal | None = None) -> RefundView | None:
+        return _refund(await tenancy.fetchrow(self.db, GET_REFUND_BY_KEY, merchant_id, payment_id, key,
+                                              principal=seen_by))
+
+    async def refusal(self, payment_id: uuid.UUID, merchant_id: str) -> Any:
+        """The facts that say why a reservation wrote nothing (the payment's status, totals,
+        currency, delivered codes), or None when the payment is not the merchant's."""
+        return await self.db.fetchrow(REFUND_REFUSAL, payment_id, merchant_id)
+
+    async def settle(self, refund_id: uuid.UUID, psp_refund_id: str, trace_id: str, source: str) -> RefundView | None:
+        """The PSP refunded; None when it was settled already."""
+        return _refund(await self.db.fetchrow(SETTLE_REFUND, refund_id, psp_refund_id, trace_id, source))
+
+    async def fail(self, refund_id: uuid.UUID, failure_reason: str, trace_id: str) -> RefundView | None:
+        """The PSP refused for good; None when it was not pending any more."""
+        return _refund(await self.db.fetchrow(FAIL_REFUND, refund_id, failure_reason, trace_id))
+
+    async def get(self, refund_id: uuid.UUID) -> RefundView | None:
+        return _refund(await self.db.fetchrow(GET_REFUND, refund_id))
+
+    async def pending_of(self, payment_id: uuid.UUID) -> list[RefundView]:
+        return [RefundView.from_row(r) for r in await self.db.fetch(PENDING_REFUNDS_OF, payment_id)]
+
+    async def claim_pending(self, limit: int, older_than_seconds: float) -> list[RefundView]:
+        return [RefundView.from_row(r) for r in await self.db.fetch(CLAIM_PENDING_REFUNDS, limit,
+                                                                    float(older_than_seconds))]
+

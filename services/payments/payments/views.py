@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 
 from cuty.common.v1 import common_pb2
@@ -38,6 +38,8 @@ class PaymentView:
     # Issue 12: refunded or being refunded (pending and succeeded refunds), and what the PSP confirmed.
     refunded_minor: int = 0
     refund_settled_minor: int = 0
+    # The payment attempt id: the key it was created with, and the PSP's Idempotency-Key.
+    idempotency_key: str = ""
 
     def __post_init__(self) -> None:
         # Whoever builds a view (a row, a test, the saga), a payment that does not wait for the
@@ -59,7 +61,7 @@ class PaymentView:
             redirect_url=row["redirect_url"], client_secret=row["client_secret"],
             failure_reason=row["failure_reason"], created_at=row["created_at"], updated_at=row["updated_at"],
             merchant_id=row["merchant_id"], refunded_minor=row["refunded_minor"],
-            refund_settled_minor=row["refund_settled_minor"],
+            refund_settled_minor=row["refund_settled_minor"], idempotency_key=row["idempotency_key"],
         )
 
     def to_proto(self) -> payments_pb2.Payment:
@@ -82,6 +84,13 @@ class PaymentView:
         if self.client_secret:
             p.client_secret = self.client_secret
         return p
+
+
+class CapturedPayment(NamedTuple):
+    """One of a checkout's captured payments, for a refund across them."""
+    payment_id: str
+    left_minor: int               # what is left of it to refund
+    asked_minor: int | None       # what an earlier attempt of this refund asked of it (None: nothing)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from cutylib.errors import InvalidArgument, Unauthenticated
 from cutylib.metrics import observe
 from cutylib.telemetry import link_to, quiet, set_span_attributes
 
-from . import domain, repository as sql, signature
+from . import domain, signature
 from .service import PaymentsCore
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,44 @@ WITH p AS (
 SELECT status, payment_id, (SELECT c.traceparent FROM checkouts c, p WHERE c.id = p.checkout_id) AS traceparent
 FROM ins
 """
+
+# What became of an event, and when a deferred or retried one is due again.
+MARK_PSP_EVENT = """
+UPDATE psp_events SET
+    status = $2,
+    processed_at = CASE WHEN $2 IN ('processed', 'ignored') THEN clock_timestamp() END,
+    next_attempt_at = CASE WHEN $2 IN ('deferred', 'received')
+                           THEN clock_timestamp() + make_interval(secs => $3::float8) END,
+    last_error = $4
+WHERE event_id = $1 AND status IN ('received', 'deferred')
+"""
+
+# Handled events past the retention period, oldest first, a batch at a time.
+PURGE_PSP_EVENTS = """
+DELETE FROM psp_events WHERE event_id IN (
+    SELECT event_id FROM psp_events
+    WHERE status IN ('processed', 'ignored')
+      AND processed_at < clock_timestamp() - make_interval(secs => $1::float8 * 86400)
+    ORDER BY processed_at
+    LIMIT $2)
+"""
+
+# Claiming pushes next_attempt_at forward: the row is invisible to other replicas until then.
+CLAIM_PSP_EVENTS = """
+WITH due AS (
+    SELECT event_id FROM psp_events
+    WHERE status IN ('received', 'deferred') AND next_attempt_at <= now()
+    ORDER BY next_attempt_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE psp_events e SET attempts = e.attempts + 1,
+    next_attempt_at = clock_timestamp() + make_interval(secs => $2::float8)
+FROM due
+WHERE e.event_id = due.event_id
+RETURNING e.event_id, e.type, e.payment_id, e.payload, e.attempts
+"""
+
 # An event that keeps failing (not one waiting for a lease) is given up after this many attempts:
 # reconciliation still asks the PSP about its payment, so no money is stranded by giving up.
 MAX_FAILED_ATTEMPTS = 20
@@ -222,7 +260,7 @@ class WebhookInbox:
         return min(cap, 0.1 * 2 ** min(attempts, 10)) * random.uniform(0.5, 1.0)
 
     async def _mark(self, event_id: str, status: str, delay: float, error: str) -> None:
-        await self.pool.execute(sql.MARK_PSP_EVENT, event_id, status, delay, error)
+        await self.pool.execute(MARK_PSP_EVENT, event_id, status, delay, error)
 
     async def purge_processed(self) -> int:
         """Delete events handled more than CUTY_PSP_EVENT_RETENTION_DAYS ago, in batches; how many.
@@ -230,7 +268,7 @@ class WebhookInbox:
         before it is looked up, and finalize ignores a status the payment already has."""
         total = 0
         while True:
-            done = await self.pool.execute(sql.PURGE_PSP_EVENTS, float(self.options.psp_event_retention_days),
+            done = await self.pool.execute(PURGE_PSP_EVENTS, float(self.options.psp_event_retention_days),
                                            self.options.batch_size * 10)
             n = int(done.split()[-1])
             total += n
@@ -255,7 +293,7 @@ class WebhookInbox:
         """Worker: finish deferred events and events whose inline handling died."""
         while True:
             with quiet():  # polling starts no trace
-                rows = await self.pool.fetch(sql.CLAIM_PSP_EVENTS, self.options.batch_size,
+                rows = await self.pool.fetch(CLAIM_PSP_EVENTS, self.options.batch_size,
                                              float(self.options.event_retry_seconds))
             for r in rows:
                 payload = r["payload"]

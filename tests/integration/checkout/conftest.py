@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import math
 import uuid
 
@@ -21,7 +22,9 @@ from cutylib.db import migrate
 from cutylib.testing.postgres import service_dsn
 from payments.bootstrap import create_payments_pool
 from cutylib.grpc_server import GrpcServer
-from payments.checkout import crash, wiring
+from cutylib import crash
+from payments.checkout import views, wiring
+from payments.checkout.answers import CheckoutAnswer, CheckoutPage
 from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import acting_channel
 from payments.checkout.grpc_api import CALLERS, CheckoutApi
@@ -58,6 +61,28 @@ async def checkout_pool(pg, checkout_dsn):
     await pool.close()
 
 
+class AsTheApiAnswers:
+    """The checkout service with its answers turned into the protos the gRPC API sends
+    (checkout/views.py), the same translation CheckoutApi makes."""
+
+    def __init__(self, service):
+        self._service = service
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._service, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def call(*args, **kwargs):
+            out = await attr(*args, **kwargs)
+            if isinstance(out, CheckoutAnswer):
+                return views.checkout_pb(out)
+            if isinstance(out, CheckoutPage):
+                return views.page_pb(out)
+            return out
+        return call
+
+
 class Harness:
     """One saga world: fakes, a core, the checkout service, and workers on demand."""
 
@@ -72,7 +97,9 @@ class Harness:
         self.options = dataclasses.replace(CheckoutOptions(), poll_seconds=0.05, retry_base_seconds=0.02,
                                            retry_cap_seconds=0.2, **options)
         self.core = self.new_core("core-0")
-        self.service, self.engine, self.worker, _ = self.build(self.core)
+        self.checkout, self.engine, self.worker, _ = self.build(self.core)
+        # The use cases as the API answers them: tests assert what a caller is shown.
+        self.service = AsTheApiAnswers(self.checkout)
         self.workers: list[asyncio.Task] = []
         self.server: GrpcServer | None = None
 
@@ -98,7 +125,7 @@ class Harness:
 
     async def serve(self) -> grpc.aio.Channel:
         self.server = GrpcServer("payments", 0, host="127.0.0.1")
-        checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(self.service), self.server.server)
+        checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(self.checkout), self.server.server)
         self.server.add_service(SERVICE, CALLERS)
         await self.server.start()
         self.channel = acting_channel(f"127.0.0.1:{self.server.port}", "payments", CALLERS)
@@ -169,7 +196,7 @@ async def served(make_harness):
         return (await h.row(created.id))["state"] == "NEEDS_ATTENTION"
     await wait_for(needs_attention, timeout=10, message="NEEDS_ATTENTION")
     server = GrpcServer("payments", 0, host="127.0.0.1")
-    checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(h.service), server.server)
+    checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(h.checkout), server.server)
     payments_pb2_grpc.add_PaymentServiceServicer_to_server(PaymentApi(h.core, None), server.server)
     server.add_service(SERVICE, CALLERS)
     server.add_service(payments_pb2.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS)

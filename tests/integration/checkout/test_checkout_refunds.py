@@ -20,7 +20,8 @@ from cutylib.grpc_errors import error_reason
 from cutylib.grpc_server import GrpcServer
 from cutylib.testing.trust import TEST_MERCHANT, acting_channel, user
 from payments import ops
-from payments.checkout import crash, domain as checkout_domain
+from cutylib import crash
+from payments.checkout import domain as checkout_domain
 from payments.checkout.domain import validate_create
 from payments.grpc_api import CALLERS as PAYMENT_CALLERS, PaymentApi
 

@@ -10,7 +10,7 @@ from cuty.payments.v1.payments_pb2 import PAYMENT_STATUS_SUCCEEDED
 from cutylib import errors
 from cutylib.principal import SYSTEM, Principal
 from cutylib.testing.procs import wait_for
-from payments import metrics as m
+from payments.checkout import metrics as m
 from payments.checkout.domain import validate_create
 from cutylib.testing.trust import TEST_MERCHANT
 

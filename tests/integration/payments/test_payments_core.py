@@ -170,8 +170,10 @@ async def test_timeline_has_the_payment_and_its_checkout_saga_events(core, payme
     p = await charge(core, checkout_id=checkout)
     other_attempt = await charge(core, checkout_id=checkout, method="pm_card_declined")
     async with payments_pool.acquire() as conn:
-        await core.append_event(conn, payment_id=None, checkout_id=checkout, source="saga", from_status="HELD",
-                                to_status="CHARGING", version=3, note="pay")
+        # A saga transition of the checkout that names no payment attempt (as the saga writes them).
+        await conn.execute("INSERT INTO payment_events (checkout_id, source, from_status, to_status, version, note, "
+                           "merchant_id) VALUES ($1, 'saga', 'HELD', 'CHARGING', 3, 'pay', $2)",
+                           uuid.UUID(checkout), p.merchant_id)
     events = await core.timeline(p.id)
     assert [(e.source, e.to_status) for e in events] == [
         ("sync", "created"), ("sync", "succeeded"), ("saga", "CHARGING")]

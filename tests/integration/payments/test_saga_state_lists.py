@@ -10,7 +10,8 @@ import uuid
 
 import asyncpg
 
-from payments import metrics, ops
+from payments.ops import queries as ops_queries
+from payments.checkout import metrics
 from payments.checkout import domain as d, repository as repo
 
 # A list of quoted state names as PostgreSQL prints it (`ARRAY['A'::text, 'B'::text]`, `IN ('A', 'B')`)
@@ -47,7 +48,7 @@ async def schema_texts(dsn: str) -> dict[str, str]:
 
 def python_texts() -> dict[str, str]:
     """The SQL constants of the modules that name saga states."""
-    return {f"{module.__name__}.{name}": value for module in (repo, ops, metrics)
+    return {f"{module.__name__}.{name}": value for module in (repo, ops_queries, metrics)
             for name, value in vars(module).items() if isinstance(value, str) and name.isupper()}
 
 

@@ -12,7 +12,9 @@ from cutylib import validation
 
 from cutylib.errors import FailedPrecondition, InvalidArgument
 from payments.checkout import domain as d
+from payments.checkout import reschedule as rs
 from payments.checkout.domain import Saga, Step
+from payments.checkout.reschedule import Reschedule
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -163,20 +165,23 @@ def test_a_payment_extends_the_hold_only_when_less_than_the_pay_window_is_left()
 # -- reschedule ------------------------------------------------------------------------------------
 
 def rescheduling(**kw) -> Saga:
-    base = dict(reschedule_seq=1, reschedule_status="in_progress", reschedule_slot_id=str(uuid.uuid4()),
-                reschedule_from_amount_minor=1000, payment_id=str(uuid.uuid4()))
-    base.update(kw)
-    return saga(d.RESCHEDULING, **base)
+    """A saga rescheduling; `kw`: the reschedule's facts (Reschedule's fields)."""
+    leg = Reschedule(seq=1, status="in_progress", slot_id=str(uuid.uuid4()), from_amount_minor=1000)
+    return saga(d.RESCHEDULING, payment_id=str(uuid.uuid4()), reschedule=dataclasses_replace(leg, **kw))
+
+
+def with_reschedule(s: Saga, **kw) -> Saga:
+    return dataclasses_replace(s, reschedule=dataclasses_replace(s.reschedule, **kw))
 
 
 def test_a_reschedule_holds_then_charges_a_price_increase_then_routes_on_that_payment():
     assert d.next_step(rescheduling(), None, NOW) is Step.RESCHEDULE_HOLD
-    held = rescheduling(reschedule_hold_id="h2", reschedule_amount_minor=1500, reschedule_expire_time=NOW)
-    assert held.reschedule_difference == 500
+    held = rescheduling(hold_id="h2", amount_minor=1500, expire_time=NOW)
+    assert held.reschedule.difference == 500
     assert d.next_step(held, None, NOW) is Step.RESCHEDULE_CHARGE
-    charged = dataclasses_replace(held, reschedule_payment_id=str(uuid.uuid4()))
+    charged = with_reschedule(held, payment_id=str(uuid.uuid4()))
     assert d.next_step(charged, "processing", NOW) is Step.RESCHEDULE_OBSERVE
-    assert d.watched_payment_id(charged) == charged.reschedule_payment_id  # not the purchase's
+    assert d.watched_payment_id(charged) == charged.reschedule.payment_id  # not the purchase's
     assert d.next_step(dataclasses_replace(held, state=d.RESCHEDULE_CONFIRMING), None, NOW) is Step.RESCHEDULE_CONFIRM
     assert d.next_step(dataclasses_replace(held, state=d.RESCHEDULE_REVERTING), None, NOW) is Step.RESCHEDULE_REVERT
 
@@ -186,14 +191,14 @@ def test_a_reschedule_holds_then_charges_a_price_increase_then_routes_on_that_pa
     ("failed", d.RESCHEDULE_REVERTING), ("canceled", d.RESCHEDULE_REVERTING),
     ("requires_action", d.RESCHEDULE_REVERTING), ("processing", None), ("created", None)])
 def test_the_difference_payment_routes_the_reschedule(status, expected):
-    s = rescheduling(reschedule_hold_id="h2", reschedule_amount_minor=1500,
-                     reschedule_expire_time=NOW + timedelta(minutes=5), reschedule_payment_id=str(uuid.uuid4()))
+    s = rescheduling(hold_id="h2", amount_minor=1500, expire_time=NOW + timedelta(minutes=5),
+                     payment_id=str(uuid.uuid4()))
     move = d.route_reschedule_payment(s, status, NOW)
     assert (move.state if move else None) == expected
     # In flight past the new hold's expiry: undone (the new hold is no longer the customer's).
     late = d.route_reschedule_payment(s, "processing", NOW + timedelta(minutes=6))
     assert late.state == d.RESCHEDULE_REVERTING and late.reason == "hold-expired-unpaid"
-    assert d.wait_until(s) == s.reschedule_expire_time
+    assert d.wait_until(s) == s.reschedule.expire_time
 
 
 def test_reschedule_keys_differ_per_reschedule_and_step():
@@ -219,18 +224,18 @@ def test_the_payment_method_of_a_price_increase():
 
 def test_only_the_customer_starts_a_reschedule_that_charges_their_card():
     """A payment method is never reused for an action the customer did not start."""
-    d.refuse_unasked_charge("customer", new_minor=12_000, paid_minor=10_000, currency="TRY")  # their own: charged
+    rs.refuse_unasked_charge("customer", new_minor=12_000, paid_minor=10_000, currency="TRY")  # their own: charged
     for role in ("staff", "admin", "operator", "system"):
-        d.refuse_unasked_charge(role, new_minor=10_000, paid_minor=10_000, currency="TRY")  # same price
-        d.refuse_unasked_charge(role, new_minor=7_500, paid_minor=10_000, currency="TRY")  # cheaper: refunded
+        rs.refuse_unasked_charge(role, new_minor=10_000, paid_minor=10_000, currency="TRY")  # same price
+        rs.refuse_unasked_charge(role, new_minor=7_500, paid_minor=10_000, currency="TRY")  # cheaper: refunded
         with pytest.raises(FailedPrecondition) as e:
-            d.refuse_unasked_charge(role, new_minor=10_001, paid_minor=10_000, currency="TRY")
+            rs.refuse_unasked_charge(role, new_minor=10_001, paid_minor=10_000, currency="TRY")
         assert e.value.reason == "reschedule-costs-more"
         assert "10001 TRY" in e.value.message and "10000 TRY" in e.value.message
-    assert d.initiator_role("staff:staff-1") == "staff" and d.initiator_role("customer:c:1") == "customer"
-    assert d.initiator_role(None) == ""  # unknown: never the customer
+    assert rs.initiator_role("staff:staff-1") == "staff" and rs.initiator_role("customer:c:1") == "customer"
+    assert rs.initiator_role(None) == ""  # unknown: never the customer
     with pytest.raises(FailedPrecondition):
-        d.refuse_unasked_charge(d.initiator_role(None), new_minor=2, paid_minor=1, currency="TRY")
+        rs.refuse_unasked_charge(rs.initiator_role(None), new_minor=2, paid_minor=1, currency="TRY")
 
 
 def test_the_free_cancellation_deadline_defaults_to_the_statements_24_hours():
@@ -243,7 +248,7 @@ def test_the_free_cancellation_deadline_defaults_to_the_statements_24_hours():
 
 def test_the_watched_payment_follows_the_reschedule_payment_states():
     for state in d.STATES:
-        s = saga(state, payment_id="purchase", reschedule_payment_id="difference")
+        s = saga(state, payment_id="purchase", reschedule=Reschedule(payment_id="difference"))
         expected = "difference" if state in d.RESCHEDULE_PAYMENT_STATES else "purchase"
         assert d.watched_payment_id(s) == expected, state
 

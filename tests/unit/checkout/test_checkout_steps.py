@@ -14,9 +14,9 @@ from google.rpc import error_details_pb2, status_pb2
 
 from cuty.booking.v1 import booking_pb2
 from cuty.codepool.v1 import codepool_pb2
-from cutylib import errors
-from payments.metrics import PaymentsMetrics
-from payments.checkout import crash, domain as d
+from cutylib import crash, errors
+from payments.checkout import domain as d
+from payments.checkout.metrics import CheckoutMetrics
 from payments.checkout.domain import Saga, Step
 from payments.checkout.remote import BookingHolds, CodeReservations, Inventory, Refused, Rejected, Retryable
 from payments.checkout.settings import CheckoutOptions
@@ -63,11 +63,12 @@ class Stub:
         return call
 
 
-class Core:
+class Payments:
+    """The saga's `ports.Payments`, answering what each test sets."""
+
     def __init__(self, **views):
         self.views = views
         self.calls: list[str] = []
-        self.metrics = PaymentsMetrics()
 
     def _view(self, name):
         v = self.views[name]
@@ -93,7 +94,8 @@ def view(status):
 
 
 def steps(booking=None, codepool=None, core=None) -> Steps:
-    return Steps(Inventory(booking or Stub(), codepool or Stub()), core or Core(), CheckoutOptions())
+    return Steps(Inventory(booking or Stub(), codepool or Stub()), core or Payments(), CheckoutMetrics(),
+                 CheckoutOptions())
 
 
 @pytest.fixture
@@ -110,8 +112,8 @@ async def test_hold_records_the_price_of_the_slot_and_its_expiry(crashes):
     booking = Stub(HoldSlot=hold)
     s = saga(d.PENDING, hold_id=None)
     out = await steps(booking).perform(Step.HOLD, s, None, None)
-    assert out.move == d.Move(d.HELD) and out.learned.amount_minor == 75000 and out.learned.hold_id == "h9"
-    assert out.learned.merchant_id == "salon-chain-1"  # issue 14: the checkout records whose slot it is
+    assert out.move == d.Move(d.HELD) and out.learned.held.amount_minor == 75000 and out.learned.held.hold_id == "h9"
+    assert out.learned.held.merchant_id == "salon-chain-1"  # the checkout records whose slot it is
     assert booking.requests[0][1].request_id == d.hold_request_id(s.id)  # the step's idempotency key
     assert crashes == ["hold:before", "hold:after"] and out.note.startswith("hold ")
 
@@ -193,23 +195,23 @@ async def test_extension_is_learned_not_written():
 
 async def test_charge_uses_the_payment_attempt_key_and_a_refusal_fails_cleanly(crashes):
     s = saga(d.CHARGING, payment_id=None, payment_key=d.payment_attempt_id("x"))
-    core = Core(charge=view("succeeded"))
+    core = Payments(charge=view("succeeded"))
     out = await steps(core=core).perform(Step.CHARGE, s, None, None)
     assert out.learned.payment_id == "pay-1" and out.payment.status == "succeeded"
     assert core.calls == [f"charge {s.payment_key}"] and crashes == ["charge:before", "charge:after"]
-    refused = Core(charge=errors.InvalidArgument("amount", "must be positive"))
+    refused = Payments(charge=errors.InvalidArgument("amount", "must be positive"))
     out = await steps(core=refused).perform(Step.CHARGE, s, None, None)
     assert out.move == d.Move(d.RELEASING, d.FAILED, "payment-refused")
 
 
 async def test_cancel_that_did_not_settle_is_retried():
     with pytest.raises(Retryable):
-        await steps(core=Core(cancel=view("processing"))).perform(
+        await steps(core=Payments(cancel=view("processing"))).perform(
             Step.CANCEL_PAYMENT, saga(d.RELEASING, outcome=d.EXPIRED), None, "processing")
 
 
 async def test_refund_then_release_with_the_refund_key(crashes):
-    booking, core = Stub(ReleaseHold=booking_pb2.Hold()), Core(refund=view("refunded"))
+    booking, core = Stub(ReleaseHold=booking_pb2.Hold()), Payments(refund=view("refunded"))
     s = saga(d.REFUNDING)
     out = await steps(booking, core=core).perform(Step.REFUND, s, None, "succeeded")
     assert out.move == d.Move(d.REFUNDED) and core.calls == [f"refund {d.refund_key(s.id)}"]

@@ -71,8 +71,8 @@ BEGIN
          WHERE x.merchant_id = d.merchant_id AND x.id = d.id
         RETURNING * INTO d;
     END IF;
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, note)
-    VALUES (d.payment_id, d.checkout_id, 'dispute', CASE WHEN before IS NOT NULL THEN 'dispute.' || before END,
+    INSERT INTO payment_events (payment_id, checkout_id, merchant_id, source, from_status, to_status, note)
+    VALUES (d.payment_id, d.checkout_id, d.merchant_id, 'dispute', CASE WHEN before IS NOT NULL THEN 'dispute.' || before END,
             'dispute.' || d.status,
             format('%s %s: %s %s minor units (%s), evidence due by %s', p_type, d.psp_dispute_id, d.amount_minor,
                    d.currency, nullif(d.reason, ''), to_char(d.evidence_due_by AT TIME ZONE 'UTC',

@@ -1,7 +1,8 @@
--- The timeline: each event carries the merchant of its payment or checkout. It is written by many
--- statements (finalize, every saga transition), so one trigger fills it from the row it is about
--- instead of every statement repeating the lookup; a checkout's events from before its hold have
--- none (NULL: seen by the customer's checkout view and the platform only).
+-- The timeline: each event carries the merchant of its payment or checkout. Every statement that
+-- appends one names it itself (tests/unit/payments/test_payments_events_name_their_merchant.py);
+-- this trigger only fills one left NULL, which none of them leaves where a merchant is known. A
+-- checkout's events from before its hold have none (NULL: seen by the customer's checkout view and
+-- the platform only).
 CREATE OR REPLACE FUNCTION payment_events_merchant() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.merchant_id IS NULL THEN

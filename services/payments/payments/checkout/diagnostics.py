@@ -1,13 +1,11 @@
-"""The staff view's diagnostics of a checkout (issue 15, "Operator's view"): how its current step is
+"""The staff view's diagnostics of a checkout (docs/observability.md, "The operator's view"): how its current step is
 doing (attempts, last error, since when), the state a NEEDS_ATTENTION saga left, its trace id.
 
 Shown only to staff, admins and internal callers (GetCheckout), never to the customer: an error
 text names internals, not something a buyer can act on. Read with one statement beside the view."""
 from __future__ import annotations
 
-from cuty.payments.v1 import checkout_pb2
-
-from cutylib.timestamps import to_timestamp
+from .answers import Diagnostics
 
 READ = """
 SELECT attempts, last_error, failing_since, attention_from, traceparent, updated_at, version
@@ -21,13 +19,12 @@ def trace_id_of(traceparent: str | None) -> str:
     return parts[1] if len(parts) == 4 and len(parts[1]) == 32 and parts[1] != "0" * 32 else ""
 
 
-def from_row(row) -> checkout_pb2.CheckoutDiagnostics:
-    return checkout_pb2.CheckoutDiagnostics(
-        attempts=row["attempts"], last_error=row["last_error"], failing_since=to_timestamp(row["failing_since"]),
-        attention_from=row["attention_from"] or "", trace_id=trace_id_of(row["traceparent"]),
-        update_time=to_timestamp(row["updated_at"]), version=row["version"])
+def from_row(row) -> Diagnostics:
+    return Diagnostics(attempts=row["attempts"], last_error=row["last_error"], failing_since=row["failing_since"],
+                       attention_from=row["attention_from"] or "", trace_id=trace_id_of(row["traceparent"]),
+                       updated_at=row["updated_at"], version=row["version"])
 
 
-async def read(conn, checkout_id: str) -> checkout_pb2.CheckoutDiagnostics | None:
+async def read(conn, checkout_id: str) -> Diagnostics | None:
     row = await conn.fetchrow(READ, checkout_id)
     return None if row is None else from_row(row)

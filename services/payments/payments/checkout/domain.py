@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
-from cutylib.errors import FailedPrecondition, InvalidArgument
+from cutylib.errors import InvalidArgument
 from cutylib.fields import canonical_uuid
 
 from ..domain import require_payment_method
+from .reschedule import Reschedule
 
 # -- states ----------------------------------------------------------------------------------------
 
@@ -160,6 +161,22 @@ def payment_ref(saga: "Saga") -> str | None:
 # -- the saga row ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Held:
+    """What a hold (booking) or a reservation (code pool) tells the checkout, which records it
+    with its move to HELD."""
+    hold_id: str | None
+    expire_time: datetime
+    amount_minor: int
+    currency: str
+    merchant_id: str  # whose slot or product it is
+    salon_id: str | None = None  # a booking's salon (ListCheckouts' filter)
+    # A booking's start and its salon's cancellation policy at purchase.
+    start_time: datetime | None = None
+    free_cancellation_hours: int | None = None
+    cancellation_fee_percent: int | None = None
+
+
+@dataclass(frozen=True)
 class Saga:
     id: str
     customer_id: str
@@ -200,21 +217,8 @@ class Saga:
     refund_amount_minor: int | None = None
     cancelled_by: str | None = None
     cancel_reason: str | None = None
-    # The reschedule under way (or the last one); see the checkouts table's reschedule_* columns.
-    reschedule_seq: int = 0
-    reschedules: int = 0
-    reschedule_status: str | None = None
-    reschedule_slot_id: str | None = None
-    reschedule_from_slot_id: str | None = None
-    reschedule_from_amount_minor: int | None = None  # what had been paid when it started
-    reschedule_hold_id: str | None = None
-    reschedule_amount_minor: int | None = None
-    reschedule_start_time: datetime | None = None
-    reschedule_expire_time: datetime | None = None
-    reschedule_payment_method: str | None = None
-    reschedule_payment_id: str | None = None
-    rescheduled_by: str | None = None
-    reschedule_failure: str = ""
+    # The reschedule under way (or the last one): the checkouts table's reschedule_* columns.
+    reschedule: Reschedule = Reschedule()
     # The last instant its charge may start (the paying request's deadline; None: none). Past it, a
     # saga whose charge has not started ends instead (Step.ABANDON): its caller is gone.
     pay_deadline: datetime | None = None
@@ -237,13 +241,6 @@ class Saga:
     read_mono: float = field(default_factory=time.monotonic, compare=False, repr=False)
 
     @property
-    def reschedule_difference(self) -> int | None:
-        """The new slot's price minus what was paid (> 0 charged, < 0 refunded); None before the new hold."""
-        if self.reschedule_amount_minor is None:
-            return None
-        return self.reschedule_amount_minor - (self.reschedule_from_amount_minor or 0)
-
-    @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
 
@@ -264,22 +261,12 @@ class Saga:
             cancellation_fee_percent=row.get("cancellation_fee_percent"), start_time=row.get("start_time"),
             refund_amount_minor=row.get("refund_amount_minor"), cancelled_by=row.get("cancelled_by"),
             cancel_reason=row.get("cancel_reason"),
-            reschedule_seq=row.get("reschedule_seq") or 0, reschedules=row.get("reschedules") or 0,
-            reschedule_status=row.get("reschedule_status"), reschedule_slot_id=s(row.get("reschedule_slot_id")),
-            reschedule_from_slot_id=s(row.get("reschedule_from_slot_id")),
-            reschedule_from_amount_minor=row.get("reschedule_from_amount_minor"),
-            reschedule_hold_id=row.get("reschedule_hold_id"),
-            reschedule_amount_minor=row.get("reschedule_amount_minor"),
-            reschedule_start_time=row.get("reschedule_start_time"),
-            reschedule_expire_time=row.get("reschedule_expire_time"),
-            reschedule_payment_method=row.get("reschedule_payment_method"),
-            reschedule_payment_id=s(row.get("reschedule_payment_id")), rescheduled_by=row.get("rescheduled_by"),
+            reschedule=Reschedule.from_row(row), pay_deadline=row.get("pay_deadline"),
             settle=row.get("settle"), created_by=row.get("created_by"), link_ttl_seconds=row.get("link_ttl_seconds"),
             venue_status=row.get("venue_status"), venue_method=row.get("venue_method"),
             venue_amount_minor=row.get("venue_amount_minor"), venue_reference=row.get("venue_reference"),
             venue_paid_by=row.get("venue_paid_by"), venue_paid_at=row.get("venue_paid_at"),
             no_show_at=row.get("no_show_at"), no_show_by=row.get("no_show_by"),
-            reschedule_failure=row.get("reschedule_failure") or "", pay_deadline=row.get("pay_deadline"),
         )
 
     @property
@@ -368,9 +355,9 @@ def next_step(saga: Saga, payment_status: str | None, now: datetime, grace_secon
     if st == CANCELLING:
         return Step.CANCEL_PURCHASE
     if st == RESCHEDULING:
-        if saga.reschedule_hold_id is None:
+        if saga.reschedule.hold_id is None:
             return Step.RESCHEDULE_HOLD
-        if saga.reschedule_payment_id is None:
+        if saga.reschedule.payment_id is None:
             return Step.RESCHEDULE_CHARGE
         return Step.RESCHEDULE_OBSERVE
     if st == RESCHEDULE_CONFIRMING:
@@ -449,7 +436,7 @@ def route_reschedule_payment(saga: Saga, payment_status: str | None, now: dateti
         return Move(RESCHEDULE_REVERTING, reason="payment-" + payment_status)
     if payment_status == P_REQUIRES_ACTION:
         return Move(RESCHEDULE_REVERTING, reason="payment-requires-action")
-    if saga.reschedule_expire_time is not None and now >= saga.reschedule_expire_time:
+    if saga.reschedule.expire_time is not None and now >= saga.reschedule.expire_time:
         return Move(RESCHEDULE_REVERTING, reason="hold-expired-unpaid")
     return None
 
@@ -467,8 +454,8 @@ def wait_until(saga: Saga, grace_seconds: float = 0.0) -> datetime | None:
     """When a waiting saga should be looked at again without any wake-up: its hold's expiry."""
     if saga.state in (HELD, CHARGING, AWAITING_ACTION) and saga.expire_time is not None:
         return saga.expire_time + timedelta(seconds=grace_seconds)
-    if saga.state == RESCHEDULING and saga.reschedule_expire_time is not None:
-        return saga.reschedule_expire_time
+    if saga.state == RESCHEDULING and saga.reschedule.expire_time is not None:
+        return saga.reschedule.expire_time
     return None
 
 
@@ -476,7 +463,7 @@ def watched_payment_id(saga: Saga) -> str | None:
     """The payment whose status the current step routes on: a reschedule's difference while it is
     charged or undone, else the purchase's."""
     if saga.state in RESCHEDULE_PAYMENT_STATES:
-        return saga.reschedule_payment_id
+        return saga.reschedule.payment_id
     return saga.payment_id
 
 
@@ -503,26 +490,6 @@ def reschedule_payment_method(requested: str, saga: Saga) -> str | None:
     if requested:
         return require_payment_method(requested)
     return saga.payment_method
-
-
-def initiator_role(rescheduled_by: str | None) -> str:
-    """The role of who started a reschedule, from its `rescheduled_by` ("<role>:<subject>"); "" when
-    unknown, which is never the customer."""
-    return (rescheduled_by or "").split(":", 1)[0]
-
-
-def refuse_unasked_charge(role: str, *, new_minor: int, paid_minor: int, currency: str | None) -> None:
-    """A payment method is never reused for an action its customer did not start. A reschedule
-    charges a price increase to the purchase's card without asking the customer again, so only the
-    customer's own reschedule may go to a dearer slot; staff, admins (and anyone else) move a
-    booking to a slot of the same or a lower price (a decrease is refunded). Checked when the request
-    comes (the slot's price) and again by the step that would charge (the held price)."""
-    if new_minor > paid_minor and role != "customer":
-        raise FailedPrecondition(
-            f"the new slot costs {new_minor} {currency or ''} minor units, more than the {paid_minor} "
-            f"{currency or ''} paid; only the customer can move the booking to a dearer slot (the difference "
-            "would be charged to their card): choose a slot of the same or a lower price",
-            reason="reschedule-costs-more")
 
 
 # -- request validation ---------------------------------------------------------------------------

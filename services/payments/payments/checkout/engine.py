@@ -20,12 +20,14 @@ import logging
 import asyncpg
 from opentelemetry import trace
 
-from cutylib import deadlines, errors
+from cutylib import crash, deadlines, errors
 from cutylib.backoff import equal_jitter
 from cutylib.telemetry import context_of
 
-from . import crash, domain, repository as repo
+from . import domain, repository as repo
 from .domain import Move, Saga, Step
+from .metrics import CheckoutMetrics
+from .ports import Payments
 from .remote import Inventory, Refused, Rejected, Retryable
 from .settings import CheckoutOptions
 from .steps import Steps
@@ -69,22 +71,29 @@ class OutOfTime(Exception):
     (no money has moved yet): the request stops, and a worker carries the saga on."""
 
 
-def _merge(a: repo.Fields, b: repo.Fields) -> repo.Fields:
-    """`b`'s facts over `a`'s. Unset is None, "" or False; an amount of 0 is a fact (a free item)."""
+def _merge(a, b):
+    """`b`'s facts over `a`'s (repo.Fields, and the value objects in it, field by field). Unset is
+    None, "" or False; an amount of 0 is a fact (a free item)."""
     def unset(v) -> bool:
         return v is None or v == "" or v is False
-    return repo.Fields(**{f.name: getattr(a, f.name) if unset(getattr(b, f.name)) else getattr(b, f.name)
-                          for f in dataclasses.fields(repo.Fields)})
+
+    def pick(x, y):
+        if unset(y):
+            return x
+        return _merge(x, y) if dataclasses.is_dataclass(y) and type(x) is type(y) else y
+    return type(a)(**{f.name: pick(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)})
 
 
 class Engine:
-    def __init__(self, pool: asyncpg.Pool, holds: Inventory, core, options: CheckoutOptions, lease_seconds: float):
+    def __init__(self, pool: asyncpg.Pool, holds: Inventory, payments: Payments, metrics: CheckoutMetrics,
+                 options: CheckoutOptions, lease_seconds: float):
         self.pool = pool
         self.sagas = repo.Sagas(pool)
-        self.core = core
+        self.payments = payments
+        self.metrics = metrics
         self.options = options
         self.lease_seconds = lease_seconds
-        self.steps = Steps(holds, core, options)
+        self.steps = Steps(holds, payments, metrics, options)
 
     async def drive(self, saga: Saga, owner: str, payment=None, *, unpaid: bool = False):
         """Run `saga` (whose lease `owner` holds) until it waits or ends and give the lease back.
@@ -139,7 +148,7 @@ class Engine:
                 # learned by CHARGE; the payment row, found by its attempt key, still tells. Without
                 # this, a saga could release and end with the money captured (invariant 4).
                 key_checked = True
-                found = await self.core.find_by_key(saga.merchant_id, saga.payment_key)
+                found = await self.payments.find_by_key(saga.merchant_id, saga.payment_key)
                 if found is not None:
                     learned = _merge(learned, repo.Fields(payment_id=found.id))
                     saga = dataclasses.replace(saga, payment_id=found.id)
@@ -175,7 +184,7 @@ class Engine:
             if out.move is None:
                 # Learned something; keep it in the local row (for next_step) until the next write.
                 saga = dataclasses.replace(
-                    saga, extended=saga.extended or learned.extended, expire_time=learned.expire_time or saga.expire_time,
+                    saga, extended=saga.extended or learned.extended, expire_time=learned.expires or saga.expire_time,
                     payment_id=saga.payment_id or learned.payment_id)
                 continue
             saga, again = await self._move(saga, owner, out.move, learned, out.note, status)
@@ -198,11 +207,11 @@ class Engine:
         """The payment the step routes on (domain.watched_payment_id), read now where its status decides."""
         watched = domain.watched_payment_id(saga)
         if saga.state in domain.RESCHEDULE_PAYMENT_STATES:
-            return await self.core.get(watched) if watched else None  # none: a price decrease or none yet
+            return await self.payments.get(watched) if watched else None  # none: a price decrease or none yet
         if watched is None or saga.state not in (
                 domain.CHARGING, domain.AWAITING_ACTION, domain.RELEASING, domain.REFUNDING):
             return current
-        return await self.core.get(watched)
+        return await self.payments.get(watched)
 
     async def _move(self, saga: Saga, owner: str, move: Move, learned: repo.Fields, note: str,
                     status: str | None) -> tuple[Saga, bool]:
@@ -214,7 +223,7 @@ class Engine:
         waits = not after.terminal and self._waits(
             domain.next_step(after, status, saga.read_at, self.options.expiry_grace_seconds,
                              self.options.pay_window_seconds), after, status)
-        wake_at = domain.wait_until(dataclasses.replace(after, expire_time=fields.expire_time or saga.expire_time),
+        wake_at = domain.wait_until(dataclasses.replace(after, expire_time=fields.expires or saga.expire_time),
                                     self.options.expiry_grace_seconds)
         new = await self.sagas.transition(saga, owner, move.state, fields, note, release=waits, wake_at=wake_at)
         if new is None:
@@ -224,7 +233,7 @@ class Engine:
             # the outbox event its trigger wrote) committed, before anything else happens.
             crash.point(f"recorded:{new.state}")
             if new.terminal:
-                self.core.metrics.sagas_finished.labels(new.state).inc()
+                self.metrics.sagas_finished.labels(new.state).inc()
             log.info("checkout %s -> %s", saga.state, new.state,
                      extra={"checkout_id": saga.id, "from": saga.state, "to": new.state, "note": note})
         return new, waits and new.lease_owner is not None
@@ -247,14 +256,14 @@ class Engine:
         new = await self.sagas.transition(saga, owner, domain.REJECTED, repo.Fields(failure_reason=reason),
                                           "hold refused")
         if new is not None:
-            self.core.metrics.sagas_finished.labels(domain.REJECTED).inc()
+            self.metrics.sagas_finished.labels(domain.REJECTED).inc()
         return new or await self.sagas.get(saga.id) or saga
 
     async def _retry_later(self, saga: Saga, owner: str, exc: BaseException) -> None:
         current = await self.sagas.get(saga.id)
         attempts = current.attempts if current is not None else saga.attempts
         delay = equal_jitter(attempts + 1, self.options.retry_base_seconds, self.options.retry_cap_seconds)
-        self.core.metrics.retries.labels(saga.state).inc()
+        self.metrics.retries.labels(saga.state).inc()
         level = logging.INFO if isinstance(exc, TRANSIENT) and attempts < 5 else logging.WARNING
         log.log(level, "saga step failed; retrying in %.2fs", delay, exc_info=not isinstance(exc, TRANSIENT),
                 extra={"checkout_id": saga.id, "state": saga.state, "attempts": attempts, "error": repr(exc)})
@@ -263,7 +272,7 @@ class Engine:
                                                  max_attempts=self.options.max_attempts,
                                                  attention_after_seconds=self.options.attention_after_seconds)
             if state == domain.NEEDS_ATTENTION:
-                self.core.metrics.need_attention.inc()
+                self.metrics.need_attention.inc()
                 log.error("saga step keeps failing; it needs an operator", extra={
                     "checkout_id": saga.id, "state": saga.state, "attempts": attempts + 1, "error": repr(exc)})
 

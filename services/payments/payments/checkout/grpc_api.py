@@ -1,4 +1,5 @@
-"""cuty.payments.v1.CheckoutService: proto <-> use case translation only.
+"""cuty.payments.v1.CheckoutService: proto <-> use case translation only (the use cases answer
+values, checkout/answers.py; views.py builds the protos).
 
 The customer is the caller's principal (metadata cuty-subject set by the gateway from the JWT),
 never a request field; the Idempotency-Key arrives as metadata `idempotency-key`.
@@ -46,6 +47,17 @@ async def _replay(context: grpc.aio.ServicerContext, replay: Replay) -> checkout
     return checkout_pb2.Checkout.FromString(replay.response)
 
 
+async def _replay_with_current_action(service: CheckoutService, context: grpc.aio.ServicerContext,
+                                      replay: Replay) -> checkout_pb2.Checkout:
+    """A replayed PayCheckout (or one-call CreateCheckout): stored without the customer action
+    (invariant 6), which is put back only while the payment, read now, still requires it. An
+    answer without a payment is replayed as stored."""
+    stored = await _replay(context, replay)
+    if not stored.payment.id:
+        return stored
+    saga, payment = await service.current_payment(stored.id, stored.payment.id)
+    return views.with_current_action(stored, saga, payment)
+
 
 def _state(value: int) -> str | None:
     """The saga state named by a CheckoutState (None: unset, any state)."""
@@ -71,24 +83,25 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
         req = domain.validate_create(slot_id, request.product_id, request.quantity,
                                      request.payment_method if request.HasField("payment_method") else None)
         try:
-            return await self.service.create(customer, req, _key(context))
+            return views.checkout_pb(await self.service.create(customer, req, _key(context)))
         except Replay as r:
-            return await _replay(context, r)
+            return await _replay_with_current_action(self.service, context, r)
 
     async def PayCheckout(self, request: checkout_pb2.PayCheckoutRequest,
                           context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         customer = principal.current().require_subject()
         try:
-            return await self.service.pay(customer, request.checkout_id, request.payment_method, _key(context))
+            return views.checkout_pb(await self.service.pay(customer, request.checkout_id, request.payment_method,
+                                                            _key(context)))
         except Replay as r:
-            return await _replay(context, r)
+            return await _replay_with_current_action(self.service, context, r)
 
     async def GetCheckout(self, request: checkout_pb2.GetCheckoutRequest,
                           context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         caller = principal.current()
         if caller.role != "system":
             caller.require_subject()
-        return await self.service.get(caller, request.checkout_id)
+        return views.checkout_pb(await self.service.get(caller, request.checkout_id))
 
     async def CancelCheckout(self, request: checkout_pb2.CancelCheckoutRequest,
                              context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
@@ -96,9 +109,9 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
         if caller.role in ("staff", "admin"):
             # The merchant cancels a completed booking, full refund, with a reason.
             caller.require_subject()
-            return await self.service.cancel_by_staff(caller, request.checkout_id, request.reason)
+            return views.checkout_pb(await self.service.cancel_by_staff(caller, request.checkout_id, request.reason))
         customer = caller.require_subject()
-        return await self.service.cancel(customer, request.checkout_id)
+        return views.checkout_pb(await self.service.cancel(customer, request.checkout_id))
 
     async def RescheduleCheckout(self, request: checkout_pb2.RescheduleCheckoutRequest,
                                  context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
@@ -107,8 +120,8 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
         caller.require_role("customer", "staff", "admin")
         caller.require_subject()
         try:
-            return await self.service.reschedule(caller, request.checkout_id, request.slot_id, request.payment_method,
-                                                 _key(context))
+            return views.checkout_pb(await self.service.reschedule(caller, request.checkout_id, request.slot_id,
+                                                                   request.payment_method, _key(context)))
         except Replay as r:
             return await _replay(context, r)
 
@@ -120,13 +133,14 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
         before = optional_instant(request, "created_before")
         filters = domain.list_filters(salon_id=request.salon_id, product_id=request.product_id,
                                       state=_state(request.state), created_after=after, created_before=before)
-        return await self.service.list(caller, filters, request.page_size, request.page_token)
+        return views.page_pb(await self.service.list(caller, filters, request.page_size, request.page_token))
 
     async def RetryCheckout(self, request: checkout_pb2.RetryCheckoutRequest,
                             context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         caller = principal.current()
         caller.require_role(*OPERATOR_ROLES)
-        return await self.service.retry(caller, operator.who(caller, context.invocation_metadata()), request.checkout_id)
+        return views.checkout_pb(await self.service.retry(caller, operator.who(caller, context.invocation_metadata()),
+                                                          request.checkout_id))
 
     async def WatchCheckout(self, request: checkout_pb2.WatchCheckoutRequest, context: grpc.aio.ServicerContext):
         caller = principal.current()

@@ -5,23 +5,24 @@ with a hash of the request; when it ends it stores its serialized answer, which 
 for byte. The database decides every race: two requests with one key meet on the primary key, and
 an abandoned `in_flight` row (its process died) is taken over by one conditional upsert.
 
-    replay or run: await store.run(customer, "create", key, request_hash, first, fn)
+    async with store.claim(customer, "create", key, request_hash, first) as claim:  # or Replay
+        claim.finish(answer)
 
 Every request goes this way: one without an Idempotency-Key gets a key generated here, so there is
-one write path (issue 11). The request's first write is part of the key's own statement
+one write path. The request's first write is part of the key's own statement
 (`begin_with`), and its answer is stored by a plain FINISH once the request has it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Callable
 
 import asyncpg
-from google.protobuf.message import Message
 from google.rpc import status_pb2
 
 from cutylib import errors
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 MAX_KEY_LENGTH = 255
 # The key made up for a request that came without one: a random UUID no client will send again,
-# so the request runs once, through the same statements as any other (issue 11, "one write path").
+# so the request runs once, through the same statements as any other ("one write path").
 SERVER_KEY_PREFIX = "server:"
 
 # Insert, or take over a row that expired (24 h: the key may be used afresh) or whose in-flight
@@ -114,34 +115,54 @@ def check_key(key: str) -> None:
 
 
 @dataclass
+class Claim:
+    """A request's hold on its Idempotency-Key (IdempotencyStore.claim)."""
+    resource_id: str              # the checkout the key names (CreateCheckout's new one)
+    resumed: bool                 # an earlier request with this key died; this one takes over
+    row: Any                      # what the request's first write returned
+    answer: Any = None
+
+    def finish(self, answer: Any) -> None:
+        """The request's answer: returned, and stored for replays when the block ends."""
+        self.answer = answer
+
+
+@dataclass
 class IdempotencyStore:
     pool: asyncpg.Pool
     lease_seconds: float
     ttl_seconds: float
+    # An answer as its replays give it back, byte for byte (checkout/views.py `stored`).
+    encode: Callable[[Any], bytes]
 
-    async def run(self, customer: str, operation: str, key: str, req_hash: bytes, first: tuple[str, tuple],
-                  fn: Callable[[str, bool, Any], Awaitable[Message]], *,
-                  stored_form: Callable[[Message], Message] | None = None) -> Message:
-        """`fn(resource_id, resumed, row)` once per key; replays raise Replay with the first answer.
+    @contextlib.asynccontextmanager
+    async def claim(self, customer: str, operation: str, key: str, req_hash: bytes,
+                    first: tuple[str, tuple]) -> AsyncIterator[Claim]:
+        """The key for one request, or Replay (raised) with its first answer:
+
+            async with keys.claim(customer, "create", key, h, first) as claim:
+                claim.finish(await work(claim.resource_id, claim.resumed, claim.row))
+            return claim.answer
+
         `first`: (SQL, args) of the request's first write (CTEs ending in one named `first`, see
-        `begin_with`), run in the key's own statement; `row` is what it returned (its columns NULL
-        when it wrote nothing). `resumed`: this request takes over an earlier one with the same key
-        whose process died. An empty `key` gets one generated here (the request is then simply not
-        replayable by the client).
+        `begin_with`), run in the key's own statement; `claim.row` is what it returned (its columns
+        NULL when it wrote nothing). `claim.resumed`: this request takes over an earlier one with the
+        same key whose process died. An empty `key` gets one generated here (the request is then
+        simply not replayable by the client).
 
-        A DomainError marked `recorded` (the request did change something: a REJECTED checkout)
-        is stored and replayed as the answer; UNAVAILABLE, ABORTED and DEADLINE_EXCEEDED (a saga
-        stopped for the request's deadline goes on in a worker) leave the key to be resumed by a
-        retry; other domain errors changed nothing and free the key;
-        anything else (a dependency down, a crash) leaves the key to be resumed by a retry.
-        `stored_form(answer)`: what is kept for replays (without secrets), when not the answer itself."""
+        The answer given to `finish` is stored for replays as `encode(answer)` (the store's: the
+        API's bytes, without secrets). A DomainError marked `recorded` (the request did change
+        something: a REJECTED checkout) is stored and replayed as the answer; UNAVAILABLE, ABORTED and
+        DEADLINE_EXCEEDED (a saga stopped for the request's deadline goes on in a worker) leave the
+        key to be resumed by a retry; other domain errors changed nothing and free the key; anything
+        else (a dependency down, a crash) leaves the key to be resumed by a retry."""
         if key:
             check_key(key)
         else:
             key = f"{SERVER_KEY_PREFIX}{uuid.uuid4()}"
-        resource_id, resumed, row = await self._begin(customer, operation, key, req_hash, first)
+        claim = Claim(*await self._begin(customer, operation, key, req_hash, first))
         try:
-            answer = await fn(resource_id, resumed, row)
+            yield claim
         except errors.DomainError as exc:
             if getattr(exc, "recorded", False):
                 await self.pool.execute(FINISH, customer, operation, key,
@@ -157,9 +178,10 @@ class IdempotencyStore:
             except Exception:  # noqa: BLE001 - the row's own lock expiry frees it anyway
                 log.warning("could not unlock idempotency key", exc_info=True)
             raise
-        data = (stored_form(answer) if stored_form else answer).SerializeToString()
-        await self.pool.execute(FINISH, customer, operation, key, data, False)
-        return answer
+        if claim.answer is None:
+            await self.pool.execute(UNLOCK, customer, operation, key)
+            raise RuntimeError(f"a {operation} request ended without finishing its Idempotency-Key")
+        await self.pool.execute(FINISH, customer, operation, key, self.encode(claim.answer), False)
 
     async def _begin(self, customer: str, operation: str, key: str, req_hash: bytes,
                      first: tuple[str, tuple]) -> tuple[str, bool, Any]:

@@ -164,7 +164,7 @@ async def watch(service, watchers: Watchers, caller: Principal, checkout_id: str
     saga = await service.seen(caller, checkout_id)
     sagas = repo.Sagas(service.pool)
     async with watchers.admitted(caller.subject), watchers.subscribed(checkout_id) as changed:
-        await service.core.audit_operator_read(caller, "WatchCheckout", checkout_id, saga.merchant_id)
+        await service.operator_reads.record(caller, "WatchCheckout", checkout_id, saga.merchant_id)
         yield None  # admitted: the caller may now be told the stream is open
         loop = asyncio.get_running_loop()
         warn_at = None
@@ -204,6 +204,6 @@ async def watch(service, watchers: Watchers, caller: Principal, checkout_id: str
 
 async def _event(service, caller: Principal, saga, seq: int, state: str, at, *,
                  kind: str | None = None) -> checkout_pb2.CheckoutEvent:
-    view = await service.view_for(caller, saga)
+    view = views.checkout_pb(await service.view_for(caller, saga))
     view.state = checkout_pb2.CheckoutState.Value(views.STATE_PREFIX + state)
     return checkout_pb2.CheckoutEvent(id=seq, type=kind or event_type(state), checkout=view, time=to_timestamp(at))

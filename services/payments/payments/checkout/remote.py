@@ -15,7 +15,6 @@ Errors are sorted into what the saga can act on:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 
 import grpc
@@ -27,7 +26,7 @@ from cutylib.grpc_errors import bad_field, error_reason, unpack_detail
 from cutylib.timestamps import from_timestamp
 
 from . import domain
-from .domain import Saga
+from .domain import Held, Saga
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +96,6 @@ async def _release(call, what: str, saga) -> None:
             raise
         log.info("release: nothing left to release", extra={"checkout_id": saga.id, "step": what,
                                                              "detail": e.details()})
-
-
-@dataclass(frozen=True)
-class Held:
-    hold_id: str | None
-    expire_time: datetime
-    amount_minor: int
-    currency: str
-    merchant_id: str  # issue 14: whose slot or product it is; the checkout records it
-    salon_id: str | None = None  # issue 12: a booking's salon (ListCheckouts' filter); the checkout records it
-    # Issue 12: a booking's start and its salon's cancellation policy at purchase; the checkout records them.
-    start_time: datetime | None = None
-    free_cancellation_hours: int | None = None
-    cancellation_fee_percent: int | None = None
 
 
 def _as_system():

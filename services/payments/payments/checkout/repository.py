@@ -20,7 +20,8 @@ from cutylib import tenancy
 from cutylib.telemetry import current_trace_id, current_traceparent
 
 from .domain import (COMPLETED, DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS, IDLE,
-                     RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, STATES, TERMINAL, Saga)
+                     RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, STATES, TERMINAL, Held, Saga)
+from .reschedule import Learned
 
 # NOTIFY channel of wake-ups; the payments trigger (checkouts_wake_on_payment) sends on the same name.
 WAKE_CHANNEL = "cuty_checkout_wake"
@@ -173,8 +174,8 @@ first AS (
       AND EXISTS (SELECT 1 FROM began)
     {_RETURNING}
 ), first_ev AS (
-    INSERT INTO payment_events (checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT id, 'saga', 'HELD', state, version, $13::text, 'pay ' || $10::text FROM first
+    INSERT INTO payment_events (checkout_id, source, from_status, to_status, version, trace_id, note, merchant_id)
+    SELECT id, 'saga', 'HELD', state, version, $13::text, 'pay ' || $10::text, merchant_id FROM first
 )
 """
 
@@ -204,8 +205,9 @@ WITH upd AS (
       AND (state IN ('HELD', 'AWAITING_ACTION') OR (state = 'CHARGING' AND payment_id IS NOT NULL))
     {_RETURNING}
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT payment_id, id, 'saga', $5, state, version, $6, 'cancel' FROM upd
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT payment_id, id, 'saga', $5, state, version, $6, 'cancel', merchant_id FROM upd
 )
 SELECT * FROM upd
 """
@@ -319,19 +321,6 @@ WITH upd AS (
 SELECT * FROM upd
 """
 
-# A cancel after purchase refunds across the checkout's captured payments (a
-# reschedule to a dearer slot charged a second one): the purchase's first, then by time; what is
-# left of each, and what an earlier attempt of this cancel asked of it ($2: the purchase's refund
-# key; $3: the prefix of the others', completed by the payment id).
-CAPTURED_PAYMENTS = """
-SELECT p.id::text AS id, p.amount_minor - p.refunded_minor AS left_minor, r.requested_minor AS asked_minor
-FROM payments p
-LEFT JOIN refunds r ON r.merchant_id = p.merchant_id AND r.payment_id = p.id
-     AND r.key = CASE WHEN p.id = $4::uuid THEN $2::text ELSE $3::text || p.id::text END
-WHERE p.checkout_id = $1 AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
-ORDER BY p.id = $4::uuid DESC, p.created_at, p.id
-"""
-
 # Workers claim due sagas: SKIP LOCKED so replicas never wait on or double-claim a row; the lease
 # is taken and next_run_at pushed to its end in the same statement (a crash leaves the row due
 # again when the lease runs out). Each row gets its own owner token.
@@ -417,11 +406,12 @@ WITH g AS (
         next_run_at = CASE WHEN g.give_up THEN NULL
                            ELSE clock_timestamp() + make_interval(secs => $3::float8) END
     FROM g WHERE c.id = g.id AND c.lease_owner = $2
-    RETURNING c.id, c.payment_id, c.state, c.version, c.attempts, g.from_state
+    RETURNING c.id, c.payment_id, c.merchant_id, c.state, c.version, c.attempts, g.from_state
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
     SELECT payment_id, id, 'saga', from_state, state, version, $7,
-           'retries exhausted after ' || attempts || ' attempts; an operator may retry'
+           'retries exhausted after ' || attempts || ' attempts; an operator may retry', merchant_id
     FROM upd WHERE state = 'NEEDS_ATTENTION'
 )
 SELECT state FROM upd
@@ -437,8 +427,9 @@ WITH upd AS (
     WHERE id = $1 AND state = 'NEEDS_ATTENTION' AND ($4::text IS NULL OR merchant_id = $4)
     {_RETURNING}
 ), ev AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note)
-    SELECT payment_id, id, 'saga', 'NEEDS_ATTENTION', state, version, $2, 'retried by ' || $3 FROM upd
+    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,
+                                merchant_id)
+    SELECT payment_id, id, 'saga', 'NEEDS_ATTENTION', state, version, $2, 'retried by ' || $3, merchant_id FROM upd
 ), n AS (
     SELECT pg_notify('{WAKE_CHANNEL}', id::text) FROM upd
 )
@@ -500,30 +491,29 @@ def list_statement(q: ListQuery, after: tuple | None, limit: int) -> tuple[str, 
     return LIST_CHECKOUTS.format(where=" AND ".join(where) or "true", limit=f"${len(args)}"), args
 
 
+# No hold learned, nothing a reschedule learned: TRANSITION's COALESCEs keep every column.
+_NOT_HELD = Held(hold_id=None, expire_time=None, amount_minor=None, currency=None, merchant_id=None)  # type: ignore[arg-type]
+_NOTHING_LEARNED = Learned()
+
+
 @dataclass(frozen=True)
 class Fields:
     """What a transition may record besides the state."""
     outcome: str | None = None
-    hold_id: str | None = None
-    amount_minor: int | None = None
-    currency: str | None = None
-    expire_time: object | None = None
+    # The hold or reservation (its id, price, expiry, merchant; a booking's salon, policy and
+    # start), recorded once with the move to HELD.
+    held: Held | None = None
+    expire_time: object | None = None  # a hold's new expiry (an extension)
     extended: bool = False
     payment_id: str | None = None
     payment_key: str | None = None  # a one-call checkout's payment attempt, set by its PAY step
     failure_reason: str = ""
-    merchant_id: str | None = None  # recorded once, with the hold
-    salon_id: str | None = None  # a booking's salon, recorded once with the hold
-    # A booking's cancellation policy and start, recorded once with the hold.
-    free_cancellation_hours: int | None = None
-    cancellation_fee_percent: int | None = None
-    start_time: object | None = None
-    # What a reschedule's steps learn.
-    reschedule_hold_id: str | None = None
-    reschedule_amount_minor: int | None = None
-    reschedule_start_time: object | None = None
-    reschedule_expire_time: object | None = None
-    reschedule_payment_id: str | None = None
+    reschedule: Learned | None = None  # what a reschedule's steps learn
+
+    @property
+    def expires(self):
+        """The hold's expiry this move records: an extension's, or the new hold's (None: unchanged)."""
+        return self.expire_time or (self.held.expire_time if self.held is not None else None)
 
 
 @dataclass(frozen=True)
@@ -541,7 +531,7 @@ def saga_of(row) -> Saga | None:
 def insert_pending(*, kind: str, slot_id: str | None, product_id: str | None, quantity: int, owner: str,
                    lease_seconds: float, payment_method: str | None = None,
                    pay_within: float | None = None) -> tuple[str, tuple]:
-    """CreateCheckout's first write, for IdempotencyStore.run(first=...). `pay_within`: a one-call
+    """CreateCheckout's first write, for IdempotencyStore.claim(first=...). `pay_within`: a one-call
     checkout's seconds in which its charge may start (the request's deadline), None: no limit."""
     return INSERT_PENDING, (kind, slot_id, product_id, quantity, owner, lease_seconds, current_traceparent(),
                             payment_method, pay_within)
@@ -549,7 +539,7 @@ def insert_pending(*, kind: str, slot_id: str | None, product_id: str | None, qu
 
 def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,
                    lease_seconds: float, pay_within: float | None = None) -> tuple[str, tuple]:
-    """PayCheckout's first write, for IdempotencyStore.run(first=...). `pay_within`: the seconds in
+    """PayCheckout's first write, for IdempotencyStore.claim(first=...). `pay_within`: the seconds in
     which the charge may start (the request's deadline), None: no limit."""
     return START_CHARGING, (checkout_id, payment_key, payment_method, owner, lease_seconds, current_trace_id(),
                             pay_within)
@@ -557,7 +547,7 @@ def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, o
 
 def start_reschedule(*, checkout_id: str, slot_id: str, payment_method: str | None, who: str, owner: str,
                      customer: str | None, merchant: str | None, lease_seconds: float) -> tuple[str, tuple]:
-    """RescheduleCheckout's first write, for IdempotencyStore.run(first=...)."""
+    """RescheduleCheckout's first write, for IdempotencyStore.claim(first=...)."""
     return START_RESCHEDULE, (checkout_id, slot_id, payment_method, who, owner, customer, merchant, lease_seconds,
                               current_trace_id())
 
@@ -593,13 +583,13 @@ class Sagas:
             return saga_of(await self.db.fetchrow(
                 END_RESCHEDULE, saga.id, saga.version, owner, saga.state == RESCHEDULE_CONFIRMING,
                 fields.failure_reason, saga.state, current_trace_id(), note))
+        h, r = fields.held or _NOT_HELD, fields.reschedule or _NOTHING_LEARNED
         return saga_of(await self.db.fetchrow(
-            TRANSITION, saga.id, saga.version, owner, state, fields.outcome, fields.hold_id, fields.amount_minor,
-            fields.currency, fields.expire_time, fields.extended, fields.payment_id, fields.failure_reason,
-            saga.state, current_trace_id(), note, release, wake_at, fields.merchant_id, fields.salon_id,
-            fields.free_cancellation_hours, fields.cancellation_fee_percent, fields.start_time,
-            fields.reschedule_hold_id, fields.reschedule_amount_minor, fields.reschedule_start_time,
-            fields.reschedule_expire_time, fields.reschedule_payment_id, fields.payment_key))
+            TRANSITION, saga.id, saga.version, owner, state, fields.outcome, h.hold_id, h.amount_minor,
+            h.currency, fields.expires, fields.extended, fields.payment_id, fields.failure_reason,
+            saga.state, current_trace_id(), note, release, wake_at, h.merchant_id, h.salon_id,
+            h.free_cancellation_hours, h.cancellation_fee_percent, h.start_time,
+            r.hold_id, r.amount_minor, r.start_time, r.expire_time, r.payment_id, fields.payment_key))
 
     async def start_cancel(self, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
         return saga_of(await self.db.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,
@@ -611,13 +601,6 @@ class Sagas:
         """COMPLETED -> CANCELLING, None when refused or the row moved since `saga` was read."""
         return saga_of(await self.db.fetchrow(START_CANCEL_AFTER_PURCHASE, saga.id, customer, merchant, owner,
                                               lease_seconds, saga.version, current_trace_id(), who, reason))
-
-    async def captured_payments(self, saga: Saga, purchase_key: str, other_key_prefix: str) -> list:
-        """(payment id, what is left of it, what this cancel asked of it before or None), the
-        purchase's payment first (CAPTURED_PAYMENTS)."""
-        rows = await self.db.fetch(CAPTURED_PAYMENTS, saga.id, purchase_key, other_key_prefix,
-                                   saga.payment_id or "00000000-0000-0000-0000-000000000000")
-        return [(r["id"], r["left_minor"], r["asked_minor"]) for r in rows]
 
     async def claim_due(self, worker_id: str, limit: int, lease_seconds: float) -> list[Saga]:
         return [Saga.from_row(r) for r in await self.db.fetch(CLAIM_DUE, worker_id, limit, lease_seconds)]

@@ -20,12 +20,18 @@ from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
 from ..domain import require_payment_method
-from . import diagnostics, domain, repository as repo, views
+from ..operator import OperatorReads
+from ..views import PaymentView
+from . import diagnostics, domain, repository as repo
+from .answers import CheckoutAnswer, CheckoutPage
 from .domain import Saga
 from .engine import Engine
-from .idempotency import IdempotencyStore, Replay, request_hash
+from .idempotency import IdempotencyStore, request_hash
 from .live import Watchers
+from .metrics import CheckoutMetrics
+from .ports import Payments
 from .remote import Inventory, Refused, Rejected
+from .reschedule import refuse_unasked_charge
 
 # Callers who may read any checkout (staff see it without the buyer's action or codes).
 # Who reads any checkout of their merchant (staff and admins their own merchant's, the
@@ -51,22 +57,25 @@ def new_owner(kind: str) -> str:
 
 
 class CheckoutService:
-    def __init__(self, pool: asyncpg.Pool, engine: Engine, holds: Inventory, core, keys: IdempotencyStore,
-                 lease_seconds: float, watchers: Watchers | None = None):
+    def __init__(self, pool: asyncpg.Pool, engine: Engine, holds: Inventory, payments: Payments,
+                 metrics: CheckoutMetrics, keys: IdempotencyStore, lease_seconds: float,
+                 watchers: Watchers | None = None):
         self.pool = pool
         # WatchCheckout's listener and open streams (checkout/live.py); its `run` is a background task.
         self.watchers = watchers
         self.sagas = repo.Sagas(pool)
         self.engine = engine
         self.holds = holds
-        self.core = core
+        self.payments = payments
+        self.metrics = metrics
+        self.operator_reads = OperatorReads(pool)
         self.keys = keys
         self.lease_seconds = lease_seconds
         # Staff book for a customer (staff_service.StaffBookings), set by wiring.build.
         self.staff = None
 
     # -- CreateCheckout ---------------------------------------------------------------------------
-    async def create(self, customer: str, req: domain.CreateRequest, key: str) -> checkout_pb2.Checkout:
+    async def create(self, customer: str, req: domain.CreateRequest, key: str) -> CheckoutAnswer:
         """Hold (HELD); a one-call checkout (`req.payment_method`) is paid in the same request and
         under the same Idempotency-Key: the saga does not stop at HELD but starts the payment (the
         PAY step, PayCheckout's move) and runs on, so the answer is the one PayCheckout gives."""
@@ -80,14 +89,11 @@ class CheckoutService:
                                     quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds,
                                     payment_method=req.payment_method,
                                     pay_within=_pay_within() if req.payment_method is not None else None)
-        try:
-            return await self.keys.run(customer, "create", key, h, first,
-                                       lambda checkout_id, _resumed, row: self._create(checkout_id, owner, row),
-                                       stored_form=views.without_secrets)
-        except Replay as replay:
-            raise await self._current_action(replay) from None
+        async with self.keys.claim(customer, "create", key, h, first) as claim:  # or Replay
+            claim.finish(await self._create(claim.resource_id, owner, claim.row))
+        return claim.answer
 
-    async def _create(self, checkout_id: str, owner: str, row) -> checkout_pb2.Checkout:
+    async def _create(self, checkout_id: str, owner: str, row) -> CheckoutAnswer:
         set_span_attributes(checkout_id=checkout_id)
         saga = repo.saga_of_first(row)
         if saga is None:
@@ -140,7 +146,7 @@ class CheckoutService:
         return await self.holds.booking.service_slot(service_id, request.start_time, resource_id)
 
     # -- PayCheckout ------------------------------------------------------------------------------
-    async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> checkout_pb2.Checkout:
+    async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> CheckoutAnswer:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         require_payment_method(payment_method)
         h = request_hash("pay", checkout_id, payment_method)
@@ -149,31 +155,22 @@ class CheckoutService:
         first = repo.start_charging(checkout_id=checkout_id, payment_key=domain.payment_attempt_id(checkout_id),
                                     payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds,
                                     pay_within=_pay_within())
-        try:
-            return await self.keys.run(
-                customer, "pay", key, h, first,
-                lambda _id, resumed, row: self._pay(customer, checkout_id, payment_method, resumed, owner, row),
-                stored_form=views.without_secrets)
-        except Replay as replay:
-            raise await self._current_action(replay) from None
+        async with self.keys.claim(customer, "pay", key, h, first) as claim:  # or Replay
+            claim.finish(await self._pay(customer, checkout_id, payment_method, claim.resumed, owner, claim.row))
+        return claim.answer
 
-    async def _current_action(self, replay: Replay) -> Replay:
-        """A replayed PayCheckout (or one-call CreateCheckout) answer is stored without the customer
-        action (invariant 6); it is shown again only while the payment, read now, still
-        requires it. An answer without a payment is replayed as stored."""
-        if replay.is_error:
-            return replay
-        stored = checkout_pb2.Checkout.FromString(replay.response)
-        if not stored.payment.id:
-            return replay
-        saga = await self.sagas.get(stored.id)
+    async def current_payment(self, checkout_id: str, payment_id: str) -> tuple[Saga | None, PaymentView | None]:
+        """The checkout and its payment as they are now, when `payment_id` is still its payment: a
+        replayed PayCheckout (or one-call CreateCheckout) answer is stored without the customer
+        action (invariant 6), shown again only while the payment, read now, still requires it."""
+        saga = await self.sagas.get(checkout_id)
         payment = None
-        if saga is not None and saga.payment_id == stored.payment.id:
-            payment = await self.core.get(saga.payment_id)
-        return Replay(views.with_current_action(stored, saga, payment).SerializeToString(), False)
+        if saga is not None and saga.payment_id == payment_id:
+            payment = await self.payments.get(saga.payment_id)
+        return saga, payment
 
     async def _pay(self, customer: str, checkout_id: str, payment_method: str, resumed: bool, owner: str,
-                   row) -> checkout_pb2.Checkout:
+                   row) -> CheckoutAnswer:
         set_span_attributes(checkout_id=checkout_id)
         saga = repo.saga_of_first(row)
         if saga is None:
@@ -197,10 +194,10 @@ class CheckoutService:
         return await self.view(saga, payment=payment)
 
     # -- GetCheckout ------------------------------------------------------------------------------
-    async def get(self, caller: Principal, checkout_id: str) -> checkout_pb2.Checkout:
+    async def get(self, caller: Principal, checkout_id: str) -> CheckoutAnswer:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         saga = await self.seen(caller, checkout_id)
-        await self.core.audit_operator_read(caller, "GetCheckout", checkout_id, saga.merchant_id)
+        await self.operator_reads.record(caller, "GetCheckout", checkout_id, saga.merchant_id)
         return await self.view_for(caller, saga)
 
     async def seen(self, caller: Principal, checkout_id: str) -> Saga:
@@ -216,23 +213,18 @@ class CheckoutService:
             raise errors.NotFound(f"checkout {checkout_id} not found")
         return saga
 
-    async def view_for(self, caller: Principal, saga: Saga) -> checkout_pb2.Checkout:
+    async def view_for(self, caller: Principal, saga: Saga) -> CheckoutAnswer:
         """GetCheckout's answer to `caller` (who may see `saga`): codes, the redirect URL and the
         client secret for the buyer only; the diagnostics for staff only."""
         owner = caller.subject == saga.customer_id
         answer = await self.view(saga, with_codes=owner)
-        if not owner:
-            # Staff see the state; the redirect URL and client secret are the buyer's to use only.
-            answer.payment.ClearField("next_action")
-            answer.payment.client_secret = ""
+        found = None
         if caller.role in STAFF_ROLES:  # attempts, last error, trace id: never the customer's
             found = await diagnostics.read(self.pool, saga.id)
-            if found is not None:
-                answer.diagnostics.CopyFrom(found)
-        return answer
+        return dataclasses.replace(answer, for_buyer=owner, diagnostics=found)
 
     # -- CancelCheckout ---------------------------------------------------------------------------
-    async def cancel(self, customer: str, checkout_id: str) -> checkout_pb2.Checkout:
+    async def cancel(self, customer: str, checkout_id: str) -> CheckoutAnswer:
         """The customer's cancel: before the purchase, the hold goes back (nothing was taken or
         the intent is cancelled); a COMPLETED booking is cancelled after purchase."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
@@ -256,7 +248,7 @@ class CheckoutService:
                 return await self.view(saga, payment=payment)
         raise errors.Aborted(f"checkout {checkout_id} kept changing; retry", reason="version-conflict")
 
-    async def cancel_by_staff(self, caller: Principal, checkout_id: str, reason: str) -> checkout_pb2.Checkout:
+    async def cancel_by_staff(self, caller: Principal, checkout_id: str, reason: str) -> CheckoutAnswer:
         """The merchant's staff or admin cancel a COMPLETED booking of their merchant
         (another merchant's: NOT_FOUND) with a full refund and a reason, whenever it starts."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
@@ -311,7 +303,7 @@ class CheckoutService:
 
     # -- RescheduleCheckout ------------------------------------------------------------------------
     async def reschedule(self, caller: Principal, checkout_id: str, slot_id: str, payment_method: str,
-                         key: str) -> checkout_pb2.Checkout:
+                         key: str) -> CheckoutAnswer:
         """Move a COMPLETED booking to another slot of its salon: its customer until the booking's
         free-cancellation cutoff, staff and admins of its merchant at any time (another's: NOT_FOUND).
         The first write (COMPLETED -> RESCHEDULING) is the Idempotency-Key's own statement; the steps
@@ -329,7 +321,7 @@ class CheckoutService:
         if current.kind != domain.BOOKING:
             raise errors.FailedPrecondition(f"checkout {checkout_id} bought codes; only a booking is rescheduled",
                                             reason="not-a-booking")
-        if current.slot_id == slot_id and current.reschedule_slot_id != slot_id:
+        if current.slot_id == slot_id and current.reschedule.slot_id != slot_id:
             # (A retry of the request that moved it there is answered by its key, below.)
             raise _same_slot(slot_id)
         # Checked before anything is held (a slot never changes salon): the same salon and currency.
@@ -337,7 +329,7 @@ class CheckoutService:
         if slot.salon_id != (current.salon_id or "") or slot.price.currency_code != (current.currency or ""):
             raise errors.InvalidArgument("slot_id", f"slot_id must be a slot of the booking's salon {current.salon_id} "
                                                     f"in {current.currency}, got a slot of salon {slot.salon_id}")
-        domain.refuse_unasked_charge(caller.role, new_minor=slot.price.amount_minor,
+        refuse_unasked_charge(caller.role, new_minor=slot.price.amount_minor,
                                      paid_minor=current.amount_minor or 0, currency=current.currency)
         method = domain.reschedule_payment_method(payment_method, current)
         if method is None and slot.price.amount_minor > (current.amount_minor or 0):
@@ -349,18 +341,17 @@ class CheckoutService:
                                       owner=owner, customer=None if staff else caller.subject,
                                       merchant=tenancy.merchant_filter(caller) if staff else None,
                                       lease_seconds=self.lease_seconds)
-        return await self.keys.run(
-            caller.require_subject(), "reschedule", key, h, first,
-            lambda _id, resumed, row: self._reschedule(caller, checkout_id, slot_id, resumed, owner, row),
-            stored_form=views.without_secrets)
+        async with self.keys.claim(caller.require_subject(), "reschedule", key, h, first) as claim:
+            claim.finish(await self._reschedule(caller, checkout_id, slot_id, claim.resumed, owner, claim.row))
+        return claim.answer
 
     async def _reschedule(self, caller: Principal, checkout_id: str, slot_id: str, resumed: bool, owner: str,
-                          row) -> checkout_pb2.Checkout:
+                          row) -> CheckoutAnswer:
         set_span_attributes(checkout_id=checkout_id)
         saga = repo.saga_of_first(row)
         if saga is None:
             current = await self.seen(caller, checkout_id)
-            if resumed and current.reschedule_slot_id == slot_id and current.reschedule_status is not None:
+            if resumed and current.reschedule.slot_id == slot_id and current.reschedule.status is not None:
                 # The retry of a reschedule whose process died: a worker carried it on.
                 return await self.view_for(caller, current)
             raise self._not_reschedulable(current, slot_id)
@@ -391,7 +382,7 @@ class CheckoutService:
             reason="reschedule-deadline-passed")
 
     # -- RetryCheckout (operators) -----------------------------------------------------------------
-    async def retry(self, caller: Principal, operator: str, checkout_id: str) -> checkout_pb2.Checkout:
+    async def retry(self, caller: Principal, operator: str, checkout_id: str) -> CheckoutAnswer:
         """NEEDS_ATTENTION -> the step that kept failing, due now; an admin only
         their merchant's."""
         checkout_id = canonical_uuid("checkout_id", checkout_id)
@@ -404,12 +395,12 @@ class CheckoutService:
                 raise errors.NotFound(f"checkout {checkout_id} not found")
             raise errors.FailedPrecondition(f"only a NEEDS_ATTENTION checkout can be retried; checkout {checkout_id} "
                                             f"is {current.state}", reason="checkout-not-needing-attention")
-        self.core.metrics.operator_retries.inc()
+        self.metrics.operator_retries.inc()
         return await self.view(saga)
 
     # -- ListCheckouts -----------------------------------------------------------------------------
     async def list(self, caller: Principal, filters: domain.ListFilters, page_size: int,
-                   page_token: str) -> checkout_pb2.ListCheckoutsResponse:
+                   page_token: str) -> CheckoutPage:
         """One page, newest first. A customer's own checkouts across merchants (the filters narrow
         only their own); staff and admins their merchant's, filtered in SQL and inside
         tenancy.scoped; the operator every merchant's, each page audited. The token is bound to
@@ -431,13 +422,13 @@ class CheckoutService:
             rows = await repo.Sagas(uow.conn).list(q, after, size + 1)
         page = rows[:size]
         if caller.role == tenancy.OPERATOR_ROLE:
-            await self.core.audit_operator_read(caller, "ListCheckouts",
+            await self.operator_reads.record(caller, "ListCheckouts",
                                                 ",".join(s.id for s, _ in page) or "(none)", None)
-        out = checkout_pb2.ListCheckoutsResponse(checkouts=[views.in_list(s, status) for s, status in page])
+        token = ""
         if len(rows) > size:
             last, _ = page[-1]
-            out.next_page_token = paging.encode_keyset(fingerprint, last.created_at, uuid.UUID(last.id))
-        return out
+            token = paging.encode_keyset(fingerprint, last.created_at, uuid.UUID(last.id))
+        return CheckoutPage(page, token)
 
     # -- helpers (reads) --------------------------------------------------------------------------
     async def _owned(self, customer: str, checkout_id: str) -> Saga:
@@ -446,17 +437,17 @@ class CheckoutService:
             raise errors.NotFound(f"checkout {checkout_id} not found")
         return saga
 
-    async def view(self, saga: Saga, *, with_codes: bool = False, payment=None) -> checkout_pb2.Checkout:
+    async def view(self, saga: Saga, *, with_codes: bool = False, payment=None) -> CheckoutAnswer:
         """The answer, built from the row and the payment as last read (re-read unless the caller
         just read it: a view from before the last transition would be stale)."""
         if saga.payment_id and (payment is None or payment.id != saga.payment_id):
-            payment = await self.core.get(saga.payment_id)
+            payment = await self.payments.get(saga.payment_id)
         elif not saga.payment_id:
             payment = None
         codes: list[tuple[str, str]] = []
         if with_codes and saga.kind == domain.CODES and saga.state == domain.COMPLETED:
             codes = await self.holds.codes.delivered_codes(saga)
-        return views.to_proto(saga, payment, codes)
+        return CheckoutAnswer(saga, payment, tuple(codes))
 
 
 def _pay_within() -> float | None:

@@ -20,7 +20,7 @@ from cutylib.telemetry import current_traceparent
 
 from . import staffbook, views
 from .domain import Saga
-from .idempotency import Replay, request_hash
+from .idempotency import request_hash
 from .service import CheckoutService, new_owner
 
 _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
@@ -107,14 +107,9 @@ class StaffBookings:
         owner = new_owner("staff-create")
         first = (INSERT_STAFF_PENDING, (customer_id, slot_id, owner, self.checkouts.lease_seconds,
                                         current_traceparent(), req.settle, who, req.link_ttl_seconds, merchant))
-        try:
-            answer = await self.checkouts.keys.run(
-                who, "staff-create", key, h, first,
-                lambda checkout_id, _resumed, row: self.checkouts._create(checkout_id, owner, row),
-                stored_form=views.without_secrets)
-        except Replay as replay:
-            raise await self.checkouts._current_action(replay) from None
-        return self.for_staff(answer)
+        async with self.checkouts.keys.claim(who, "staff-create", key, h, first) as claim:  # or Replay
+            claim.finish(await self.checkouts._create(claim.resource_id, owner, claim.row))
+        return self.for_staff(views.checkout_pb(claim.answer))
 
     async def _customer(self, caller: Principal, merchant: str, req: staffbook.StaffRequest) -> str:
         """The checkout's customer: the id given (a guest id must be one of this merchant's guests),
@@ -183,7 +178,7 @@ class StaffBookings:
         return Saga.from_row(row)
 
     async def _answer(self, caller: Principal, saga: Saga) -> checkout_pb2.Checkout:
-        answer = await self.checkouts.view_for(caller, saga)
+        answer = views.checkout_pb(await self.checkouts.view_for(caller, saga))
         # The customer's no-shows at this merchant, for its staff (one index probe).
         async with tenancy.scoped(self.pool, caller) as uow:
             answer.staff_booking.customer_no_shows = await uow.conn.fetchval(

@@ -10,13 +10,16 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
-from cutylib import errors
+from cutylib import crash, errors
 from cutylib.metrics import observe
 
 from ..domain import HOSTED_PAGE
-from . import crash, domain, repository as repo
+from . import domain, repository as repo
 from .domain import Move, Saga, Step
+from .metrics import CheckoutMetrics
+from .ports import Payments
 from .remote import HoldLost, Inventory, Refused, Rejected, Retryable
+from .reschedule import Learned, initiator_role, refuse_unasked_charge
 from .settings import CheckoutOptions
 
 log = logging.getLogger(__name__)
@@ -48,9 +51,10 @@ def _link_method(saga: Saga) -> str | None:
 
 
 class Steps:
-    def __init__(self, holds: Inventory, core, options: CheckoutOptions):
+    def __init__(self, holds: Inventory, payments: Payments, metrics: CheckoutMetrics, options: CheckoutOptions):
         self.holds = holds
-        self.core = core
+        self.payments = payments
+        self.metrics = metrics
         self.options = options
 
     async def perform(self, step: Step, saga: Saga, payment, status: str | None) -> Outcome:
@@ -65,10 +69,10 @@ class Steps:
             if out.payment is not None:
                 span.set_attribute("cuty.payment.id", out.payment.id)
             elapsed = time.perf_counter() - t0
-            observe(self.core.metrics.step_duration.labels(step.value), elapsed)
+            observe(self.metrics.step_duration.labels(step.value), elapsed)
             kind = _COMPENSATIONS.get(step)
             if kind is not None:
-                self.core.metrics.compensations.labels(kind).inc()
+                self.metrics.compensations.labels(kind).inc()
         took = f"{step.value} {1000 * elapsed:.1f}ms"
         return dataclasses.replace(out, note=f"{out.note}; {took}" if out.note else took)
 
@@ -85,12 +89,7 @@ class Steps:
             held = await self._remote(Step.HOLD, self.holds.of(saga).hold(saga))
         except Rejected as rej:
             return Outcome(Move(domain.REJECTED, reason=rej.error.reason), raise_after=rej)
-        return Outcome(Move(domain.HELD), repo.Fields(hold_id=held.hold_id, expire_time=held.expire_time,
-                                                      amount_minor=held.amount_minor, currency=held.currency,
-                                                      merchant_id=held.merchant_id, salon_id=held.salon_id,
-                                                      free_cancellation_hours=held.free_cancellation_hours,
-                                                      cancellation_fee_percent=held.cancellation_fee_percent,
-                                                      start_time=held.start_time))
+        return Outcome(Move(domain.HELD), repo.Fields(held=held))
 
     async def _pay(self, saga: Saga, payment, status) -> Outcome:
         # A one-call checkout, held: HELD -> CHARGING with its payment attempt, the move PayCheckout's
@@ -125,7 +124,7 @@ class Steps:
             # Paid at the desk: confirmed without an online payment, unpaid until staff mark it paid.
             return Outcome(Move(domain.CONFIRMING), note=VENUE_NOTE)
         try:
-            payment = await self._remote(Step.CHARGE, self.core.create_and_charge(
+            payment = await self._remote(Step.CHARGE, self.payments.create_and_charge(
                 checkout_id=saga.id, amount_minor=saga.amount_minor, currency=saga.currency,
                 payment_method=saga.payment_method or _link_method(saga), idempotency_key=saga.payment_key,
                 customer_id=saga.customer_id,
@@ -149,13 +148,13 @@ class Steps:
         return Outcome(Move(domain.COMPLETED))
 
     async def _cancel_payment(self, saga: Saga, payment, status) -> Outcome:
-        payment = await self._remote(Step.CANCEL_PAYMENT, self.core.cancel(saga.payment_id))
+        payment = await self._remote(Step.CANCEL_PAYMENT, self.payments.cancel(saga.payment_id))
         if not payment.terminal:
             raise Retryable(f"payment {payment.id} still {payment.status} after cancel")
         return Outcome(payment=payment)  # the next round releases, or follows late capture
 
     async def _late_capture(self, saga: Saga, payment, status) -> Outcome:
-        self.core.metrics.late_captures.inc()
+        self.metrics.late_captures.inc()
         log.warning("late capture", extra={"checkout_id": saga.id, "outcome": saga.outcome})
         return Outcome(domain.late_capture(saga))
 
@@ -168,7 +167,7 @@ class Steps:
             # A free checkout whose hold was lost: nothing was taken, so nothing goes back but the hold.
             await self._remote(Step.RELEASE, self.holds.of(saga).release(saga))
             return Outcome(Move(domain.REFUNDED), note=f"{FREE_NOTE}: nothing to refund")
-        payment = await self._remote(Step.REFUND, self.core.refund(saga.payment_id, domain.refund_key(saga.id)))
+        payment = await self._remote(Step.REFUND, self.payments.refund(saga.payment_id, domain.refund_key(saga.id)))
         if payment.status != domain.P_REFUNDED:
             raise Retryable(f"payment {payment.id} is {payment.status} after refund")
         # Give back whatever is still held (a cancelled checkout's slot; a no-op when it was lost).
@@ -188,8 +187,8 @@ class Steps:
             # The purchase's payment first, then what reschedules to dearer slots charged (issue 12,
             # item 2), each on a key of its own; a repeat asks each what it asked the first time.
             left = amount
-            for payment_id, remaining, asked in await repo.Sagas(self.core.pool).captured_payments(
-                    saga, domain.cancel_refund_key(saga.id), domain.cancel_refund_key(saga.id) + ":"):
+            for payment_id, remaining, asked in await self.payments.captured_payments(
+                    saga.id, saga.payment_id, domain.cancel_refund_key(saga.id), domain.cancel_refund_key(saga.id) + ":"):
                 take = asked if asked is not None else min(left, remaining)
                 if take <= 0:
                     continue
@@ -197,7 +196,7 @@ class Steps:
                 if payment_id != saga.payment_id:
                     key += f":{payment_id}"
                 crash.point("cancel_refund:before")
-                refunded = await self.core.issue_refund(
+                refunded = await self.payments.issue_refund(
                     saga.merchant_id, payment_id, key, amount_minor=take,
                     currency=None, reason=reason, actor=saga.cancelled_by or "system", codes_delivered_ok=True,
                     note=f"cancel after purchase by {saga.cancelled_by}: {reason}")
@@ -222,46 +221,46 @@ class Steps:
     async def _reschedule_hold(self, saga: Saga, payment, status) -> Outcome:
         try:
             held = await self._remote(Step.RESCHEDULE_HOLD, self.holds.booking.hold_slot(
-                saga.reschedule_slot_id, saga.customer_id, domain.reschedule_key(saga.id, saga.reschedule_seq, "hold")))
+                saga.reschedule.slot_id, saga.customer_id, domain.reschedule_key(saga.id, saga.reschedule.seq, "hold")))
         except (Rejected, Refused) as refused:
             # Taken by another buyer (the database decided; the detail carries the alternatives), or
             # refused: nothing was held, so the booking stays as it is.
             reason = refused.error.reason or type(refused.error).__name__
             return Outcome(Move(domain.COMPLETED, reason=reason), note=f"new slot refused: {reason}",
                            raise_after=Rejected(refused.error))
-        facts = repo.Fields(reschedule_hold_id=held.hold_id, reschedule_amount_minor=held.amount_minor,
-                            reschedule_start_time=held.start_time, reschedule_expire_time=held.expire_time)
+        facts = repo.Fields(reschedule=Learned(hold_id=held.hold_id, amount_minor=held.amount_minor,
+                                               start_time=held.start_time, expire_time=held.expire_time))
         if (held.merchant_id, held.salon_id, held.currency) != (saga.merchant_id, saga.salon_id, saga.currency):
             # RescheduleCheckout checked the slot's salon first; a slot never changes salon.
             return Outcome(Move(domain.RESCHEDULE_REVERTING, reason="slot-of-another-salon"), facts)
-        difference = held.amount_minor - (saga.reschedule_from_amount_minor or 0)
+        difference = held.amount_minor - (saga.reschedule.from_amount_minor or 0)
         state = domain.RESCHEDULING if difference > 0 else domain.RESCHEDULE_CONFIRMING
         return Outcome(Move(state), facts, note=f"new hold {held.hold_id}, difference {difference:+d} minor units")
 
     async def _reschedule_charge(self, saga: Saga, payment, status) -> Outcome:
-        difference = saga.reschedule_difference or 0
+        difference = saga.reschedule.difference or 0
         if difference <= 0:
             return Outcome(Move(domain.RESCHEDULE_CONFIRMING))
         try:
             # The request checked the slot's price; this is the price held, just before the charge.
-            domain.refuse_unasked_charge(domain.initiator_role(saga.rescheduled_by),
-                                         new_minor=saga.reschedule_amount_minor or 0,
-                                         paid_minor=saga.reschedule_from_amount_minor or 0, currency=saga.currency)
+            refuse_unasked_charge(initiator_role(saga.reschedule.by),
+                                         new_minor=saga.reschedule.amount_minor or 0,
+                                         paid_minor=saga.reschedule.from_amount_minor or 0, currency=saga.currency)
         except errors.FailedPrecondition as refused:
             log.warning("reschedule charge not started by the customer; undoing",
-                        extra={"checkout_id": saga.id, "rescheduled_by": saga.rescheduled_by})
+                        extra={"checkout_id": saga.id, "rescheduled_by": saga.reschedule.by})
             return Outcome(Move(domain.RESCHEDULE_REVERTING, reason=refused.reason))
         try:
-            payment = await self._remote(Step.RESCHEDULE_CHARGE, self.core.create_and_charge(
+            payment = await self._remote(Step.RESCHEDULE_CHARGE, self.payments.create_and_charge(
                 checkout_id=saga.id, amount_minor=difference, currency=saga.currency,
-                payment_method=saga.reschedule_payment_method or "",
-                idempotency_key=domain.reschedule_key(saga.id, saga.reschedule_seq, "payment"),
+                payment_method=saga.reschedule.payment_method or "",
+                idempotency_key=domain.reschedule_key(saga.id, saga.reschedule.seq, "payment"),
                 customer_id=saga.customer_id, merchant_id=saga.merchant_id))
         except (errors.InvalidArgument, errors.FailedPrecondition) as refused:
             log.warning("reschedule payment refused", extra={"checkout_id": saga.id, "error": refused.message})
             return Outcome(Move(domain.RESCHEDULE_REVERTING, reason="payment-refused"))
         # Recorded at once (the same state): a wake-up for this payment finds the saga watching it.
-        return Outcome(Move(domain.RESCHEDULING), repo.Fields(reschedule_payment_id=payment.id), payment=payment,
+        return Outcome(Move(domain.RESCHEDULING), repo.Fields(reschedule=Learned(payment_id=payment.id)), payment=payment,
                        note=f"difference charged: payment {payment.id} {payment.status}")
 
     async def _reschedule_observe(self, saga: Saga, payment, status) -> Outcome:
@@ -270,7 +269,7 @@ class Steps:
     async def _reschedule_confirm(self, saga: Saga, payment, status) -> Outcome:
         crash.point("reschedule_confirm:before")
         try:
-            await self.holds.booking.confirm(saga, saga.reschedule_hold_id)
+            await self.holds.booking.confirm(saga, saga.reschedule.hold_id)
         except HoldLost as lost:
             log.warning("new hold lost before confirm; undoing the reschedule",
                         extra={"checkout_id": saga.id, "detail": str(lost)})
@@ -279,15 +278,15 @@ class Steps:
         crash.point("reschedule_release:before")
         await self.holds.booking.cancel_booking(saga)  # the old booking (hold_id until the swap)
         crash.point("reschedule_release:after")
-        difference = saga.reschedule_difference or 0
-        note = f"rescheduled from slot {saga.slot_id} to {saga.reschedule_slot_id}"
+        difference = saga.reschedule.difference or 0
+        note = f"rescheduled from slot {saga.slot_id} to {saga.reschedule.slot_id}"
         if difference < 0 and saga.payment_id is not None:
             crash.point("reschedule_refund:before")
-            refund = await self.core.issue_refund(
-                saga.merchant_id, saga.payment_id, domain.reschedule_key(saga.id, saga.reschedule_seq, "refund"),
+            refund = await self.payments.issue_refund(
+                saga.merchant_id, saga.payment_id, domain.reschedule_key(saga.id, saga.reschedule.seq, "refund"),
                 amount_minor=-difference, currency=None, reason="rescheduled to a cheaper slot",
-                actor=saga.rescheduled_by or "system", codes_delivered_ok=True,
-                note=f"reschedule #{saga.reschedule_seq}: difference refunded")
+                actor=saga.reschedule.by or "system", codes_delivered_ok=True,
+                note=f"reschedule #{saga.reschedule.seq}: difference refunded")
             crash.point("reschedule_refund:after")
             if refund.status != "succeeded":
                 raise Retryable(f"refund {refund.id} of checkout {saga.id} is {refund.status}")
@@ -299,21 +298,21 @@ class Steps:
     async def _reschedule_revert(self, saga: Saga, payment, status) -> Outcome:
         """Compensation: the difference's payment cancelled (or refunded when it was captured, even
         late), then the new hold released; the booking stays as it was."""
-        if saga.reschedule_payment_id is not None:
-            if payment is None or payment.id != saga.reschedule_payment_id:
-                payment = await self.core.get(saga.reschedule_payment_id)
+        if saga.reschedule.payment_id is not None:
+            if payment is None or payment.id != saga.reschedule.payment_id:
+                payment = await self.payments.get(saga.reschedule.payment_id)
             if not payment.terminal:
-                payment = await self._remote(Step.RESCHEDULE_REVERT, self.core.cancel(payment.id))
+                payment = await self._remote(Step.RESCHEDULE_REVERT, self.payments.cancel(payment.id))
                 if not payment.terminal:
                     raise Retryable(f"payment {payment.id} still {payment.status} after cancel")
             if payment.status in (domain.P_SUCCEEDED, domain.P_PARTIALLY_REFUNDED):
-                payment = await self.core.refund(payment.id, domain.reschedule_key(
-                    saga.id, saga.reschedule_seq, "revert-refund"), note="reschedule undone: difference refunded")
+                payment = await self.payments.refund(payment.id, domain.reschedule_key(
+                    saga.id, saga.reschedule.seq, "revert-refund"), note="reschedule undone: difference refunded")
                 if payment.status != domain.P_REFUNDED:
                     raise Retryable(f"payment {payment.id} is {payment.status} after refund")
-        if saga.reschedule_hold_id is not None:
+        if saga.reschedule.hold_id is not None:
             crash.point("reschedule_unhold:before")
-            await self.holds.booking.release(saga, saga.reschedule_hold_id)
+            await self.holds.booking.release(saga, saga.reschedule.hold_id)
             crash.point("reschedule_unhold:after")
         return Outcome(Move(domain.COMPLETED), payment=payment,
-                       note=f"reschedule undone ({saga.reschedule_failure or 'abandoned'})")
+                       note=f"reschedule undone ({saga.reschedule.failure or 'abandoned'})")

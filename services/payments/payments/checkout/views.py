@@ -1,4 +1,6 @@
-"""What callers are told about a checkout: built from the saga row and the payment as re-read.
+"""What callers are told about a checkout, as protos: built from the use cases' answers
+(checkout/answers.py: the saga row and the payment as re-read), for the gRPC API and the replays
+its Idempotency-Keys store.
 
 The customer action (redirect URL / client secret) appears only while the checkout waits for the
 customer (AWAITING_ACTION) and the payment still requires the action (docs/architecture.md, invariant
@@ -6,17 +8,16 @@ customer (AWAITING_ACTION) and the payment still requires the action (docs/archi
 completed code purchase (the caller decides `codes`)."""
 from __future__ import annotations
 
-
-
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2, payments_pb2
 from cutylib.timestamps import to_timestamp
 
 from . import domain, staffbook
+from .answers import CheckoutAnswer, CheckoutPage, Diagnostics
 from .domain import Saga
 
-# Enum values carry their type's prefix (issue 10, item 14; protobuf style): the row's HELD is the
-# proto's CHECKOUT_STATE_HELD.
+# Enum values carry their type's prefix (protobuf style): the row's HELD is the proto's
+# CHECKOUT_STATE_HELD.
 STATE_PREFIX = "CHECKOUT_STATE_"
 _KIND = {domain.BOOKING: checkout_pb2.CHECKOUT_KIND_BOOKING, domain.CODES: checkout_pb2.CHECKOUT_KIND_CODES}
 
@@ -48,15 +49,15 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
                                                   amount_minor=saga.refund_amount_minor))
         c.cancelled_by = saga.cancelled_by or ""
         c.cancel_reason = saga.cancel_reason or ""
-    if saga.reschedule_status is not None:
+    if saga.reschedule.status is not None:
         r = c.reschedule
-        r.status, r.slot_id = saga.reschedule_status, saga.reschedule_slot_id or ""
-        r.previous_slot_id = saga.reschedule_from_slot_id or ""
-        r.payment_id, r.failure_reason = saga.reschedule_payment_id or "", saga.reschedule_failure
-        r.rescheduled_by, r.count = saga.rescheduled_by or "", saga.reschedules
-        if saga.reschedule_status == "rescheduled":
-            r.slot_id, r.previous_slot_id = saga.slot_id or "", saga.reschedule_from_slot_id or ""
-        difference = saga.reschedule_difference
+        r.status, r.slot_id = saga.reschedule.status, saga.reschedule.slot_id or ""
+        r.previous_slot_id = saga.reschedule.from_slot_id or ""
+        r.payment_id, r.failure_reason = saga.reschedule.payment_id or "", saga.reschedule.failure
+        r.rescheduled_by, r.count = saga.reschedule.by or "", saga.reschedule.count
+        if saga.reschedule.status == "rescheduled":
+            r.slot_id, r.previous_slot_id = saga.slot_id or "", saga.reschedule.from_slot_id or ""
+        difference = saga.reschedule.difference
         if difference is not None:
             r.difference.CopyFrom(common_pb2.Money(currency_code=saga.currency or "", amount_minor=difference))
     if saga.amount_minor is not None:
@@ -102,8 +103,37 @@ def _staff_booking(c: checkout_pb2.Checkout, saga: Saga, payment) -> None:
         b.no_show_by = saga.no_show_by or ""
 
 
+def checkout_pb(answer: CheckoutAnswer) -> checkout_pb2.Checkout:
+    """A use case's answer as the API gives it."""
+    c = to_proto(answer.saga, answer.payment, answer.codes)
+    if not answer.for_buyer:
+        # Staff see the state; the redirect URL and client secret are the buyer's to use only.
+        c.payment.ClearField("next_action")
+        c.payment.client_secret = ""
+    if answer.diagnostics is not None:  # attempts, last error, trace id: never the customer's
+        c.diagnostics.CopyFrom(diagnostics_pb(answer.diagnostics))
+    return c
+
+
+def diagnostics_pb(d: Diagnostics) -> checkout_pb2.CheckoutDiagnostics:
+    return checkout_pb2.CheckoutDiagnostics(
+        attempts=d.attempts, last_error=d.last_error, failing_since=to_timestamp(d.failing_since),
+        attention_from=d.attention_from, trace_id=d.trace_id, update_time=to_timestamp(d.updated_at),
+        version=d.version)
+
+
+def page_pb(page: CheckoutPage) -> checkout_pb2.ListCheckoutsResponse:
+    return checkout_pb2.ListCheckoutsResponse(checkouts=[in_list(s, status) for s, status in page.checkouts],
+                                              next_page_token=page.next_page_token)
+
+
+def stored(answer: CheckoutAnswer) -> bytes:
+    """What an Idempotency-Key keeps of an answer for its replays: the proto without secrets."""
+    return without_secrets(checkout_pb(answer)).SerializeToString()
+
+
 def in_list(saga: Saga, payment_status: str | None) -> checkout_pb2.Checkout:
-    """A checkout as a list shows it (issue 12): the state, amounts and ids, the payment's id and
+    """A checkout as a list shows it: the state, amounts and ids, the payment's id and
     status, never a client secret, redirect URL or code value (GetCheckout has them for the buyer)."""
     c = to_proto(saga)
     if saga.payment_id and payment_status:
@@ -113,7 +143,7 @@ def in_list(saga: Saga, payment_status: str | None) -> checkout_pb2.Checkout:
 
 
 def without_secrets(c: checkout_pb2.Checkout) -> checkout_pb2.Checkout:
-    """The answer as stored for Idempotency-Key replays (issue 10): no client secret, no redirect
+    """The answer as stored for Idempotency-Key replays: no client secret, no redirect
     URL, no code values. Kept for 24 h, it must not hand out the action after the payment ended
     (invariant 6); `with_current_action` puts the action back while it is still needed."""
     out = checkout_pb2.Checkout()

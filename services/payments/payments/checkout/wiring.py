@@ -1,14 +1,18 @@
-"""How the checkout saga plugs into the payments server (payments/bootstrap.py calls `register`)."""
+"""How the checkout saga plugs into the payments server (payments/bootstrap.py calls `register`):
+the composition root of the saga, the one place that knows the payments core concretely and hands
+it to the saga as its `ports.Payments` and `metrics.CheckoutMetrics`."""
 from __future__ import annotations
 
 from cuty.booking.v1 import booking_pb2_grpc
 from cuty.codepool.v1 import codepool_pb2_grpc
 from cuty.payments.v1 import checkout_pb2, checkout_pb2_grpc
+from cutylib import crash
 from cutylib.config import grpc_addr_for
 from cutylib.grpc_client import create_channel
 from cutylib.tls import BOOKING, CODEPOOL, PAYMENTS, Transport
 
-from . import crash
+from ..service import PaymentsCore
+from . import views
 from .engine import Engine
 from .grpc_api import CALLERS, CheckoutApi
 from .idempotency import IdempotencyStore
@@ -22,7 +26,7 @@ from .workers import SagaWorker
 SERVICE = checkout_pb2.DESCRIPTOR.services_by_name["CheckoutService"]
 
 
-def build(settings, pool, core, *, options: CheckoutOptions | None = None, booking_stub=None, codepool_stub=None,
+def build(settings, pool, core: PaymentsCore, *, options: CheckoutOptions | None = None, booking_stub=None, codepool_stub=None,
           transport: Transport | None = None):
     """The saga's parts, with stubs given (tests: fakes) or channels to CUTY_BOOKING_ADDR /
     CUTY_CODEPOOL_ADDR. Returns (service, engine, worker, channels)."""
@@ -42,15 +46,15 @@ def build(settings, pool, core, *, options: CheckoutOptions | None = None, booki
         codepool_stub = codepool_pb2_grpc.CodePoolServiceStub(ch)
     lease = float(settings.lease_seconds)
     holds = Inventory(booking_stub, codepool_stub)
-    engine = Engine(pool, holds, core, options, lease)
-    keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds)
-    service = CheckoutService(pool, engine, holds, core, keys, lease, Watchers(pool, options))
+    engine = Engine(pool, holds, core, core.metrics, options, lease)
+    keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds, views.stored)
+    service = CheckoutService(pool, engine, holds, core, core.metrics, keys, lease, Watchers(pool, options))
     service.staff = StaffBookings(service, options.link_ttl_seconds)
     worker = SagaWorker(pool, engine, keys, options, lease, f"saga:{core.worker_id}")
     return service, engine, worker, channels
 
 
-def register(server, settings, pool, core) -> None:
+def register(server, settings, pool, core: PaymentsCore) -> None:
     """Register CheckoutService and the saga workers on `server` (a cutylib GrpcServer)."""
     options = CheckoutOptions()
     crash.configure(options.crash_at)
@@ -61,7 +65,7 @@ def register(server, settings, pool, core) -> None:
     # One LISTEN connection per process for WatchCheckout's streams (checkout/live.py).
     server.add_background(service.watchers.run)
     # A payment's status change wakes its saga in the database (trigger payments_wake_checkout), not
-    # through core.
+    # through the core.
 
     async def close_channels() -> None:
         for ch in channels:

@@ -28,7 +28,7 @@ from cutylib.errors import FailedPrecondition, NotFound, Unavailable
 from cutylib.principal import Principal
 from cutylib.telemetry import quiet
 
-from ..checkout import crash
+from cutylib import crash
 
 log = logging.getLogger("payments.claims")
 

@@ -31,7 +31,7 @@ from cutylib.config import env_float
 from cutylib.periodic import TRANSIENT, periodic
 from cutylib.telemetry import quiet
 
-from ..checkout import crash
+from cutylib import crash
 from ..evidence import evidence
 from ..psp import PspError, PspUnavailable
 
@@ -66,8 +66,8 @@ WITH d AS (
     WHERE merchant_id = $1 AND id = $2 AND evidence IS NULL
     RETURNING *
 ), e AS (
-    INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, note)
-    SELECT d.payment_id, d.checkout_id, 'dispute', 'dispute.needs_response', 'dispute.' || d.status,
+    INSERT INTO payment_events (payment_id, checkout_id, merchant_id, source, from_status, to_status, note)
+    SELECT d.payment_id, d.checkout_id, d.merchant_id, 'dispute', 'dispute.needs_response', 'dispute.' || d.status,
            'evidence submitted for ' || d.psp_dispute_id || ': ' || $5::text
     FROM d
 )

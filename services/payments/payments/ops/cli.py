@@ -1,0 +1,115 @@
+"""The operator's view: `python -m payments ops <command>`, run in a payments pod.
+
+The command line: its arguments, the database pool, the answers and exit codes (the commands are
+described in the package's docstring, payments/ops/__init__.py)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+import asyncpg
+
+from .actions import refund, retry
+from .queries import jsonable, story, stuck
+from .render import render, render_stuck
+
+DEFAULT_STUCK_SECONDS = 60.0
+
+
+async def _connect():
+    from cutylib.config import database_url_for
+    from cutylib.db import ALL_MERCHANTS, create_pool
+
+    # The operator's commands act on any merchant's checkout (each names the one it acts on).
+    return await create_pool(database_url_for("payments"), min_size=1, max_size=2,
+                             application_name="cuty-payments-ops", merchant=ALL_MERCHANTS)
+
+
+def _dump(data) -> str:
+    return json.dumps(data, indent=2, default=jsonable)
+
+
+async def _run(args) -> int:
+    import grpc
+
+    from ..operator import clean_name
+
+    pool = await _connect()
+    try:
+        if args.command == "story":
+            found = await story(pool, args.id)
+            if args.json:
+                print(_dump([s.to_json() for s in found]))
+            else:
+                print("\n\n".join(render(s) for s in found) if found else
+                      f"nothing found for {args.id!r} (tried: checkout id, payment id, PSP intent id, "
+                      "payment attempt id, checkout Idempotency-Key)")
+            return 0 if found else 1
+        if args.command == "stuck":
+            rows = await stuck(pool, args.older_than, args.limit)
+            print(_dump(rows) if args.json else render_stuck(rows, args.older_than))
+            return 0
+        by = clean_name(args.by)
+        try:
+            if args.command == "retry":
+                c = await retry(args.addr, args.id, by)
+                from cuty.payments.v1 import checkout_pb2
+                print(f"checkout {c.id} is {checkout_pb2.CheckoutState.Name(c.state)} again, due now "
+                      f"(recorded as retried by ops:{by}); follow it with: python -m payments ops story {c.id}")
+                return 0
+            from cuty.payments.v1 import payments_pb2
+            checkout_id, p = await refund(args.addr, pool, args.id, by, args.reason, args.force)
+            print(f"payment {p.id} is {payments_pb2.PaymentStatus.Name(p.status)} (recorded as refund requested "
+                  f"by ops:{by})")
+            if checkout_id:
+                print(f"if checkout {checkout_id} is NEEDS_ATTENTION, `python -m payments ops retry {checkout_id} "
+                      f"--by {by}` lets the saga finish (it finds the refund done)")
+            return 0
+        except grpc.aio.AioRpcError as e:
+            print(f"{e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+        except (LookupError, PermissionError) as e:
+            print(f"refused: {e}", file=sys.stderr)
+            return 2
+    finally:
+        await pool.close()
+
+
+def main(argv: list[str]) -> int:
+    from cutylib.config import grpc_addr_for
+    from cutylib.errors import DomainError
+
+    parser = argparse.ArgumentParser(prog="python -m payments ops", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("story", help="everything about one checkout / payment, whichever id you have")
+    st.add_argument("id", help="checkout id, payment id, PSP intent id (pi_...), payment attempt id or "
+                               "a checkout Idempotency-Key")
+    st.add_argument("--json", action="store_true", help="machine-readable")
+    sk = sub.add_parser("stuck", help="checkouts in a non-terminal state (NEEDS_ATTENTION included) for too long")
+    sk.add_argument("--older-than", type=float, default=DEFAULT_STUCK_SECONDS, metavar="SECONDS",
+                    help=f"in their state for longer than this (default {DEFAULT_STUCK_SECONDS:g})")
+    sk.add_argument("--limit", type=int, default=200)
+    sk.add_argument("--json", action="store_true")
+    addr = grpc_addr_for("payments")
+    rt = sub.add_parser("retry", help="put a NEEDS_ATTENTION checkout back to the step that kept failing")
+    rt.add_argument("id", help="checkout id")
+    rt.add_argument("--by", required=True, help="who is doing this (recorded in the timeline)")
+    rt.add_argument("--addr", default=addr, help=f"payments gRPC address (default {addr})")
+    rf = sub.add_parser("refund", help="refund a captured payment in full (idempotent)")
+    rf.add_argument("id", help="payment id")
+    rf.add_argument("--by", required=True, help="who is doing this (recorded in the timeline)")
+    rf.add_argument("--reason", default="", help="why (recorded in the timeline)")
+    rf.add_argument("--force", action="store_true", help="also when the checkout is not refunding "
+                                                         "(e.g. a completed booking given back as a goodwill refund)")
+    rf.add_argument("--addr", default=addr, help=f"payments gRPC address (default {addr})")
+    args = parser.parse_args(argv)
+    try:
+        return asyncio.run(_run(args))
+    except DomainError as e:
+        print(f"{e.code.name}{f' ({e.field})' if e.field else ''}: {e.message}", file=sys.stderr)
+        return 2
+    except (OSError, asyncpg.PostgresError) as e:
+        print(f"cannot reach the payments database: {e}", file=sys.stderr)
+        return 1
