@@ -93,6 +93,10 @@ def test_the_schedule_staff_booking_and_claim_requests_carry_their_rules():
     assert _fields(week) == ["intervals[0].weekday", "intervals[0].closes"]
     assert _fields(booking_pb2.SetBookingSettingsRequest(salon_id=ID, time_step_minutes=7)) == ["time_step_minutes"]
     assert _fields(booking_pb2.SetHoursOverrideRequest(salon_id=ID, day="2026-13-01")) == ["day"]
+    assert _fields(booking_pb2.SetHoursOverrideRequest(salon_id=ID, day="0000-01-01")) == ["day"]
+    late = booking_pb2.SetHoursOverrideRequest(salon_id=ID, day="2026-03-09", intervals=[
+        booking_pb2.TimeInterval(opens="24:00", closes="24:00")])  # a day may close at 24:00, not open then
+    assert _fields(late) == ["intervals[0].opens"]
     assert _fields(booking_pb2.GetAvailabilityRequest(salon_id=ID, service_id=ID, start_day="2026-03-09",
                                                       page_size=2001)) == ["page_size"]
     assert _fields(booking_pb2.CreateServiceRequest(salon_id=ID, name="Cut", duration_minutes=4,
