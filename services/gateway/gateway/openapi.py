@@ -66,9 +66,11 @@ FORWARDED_HEADERS = {"last-event-id": {"type": "string", "pattern": "^[0-9]{1,18
 
 REQUEST_TIMEOUT = {
     "name": "Request-Timeout", "in": "header", "required": False,
-    # Above 0 and at most 3600 (app._request_timeout), as a pattern: 0.001 .. 3599.999..., or 3600(.000).
+    # Above 0 and at most 3600 in at most 32 characters (app._request_timeout), as a pattern:
+    # 0.001 .. 3599.999..., or 3600(.000).
     "schema": {"type": "string", "pattern": r"^0*(([1-9][0-9]{0,2}|[1-2][0-9]{3}|3[0-5][0-9]{2})(\.[0-9]*)?"
-                                            r"|0?\.[0-9]*[1-9][0-9]*|3600(\.0*)?)$", "example": "2.5"},
+                                            r"|0?\.[0-9]*[1-9][0-9]*|3600(\.0*)?)$", "maxLength": 32,  # the parser's limit
+               "example": "2.5"},
     "description": "How long the client will wait, in seconds (a decimal above 0, at most 3600): the call's deadline "
                    "is the lesser of this and the route's own limit (reads 5 s, writes 10 s, writes that may wait on "
                    "the payment provider 15 s), less the time the request already spent in the gateway. Anything "
