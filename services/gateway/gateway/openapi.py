@@ -19,9 +19,12 @@ _SCALARS = {
     _T.TYPE_UINT32: {"type": "integer", "format": "int64", "minimum": 0},
     _T.TYPE_FIXED32: {"type": "integer", "format": "int64", "minimum": 0},
     # proto3 JSON writes 64-bit integers as strings (JavaScript numbers lose precision past 2^53).
-    _T.TYPE_INT64: {"type": "string", "format": "int64"}, _T.TYPE_SINT64: {"type": "string", "format": "int64"},
-    _T.TYPE_SFIXED64: {"type": "string", "format": "int64"},
-    _T.TYPE_UINT64: {"type": "string", "format": "uint64"}, _T.TYPE_FIXED64: {"type": "string", "format": "uint64"},
+    # 64-bit integers are decimal strings in proto3 JSON; the pattern says so (a format alone admits any string)
+    _T.TYPE_INT64: {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$"},
+    _T.TYPE_SINT64: {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$"},
+    _T.TYPE_SFIXED64: {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$"},
+    _T.TYPE_UINT64: {"type": "string", "format": "uint64", "pattern": "^[0-9]{1,20}$"},
+    _T.TYPE_FIXED64: {"type": "string", "format": "uint64", "pattern": "^[0-9]{1,20}$"},
 }
 _WKT = {
     "google.protobuf.Timestamp": {"type": "string", "format": "date-time",

@@ -28,7 +28,7 @@ def test_every_route_is_documented(routes):
     assert {p["name"] for p in agenda["parameters"]} == {"salon_id", "day", "includeHeld", "pageSize", "pageToken",
                                                           "Request-Timeout"}
     money = doc["components"]["schemas"]["cuty.common.v1.Money"]["properties"]
-    assert money["amountMinor"] == {"type": "string", "format": "int64", "default": "0"}
+    assert money["amountMinor"] == {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$", "default": "0"}
     # the path variable is not repeated in the request body schema
     pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(pay["properties"]) == {"paymentMethod"}
