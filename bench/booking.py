@@ -174,7 +174,7 @@ class Server:
         self.catalog_md = gateway.metadata()
         return Clients([booking_pb2_grpc.BookingServiceStub(c) for c in self.channels[:CHANNELS]],
                        booking_pb2_grpc.BookingServiceStub(self.channels[-1]), saga.metadata(),
-                       admin=user("bench-admin", "admin", pki=self.pki) + gateway.metadata())
+                       admin=user("bench-admin", "admin", service="booking", pki=self.pki) + gateway.metadata())
 
     async def __aexit__(self, *exc) -> None:
         for c in self.channels:

@@ -62,7 +62,7 @@ EVENT = "INSERT INTO floor_events (id, payload) VALUES ($1, $2) ON CONFLICT DO N
 async def peer(grpc_port: int, http_port: int) -> None:
     from aiohttp import web
 
-    from booking.grpc_api import CALLERS
+    from booking.grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES
     from cuty.booking.v1 import booking_pb2 as bpb, booking_pb2_grpc
     from cuty.common.v1 import common_pb2
     from cutylib.grpc_server import GrpcServer
@@ -82,7 +82,7 @@ async def peer(grpc_port: int, http_port: int) -> None:
 
     server = GrpcServer("booking", grpc_port, host="127.0.0.1")
     booking_pb2_grpc.add_BookingServiceServicer_to_server(Booking(), server.server)
-    server.add_service(bpb.DESCRIPTOR.services_by_name["BookingService"], CALLERS)
+    server.add_service(bpb.DESCRIPTOR.services_by_name["BookingService"], CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     await server.start()
 
     async def intent(request: web.Request) -> web.Response:
@@ -119,8 +119,9 @@ async def floor(port: int, dsn: str, booking_addr: str, psp_url: str, statements
     from cutylib.grpc_client import create_channel
     from cutylib.grpc_server import GrpcServer
     from cutylib.tls import Transport
-    from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS
-    from payments.grpc_api import CALLERS as PAYMENT_CALLERS
+    from payments.checkout.grpc_api import CALLERS as CHECKOUT_CALLERS, SYSTEM_RPCS as CHECKOUT_SYSTEM, \
+        USER_ROLES as CHECKOUT_ROLES
+    from payments.grpc_api import CALLERS as PAYMENT_CALLERS, SYSTEM_RPCS as PAYMENT_SYSTEM, USER_ROLES as PAYMENT_ROLES
     from payments.psp import PspClient
 
     pool = await asyncpg.create_pool(dsn, min_size=4, max_size=40) if statements else NoStatements()
@@ -167,8 +168,10 @@ async def floor(port: int, dsn: str, booking_addr: str, psp_url: str, statements
     server = GrpcServer("payments", port, host="127.0.0.1")
     checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(Checkouts(), server.server)
     payments_pb2_grpc.add_PaymentServiceServicer_to_server(Payments(), server.server)
-    server.add_service(cpb.DESCRIPTOR.services_by_name["CheckoutService"], CHECKOUT_CALLERS)
-    server.add_service(ppb.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS)
+    server.add_service(cpb.DESCRIPTOR.services_by_name["CheckoutService"], CHECKOUT_CALLERS,
+                       system=CHECKOUT_SYSTEM, roles=CHECKOUT_ROLES)
+    server.add_service(ppb.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS,
+                       system=PAYMENT_SYSTEM, roles=PAYMENT_ROLES)
     await server.start()
     await asyncio.Event().wait()
 

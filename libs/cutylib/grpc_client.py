@@ -1,4 +1,4 @@
-"""Client channels: mutual TLS as this process's identity, default deadlines, the user forwarded.
+"""Client channels: mutual TLS as this process's identity, default deadlines.
 
 The defaults are added by wrapping the channel's multicallables, not by a grpc.aio client
 interceptor: an intercepted call runs as an extra task with its own call object around the real
@@ -15,8 +15,7 @@ import logging
 
 import grpc
 
-from . import deadlines, principal, telemetry
-from .identity import ASSERTION_KEY
+from . import deadlines, telemetry
 from .tls import Transport
 
 log = logging.getLogger(__name__)
@@ -24,9 +23,9 @@ RETIRE_GRACE_SECONDS = 30.0
 
 
 class _Defaults:
-    """Give every call a deadline and forward the current user's signed assertion, unchanged.
-
-    Work done as `system` (the saga) forwards no user: the callee then sees only this service.
+    """Give every call a deadline. No user travels with it: only the gateway brings users, with an
+    assertion signed for the one service it calls (cutylib.identity), so a service's onward calls
+    are its own (`system`, where the callee grants that RPC to it; docs/security.md).
     `deadline` is None for streamed answers (a watch lives as long as its caller wants).
     A call made while serving an RPC with a deadline (cutylib.deadlines) gets at most the time that
     RPC has left: min(the call's own timeout or the default, the time left), so the callee stops
@@ -48,9 +47,6 @@ class _Defaults:
             self._call = getattr(self._owner.current, self._kind)(*self._args, **self._kwargs)
         md = list(metadata or ())
         md.extend(self._declared)
-        assertion = principal.current().assertion
-        if assertion and not any(k == ASSERTION_KEY for k, _ in md):
-            md.append((ASSERTION_KEY, assertion))
         if telemetry.propagating_by_hand() and not any(k == "traceparent" for k, _ in md):
             md.extend(telemetry.inject_metadata())
         if timeout is None:

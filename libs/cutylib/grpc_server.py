@@ -19,7 +19,7 @@ from .grpc_errors import status_for_exception
 from .grpc_metrics import GrpcMetricsInterceptor, WrappedHandlers, rewrap, stream_of
 from .metrics import metrics_enabled
 from .identity import ASSERTION_KEY, AssertionVerifier
-from .tls import Transport, peer_service
+from .tls import GATEWAY, Transport, peer_service
 
 log = logging.getLogger(__name__)
 
@@ -31,44 +31,81 @@ _OPEN_SERVICES = (health.SERVICE_NAME, reflection.SERVICE_NAME)
 
 
 class Trust:
-    """Who may call what on one server: the per-RPC caller tables (failing closed), the user
-    assertion verifier, and which peers act as `system` without a user (payments and itself)."""
+    """Who may call what on one server, failing closed: per RPC, the services whose certificates may
+    call it (`callers`), whether a service other than the gateway acts there as `system`
+    (`system`), and which user roles the gateway may bring (`roles`); the user assertion verifier
+    (assertions for this server alone: `cuty-<name>`).
+
+    - A user comes only from the gateway: an assertion from any other peer is refused, whatever
+      its signature (a service forwards no user; an intruder in one service cannot replay one).
+    - `system` is granted per RPC: a peer other than the gateway, listed for the RPC, calling
+      without a user, is `system` where the RPC is in `system`, and refused elsewhere.
+    - The gateway without a user is `anonymous` (every role check refuses it; the PSP's webhook
+      and health need none)."""
 
     def __init__(self, name: str, verifier: AssertionVerifier | None = None):
         self.name = name
-        self.system_peers = frozenset({"payments", name})
         self.allowed: dict[str, frozenset[str]] = {}
+        self.system: set[str] = set()
+        self.roles: dict[str, frozenset[str]] = {}
         self._verifier = verifier
 
     @property
     def verifier(self) -> AssertionVerifier:
         if self._verifier is None:
-            self._verifier = AssertionVerifier.from_env()
+            self._verifier = AssertionVerifier.from_env(self.name)
         return self._verifier
 
-    def add(self, service: ServiceDescriptor, callers: Callers) -> None:
+    def add(self, service: ServiceDescriptor, callers: Callers, *, system: Iterable[str] = (),
+            roles: Iterable[str] = principal.USER_ROLES) -> None:
         methods = {m.name for m in service.methods}
         missing, unknown = methods - set(callers), set(callers) - methods
         if missing or unknown:
             raise ValueError(f"caller table of {service.full_name} must name every RPC once: "
                              f"missing {sorted(missing)}, unknown {sorted(unknown)}")
+        system = set(system)
+        if system - methods:
+            raise ValueError(f"system RPCs of {service.full_name} that it does not have: {sorted(system - methods)}")
+        roles = frozenset(roles)
+        if roles - set(principal.USER_ROLES):
+            raise ValueError(f"user roles of {service.full_name} that no user has: {sorted(roles - set(principal.USER_ROLES))}")
         for method, who in callers.items():
-            self.allowed[f"/{service.full_name}/{method}"] = frozenset(who)
+            path = f"/{service.full_name}/{method}"
+            self.allowed[path] = frozenset(who)
+            self.roles[path] = roles
+            if method in system:
+                self.system.add(path)
 
     def principal(self, method: str, context, metadata) -> principal.Principal:
         """The caller of `method`, or a PERMISSION_DENIED / UNAUTHENTICATED error."""
         peer = peer_service(context, metadata)
         if method.startswith(_OPEN_PREFIXES):
-            return principal.SYSTEM if peer in self.system_peers else principal.ANONYMOUS
+            return principal.ANONYMOUS
         allowed = self.allowed.get(method, frozenset())
         if peer is None or peer not in allowed:
-            log.warning("caller refused", extra={"rpc": method, "peer": peer or "(unknown)",
-                                                 "address": context.peer(), "allowed": ",".join(sorted(allowed))})
+            self._refused(method, context, peer, "not in the caller table")
             raise PermissionDenied(f"service {peer or '(unknown)'!r} may not call {method}")
         assertion = principal.metadata_value(metadata, ASSERTION_KEY)
         if assertion:
-            return self.verifier.verify(assertion)
-        return principal.SYSTEM if peer in self.system_peers else principal.ANONYMOUS
+            if peer != GATEWAY:
+                self._refused(method, context, peer, "a user from a service other than the gateway")
+                raise PermissionDenied(f"only the gateway brings users; service {peer!r} may not")
+            who = self.verifier.verify(assertion)
+            if who.role not in self.roles[method]:
+                self._refused(method, context, peer, f"role {who.role} is not allowed here")
+                raise PermissionDenied(f"role {who.role!r} may not use {self.name}")
+            return who
+        if peer == GATEWAY:
+            return principal.ANONYMOUS
+        if method not in self.system:
+            self._refused(method, context, peer, "system on an RPC not granted to system")
+            raise PermissionDenied(f"service {peer!r} may not act as system on {method}")
+        return principal.SYSTEM
+
+    @staticmethod
+    def _refused(method: str, context, peer: str | None, why: str) -> None:
+        log.warning("caller refused", extra={"rpc": method, "peer": peer or "(unknown)",
+                                             "address": context.peer(), "why": why})
 
 
 # Unary calls one process serves at once (CUTY_GRPC_MAX_CONCURRENT_RPCS). A call holds one of the
@@ -245,7 +282,8 @@ class GrpcServer:
 
         server = GrpcServer("booking", port)
         booking_pb2_grpc.add_BookingServiceServicer_to_server(servicer, server.server)
-        server.add_service(booking_pb2.DESCRIPTOR.services_by_name["BookingService"], CALLERS)
+        server.add_service(booking_pb2.DESCRIPTOR.services_by_name["BookingService"], CALLERS,
+                           system=SYSTEM_RPCS, roles=USER_ROLES)
         server.add_background(sweeper.run)
         await server.run_until_signal()
 
@@ -322,10 +360,13 @@ class GrpcServer:
         self.health_port = self.health_server.add_insecure_port(f"{host}:{port}")
         return self.health_port
 
-    def add_service(self, service: ServiceDescriptor, callers: Callers) -> None:
+    def add_service(self, service: ServiceDescriptor, callers: Callers, *, system: Iterable[str] = (),
+                    roles: Iterable[str] = principal.USER_ROLES) -> None:
         """Serve `service` (its servicer already added to `self.server`) to the callers its table
-        names, RPC by RPC; the table must name every RPC (fail closed)."""
-        self.trust.add(service, callers)
+        names, RPC by RPC; the table must name every RPC (fail closed). `system`: the RPCs where a
+        caller other than the gateway acts as `system` (none unless named); `roles`: the user
+        roles the gateway may bring (Trust)."""
+        self.trust.add(service, callers, system=system, roles=roles)
         self._service_names.append(service.full_name)
 
     def add_background(self, fn: BackgroundTask) -> None:

@@ -5,6 +5,10 @@ with a key only the gateway holds (`CUTY_USER_ASSERTION_KEY`); services verify i
 key(s) (`CUTY_USER_ASSERTION_PUBLIC_KEYS`, comma separated: several during rotation). Metadata
 `cuty-user`. In development both default to a key pair in the development PKI folder.
 
+Each assertion names the one service it is for (`aud` = `cuty-<service>`, `audience_for`): the
+gateway signs one per target, and a service refuses another's, so an assertion a service received
+cannot be replayed by that service against a third one.
+
 Signing and verifying are cached: the gateway signs once per user per half-lifetime, a service
 verifies each distinct assertion once, so the cost per call is a dictionary lookup.
 """
@@ -24,10 +28,15 @@ from .tenancy import merchant_id_problem
 
 ASSERTION_KEY = "cuty-user"
 ISSUER = "cuty-gateway"
-AUDIENCE = "cuty-services"
+AUDIENCE_PREFIX = "cuty-"
 SIGNING_KEY_FILE = "user-assertion.key"
 PUBLIC_KEY_FILE = "user-assertion.pub"
 MAX_ASSERTION_BYTES = 4096
+
+
+def audience_for(service: str) -> str:
+    """The audience of assertions for `service` (its certificate identity: booking, codepool, payments)."""
+    return AUDIENCE_PREFIX + service
 
 
 def _dev_folder() -> pathlib.Path:
@@ -49,7 +58,7 @@ class AssertionSigner:
         self.ttl = ttl_seconds
         self._clock = clock
         self.max_entries = max_entries
-        self._cache: dict[tuple[str, str, str], tuple[str, float]] = {}
+        self._cache: dict[tuple[str, str, str, str], tuple[str, float]] = {}
 
     @classmethod
     def from_env(cls) -> "AssertionSigner":
@@ -61,13 +70,14 @@ class AssertionSigner:
             path = str(_dev_folder() / SIGNING_KEY_FILE)
         return cls(pathlib.Path(path).read_bytes())
 
-    def token(self, who: Principal) -> str:
-        key = (who.subject, who.role, who.org)
+    def token(self, who: Principal, service: str) -> str:
+        """`who` as an assertion for `service` alone."""
+        key = (who.subject, who.role, who.org, service)
         now = self._clock()
         hit = self._cache.get(key)
         if hit is not None and now < hit[1]:
             return hit[0]
-        claims = {"iss": ISSUER, "aud": AUDIENCE, "sub": who.subject, "role": who.role,
+        claims = {"iss": ISSUER, "aud": audience_for(service), "sub": who.subject, "role": who.role,
                   "iat": int(now), "exp": int(now + self.ttl)}
         if who.org:
             claims["org"] = who.org
@@ -78,17 +88,20 @@ class AssertionSigner:
         self._cache[key] = (token, now + self.ttl / 2)
         return token
 
-    def metadata(self, who: Principal) -> tuple[tuple[str, str], ...]:
-        return ((ASSERTION_KEY, self.token(who)),)
+    def metadata(self, who: Principal, service: str) -> tuple[tuple[str, str], ...]:
+        return ((ASSERTION_KEY, self.token(who, service)),)
 
 
 class AssertionVerifier:
-    """Verifies `cuty-user` assertions (every service's side); a bad one is UNAUTHENTICATED."""
+    """Verifies `cuty-user` assertions for `service` (every service's side); a bad one, or one for
+    another service, is UNAUTHENTICATED."""
 
-    def __init__(self, public_keys_pem: list[bytes], *, leeway: float = 5, clock=time.time,
+    def __init__(self, public_keys_pem: list[bytes], service: str, *, leeway: float = 5, clock=time.time,
                  max_entries: int = 100_000):
         if not public_keys_pem:
             raise ValueError("at least one public key is needed")
+        self.service = service
+        self.audience = audience_for(service)
         # Parsed once: PyJWT given PEM bytes parses them again on every verification.
         self._keys = [load_pem_public_key(pem) for pem in public_keys_pem]
         self.leeway = leeway
@@ -97,14 +110,14 @@ class AssertionVerifier:
         self._cache: dict[str, tuple[Principal, float]] = {}
 
     @classmethod
-    def from_env(cls) -> "AssertionVerifier":
+    def from_env(cls, service: str) -> "AssertionVerifier":
         paths = env_str("CUTY_USER_ASSERTION_PUBLIC_KEYS", "")
         if not paths:
             if _production():
                 raise SystemExit("refusing to start with CUTY_ENV=production without "
                                  "CUTY_USER_ASSERTION_PUBLIC_KEYS (the gateway's public key)")
             paths = str(_dev_folder() / PUBLIC_KEY_FILE)
-        return cls([pathlib.Path(p.strip()).read_bytes() for p in paths.split(",") if p.strip()])
+        return cls([pathlib.Path(p.strip()).read_bytes() for p in paths.split(",") if p.strip()], service)
 
     def verify(self, token: str) -> Principal:
         hit = self._cache.get(token)
@@ -118,21 +131,25 @@ class AssertionVerifier:
         claims = None
         for key in self._keys:
             try:
-                claims = jwt.decode(token, key, algorithms=["ES256"], audience=AUDIENCE, issuer=ISSUER,
+                claims = jwt.decode(token, key, algorithms=["ES256"], audience=self.audience, issuer=ISSUER,
                                     leeway=self.leeway, options={"require": ["exp", "iat", "sub", "role"]})
                 break
             except jwt.InvalidSignatureError:
                 continue
+            except jwt.InvalidAudienceError:
+                raise Unauthenticated(f"the user assertion is not for {self.service}") from None
             except jwt.InvalidTokenError:
                 raise Unauthenticated("the user assertion is not valid") from None
         if claims is None:
             raise Unauthenticated("the user assertion's signature is not valid")
+        if claims.get("aud") != self.audience:  # one service only: a list naming several is refused too
+            raise Unauthenticated(f"the user assertion is not for {self.service} alone")
         sub, role, org = claims.get("sub"), claims.get("role"), claims.get("org", "")
         if not isinstance(sub, str) or not sub or not isinstance(role, str) or not isinstance(org, str):
             raise Unauthenticated("the user assertion's claims are malformed")
         if org and merchant_id_problem(org) is not None:  # '*' would mean every merchant: never a claim
             raise Unauthenticated("the user assertion's 'org' claim is not a merchant id")
-        who = Principal(subject=sub, role=role, org=org, assertion=token)
+        who = Principal(subject=sub, role=role, org=org)
         if len(self._cache) >= self.max_entries:
             self._cache.clear()
         self._cache[token] = (who, float(claims["exp"]))

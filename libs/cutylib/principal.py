@@ -4,15 +4,15 @@ A principal is built from two verified facts, never from plain metadata:
 - the calling *service*, from its mutual-TLS certificate (tls.peer_service);
 - the *user*, from the gateway's signed assertion (identity.AssertionVerifier), when there is one.
 
-A call with a user acts as that user. A call without one is `system` only when the peer is the
-orchestrator (payments, the saga) or the service itself; from anyone else it is `anonymous`, which
-every role check refuses as UNAUTHENTICATED.
+A call with a user acts as that user (only the gateway brings one). A call without one is `system`
+when the RPC grants `system` to its peer (the orchestrator's saga steps, an operator CLI); from the
+gateway it is `anonymous`, which every role check refuses as UNAUTHENTICATED (grpc_server.Trust).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import PermissionDenied, Unauthenticated
 
@@ -29,8 +29,6 @@ class Principal:
     subject: str
     role: str
     org: str = ""  # the merchant of a staff or admin user
-    # The signed assertion this principal came from, forwarded unchanged on onward calls.
-    assertion: str = field(default="", compare=False, repr=False)
 
     def require_role(self, *roles: str) -> None:
         if self.role == ANONYMOUS_ROLE:

@@ -6,9 +6,15 @@ PKI, and users as assertions signed with the gateway's development key.
     await BookingServiceStub(ch).HoldSlot(req)              # sent as payments, which may hold
     await BookingServiceStub(ch).CreateSalon(req, metadata=user("a", "admin"))   # as the gateway
 
-`acting_channel` sends each RPC with the certificate of a service its caller table allows (the
-orchestrator first), so a test of booking's rules exercises the real table instead of bypassing
+`acting_channel` sends each RPC with the certificate of a service its caller table allows: a call
+that carries a user as the gateway (only the gateway brings users), one without as the
+orchestrator first, so a test of booking's rules exercises the real table instead of bypassing
 it. Tests of the table itself use `channel_as(identity)`.
+
+Like the gateway, the harness signs a user for the one service a call goes to: `user(...)` gives
+an assertion for no service, and the channels made here (`acting_channel`, `channel_as`) sign it
+again, with the same key, for their target (`user(..., service=...)` signs for one directly).
+Assertions made elsewhere (a forged one, another key) travel unchanged.
 """
 from __future__ import annotations
 
@@ -18,12 +24,14 @@ import grpc
 
 from ..config import env_str
 from ..grpc_client import create_channel
-from ..identity import SIGNING_KEY_FILE, AssertionSigner
+from ..identity import ASSERTION_KEY, SIGNING_KEY_FILE, AssertionSigner
 from ..principal import Principal
 from ..tenancy import MERCHANT_ROLES
-from ..tls import DEV_DIR, PAYMENTS, DevPki, Transport, _write, issue
+from ..tls import DEV_DIR, GATEWAY, PAYMENTS, DevPki, Transport, _write, issue
 
-PREFERENCE = (PAYMENTS, "gateway", "codepool", "booking")
+PREFERENCE = (PAYMENTS, GATEWAY, "codepool", "booking")
+# The audience of `user(...)`'s assertions until a channel signs them for its target: no service's.
+UNBOUND = "unbound"
 
 
 def dev_pki(data_dir: str | pathlib.Path | None = None) -> DevPki:
@@ -33,6 +41,8 @@ def dev_pki(data_dir: str | pathlib.Path | None = None) -> DevPki:
 
 
 _signers: dict[pathlib.Path, AssertionSigner] = {}
+# Assertions made by `user`: token -> (the user, the PKI folder whose key signed it).
+_minted: dict[str, tuple[Principal, pathlib.Path]] = {}
 
 
 # The merchant of a test's staff and admins when the test does not name one (issue 14).
@@ -44,17 +54,41 @@ def org_for(role: str, org: str | None = None) -> str:
     return org if org is not None else (TEST_MERCHANT if role in MERCHANT_ROLES else "")
 
 
-def user(subject: str, role: str, org: str | None = None, *, pki: DevPki | None = None) -> tuple[tuple[str, str], ...]:
-    """`cuty-user` metadata for this user, signed with the development gateway key. A staff or
-    admin user belongs to `org` (TEST_MERCHANT unless given; "" for none)."""
-    org = org_for(role, org)
-    pki = pki or dev_pki()
-    signer = _signers.get(pki.folder)
+def _signer(folder: pathlib.Path) -> AssertionSigner:
+    signer = _signers.get(folder)
     if signer is None:
         # A day long, so module-level metadata (ADMIN = user(...)) lasts the whole session.
-        signer = _signers[pki.folder] = AssertionSigner((pki.folder / SIGNING_KEY_FILE).read_bytes(),
-                                                        ttl_seconds=86400)
-    return signer.metadata(Principal(subject, role, org))
+        signer = _signers[folder] = AssertionSigner((folder / SIGNING_KEY_FILE).read_bytes(), ttl_seconds=86400)
+    return signer
+
+
+def user(subject: str, role: str, org: str | None = None, *, service: str = UNBOUND,
+         pki: DevPki | None = None) -> tuple[tuple[str, str], ...]:
+    """`cuty-user` metadata for this user, signed with the development gateway key, for `service`
+    (default: none yet; the harness's channels sign it for their target). A staff or admin user
+    belongs to `org` (TEST_MERCHANT unless given; "" for none)."""
+    who = Principal(subject, role, org_for(role, org))
+    folder = (pki or dev_pki()).folder
+    md = _signer(folder).metadata(who, service)
+    if service == UNBOUND:
+        _minted[md[0][1]] = (who, folder)
+    return md
+
+
+def has_user(metadata) -> bool:
+    return any(k == ASSERTION_KEY for k, _ in metadata or ())
+
+
+def for_service(metadata, service: str):
+    """`metadata` with the assertions `user` made for no service signed again for `service`, as the gateway signs
+    a user for the service it calls; any other metadata unchanged."""
+    if not has_user(metadata):
+        return metadata
+    out = []
+    for k, v in metadata:
+        minted = _minted.get(v) if k == ASSERTION_KEY else None
+        out.append((k, _signer(minted[1]).token(minted[0], service)) if minted else (k, v))
+    return tuple(out)
 
 
 def transport_as(identity: str, pki: DevPki | None = None, *, secure: bool = True) -> Transport:
@@ -82,26 +116,70 @@ def write_cert(pki: DevPki, identity: str, cert: bytes) -> None:
     _write(pki.cert_path(identity), cert)
 
 
+class _Signing:
+    """A multicallable whose calls carry `user`'s assertions signed for `target` (for_service)."""
+
+    def __init__(self, call, target: str):
+        self._call, self._target = call, target
+
+    def __call__(self, request, *args, metadata=None, **kwargs):
+        return self._call(request, *args, metadata=for_service(metadata, self._target), **kwargs)
+
+
+class SigningChannel:
+    """A client channel (cutylib.grpc_client) whose calls carry users signed for its target."""
+
+    def __init__(self, channel, target: str):
+        self._channel, self._target = channel, target
+
+    def unary_unary(self, *args, **kwargs):
+        return _Signing(self._channel.unary_unary(*args, **kwargs), self._target)
+
+    def unary_stream(self, *args, **kwargs):
+        return _Signing(self._channel.unary_stream(*args, **kwargs), self._target)
+
+    def stream_unary(self, *args, **kwargs):
+        return _Signing(self._channel.stream_unary(*args, **kwargs), self._target)
+
+    def stream_stream(self, *args, **kwargs):
+        return _Signing(self._channel.stream_stream(*args, **kwargs), self._target)
+
+    def __getattr__(self, name):
+        return getattr(self._channel, name)
+
+    async def __aenter__(self) -> "SigningChannel":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._channel.close()
+
+
 def channel_as(identity: str, addr: str, target: str, *, pki: DevPki | None = None,
-               deadline_seconds: float = 20, secure: bool = True, options=None) -> grpc.aio.Channel:
+               deadline_seconds: float = 20, secure: bool = True, options=None) -> SigningChannel:
     """A channel presenting `identity`'s certificate to the service `target`."""
-    return create_channel(addr, target, transport_as(identity, pki, secure=secure),
-                          deadline_seconds=deadline_seconds, options=options)
+    return SigningChannel(create_channel(addr, target, transport_as(identity, pki, secure=secure),
+                                         deadline_seconds=deadline_seconds, options=options), target)
 
 
 class ActingChannel:
-    """A channel-like object that sends each RPC over a channel of an identity allowed to call it."""
+    """A channel-like object that sends each RPC over a channel of an identity allowed to call it:
+    a call carrying a user as the gateway, one without as the first of PREFERENCE its table allows."""
 
     def __init__(self, addr: str, target: str, callers: dict[str, set[str]], *, pki: DevPki | None = None,
                  deadline_seconds: float = 20, secure: bool = True):
         self._callers = callers
         self._secure = secure
         self._addr, self._target, self._pki, self._deadline = addr, target, pki, deadline_seconds
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[str, SigningChannel] = {}
 
-    def channel_for(self, method: str) -> grpc.aio.Channel:
+    def identity_for(self, method: str, with_user: bool = False) -> str:
         allowed = self._callers.get(method.rsplit("/", 1)[-1], set())
-        identity = next((i for i in PREFERENCE if i in allowed), PAYMENTS)
+        if with_user:
+            return GATEWAY
+        return next((i for i in PREFERENCE if i in allowed and i != GATEWAY), GATEWAY if GATEWAY in allowed else PAYMENTS)
+
+    def channel_for(self, method: str, with_user: bool = False) -> SigningChannel:
+        identity = self.identity_for(method, with_user)
         ch = self._channels.get(identity)
         if ch is None:
             ch = self._channels[identity] = channel_as(identity, self._addr, self._target, pki=self._pki,
@@ -109,7 +187,7 @@ class ActingChannel:
         return ch
 
     def _lazy(self, kind: str, method: str, args, kwargs) -> "_Lazy":
-        return _Lazy(lambda: getattr(self.channel_for(method), kind)(method, *args, **kwargs))
+        return _Lazy(lambda with_user: getattr(self.channel_for(method, with_user), kind)(method, *args, **kwargs))
 
     # Stubs build their callables when constructed (perhaps outside the event loop the calls run
     # in): the channel is chosen, and made, at the first call.
@@ -138,19 +216,23 @@ class ActingChannel:
 
 
 class _Lazy:
+    """The multicallable of the channel chosen for a call: one with a user, one without."""
+
     def __init__(self, make):
         self._make = make
-        self._callable = None
+        self._callables: dict[bool, object] = {}
 
-    def __call__(self, *args, **kwargs):
-        if self._callable is None:
-            self._callable = self._make()
-        return self._callable(*args, **kwargs)
+    def __call__(self, request, *args, metadata=None, **kwargs):
+        with_user = has_user(metadata)
+        call = self._callables.get(with_user)
+        if call is None:
+            call = self._callables[with_user] = self._make(with_user)
+        return call(request, *args, metadata=metadata, **kwargs)
 
 
 def acting_channel(addr: str, target: str, callers: dict[str, set[str]], **kw) -> ActingChannel:
     return ActingChannel(addr, target, callers, **kw)
 
 
-def user_of(p: Principal, *, pki: DevPki | None = None) -> tuple[tuple[str, str], ...]:
-    return user(p.subject, p.role, p.org, pki=pki)
+def user_of(p: Principal, *, service: str = UNBOUND, pki: DevPki | None = None) -> tuple[tuple[str, str], ...]:
+    return user(p.subject, p.role, p.org, service=service, pki=pki)

@@ -10,7 +10,7 @@ from cutylib.grpc_server import GrpcServer
 from cutylib.listen import listen
 
 from . import taken
-from .grpc_api import CALLERS, BookingApi
+from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, BookingApi
 from .service import BookingService, ScheduleService
 from .workers import Sweeper
 
@@ -40,7 +40,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server = GrpcServer("booking", port, host=host)
     service = BookingService(pool, settings)
     booking_pb2_grpc.add_BookingServiceServicer_to_server(BookingApi(service, ScheduleService(pool)), server.server)
-    server.add_service(SERVICE, CALLERS)
+    server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     server.add_background(lambda: listen(pool, taken.NOTIFY_CHANNEL, service.taken.freed,
                                          on_listening=service.taken.listening))
     if sweeper:

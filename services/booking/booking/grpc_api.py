@@ -34,6 +34,12 @@ CALLERS = {
     "CreateService": {GATEWAY}, "ListServices": {GATEWAY}, "SetWorkingHours": {GATEWAY}, "SetHoursOverride": {GATEWAY},
     "SetBookingSettings": {GATEWAY}, "GetAvailability": {GATEWAY}, "GetServiceSlot": {PAYMENTS},
 }
+# Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust): the saga's
+# steps, called by the orchestrator in no user's name; nowhere else.
+SYSTEM_RPCS = frozenset({"GetSlot", "GetServiceSlot", "HoldSlot", "ConfirmHold", "ReleaseHold", "ExtendHold",
+                         "GetHold", "CancelBooking"})
+# The user roles the gateway may bring to booking (those of its routes to booking, gateway/policy.py).
+USER_ROLES = frozenset({"customer", "staff", "admin", "operator"})
 
 _STATUS = {
     domain.HELD: pb.HOLD_STATUS_HELD,

@@ -18,7 +18,7 @@ from . import claims_api, metrics
 from .batches import Batches
 from .catalog import Catalog
 from .claims import Claims
-from .grpc_api import CALLERS, CodePoolApi
+from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, CodePoolApi
 from .importer import Importer
 from .keys import Keyring, KeyringError
 from .service import ReservationService
@@ -78,11 +78,11 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                       stock_events)
     server = GrpcServer("codepool", port, host=host)
     codepool_pb2_grpc.add_CodePoolServiceServicer_to_server(api, server.server)
-    server.add_service(SERVICE, CALLERS)
+    server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     # After the sale: claims on delivered codes, supplier batches held back (docs/codepool.md).
     claims_pb2_grpc.add_CodeClaimServiceServicer_to_server(
         claims_api.CodeClaimApi(Claims(pool), Batches(pool, catalog)), server.server)
-    server.add_service(CLAIM_SERVICE, claims_api.CALLERS)
+    server.add_service(CLAIM_SERVICE, claims_api.CALLERS, system=claims_api.SYSTEM_RPCS, roles=claims_api.USER_ROLES)
     # Before serving, once the database answers (it may be away when the process starts).
     server.on_database_ready(lambda: check_hash_key(pool, keyring))
     sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
@@ -96,6 +96,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server.add_background(Retention(pool, [retention.table("audit_log", AUDIT_LOG_RETENTION_DAYS)],
                                     retention.archive_dir()).run)
     server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters
+    server.api = api  # type: ignore[attr-defined] - tests drive RPCs no service calls through its use cases
     log.info("code pool wired", extra={"keys": sorted(keyring.keys), "active_key": keyring.active,
                                        "reservation_ttl_seconds": settings.code_reservation_ttl_seconds})
     return server

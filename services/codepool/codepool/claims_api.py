@@ -25,6 +25,11 @@ CALLERS = {
     "SettleCodeClaim": {PAYMENTS}, "SetClaimThreshold": {GATEWAY}, "ListBatches": {GATEWAY},
     "ReleaseBatch": {GATEWAY}, "RetireBatch": {GATEWAY}, "ExportBatchClaims": {GATEWAY},
 }
+# Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust): payments'
+# claim resolution, which reads and settles claims as itself.
+SYSTEM_RPCS = frozenset({"GetCodeClaim", "ListCodeClaims", "SettleCodeClaim"})
+# The user roles the gateway may bring (its routes here): buyers open claims, merchants handle them.
+USER_ROLES = frozenset({"customer", "staff", "admin"})
 
 IDEMPOTENCY_KEY = "idempotency-key"
 KIND = {pb.CLAIM_KIND_DOES_NOT_WORK: "does_not_work", pb.CLAIM_KIND_ALREADY_USED: "already_used"}

@@ -34,6 +34,14 @@ CALLERS = {
     "GetReservation": {PAYMENTS}, "GetDeliveredCodes": {PAYMENTS}, "ListStockEvents": {PAYMENTS},
     "GetOrderEvidence": {PAYMENTS},
 }
+# Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust): the saga's
+# steps and payments' workers (the orchestrator), the import CLI (the code pool's own pod).
+# GetProduct and GetReservation: see CALLERS' test (still granted, without a caller yet).
+SYSTEM_RPCS = frozenset({"GetProduct", "GetReservation", "ImportCodes", "ReserveCodes", "DeliverCodes",
+                         "ReleaseReservation", "GetDeliveredCodes", "ListStockEvents", "GetOrderEvidence"})
+# The user roles the gateway may bring to the code pool: merchants' staff and admins, the operator.
+# No customer reaches it (their codes come through the orchestrator).
+USER_ROLES = frozenset({"staff", "admin", "operator"})
 
 STATUS = {domain.RESERVED: pb.RESERVATION_STATUS_RESERVED, domain.DELIVERED: pb.RESERVATION_STATUS_DELIVERED,
           domain.RELEASED: pb.RESERVATION_STATUS_RELEASED}

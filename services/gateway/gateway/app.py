@@ -336,7 +336,7 @@ class Gateway:
                 raise Problem(403, "permission-denied", f"role {who.role!r} may not call {route.http_method} "
                               f"{route.template.source}; allowed: {', '.join(sorted(access.roles)) or 'nobody'}")
             access_log.subject.set(who.subject)
-            metadata += self.signer.metadata(who)
+            metadata += self.signer.metadata(who, route.owner)  # for that service alone
         body = await _read_body(receive, limit)
         if route.body == "" and body.strip():
             raise bad_request("", f"{route.http_method} {route.template.source} takes no request body")

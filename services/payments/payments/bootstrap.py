@@ -19,7 +19,7 @@ from .claims import wiring as claims
 from .disputes import wiring as disputes
 from .outbound import wiring as outbound
 from .service import PaymentsCore
-from .grpc_api import CALLERS, PaymentApi
+from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, PaymentApi
 from .psp import PspClient
 from .reconcile import Reconciler
 from .settings import PaymentsOptions
@@ -60,7 +60,7 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                                                       settings.psp_webhook_previous_secrets))
     server = GrpcServer("payments", port, host=host)
     payments_pb2_grpc.add_PaymentServiceServicer_to_server(PaymentApi(core, inbox), server.server)
-    server.add_service(SERVICE, CALLERS)
+    server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     if workers:
         server.add_background(inbox.run_retries)
         server.add_background(inbox.run_purge)

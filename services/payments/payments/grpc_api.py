@@ -20,14 +20,19 @@ from .views import PaymentView
 from .webhooks import WebhookInbox
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
-# Moving money by hand (create, cancel, refund) is for the payments service's own identity (its
-# operator tooling); the gateway reads timelines and relays the PSP's webhooks as raw bytes.
+# A refund by hand is for the payments service's own identity (its operator tooling, as `system`);
+# the gateway reads timelines and relays the PSP's webhooks as raw bytes. CreatePayment,
+# GetPayment and CancelPayment have no caller yet (tests/unit/libs/test_every_grant_has_a_caller.py).
 CALLERS = {
     "CreatePayment": {PAYMENTS}, "GetPayment": {GATEWAY, PAYMENTS}, "CancelPayment": {PAYMENTS},
     "RefundPayment": {PAYMENTS}, "GetPaymentTimeline": {GATEWAY}, "HandlePspWebhook": {GATEWAY},
     "LookupPayment": {GATEWAY},  # issue 15: staff find a payment by the PSP's intent id
     "IssueRefund": {GATEWAY},  # the merchant's staff refund, fully or partly (through the gateway only)
 }
+# Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust).
+SYSTEM_RPCS = frozenset({"RefundPayment", "CreatePayment", "GetPayment", "CancelPayment"})
+# The user roles the gateway may bring (its routes to this service: staff, admins, the operator).
+USER_ROLES = frozenset({"staff", "admin", "operator"})
 
 SIGNATURE_KEY = "cuty-signature"
 IDEMPOTENCY_KEY = "idempotency-key"

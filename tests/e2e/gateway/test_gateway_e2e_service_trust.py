@@ -109,6 +109,35 @@ async def test_forged_role_metadata_changes_nothing(stack, pki):
                                            metadata=user("root", "admin", pki=other))) == grpc.StatusCode.UNAUTHENTICATED
 
 
+async def test_users_only_from_the_gateway_for_one_service_and_an_admitted_role(stack, pki):
+    """Least privilege between the real processes: a valid user assertion (the gateway's key, the
+    right audience) is refused from the orchestrator's certificate, even on an RPC it may call; an
+    assertion the gateway signed for booking is refused by the code pool; a customer, whom no
+    route brings to the code pool, is refused there before any handler."""
+    reserve = cpb.ReserveCodesRequest(**order(), product_id=str(uuid.uuid4()), quantity=1, customer_id="")
+    async with channel_as("payments", addr(stack, "codepool"), "codepool", pki=pki) as c:
+        e = await _error(codepool_pb2_grpc.CodePoolServiceStub(c).ReserveCodes(
+            reserve, metadata=user("mallory", "customer", service="codepool", pki=pki), timeout=5))
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED and "only the gateway" in e.details()
+    # A plain channel: the harness's would sign the user again for its target.
+    async with Transport("gateway", pki.files("gateway")).channel(addr(stack, "codepool"), "codepool") as raw:
+        stock = cpb.GetStockRequest(product_id=str(uuid.uuid4()))
+        for_booking = user("root", "admin", service="booking", pki=pki)
+        assert await code_of(codepool_pb2_grpc.CodePoolServiceStub(raw).GetStock(
+            stock, metadata=for_booking, timeout=5)) == grpc.StatusCode.UNAUTHENTICATED
+    async with channel_as("gateway", addr(stack, "codepool"), "codepool", pki=pki) as c:
+        assert await code_of(codepool_pb2_grpc.CodePoolServiceStub(c).GetStock(
+            stock, metadata=user("mallory", "customer", pki=pki), timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+        assert await code_of(codepool_pb2_grpc.CodePoolServiceStub(c).GetStock(
+            stock, metadata=user("s", "staff", pki=pki), timeout=5)) == grpc.StatusCode.NOT_FOUND
+
+
+async def _error(call) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await call
+    return e.value
+
+
 async def test_a_customer_token_reaches_none_of_them_through_the_gateway(http, auth):
     paths = await http.get("/openapi.json")
     text = paths.text

@@ -27,11 +27,12 @@ from payments.checkout import views, wiring
 from payments.checkout.answers import CheckoutAnswer, CheckoutPage
 from cutylib.testing.procs import wait_for
 from cutylib.testing.trust import acting_channel
-from payments.checkout.grpc_api import CALLERS, CheckoutApi
+from payments.checkout.grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, CheckoutApi
 from payments.checkout.wiring import SERVICE
 from payments.checkout.domain import validate_create
 from payments.checkout.settings import CheckoutOptions
-from payments.grpc_api import CALLERS as PAYMENT_CALLERS, PaymentApi
+from payments.grpc_api import CALLERS as PAYMENT_CALLERS, SYSTEM_RPCS as PAYMENT_SYSTEM_RPCS, \
+    USER_ROLES as PAYMENT_USER_ROLES, PaymentApi
 from payments.service import PaymentsCore
 from payments.metrics import PaymentsMetrics
 from payments.outbound.repository import Endpoints
@@ -126,7 +127,7 @@ class Harness:
     async def serve(self) -> grpc.aio.Channel:
         self.server = GrpcServer("payments", 0, host="127.0.0.1")
         checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(self.checkout), self.server.server)
-        self.server.add_service(SERVICE, CALLERS)
+        self.server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
         await self.server.start()
         self.channel = acting_channel(f"127.0.0.1:{self.server.port}", "payments", CALLERS)
         return self.channel
@@ -198,8 +199,9 @@ async def served(make_harness):
     server = GrpcServer("payments", 0, host="127.0.0.1")
     checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(h.checkout), server.server)
     payments_pb2_grpc.add_PaymentServiceServicer_to_server(PaymentApi(h.core, None), server.server)
-    server.add_service(SERVICE, CALLERS)
-    server.add_service(payments_pb2.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS)
+    server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
+    server.add_service(payments_pb2.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS,
+                       system=PAYMENT_SYSTEM_RPCS, roles=PAYMENT_USER_ROLES)
     await server.start()
     h.addr = f"127.0.0.1:{server.port}"
     yield h, created.id, paid.payment.id

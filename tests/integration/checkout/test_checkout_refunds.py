@@ -23,7 +23,8 @@ from payments import ops
 from cutylib import crash
 from payments.checkout import domain as checkout_domain
 from payments.checkout.domain import validate_create
-from payments.grpc_api import CALLERS as PAYMENT_CALLERS, PaymentApi
+from payments.grpc_api import CALLERS as PAYMENT_CALLERS, SYSTEM_RPCS as PAYMENT_SYSTEM_RPCS, \
+    USER_ROLES as PAYMENT_USER_ROLES, PaymentApi
 
 C = "customer-" + uuid.uuid4().hex[:8]
 WHO = "staff:staff-7"
@@ -291,7 +292,8 @@ async def test_a_crash_around_the_psp_call_is_finished_by_the_retry_without_a_do
 async def api(harness):
     server = GrpcServer("payments", 0, host="127.0.0.1")
     payments_pb2_grpc.add_PaymentServiceServicer_to_server(PaymentApi(harness.core, None), server.server)
-    server.add_service(payments_pb2.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS)
+    server.add_service(payments_pb2.DESCRIPTOR.services_by_name["PaymentService"], PAYMENT_CALLERS,
+                       system=PAYMENT_SYSTEM_RPCS, roles=PAYMENT_USER_ROLES)
     await server.start()
     harness.addr = f"127.0.0.1:{server.port}"
     channel = acting_channel(harness.addr, "payments", PAYMENT_CALLERS)

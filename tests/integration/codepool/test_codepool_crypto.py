@@ -92,7 +92,7 @@ async def test_rotation_while_the_service_runs(cp_pool, keyring, stub):
             # every value survived: buyers read theirs, the rest through the masked list
             bought = []
             for order_id, cust in orders:
-                got = await new.GetDeliveredCodes(pb.GetDeliveredCodesRequest(order_id=order_id), metadata=customer(cust))
+                got = await new.GetDeliveredCodes(pb.GetDeliveredCodesRequest(order_id=order_id, customer_id=cust))
                 bought += [c.value for c in got.codes]
             assert len(bought) == len(set(bought)) == 2 * len(orders) and set(bought) <= set(codes)
             masked, token = [], ""

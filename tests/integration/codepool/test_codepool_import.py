@@ -32,19 +32,19 @@ async def codes_of(cp_pool, product_id: str) -> int:
 async def test_stream_import_in_many_messages(stub, cp_pool):
     product_id = await new_product(stub)
     codes = make_codes(12_345)
-    resp = await stub.ImportCodes(stream(product_id, codes, per_message=777), metadata=ADMIN)
+    resp = await stub.ImportCodes(stream(product_id, codes, per_message=777))
     assert (resp.accepted, resp.received, resp.imported, resp.rejected_duplicates) == (True, 12_345, 12_345, 0)
     assert await stock_of(stub, product_id) == (12_345, 0, 0)
     batch = await cp_pool.fetchrow("SELECT received, imported, actor FROM supplier_batches WHERE id = $1",
                                    uuid.UUID(resp.batch_id))
-    assert tuple(batch) == (12_345, 12_345, "admin:admin-1")
+    assert tuple(batch) == (12_345, 12_345, "system")  # the import CLI, in the code pool's pod
     assert await cp_pool.fetchval("SELECT count(*) FROM codes WHERE batch_id = $1", uuid.UUID(resp.batch_id)) == 12_345
 
 
 async def test_duplicates_within_a_batch_refuse_it_whole(stub, cp_pool):
     product_id = await new_product(stub)
     codes = make_codes(50)
-    resp = await stub.ImportCodes(stream(product_id, codes + codes[:3] + codes[:1], per_message=7), metadata=ADMIN)
+    resp = await stub.ImportCodes(stream(product_id, codes + codes[:3] + codes[:1], per_message=7))
     assert (resp.accepted, resp.imported, resp.rejected_duplicates, resp.received, resp.batch_id) == (False, 0, 4, 54, "")
     assert await codes_of(cp_pool, product_id) == 0
     assert await cp_pool.fetchval("SELECT details->>'rejected_duplicates' FROM audit_log "
@@ -54,7 +54,7 @@ async def test_duplicates_within_a_batch_refuse_it_whole(stub, cp_pool):
 async def test_duplicates_across_batches_refuse_the_later_batch_whole(stub, cp_pool):
     product_id = await new_product(stub)
     first = make_codes(100)
-    assert (await stub.ImportCodes(stream(product_id, first), metadata=ADMIN)).accepted
+    assert (await stub.ImportCodes(stream(product_id, first))).accepted
     second = make_codes(100) + first[10:15]
     resp = await stub.ImportCodeBatch(pb.ImportCodeBatchRequest(product_id=product_id, batch_ref="b2", codes=second),
                                       metadata=ADMIN)
@@ -62,14 +62,14 @@ async def test_duplicates_across_batches_refuse_the_later_batch_whole(stub, cp_p
     assert await codes_of(cp_pool, product_id) == 100
     # the same code under another product is that product's own
     other = await new_product(stub)
-    assert (await stub.ImportCodes(stream(other, first[:5]), metadata=ADMIN)).imported == 5
+    assert (await stub.ImportCodes(stream(other, first[:5]))).imported == 5
 
 
 async def test_concurrent_batches_sharing_a_code_accept_exactly_one(stub, cp_pool):
     product_id = await new_product(stub)
     shared = make_codes(1)
     batches = [make_codes(300) + shared for _ in range(5)]
-    results = await asyncio.gather(*(stub.ImportCodes(stream(product_id, b, per_message=50), metadata=ADMIN)
+    results = await asyncio.gather(*(stub.ImportCodes(stream(product_id, b, per_message=50))
                                      for b in batches))
     assert sorted(r.accepted for r in results) == [False] * 4 + [True]
     assert await codes_of(cp_pool, product_id) == 301
@@ -78,11 +78,11 @@ async def test_concurrent_batches_sharing_a_code_accept_exactly_one(stub, cp_poo
 async def test_a_retried_batch_answers_as_the_first_and_a_reused_ref_is_refused(stub, cp_pool):
     product_id = await new_product(stub)
     codes = make_codes(40)
-    first = await stub.ImportCodes(stream(product_id, codes, batch_ref="supplier-7"), metadata=ADMIN)
-    again = await stub.ImportCodes(stream(product_id, codes, per_message=3, batch_ref="supplier-7"), metadata=ADMIN)
+    first = await stub.ImportCodes(stream(product_id, codes, batch_ref="supplier-7"))
+    again = await stub.ImportCodes(stream(product_id, codes, per_message=3, batch_ref="supplier-7"))
     assert (again.batch_id, again.imported, again.accepted) == (first.batch_id, 40, True)
     with pytest.raises(grpc.aio.AioRpcError) as e:
-        await stub.ImportCodes(stream(product_id, make_codes(40), batch_ref="supplier-7"), metadata=ADMIN)
+        await stub.ImportCodes(stream(product_id, make_codes(40), batch_ref="supplier-7"))
     assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert error_reason(e.value) == "batch-ref-taken"
     assert await codes_of(cp_pool, product_id) == 40
@@ -100,7 +100,7 @@ async def test_a_bad_code_anywhere_in_the_stream_imports_nothing(stub, cp_pool, 
     codes = make_codes(2000)
     codes[1234] = bad
     with pytest.raises(grpc.aio.AioRpcError) as e:
-        await stub.ImportCodes(stream(product_id, codes, per_message=100), metadata=ADMIN)
+        await stub.ImportCodes(stream(product_id, codes, per_message=100))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert bad_field(e.value) == field
     assert MARKER not in e.value.details()  # the value is never echoed
@@ -145,7 +145,7 @@ async def test_later_message_naming_another_product_is_refused(stub, cp_pool):
         yield pb.ImportCodesChunk(product_id=product_id, batch_ref="b", codes=make_codes(10))
         yield pb.ImportCodesChunk(product_id=other, codes=make_codes(10))
     with pytest.raises(grpc.aio.AioRpcError) as e:
-        await stub.ImportCodes(gen(), metadata=ADMIN)
+        await stub.ImportCodes(gen())
     assert bad_field(e.value) == "product_id"
     assert await codes_of(cp_pool, product_id) == 0 and await codes_of(cp_pool, other) == 0
 

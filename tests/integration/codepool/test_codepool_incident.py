@@ -30,7 +30,7 @@ async def a_code_sold_after_a_release(stub):
     second = await stub.ReserveCodes(reserve_request(product_id, customer_id="bob"))
     assert list(second.code_ids) == list(first.code_ids)
     await stub.DeliverCodes(pb.DeliverCodesRequest(order_id=second.order_id, payment_transaction_id="pay-" + new_id()))
-    await stub.GetDeliveredCodes(pb.GetDeliveredCodesRequest(order_id=second.order_id), metadata=customer("bob"))
+    await stub.GetDeliveredCodes(pb.GetDeliveredCodesRequest(order_id=second.order_id, customer_id="bob"))
     await stub.RevealCode(pb.RevealCodeRequest(code_id=second.code_ids[0]), metadata=ADMIN)
     other = await new_product(stub)
     await stub.ImportCodeBatch(pb.ImportCodeBatchRequest(product_id=other, batch_ref="again-" + new_id(), codes=[value]),

@@ -49,7 +49,7 @@ async def test_twenty_stalled_imports_do_not_block_reserve_codes(small, stub, cp
         yield pb.ImportCodesChunk(product_id=product_id, batch_ref="stall-" + new_id(), codes=make_codes(3))
         await never.wait()  # a supplier upload that hangs after its first message
 
-    calls = [mine.ImportCodes(stalled_stream(), metadata=ADMIN) for _ in range(20)]
+    calls = [mine.ImportCodes(stalled_stream()) for _ in range(20)]
     imports = asyncio.gather(*calls, return_exceptions=True)
     await wait_for(lambda: _in_transaction(cp_pool), timeout=10, message="imports holding their transactions")
     # Buyers are served at once while the uploads hang.

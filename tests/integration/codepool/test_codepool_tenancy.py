@@ -11,6 +11,8 @@ import pytest
 
 from cuty.codepool.v1 import codepool_pb2 as pb
 from cuty.common.v1 import common_pb2
+from cutylib.errors import NotFound
+from cutylib.principal import Principal
 from cutylib.testing.ids import new_id
 from cutylib.testing.tenancy import PARTITIONS_WITHOUT_RLS, probe_role, rows_seen
 from cutylib.testing.trust import TEST_MERCHANT, user
@@ -164,8 +166,7 @@ async def test_staff_and_admin_without_a_merchant_are_unauthenticated(stub):
         md = user(f"{role}-no-org", role, "")
         calls = [stub.GetStock(pb.GetStockRequest(product_id=product_id), metadata=md),
                  stub.ListCodes(pb.ListCodesRequest(product_id=product_id), metadata=md),
-                 stub.GetProduct(pb.GetProductRequest(product_id=product_id), metadata=md),
-                 stub.GetReservation(pb.GetReservationRequest(order_id=res.order_id), metadata=md)]
+                 stub.GetProduct(pb.GetProductRequest(product_id=product_id), metadata=md)]
         if role == "admin":
             calls += [stub.RevealCode(pb.RevealCodeRequest(code_id=code_id), metadata=md),
                       stub.ImportCodeBatch(pb.ImportCodeBatchRequest(product_id=product_id, batch_ref="b",
@@ -231,17 +232,18 @@ async def test_every_reservation_answer_carries_the_products_merchant(stub):
     assert (await stub.ReleaseReservation(pb.ReleaseReservationRequest(order_id=other.order_id))).merchant_id == org
 
 
-async def test_a_reservation_of_another_merchant_is_not_found_for_staff(stub):
+async def test_a_reservation_of_another_merchant_is_not_found_for_staff(stub, cp_server):
+    """The use case behind GetReservation (no service calls the RPC; no user can reach it)."""
+    reservations = cp_server.api.reservations
     own, _ = await stocked_product(stub, 1)
     other = await _product_of(stub, merchant(), n=1)
     mine = await stub.ReserveCodes(reserve_request(own, 1))
     theirs = await stub.ReserveCodes(reserve_request(other, 1))
-    assert (await stub.GetReservation(pb.GetReservationRequest(order_id=mine.order_id), metadata=STAFF)).order_id \
-        == mine.order_id
-    e = await _rpc_error(stub.GetReservation(pb.GetReservationRequest(order_id=theirs.order_id), metadata=STAFF))
-    assert e.code() == grpc.StatusCode.NOT_FOUND
-    got = await stub.GetReservation(pb.GetReservationRequest(order_id=theirs.order_id), metadata=OPERATOR)
-    assert got.merchant_id == theirs.merchant_id
+    staff = Principal("staff-1", "staff", TEST_MERCHANT)
+    assert (await reservations.get(mine.order_id, staff)).order_id == mine.order_id
+    with pytest.raises(NotFound):
+        await reservations.get(theirs.order_id, staff)
+    assert (await reservations.get(theirs.order_id, Principal("op-1", "operator"))).merchant_id == theirs.merchant_id
 
 
 # --- the database --------------------------------------------------------------------------------

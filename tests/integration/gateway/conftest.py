@@ -22,6 +22,7 @@ from google.protobuf import descriptor_pool
 
 from cutylib import principal
 from cutylib.grpc_server import GrpcServer
+from cutylib.identity import PUBLIC_KEY_FILE, AssertionVerifier
 from cutylib.principal import Principal
 from cutylib.testing.trust import dev_pki, org_for
 from cutylib.tls import TlsFiles, Transport
@@ -78,6 +79,23 @@ class FakeBackend:
         return handle
 
 
+class EveryServiceVerifier:
+    """The fake's verifier: it stands in for booking, the code pool and payments, so it takes an
+    assertion signed for the service that owns the called RPC (the gateway signs per service)."""
+
+    def __init__(self, public_key: bytes):
+        self.by_service = {s: AssertionVerifier([public_key], s) for s in ("booking", "codepool", "payments")}
+
+    def verify(self, token: str):
+        import jwt
+
+        aud = jwt.decode(token, options={"verify_signature": False}).get("aud")
+        verifier = self.by_service.get(aud.removeprefix("cuty-") if isinstance(aud, str) else "")
+        if verifier is None:
+            verifier = self.by_service["booking"]  # refuses it, as the service would
+        return verifier.verify(token)
+
+
 @pytest_asyncio.fixture(scope="session")
 async def fake():
     routes = load_routes()
@@ -86,7 +104,8 @@ async def fake():
     pki = dev_pki()
     key, cert = issue_cert(pki.ca_key(), pki.ca_path.read_bytes(), "fake", extra_names=("booking", "codepool", "payments"))
     transport = Transport("fake", TlsFiles("fake", pki.ca_path.read_bytes(), cert, key))
-    server = GrpcServer("fake", 0, host="127.0.0.1", grace_seconds=0, transport=transport)
+    server = GrpcServer("fake", 0, host="127.0.0.1", grace_seconds=0, transport=transport,
+                        verifier=EveryServiceVerifier((pki.folder / PUBLIC_KEY_FILE).read_bytes()))
     server.server.add_generic_rpc_handlers(backend.handlers(routes))
     for svc in {r.grpc_path[1:].split("/")[0] for r in routes}:
         descriptor = descriptor_pool.Default().FindServiceByName(svc)

@@ -1,6 +1,7 @@
 """Every annotated route reaches its RPC with the request transcoded and the principal attached."""
 import json
 
+import jwt
 import pytest
 
 from cuty.booking.v1 import booking_pb2
@@ -35,6 +36,9 @@ ROUTES = [
 ]
 
 
+CODEPOOL_RPCS = {"CreateProduct", "ImportCodeBatch", "GetStock", "ListCodes", "RevealCode"}
+
+
 @pytest.mark.parametrize("method, path, role, headers, body, rpc, fields", ROUTES, ids=[r[5] for r in ROUTES])
 async def test_route_reaches_its_rpc(client, fake, bearer, method, path, role, headers, body, rpc, fields):
     h = {**bearer(role, sub=f"{role}-7"), **headers}
@@ -46,6 +50,10 @@ async def test_route_reaches_its_rpc(client, fake, bearer, method, path, role, h
         got = getattr(call.request, k)
         assert (list(got) if isinstance(v, list) else got) == v, k
     assert (call.who.subject, call.who.role) == (f"{role}-7", role)  # verified from the signed assertion
+    # Signed for the one service that owns the RPC (CheckoutService: payments), no other.
+    owner = {"CreateSalon": "booking", "CreateResource": "booking", "BatchCreateSlots": "booking",
+             "ListSlots": "booking"}.get(rpc, "codepool" if rpc in CODEPOOL_RPCS else "payments")
+    assert jwt.decode(call.metadata["cuty-user"], options={"verify_signature": False})["aud"] == f"cuty-{owner}"
     assert "cuty-subject" not in call.metadata and "cuty-role" not in call.metadata
     if headers is IDEM:
         assert call.metadata["idempotency-key"] == "k-1"

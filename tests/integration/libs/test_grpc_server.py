@@ -3,14 +3,16 @@ users), error mapping with details, health, reflection, deadlines."""
 import asyncio
 import dataclasses
 import datetime as dt
+import time
 
 import grpc
+import jwt
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from booking.grpc_api import CALLERS
+from booking.grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES
 from cuty.booking.v1 import booking_pb2, booking_pb2_grpc
 from cutylib import principal
 from cutylib.errors import AlreadyExists, InvalidArgument
@@ -54,7 +56,7 @@ class Probe(booking_pb2_grpc.BookingServiceServicer):
 async def _serve(transport: Transport | None = None) -> GrpcServer:
     server = GrpcServer("booking", 0, host="127.0.0.1", transport=transport)
     booking_pb2_grpc.add_BookingServiceServicer_to_server(Probe(), server.server)
-    server.add_service(SERVICE, CALLERS)
+    server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     server.add_health_port("127.0.0.1", 0)
     await server.start()
     return server
@@ -112,10 +114,10 @@ async def test_the_user_is_the_signed_assertion_and_never_plain_metadata(probe_s
         # An assertion signed by any other key, or expired, is refused outright.
         other = DevPki(dev_pki().folder.parent / "other-pki").ensure()
         mallory = AssertionSigner((other.folder / "user-assertion.key").read_bytes()).metadata(
-            principal.Principal("root", "admin"))
+            principal.Principal("root", "admin"), "booking")
         assert await code_of(stub(ch).CreateSalon(CREATE, metadata=mallory)) == grpc.StatusCode.UNAUTHENTICATED
         old = AssertionSigner((dev_pki().folder / "user-assertion.key").read_bytes(), ttl_seconds=60,
-                              clock=lambda: 1_000_000.0).metadata(principal.Principal("u", "admin"))
+                              clock=lambda: 1_000_000.0).metadata(principal.Principal("u", "admin"), "booking")
         assert await code_of(stub(ch).CreateSalon(CREATE, metadata=old)) == grpc.StatusCode.UNAUTHENTICATED
         assert await code_of(stub(ch).CreateSalon(CREATE, metadata=(("cuty-user", "x" * 5000),))) == \
             grpc.StatusCode.UNAUTHENTICATED
@@ -124,23 +126,15 @@ async def test_the_user_is_the_signed_assertion_and_never_plain_metadata(probe_s
         assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-async def test_the_client_channel_forwards_the_current_user_and_defaults_the_deadline(probe_server):
-    """What a service's onward call carries (cutylib.grpc_client): the user it is serving (their
-    signed assertion, unchanged), or none while it works as itself; the default deadline unless
-    the call sets its own."""
-    signed = dict(user("user-9", "staff", "org-3"))["cuty-user"]
+async def test_the_client_channel_forwards_no_user_and_defaults_the_deadline(probe_server):
+    """What a service's onward call carries (cutylib.grpc_client): never the user it is serving
+    (only the gateway brings users, each signed for one service), a user only when the call names
+    one itself; the default deadline unless the call sets its own."""
     async with channel_as("gateway", addr(probe_server), "booking", deadline_seconds=0.3) as ch:
-        with principal.acting_as(principal.Principal("user-9", "staff", "org-3", assertion=signed)):
-            salon = await stub(ch).CreateSalon(CREATE)
-            assert (salon.id, salon.name, salon.time_zone) == ("user-9", "staff", "org-3")
-            # A call that names its user itself is not overridden by the current one.
+        with principal.acting_as(principal.Principal("user-9", "staff", "org-3")):
+            assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
             salon = await stub(ch).CreateSalon(CREATE, metadata=user("user-1", "admin", "org-7"))
             assert (salon.id, salon.name) == ("user-1", "admin")
-            # Working as itself while serving the user (the saga's calls): no user goes with the call.
-            with principal.acting_as(principal.SYSTEM):
-                assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
-            assert (await stub(ch).CreateSalon(CREATE)).id == "user-9"  # the user again after the block
-        assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
         started = asyncio.get_running_loop().time()
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await stub(ch).ListSlots(LIST_SLOTS, timeout=1.0)
@@ -148,16 +142,84 @@ async def test_the_client_channel_forwards_the_current_user_and_defaults_the_dea
         assert asyncio.get_running_loop().time() - started >= 0.9  # its own 1 s, not the channel's 0.3 s
 
 
-async def test_system_only_for_the_orchestrator_or_the_service_itself(probe_server):
+async def _serve_table(table, **access) -> GrpcServer:
     server = GrpcServer("booking", 0, host="127.0.0.1")
-    table = {m.name: {"gateway", "payments", "booking"} for m in SERVICE.methods}
     booking_pb2_grpc.add_BookingServiceServicer_to_server(Probe(), server.server)
-    server.add_service(SERVICE, table)
+    server.add_service(SERVICE, table, **access)
     await server.start()
+    return server
+
+
+EVERYONE = {m.name: {"gateway", "payments", "booking"} for m in SERVICE.methods}
+
+
+async def test_system_is_granted_per_rpc_not_per_peer():
+    """A peer listed for an RPC is `system` there only if the RPC grants `system`; elsewhere its
+    call without a user is refused, whoever it is (the orchestrator, the service itself)."""
+    granted = await _serve_table(EVERYONE, system={"CreateSalon"})
+    not_granted = await _serve_table(EVERYONE, system=set(SYSTEM_RPCS))  # CreateSalon is not a system RPC
     try:
         for identity, role in (("payments", "system"), ("booking", "system"), ("gateway", "anonymous")):
-            async with channel_as(identity, addr(server), "booking") as ch:
+            async with channel_as(identity, addr(granted), "booking") as ch:
                 assert (await stub(ch).CreateSalon(CREATE)).name == role, identity
+            async with channel_as(identity, addr(not_granted), "booking") as ch:
+                if identity == "gateway":
+                    assert (await stub(ch).CreateSalon(CREATE)).name == "anonymous"
+                else:
+                    assert await code_of(stub(ch).CreateSalon(CREATE)) == grpc.StatusCode.PERMISSION_DENIED, identity
+    finally:
+        await granted.stop()
+        await not_granted.stop()
+
+
+async def test_users_come_only_from_the_gateway():
+    """An assertion that is valid in every way (the gateway's key, this service's audience) is
+    still refused from any other peer, even one the RPC lists: an intruder in payments cannot act
+    as a user it saw or made up."""
+    server = await _serve_table(EVERYONE, system={m.name for m in SERVICE.methods})
+    try:
+        admin = user("root", "admin", "org-7", service="booking")
+        for identity in ("payments", "booking"):
+            async with channel_as(identity, addr(server), "booking") as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await stub(ch).CreateSalon(CREATE, metadata=admin)
+                assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, identity
+                assert "only the gateway" in e.value.details()
+        async with channel_as("gateway", addr(server), "booking") as ch:
+            assert (await stub(ch).CreateSalon(CREATE, metadata=admin)).id == "root"
+    finally:
+        await server.stop()
+
+
+async def test_an_assertion_is_for_one_service_only(probe_server):
+    """The gateway signs a user for the service it calls: one signed for the code pool (or for
+    every service at once) is refused by booking, even from the gateway."""
+    async with channel_as("gateway", addr(probe_server), "booking") as ch:
+        for_codepool = user("a", "admin", service="codepool")
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub(ch).CreateSalon(CREATE, metadata=for_codepool)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "not for booking" in e.value.details()
+        now = int(time.time())
+        everyone = jwt.encode({"iss": "cuty-gateway", "aud": ["cuty-booking", "cuty-codepool"], "sub": "a",
+                               "role": "admin", "org": "org-7", "iat": now, "exp": now + 60},
+                              (dev_pki().folder / "user-assertion.key").read_bytes(), algorithm="ES256")
+        assert await code_of(stub(ch).CreateSalon(CREATE, metadata=(("cuty-user", everyone),))) == \
+            grpc.StatusCode.UNAUTHENTICATED
+        assert (await stub(ch).CreateSalon(CREATE, metadata=user("a", "admin", service="booking"))).id == "a"
+
+
+async def test_only_the_services_user_roles_pass():
+    """Each service names the user roles the gateway may bring it (the code pool: no customers);
+    any other role is refused before a handler runs."""
+    server = await _serve_table(CALLERS, system=SYSTEM_RPCS, roles={"staff", "admin", "operator"})
+    try:
+        async with channel_as("gateway", addr(server), "booking") as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub(ch).CreateSalon(CREATE, metadata=user("c", "customer"))
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "customer" in e.value.details()
+            assert (await stub(ch).CreateSalon(CREATE, metadata=user("s", "staff"))).name == "staff"
     finally:
         await server.stop()
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from booking.grpc_api import CALLERS
+from booking.grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES
 from cuty.booking.v1 import booking_pb2, booking_pb2_grpc
 from cutylib import deadlines, errors
 from cutylib.db import UnitOfWork, create_pool
@@ -69,7 +69,7 @@ async def _serving(worker, **kw):
     """A booking server (mutual TLS) answering with `worker`, while the block runs: its address."""
     server = GrpcServer("booking", 0, host="127.0.0.1", **kw)
     booking_pb2_grpc.add_BookingServiceServicer_to_server(worker, server.server)
-    server.add_service(SERVICE, CALLERS)
+    server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     await server.start()
     try:
         yield f"127.0.0.1:{server.port}"

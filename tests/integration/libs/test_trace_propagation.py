@@ -36,7 +36,7 @@ async def hop_server(monkeypatch):
     hop = Hop()
     server = GrpcServer("booking", 0, host="127.0.0.1")
     booking_pb2_grpc.add_BookingServiceServicer_to_server(hop, server.server)
-    server.add_service(SERVICE, ANYONE)
+    server.add_service(SERVICE, ANYONE, system=ANYONE)  # the second hop is booking calling itself
     hop.port = await server.start()
     yield server
     await server.stop()

@@ -35,8 +35,8 @@ async def test_create_get_timeline_roundtrip(payments_server):
     p = await payments_server.CreatePayment(create())
     assert p.status == S.PAYMENT_STATUS_REQUIRES_ACTION and p.next_action.redirect_url and p.client_secret
     assert (p.amount.currency_code, p.amount.amount_minor, p.version) == ("TRY", 4200, 2)
-    got = await payments_server.GetPayment(pb.GetPaymentRequest(payment_id=p.id), metadata=CUSTOMER)
-    assert got.id == p.id and got.client_secret == p.client_secret  # its own customer may look
+    got = await payments_server.GetPayment(pb.GetPaymentRequest(payment_id=p.id), metadata=STAFF)
+    assert got.id == p.id and got.client_secret == p.client_secret  # its merchant's staff may look
     t = await payments_server.GetPaymentTimeline(pb.GetPaymentTimelineRequest(payment_id=p.id), metadata=STAFF)
     assert [(e.source, e.from_status, e.to_status, e.version) for e in t.events] == [
         ("sync", "", "created", 1), ("sync", "created", "requires_action", 2)]
@@ -63,8 +63,11 @@ async def test_ids_and_roles(payments_server):
     await expect(grpc.StatusCode.INVALID_ARGUMENT, stub.GetPayment(pb.GetPaymentRequest(payment_id="x")), "payment_id")
     await expect(grpc.StatusCode.NOT_FOUND, stub.GetPayment(pb.GetPaymentRequest(payment_id=new_id())))
     p = await stub.CreatePayment(create())
-    stranger = user("cust-other", "customer")
+    stranger = user("staff-other", "staff", "merchant-other")
     await expect(grpc.StatusCode.NOT_FOUND, stub.GetPayment(pb.GetPaymentRequest(payment_id=p.id), metadata=stranger))
+    # No route brings a customer to PaymentService: the role is refused before any handler.
+    await expect(grpc.StatusCode.PERMISSION_DENIED, stub.GetPayment(pb.GetPaymentRequest(payment_id=p.id),
+                                                                    metadata=CUSTOMER))
     await expect(grpc.StatusCode.PERMISSION_DENIED,
                  stub.GetPaymentTimeline(pb.GetPaymentTimelineRequest(payment_id=p.id), metadata=CUSTOMER))
     await expect(grpc.StatusCode.PERMISSION_DENIED, stub.CreatePayment(create(), metadata=CUSTOMER))

@@ -6,6 +6,10 @@ protos' google.api.http annotations); a service calls what its own code calls on
 (`stub.HoldSlot(...)`): the method names used in its package, servicer modules (grpc_api.py) left
 out. A grant without such a caller is one an intruder in that service could use and nobody else
 needs: remove it.
+
+The same holds for what a caller may be: `system` only on the RPCs a service calls as itself (every
+grant to a service other than the gateway, and no other), and only the user roles the gateway's
+routes to that service admit.
 """
 from __future__ import annotations
 
@@ -14,20 +18,22 @@ import re
 
 import pytest
 
-from booking.grpc_api import CALLERS as BOOKING
-from codepool.claims_api import CALLERS as CODE_CLAIMS
-from codepool.grpc_api import CALLERS as CODEPOOL
+import booking.grpc_api
+import codepool.claims_api
+import codepool.grpc_api
+import payments.checkout.grpc_api
+import payments.claims.grpc_api
+import payments.grpc_api
+import payments.outbound.grpc_api
 from gateway.policy import POLICY
-from payments.checkout.grpc_api import CALLERS as CHECKOUT
-from payments.claims.grpc_api import CALLERS as CLAIMS
-from payments.grpc_api import CALLERS as PAYMENTS
-from payments.outbound.grpc_api import CALLERS as WEBHOOK_ENDPOINTS
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-TABLES = {"cuty.booking.v1.BookingService": BOOKING, "cuty.codepool.v1.CodePoolService": CODEPOOL,
-          "cuty.payments.v1.PaymentService": PAYMENTS, "cuty.payments.v1.CheckoutService": CHECKOUT,
-          "cuty.payments.v1.WebhookEndpointService": WEBHOOK_ENDPOINTS,
-          "cuty.codepool.v1.CodeClaimService": CODE_CLAIMS, "cuty.payments.v1.ClaimService": CLAIMS}
+MODULES = {"cuty.booking.v1.BookingService": booking.grpc_api, "cuty.codepool.v1.CodePoolService": codepool.grpc_api,
+           "cuty.payments.v1.PaymentService": payments.grpc_api,
+           "cuty.payments.v1.CheckoutService": payments.checkout.grpc_api,
+           "cuty.payments.v1.WebhookEndpointService": payments.outbound.grpc_api,
+           "cuty.codepool.v1.CodeClaimService": codepool.claims_api, "cuty.payments.v1.ClaimService": payments.claims.grpc_api}
+TABLES = {svc: m.CALLERS for svc, m in MODULES.items()}
 
 # Grants that no service calls yet, kept for the tests that drive these RPCs as that service: each
 # is to be removed (or given a caller) and its tests moved to the service's core. Nothing else may
@@ -71,10 +77,24 @@ def test_every_grant_has_a_caller(rpc, peer):
     assert called(rpc, peer), f"{peer} is granted {rpc} but never calls it: remove the grant"
 
 
+def test_the_not_called_yet_list_holds_only_grants_that_exist():
+    assert NOT_CALLED_YET <= set(grants())
+
+
+@pytest.mark.parametrize("svc", sorted(MODULES))
+def test_system_exactly_where_a_service_calls_as_itself(svc):
+    """Services other than the gateway bring no user, so each of their grants is a `system` one,
+    and `system` is nowhere else (not on the gateway's RPCs, not on RPCs nobody calls)."""
+    table, system = TABLES[svc], MODULES[svc].SYSTEM_RPCS
+    assert set(system) == {rpc for rpc, peers in table.items() if set(peers) - {"gateway"}}
+
+
+@pytest.mark.parametrize("svc", sorted(MODULES))
+def test_user_roles_are_those_of_the_gateways_routes(svc):
+    routes = {rpc: a for rpc, a in POLICY.items() if rpc.rsplit(".", 1)[0] == svc}
+    assert set(MODULES[svc].USER_ROLES) == set().union(*(a.roles for a in routes.values() if a.roles))
+
+
 def test_every_gateway_route_is_granted_to_the_gateway():
     granted = {rpc for rpc, peer in grants() if peer == "gateway"}
     assert set(POLICY) - granted == set()
-
-
-def test_the_not_called_yet_list_holds_only_grants_that_exist():
-    assert NOT_CALLED_YET <= set(grants())

@@ -32,6 +32,10 @@ CALLERS = {"CreateCheckout": {GATEWAY}, "PayCheckout": {GATEWAY}, "GetCheckout":
            "CancelCheckout": {GATEWAY}, "RescheduleCheckout": {GATEWAY}, "RetryCheckout": {GATEWAY, PAYMENTS}, "ListCheckouts": {GATEWAY},
            "WatchCheckout": {GATEWAY}, "CreateStaffCheckout": {GATEWAY}, "MarkPaidAtVenue": {GATEWAY},
            "MarkNoShow": {GATEWAY}}
+# Where a caller other than the gateway acts as `system`: the operator's retry (the `ops` CLI).
+SYSTEM_RPCS = frozenset({"RetryCheckout"})
+# The user roles the gateway may bring: customers, and merchants' staff and admins, the operator.
+USER_ROLES = frozenset({"customer", "staff", "admin", "operator"})
 # Who may put a NEEDS_ATTENTION checkout back to work.
 OPERATOR_ROLES = ("operator", "admin", "system")
 

@@ -14,7 +14,7 @@ from cutylib.tls import BOOKING, CODEPOOL, PAYMENTS, Transport
 from ..service import PaymentsCore
 from . import views
 from .engine import Engine
-from .grpc_api import CALLERS, CheckoutApi
+from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, CheckoutApi
 from .idempotency import IdempotencyStore
 from .live import Watchers
 from .remote import Inventory
@@ -60,7 +60,7 @@ def register(server, settings, pool, core: PaymentsCore) -> None:
     crash.configure(options.crash_at)
     service, _engine, worker, channels = build(settings, pool, core, options=options, transport=server.transport)
     checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(service), server.server)
-    server.add_service(SERVICE, CALLERS)
+    server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     server.add_background(worker.run)
     # One LISTEN connection per process for WatchCheckout's streams (checkout/live.py).
     server.add_background(service.watchers.run)

@@ -18,6 +18,8 @@ from .service import REFUND, REJECT, REPLACE, ClaimResolver
 
 # The merchant's admins, through the gateway.
 CALLERS = {"ResolveClaim": {GATEWAY}}
+SYSTEM_RPCS: frozenset[str] = frozenset()  # no service calls it as itself
+USER_ROLES = frozenset({"admin"})  # the merchant's admins resolve claims, through the gateway
 IDEMPOTENCY_KEY = "idempotency-key"
 RESOLUTION = {pb.CLAIM_RESOLUTION_REPLACE: REPLACE, pb.CLAIM_RESOLUTION_REFUND: REFUND,
               pb.CLAIM_RESOLUTION_REJECT: REJECT}

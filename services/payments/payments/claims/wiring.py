@@ -10,7 +10,7 @@ from cutylib.grpc_client import create_channel
 from cutylib.periodic import TRANSIENT, periodic
 from cutylib.tls import CODEPOOL
 
-from .grpc_api import CALLERS, ClaimApi
+from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, ClaimApi
 from .service import ClaimResolver, log
 
 SERVICE = claims_pb2.DESCRIPTOR.services_by_name["ClaimService"]
@@ -23,7 +23,7 @@ def register(server, pool, core, *, workers: bool = True, stub=None) -> ClaimRes
         stub = codepool_claims.CodeClaimServiceStub(channel)
     resolver = ClaimResolver(pool, core, stub)
     claims_pb2_grpc.add_ClaimServiceServicer_to_server(ClaimApi(resolver), server.server)
-    server.add_service(SERVICE, CALLERS)
+    server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     if workers:
         server.add_background(lambda: periodic(resolver.finish_pending, resolver.finish_every,
                                                what="claim refund finisher", log=log,

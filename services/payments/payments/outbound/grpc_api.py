@@ -18,6 +18,8 @@ from .service import WebhookEndpoints
 CALLERS = {"CreateWebhookEndpoint": {GATEWAY}, "ListWebhookEndpoints": {GATEWAY},
            "DeleteWebhookEndpoint": {GATEWAY}, "ListWebhookDeliveries": {GATEWAY},
            "RedeliverWebhook": {GATEWAY}}
+SYSTEM_RPCS: frozenset[str] = frozenset()  # no service calls these as itself
+USER_ROLES = frozenset({"admin"})  # the gateway brings merchants' admins only
 
 
 def endpoint_proto(e: Endpoint) -> pb.WebhookEndpoint:

@@ -8,7 +8,7 @@ from cutylib.grpc_client import create_channel
 from cutylib.metrics import refresh_periodically
 from cutylib.tls import CODEPOOL
 
-from .grpc_api import CALLERS, WebhookEndpointApi
+from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, WebhookEndpointApi
 from .metrics import process_metrics
 from .relay import StockEventRelay
 from .secrets import SecretBox
@@ -35,7 +35,7 @@ def register(server, settings, pool, worker_id: str, *, workers: bool = True) ->
     server.on_database_ready(lambda: box.encrypt_stored(pool))
     service = WebhookEndpoints(Endpoints(pool, box), settings.environment)
     webhooks_pb2_grpc.add_WebhookEndpointServiceServicer_to_server(WebhookEndpointApi(service), server.server)
-    server.add_service(SERVICE, CALLERS)
+    server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     if workers:
         options = DeliveryOptions()
         # None (CUTY_WEBHOOKS_OUT_WORKERS=0) where a process of their own delivers (process.py).
