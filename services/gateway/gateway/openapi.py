@@ -298,6 +298,9 @@ def document(routes: list[Route], access: dict[str, Access]) -> dict:
     except Exception:  # noqa: BLE001 - descriptions are optional
         comments = {}
     s = _Schemas(comments)
+    from cuty.booking.v1 import booking_pb2
+    for d in (booking_pb2.Slot.DESCRIPTOR, booking_pb2.Hold.DESCRIPTOR):
+        s.ref(d)  # the Problem's alternatives and heldAlternative refer to them, whichever routes exist
     paths: dict[str, dict] = {}
     for r in sorted(routes, key=lambda r: (r.template.openapi_path, r.http_method)):
         paths.setdefault(r.template.openapi_path, {})[r.http_method.lower()] = operation(s, r, access[r.rpc])

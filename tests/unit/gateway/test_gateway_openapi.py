@@ -71,3 +71,14 @@ def test_every_operation_takes_request_timeout_and_names_its_criticality(routes)
         assert {"429", "503"} <= set(op["responses"]), r.rpc  # public routes are limited per address too
     pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]
     assert pay["x-cuty-criticality"] == "critical" and "overloaded" in pay["responses"]["503"]["description"]
+
+
+
+def test_every_reference_in_the_document_resolves(routes):
+    """A client (or Schemathesis) reading the document finds every schema it names."""
+    import json
+    import re
+    rs = list(routes.values())
+    doc = document(rs, {r.rpc: access_for(r.rpc) for r in rs})
+    refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(doc)))
+    assert refs and not refs - set(doc["components"]["schemas"]), refs - set(doc["components"]["schemas"])
