@@ -67,8 +67,18 @@ def scalar(schema: dict, f: FieldDescriptor, rules: pv.FieldRules, *, item: bool
                 out["minimum"] = low
             if high is not None:
                 out["maximum"] = high
-    elif kind == "enum" and rules.enum.defined_only:
-        pass  # the schema already lists the enum's names
+    elif kind == "enum":
+        # the schema lists the enum's names; `in` / `not_in` narrow them (the zero value is
+        # still accepted when the rule ignores it)
+        e = rules.enum
+        allowed = {v.number for v in f.enum_type.values}
+        if getattr(e, "in"):
+            allowed &= set(getattr(e, "in"))
+        allowed -= set(e.not_in)
+        if optional_zero:
+            allowed.add(0)
+        if "enum" in out:
+            out["enum"] = [v.name for v in f.enum_type.values if v.number in allowed]
     elif kind == "bytes" and rules.bytes.HasField("max_len"):
         out["maxLength"] = (rules.bytes.max_len + 2) // 3 * 4  # base64 in JSON
     return out
@@ -142,6 +152,9 @@ _EXAMPLE_STRINGS = {
     "order_id": "order-0001", "order_item_id": "order-0001-1", "payment_transaction_id": "pay-0001",
     "page_token": "", "next_page_token": "", "customer_id": "customer-42", "merchant_id": "demo-salons",
     "status": "", "type": "", "secret": "whsec_4f1d", "payload_json": "{}", "error": "", "note": "",
+    "opens": "09:00", "closes": "18:00", "start_day": "2026-03-09", "end_day": "2026-03-15",
+    "phone": "+4915112345678", "email": "ana@example.com", "reference": "receipt-1042",
+    "requested_by": "ana", "checkout_id": EXAMPLE_ID,
 }
 _EXAMPLE_LISTS = {"codes": ["GIFT-7A2F", "GIFT-91BC"], "events": ["checkout.completed"]}
 
@@ -167,6 +180,8 @@ def _field_example(f: FieldDescriptor, depth: int):
             return list(_EXAMPLE_LISTS[f.name])
         if f.type == _T.TYPE_MESSAGE and not f.message_type.GetOptions().map_entry and depth < 3:
             return [example(f.message_type, depth + 1)]
+        if f.type == _T.TYPE_STRING and rules is not None and rules.repeated.min_items:
+            return [EXAMPLE_ID if rules.repeated.items.string.uuid else "text"]  # a list that may not be empty
         return []
     if f.type == _T.TYPE_MESSAGE:
         name = f.message_type.full_name
@@ -198,6 +213,8 @@ def _field_example(f: FieldDescriptor, depth: int):
     if kind in _NUMERIC_RULES:
         n = getattr(rules, kind)
         number = n.gte if n.HasField("gte") else (n.gt + 1 if n.HasField("gt") else 0)
+        if getattr(n, "in", None):
+            number = getattr(n, "in")[0]
         if f.name == "quantity":
             number = 1
         if f.name == "page_size":

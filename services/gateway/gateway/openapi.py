@@ -19,9 +19,12 @@ _SCALARS = {
     _T.TYPE_UINT32: {"type": "integer", "format": "int64", "minimum": 0},
     _T.TYPE_FIXED32: {"type": "integer", "format": "int64", "minimum": 0},
     # proto3 JSON writes 64-bit integers as strings (JavaScript numbers lose precision past 2^53).
-    _T.TYPE_INT64: {"type": "string", "format": "int64"}, _T.TYPE_SINT64: {"type": "string", "format": "int64"},
-    _T.TYPE_SFIXED64: {"type": "string", "format": "int64"},
-    _T.TYPE_UINT64: {"type": "string", "format": "uint64"}, _T.TYPE_FIXED64: {"type": "string", "format": "uint64"},
+    # 64-bit integers are decimal strings in proto3 JSON; the pattern says so (a format alone admits any string)
+    _T.TYPE_INT64: {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$"},
+    _T.TYPE_SINT64: {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$"},
+    _T.TYPE_SFIXED64: {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$"},
+    _T.TYPE_UINT64: {"type": "string", "format": "uint64", "pattern": "^[0-9]{1,20}$"},
+    _T.TYPE_FIXED64: {"type": "string", "format": "uint64", "pattern": "^[0-9]{1,20}$"},
 }
 _WKT = {
     "google.protobuf.Timestamp": {"type": "string", "format": "date-time",
@@ -66,9 +69,11 @@ FORWARDED_HEADERS = {"last-event-id": {"type": "string", "pattern": "^[0-9]{1,18
 
 REQUEST_TIMEOUT = {
     "name": "Request-Timeout", "in": "header", "required": False,
-    # Above 0 and at most 3600 (app._request_timeout), as a pattern: 0.001 .. 3599.999..., or 3600(.000).
+    # Above 0 and at most 3600 in at most 32 characters (app._request_timeout), as a pattern:
+    # 0.001 .. 3599.999..., or 3600(.000).
     "schema": {"type": "string", "pattern": r"^0*(([1-9][0-9]{0,2}|[1-2][0-9]{3}|3[0-5][0-9]{2})(\.[0-9]*)?"
-                                            r"|0?\.[0-9]*[1-9][0-9]*|3600(\.0*)?)$", "example": "2.5"},
+                                            r"|0?\.[0-9]*[1-9][0-9]*|3600(\.0*)?)$", "maxLength": 32,  # the parser's limit
+               "example": "2.5"},
     "description": "How long the client will wait, in seconds (a decimal above 0, at most 3600): the call's deadline "
                    "is the lesser of this and the route's own limit (reads 5 s, writes 10 s, writes that may wait on "
                    "the payment provider 15 s), less the time the request already spent in the gateway. Anything "
@@ -293,6 +298,9 @@ def document(routes: list[Route], access: dict[str, Access]) -> dict:
     except Exception:  # noqa: BLE001 - descriptions are optional
         comments = {}
     s = _Schemas(comments)
+    from cuty.booking.v1 import booking_pb2
+    for d in (booking_pb2.Slot.DESCRIPTOR, booking_pb2.Hold.DESCRIPTOR):
+        s.ref(d)  # the Problem's alternatives and heldAlternative refer to them, whichever routes exist
     paths: dict[str, dict] = {}
     for r in sorted(routes, key=lambda r: (r.template.openapi_path, r.http_method)):
         paths.setdefault(r.template.openapi_path, {})[r.http_method.lower()] = operation(s, r, access[r.rpc])

@@ -28,7 +28,7 @@ def test_every_route_is_documented(routes):
     assert {p["name"] for p in agenda["parameters"]} == {"salon_id", "day", "includeHeld", "pageSize", "pageToken",
                                                           "Request-Timeout"}
     money = doc["components"]["schemas"]["cuty.common.v1.Money"]["properties"]
-    assert money["amountMinor"] == {"type": "string", "format": "int64", "default": "0"}
+    assert money["amountMinor"] == {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$", "default": "0"}
     # the path variable is not repeated in the request body schema
     pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(pay["properties"]) == {"paymentMethod"}
@@ -71,3 +71,14 @@ def test_every_operation_takes_request_timeout_and_names_its_criticality(routes)
         assert {"429", "503"} <= set(op["responses"]), r.rpc  # public routes are limited per address too
     pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]
     assert pay["x-cuty-criticality"] == "critical" and "overloaded" in pay["responses"]["503"]["description"]
+
+
+
+def test_every_reference_in_the_document_resolves(routes):
+    """A client (or Schemathesis) reading the document finds every schema it names."""
+    import json
+    import re
+    rs = list(routes.values())
+    doc = document(rs, {r.rpc: access_for(r.rpc) for r in rs})
+    refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(doc)))
+    assert refs and not refs - set(doc["components"]["schemas"]), refs - set(doc["components"]["schemas"])

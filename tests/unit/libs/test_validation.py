@@ -75,3 +75,51 @@ def test_a_client_stream_names_repeated_items_by_their_place_across_the_stream()
     with pytest.raises(validation.RequestInvalid) as e:
         asyncio.run(drain())
     assert e.value.field == "codes[4]"
+
+
+def _fields(message) -> list[str]:
+    return [path for path, _ in validation.violations(message)]
+
+
+def test_the_schedule_staff_booking_and_claim_requests_carry_their_rules():
+    """What the service, hours, staff-booking and claim handlers enforce is in their contracts:
+    a valid request passes, and each broken rule names its field."""
+    from cuty.codepool.v1 import claims_pb2
+
+    week = booking_pb2.SetWorkingHoursRequest(salon_id=ID, resource_id=ID, intervals=[
+        booking_pb2.WeeklyInterval(weekday=1, opens="09:00", closes="18:00")])
+    assert _fields(week) == []
+    week.intervals[0].weekday, week.intervals[0].closes = 8, "25:00"
+    assert _fields(week) == ["intervals[0].weekday", "intervals[0].closes"]
+    assert _fields(booking_pb2.SetBookingSettingsRequest(salon_id=ID, time_step_minutes=7)) == ["time_step_minutes"]
+    assert _fields(booking_pb2.SetHoursOverrideRequest(salon_id=ID, day="2026-13-01")) == ["day"]
+    assert _fields(booking_pb2.SetHoursOverrideRequest(salon_id=ID, day="0000-01-01")) == ["day"]
+    late = booking_pb2.SetHoursOverrideRequest(salon_id=ID, day="2026-03-09", intervals=[
+        booking_pb2.TimeInterval(opens="24:00", closes="24:00")])  # a day may close at 24:00, not open then
+    assert _fields(late) == ["intervals[0].opens"]
+    assert _fields(booking_pb2.GetAvailabilityRequest(salon_id=ID, service_id=ID, start_day="2026-03-09",
+                                                      page_size=2001)) == ["page_size"]
+    assert _fields(booking_pb2.CreateServiceRequest(salon_id=ID, name="Cut", duration_minutes=4,
+                                                    price={"currency_code": "EUR"})) == ["duration_minutes",
+                                                                                          "resource_ids"]
+    assert _fields(booking_pb2.HoldSlotRequest(slot_id=ID, request_id="r", ttl_seconds=86_401)) == ["ttl_seconds"]
+
+    staff = checkout_pb2.CreateStaffCheckoutRequest(slot_id=ID, customer_id="customer-42",
+                                                    settlement=checkout_pb2.SETTLEMENT_AT_VENUE)
+    assert _fields(staff) == []
+    staff.service_id, staff.settlement = ID, 0
+    assert sorted(_fields(staff)) == ["settlement", "slot_id"]
+    guest = checkout_pb2.CreateStaffCheckoutRequest(service_id=ID, settlement=checkout_pb2.SETTLEMENT_PAYMENT_LINK,
+                                                    contact={"name": "Ana", "phone": "0151 123"})
+    assert _fields(guest) == ["contact.phone"]
+    assert _fields(checkout_pb2.MarkPaidAtVenueRequest(checkout_id=ID, method=checkout_pb2.VENUE_PAYMENT_METHOD_CASH,
+                                                       reference=" ")) == ["amount", "reference"]
+
+    assert _fields(claims_pb2.OpenCodeClaimRequest(checkout_id="order-1", code_id=ID, reason="broken",
+                                                   kind=claims_pb2.CLAIM_KIND_DOES_NOT_WORK)) == []
+    assert _fields(claims_pb2.OpenCodeClaimRequest(checkout_id="order-1", code_id=ID, reason="  ")) == ["kind", "reason"]
+    threshold = claims_pb2.SetClaimThresholdRequest(product_id=ID, claim_quarantine_threshold=0)
+    assert _fields(threshold) == ["claim_quarantine_threshold"]
+    threshold.ClearField("claim_quarantine_threshold")
+    assert _fields(threshold) == []
+    assert _fields(claims_pb2.ListCodeClaimsRequest(status=99, batch_id="b")) == ["status", "batch_id"]

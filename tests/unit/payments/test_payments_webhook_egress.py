@@ -120,3 +120,16 @@ def test_errors_become_coarse_classes():
     assert error_class(_connector_error(OSError(113, "No route to host 10.9.9.9"))) == "connection_failed"
     assert error_class(aiohttp.ServerDisconnectedError()) == "connection_lost"
     assert error_class(RuntimeError("boom")) == "error"
+
+
+def test_the_webhook_contract_lists_every_event_type_the_service_sends():
+    """A subscription to an event the service emits must pass the contract's `in` rule: the
+    annotation and the service's list are one list (a new event type is added to both)."""
+    from cuty.payments.v1 import webhooks_pb2
+    from cutylib import validation
+    from payments.outbound.service import EVENT_TYPES
+
+    request = webhooks_pb2.CreateWebhookEndpointRequest(url="https://merchant.example/hooks", events=list(EVENT_TYPES))
+    assert validation.violations(request) == []
+    request.events[:] = ["payment.unknown"]
+    assert [path for path, _ in validation.violations(request)] == ["events[0]"]
