@@ -5,6 +5,7 @@ Idempotency-Key (or reconciliation, whichever comes first) finishes the refund, 
 ledger shows the money went back exactly once."""
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import grpc
@@ -12,7 +13,6 @@ import pytest_asyncio
 
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import payments_pb2, payments_pb2_grpc
-from cutylib.testing.procs import wait_for
 
 from checkout_e2e import STAFF, name, persist, start_stack
 
@@ -65,12 +65,18 @@ async def test_a_crash_around_the_psp_refund_call_refunds_once(refundable):
     for point, refunded_at_psp in (("psp_refund:before", 0), ("psp_refund:after", 1)):
         await crash_at(shop, point)
         proc = shop.stack.procs[PROC]
-        if proc.proc.poll() is None:  # not yet killed by reconciliation: the staff's (retried) call does it
-            try:
-                await ask()
-            except grpc.aio.AioRpcError as e:
-                assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), e
-        await wait_for(lambda: proc.proc.poll() is not None, timeout=30, message=f"the crash at {point}")
+
+        async def until_crashed():
+            # Not yet killed by reconciliation: the staff's call does it, retried with the same key
+            # while the restarted process is not serving yet (UNAVAILABLE before it listens).
+            while proc.proc.poll() is None:
+                try:
+                    await ask()
+                except grpc.aio.AioRpcError as e:
+                    assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), e
+                await asyncio.sleep(0.2)
+
+        await asyncio.wait_for(until_crashed(), timeout=60)
         assert proc.proc.returncode == -9 and f'"crash_point": "{point}"' in proc.tail(20000)
         row = await shop.db["payments"].fetchrow("SELECT status, amount_minor FROM refunds WHERE payment_id = $1",
                                                  uuid.UUID(payment))
