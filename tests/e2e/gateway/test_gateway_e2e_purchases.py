@@ -135,8 +135,10 @@ async def test_answers_carry_zeros_and_false(http, auth, new_product):
     product, _ = await new_product(2)
     stock = await http.get(f"/v1/products/{product['id']}/stock", headers=auth("staff"))
     assert stock.status_code == 200, stock.text
-    assert stock.json() == {"productId": product["id"], "available": "2", "reserved": "0", "delivered": "0"}
+    assert stock.json() == {"productId": product["id"], "available": "2", "reserved": "0", "delivered": "0",
+                            "quarantined": "0", "revoked": "0"}
     doc = (await http.get("/openapi.json")).json()
     schema = doc["components"]["schemas"]["cuty.codepool.v1.Stock"]
-    assert set(schema["x-cuty-always-in-answers"]) == {"productId", "available", "reserved", "delivered"}
+    assert set(schema["x-cuty-always-in-answers"]) == {"productId", "available", "reserved", "delivered",
+                                                       "quarantined", "revoked"}
     assert schema["properties"]["reserved"]["default"] == "0"

@@ -22,13 +22,12 @@ import uuid
 import asyncpg
 
 from cuty.codepool.v1 import claims_pb2 as cpb
-from cutylib import principal
+from cutylib import crash, principal, tenancy
 from cutylib.config import env_float
 from cutylib.errors import FailedPrecondition, NotFound, Unavailable
 from cutylib.principal import Principal
 from cutylib.telemetry import quiet
 
-from cutylib import crash
 
 log = logging.getLogger("payments.claims")
 
@@ -59,10 +58,14 @@ class ClaimResolver:
 
     async def resolve(self, caller: Principal, claim_id: str, resolution: str, note: str,
                       actor: str) -> cpb.CodeClaim:
-        # The admin's merchant decides what exists: the code pool answers NOT_FOUND for another
-        # merchant's claim (the admin's assertion travels with the call).
-        seen = await self.stub.GetCodeClaim(cpb.GetCodeClaimRequest(claim_id=claim_id))
+        # The admin's merchant decides what exists: another merchant's claim is NOT_FOUND, as a
+        # missing one. The orchestrator reads the claim as itself (users reach a service only from
+        # the gateway) and compares its merchant, which never changes.
+        merchant = tenancy.merchant_filter(caller)
         with principal.acting_as(principal.SYSTEM):
+            seen = await self.stub.GetCodeClaim(cpb.GetCodeClaimRequest(claim_id=claim_id))
+            if merchant is not None and seen.merchant_id != merchant:
+                raise NotFound(f"claim {claim_id} not found")
             if resolution in STEP:
                 return await self._settle(seen.id, STEP[resolution], actor, note)
             claim = await self._settle(seen.id, cpb.SETTLE_STEP_REFUND, actor, note)
