@@ -82,11 +82,19 @@ async def test_a_one_call_checkout_whose_orchestrator_died_before_the_charge_is_
         proc = stack.procs["payments-0"]
         # The orchestrator is SIGKILLed just before the charge: the buyer's request fails. Its time
         # is ample for the charge to be reached even on a busy machine; it runs out while nobody runs.
-        with pytest.raises(grpc.aio.AioRpcError):
-            await shop.api().CreateCheckout(pb.CreateCheckoutRequest(product_id=product, quantity=1,
-                                                                     payment_method="pm_card_ok"),
-                                            metadata=md(me, str(uuid.uuid4())), timeout=6.0)
-        await wait_for(lambda: proc.proc.poll() is not None, timeout=30, message="the crash before the charge")
+        # Asked again with the same key while the restarted process is not serving yet (UNAVAILABLE
+        # before it listens), as a buyer's client retries.
+        key = str(uuid.uuid4())
+
+        async def until_crashed():
+            while proc.proc.poll() is None:
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await shop.api().CreateCheckout(pb.CreateCheckoutRequest(product_id=product, quantity=1,
+                                                                             payment_method="pm_card_ok"),
+                                                    metadata=md(me, key), timeout=6.0)
+                await asyncio.sleep(0.2)
+
+        await asyncio.wait_for(until_crashed(), timeout=60)
         assert '"crash_point": "charge:before"' in proc.tail(20000)
         row = await shop.db["payments"].fetchrow(
             "SELECT id, state, pay_deadline, extract(epoch FROM pay_deadline - clock_timestamp()) AS left_s "
