@@ -215,10 +215,12 @@ ROUNDS = 6
 
 
 async def live_holds(shop, slots: list[str]) -> dict[str, int]:
-    """slot id -> live bookings on it (confirmed, or held and not expired), from booking's database."""
+    """slot id -> live bookings on it (confirmed, or held and not expired), from booking's database.
+    A race loser's offer (a short hold on the first alternative, `offered`) is no booking: the
+    rival who lost B may be offered A as soon as the reschedule frees it."""
     return {r["slot_id"]: r["n"] for r in await shop.db["booking"].fetch(
         "SELECT slot_id::text, count(*) AS n FROM holds WHERE slot_id = ANY($1::uuid[]) AND (status = 'confirmed' "
-        "OR (status = 'held' AND expires_at > clock_timestamp())) GROUP BY slot_id", slots)}
+        "OR (status = 'held' AND NOT offered AND expires_at > clock_timestamp())) GROUP BY slot_id", slots)}
 
 
 async def test_a_reschedule_races_another_buyer_for_the_new_slot(shop):
