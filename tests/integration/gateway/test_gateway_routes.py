@@ -75,7 +75,7 @@ async def test_response_is_proto3_json(client, fake, bearer):
     assert r.json() == {"slots": [{"id": "00000000-0000-4000-8000-000000000003", "salonId": "", "resourceId": "00000000-0000-4000-8000-000000000007", "startTime": "2026-03-08T09:00:00Z",
                                    "localStartTime": "2026-03-08T12:00:00+03:00",
                                    "price": {"currencyCode": "TRY", "amountMinor": "75000"}, "available": False,
-                                   "serviceId": ""}],
+                                   "serviceId": "", "merchantId": ""}],
                         "nextPageToken": ""}
 
 
