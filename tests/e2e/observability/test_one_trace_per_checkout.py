@@ -64,7 +64,9 @@ async def test_a_webhook_first_checkout_is_one_trace(observed):
     def whole() -> bool:
         return ("checkout.confirm" in names("cuty-payments")
                 and linked("POST /v1/psp/webhooks") and linked("payments.webhook")  # each process exports in its own batches
-                and any(n.endswith("ConfirmHold") for n in names("cuty-booking")))
+                and any(n.endswith("ConfirmHold") for n in names("cuty-booking"))
+                # the saga's drive that the pay request started (exported in a batch of its own)
+                and any(created["pay_trace_id"] in s.links for s in rx.in_trace(trace_id) if s.name == "checkout.drive"))
 
     try:
         await wait_for(whole, timeout=20, message="every span of the checkout's trace to be exported")
