@@ -192,12 +192,20 @@ class Http:
         head += [f"{k}: {v}" for k, v in headers.items()]
         self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
         status_line = await self.reader.readline()
-        length = 0
+        if not status_line:
+            raise ConnectionResetError(f"{method} {path}: the server closed the connection without answering")
+        length, close = 0, False
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
+            name = name.strip().lower()
+            if name == b"content-length":
                 length = int(value)
-        return int(status_line.split()[1]), await self.reader.readexactly(length)
+            elif name == b"connection" and value.strip().lower() == b"close":
+                close = True
+        answer = int(status_line.split()[1]), await self.reader.readexactly(length)
+        if close:  # the server closes after this answer (e.g. one given before the body was read)
+            self.close()
+        return answer
 
     def close(self) -> None:
         if self.writer is not None:
