@@ -57,18 +57,26 @@ def violations(message: Message) -> list[tuple[str, str]]:
     out = []
     for v in found:
         p = v.proto
-        # A rule of the whole message (one of several fields must be set) names its first field.
-        out.append((field_path(p.field) or _first_oneof_field(message.DESCRIPTOR), p.message))
+        # A rule of the whole message (one of several fields must be set) names the first field
+        # of the rule it breaks.
+        out.append((field_path(p.field) or _broken_oneof_field(message), p.message))
     return out
 
 
 @functools.cache
-def _first_oneof_field(d) -> str:
-    rules = d.GetOptions().Extensions[validate_pb2.message] if d.GetOptions().HasExtension(validate_pb2.message) else None
-    for one in rules.oneof if rules is not None else ():
-        if one.fields:
+def _oneof_rules(d) -> tuple:
+    opts = d.GetOptions()
+    return tuple(opts.Extensions[validate_pb2.message].oneof) if opts.HasExtension(validate_pb2.message) else ()
+
+
+def _broken_oneof_field(message: Message) -> str:
+    given = {f.name for f, _ in message.ListFields()}
+    rules = _oneof_rules(message.DESCRIPTOR)
+    for one in rules:
+        n = sum(name in given for name in one.fields)
+        if one.fields and (n > 1 or (one.required and n == 0)):
             return one.fields[0]
-    return ""
+    return rules[0].fields[0] if rules and rules[0].fields else ""
 
 
 def check(message: Message) -> None:

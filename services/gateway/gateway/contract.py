@@ -67,6 +67,8 @@ def scalar(schema: dict, f: FieldDescriptor, rules: pv.FieldRules, *, item: bool
                 out["minimum"] = low
             if high is not None:
                 out["maximum"] = high
+        if list(getattr(n, "in", ())) and f.type not in _INT64:
+            out["enum"] = sorted(getattr(n, "in"))
     elif kind == "enum":
         # the schema lists the enum's names; `in` / `not_in` narrow them (the zero value is
         # still accepted when the rule ignores it)
@@ -113,6 +115,27 @@ def required_fields(d: Descriptor) -> tuple[str, ...]:
         if name and name in d.fields_by_name and name not in names:
             names.append(name)
     return tuple(n for n in (f.name for f in d.fields) if n in names)
+
+
+@functools.cache
+def forbidden_fields(d: Descriptor) -> tuple[str, ...]:
+    """The fields of `d` that a request may never carry (a rule refuses them whatever their value:
+    staff never choose a payment method), asked of the validator with the field set, so the
+    document leaves them out of the request's schema."""
+    from google.protobuf import message_factory
+    names = []
+    for f in d.fields:
+        rules = rules_of(f)
+        if rules is None or not rules.cel or f.type != _T.TYPE_STRING or f.is_repeated:
+            continue
+        refused = 0
+        for value in ("", "x"):
+            m = message_factory.GetMessageClass(d)()
+            setattr(m, f.name, value)
+            refused += any(path.split(".", 1)[0] == f.name for path, _ in validation.violations(m))
+        if refused == 2:
+            names.append(f.name)
+    return tuple(names)
 
 
 def has_rules(d: Descriptor, _seen: frozenset = frozenset()) -> bool:
@@ -164,6 +187,7 @@ def example(d: Descriptor, depth: int = 0) -> dict:
     out: dict = {}
     oneofs = [fields[1:] for fields, _ in message_oneofs(d)]
     skip = {n for rest in oneofs for n in rest}  # one member of each "exactly one of" rule
+    skip |= set(forbidden_fields(d))
     for f in d.fields:
         if f.name in skip:
             continue

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from cutylib import money
+
 from . import contract
 from .descriptors import Route, load_file_set, message_comments
 from .policy import Access, load_for
@@ -26,6 +28,7 @@ _SCALARS = {
     _T.TYPE_UINT64: {"type": "string", "format": "uint64", "pattern": "^[0-9]{1,20}$"},
     _T.TYPE_FIXED64: {"type": "string", "format": "uint64", "pattern": "^[0-9]{1,20}$"},
 }
+MONEY_CURRENCY = "cuty.common.v1.Money.currency_code"
 _WKT = {
     "google.protobuf.Timestamp": {"type": "string", "format": "date-time",
                                   "description": "RFC 3339 with an offset, e.g. 2026-03-08T09:00:00Z"},
@@ -66,6 +69,11 @@ IDEMPOTENCY_KEY = {
 # Forwarded headers' own rules: a Last-Event-ID is an event id (checkout/grpc_api._last_event_id).
 FORWARDED_HEADERS = {"last-event-id": {"type": "string", "pattern": "^[0-9]{1,18}$", "example": "1841"},
                      "cuty-signature": {"type": "string", "pattern": "^[\\x20-\\x7e]+$"}}
+
+# Page tokens are the service's own (bound to the list's query and signed): nothing a client can
+# build, so the schema can only bound their length.
+PAGE_TOKEN = ("Opaque: empty for the first page, else exactly a `nextPageToken` this list answered for the "
+              "same query. Any other value is a 400 `invalid-argument` with `field: pageToken`.")
 
 REQUEST_TIMEOUT = {
     "name": "Request-Timeout", "in": "header", "required": False,
@@ -117,6 +125,10 @@ class _Schemas:
         else:
             one = dict(_SCALARS[f.type])
         rules = contract.rules_of(f) if request else None
+        if request and f.full_name == MONEY_CURRENCY:
+            # The currencies the services accept (cutylib.money.ISO_4217): the pattern alone admits
+            # any three letters.
+            one["enum"] = sorted(money.ISO_4217)
         if f.is_repeated:
             one = {"type": "array", "items": one}
             if rules is not None:
@@ -137,6 +149,8 @@ class _Schemas:
         return {"$ref": f"#/components/schemas/{name}"}
 
     def object(self, d: Descriptor, skip: set[str] = frozenset(), request: bool = False) -> dict:
+        if request:
+            skip = set(skip) | set(contract.forbidden_fields(d))
         out = {"type": "object", "additionalProperties": False,
                "properties": {f.json_name: self.field(f, request) for f in d.fields if f.name not in skip}}
         if request:
@@ -190,6 +204,8 @@ def _query_params(s: _Schemas, d: Descriptor, skip: set[str], prefix: str = "", 
         param = {"name": name, "in": "query", "required": f.name in required, "schema": schema}
         if "description" in schema:
             param["description"] = schema.pop("description")
+        if f.name == "page_token":
+            param["description"] = PAGE_TOKEN
         if f.is_repeated:
             param["style"], param["explode"] = "form", True
         out.append(param)

@@ -4,6 +4,7 @@ import pytest
 
 from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2 as pb
+from cutylib import validation
 from cutylib.errors import FailedPrecondition, InvalidArgument
 from payments.checkout import staffbook
 from payments.checkout.domain import Saga
@@ -18,7 +19,10 @@ def req(**over) -> pb.CreateStaffCheckoutRequest:
 
 
 def field_of(request) -> str:
+    """The field a bad request is refused for, as the server refuses it: its contract's annotations
+    first (cutylib.validation, in every server), then staffbook's own rules."""
     with pytest.raises(InvalidArgument) as e:
+        validation.check(request)
         staffbook.validate(request, 86_400)
     return e.value.field
 
@@ -44,7 +48,8 @@ def test_a_link_lives_the_default_or_what_is_asked_up_to_a_day():
     (dict(contact=pb.GuestContact(name="A", phone="+905321234567")), "customer_id"),  # both
     (dict(customer_id="x" * 201), "customer_id"),
     (dict(slot_id=""), "slot_id"),
-    (dict(service_id=SLOT), "service_id"),  # a slot and a service time
+    (dict(service_id=SLOT), "slot_id"),  # a slot and a service time
+    (dict(resource_id=SLOT), "service_id"),  # a slot and a service time's resource
 ])
 def test_bad_requests_name_the_field(over, field):
     assert field_of(req(**over)) == field
@@ -88,7 +93,9 @@ def test_a_venue_payment_names_its_bad_part():
                         (dict(amount=common_pb2.Money(currency_code="TRY", amount_minor=-1)), "amount.amount_minor"),
                         (dict(reference=" "), "reference"), (dict(reference="r" * 101), "reference")):
         with pytest.raises(InvalidArgument) as e:
-            staffbook.venue_payment(pb.MarkPaidAtVenueRequest(**{**good, **over}))
+            request = pb.MarkPaidAtVenueRequest(**{**good, **over})
+            validation.check(request)
+            staffbook.venue_payment(request)
         assert e.value.field == field, over
 
 

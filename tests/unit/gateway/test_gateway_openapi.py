@@ -28,7 +28,19 @@ def test_every_route_is_documented(routes):
     assert {p["name"] for p in agenda["parameters"]} == {"salon_id", "day", "includeHeld", "pageSize", "pageToken",
                                                           "Request-Timeout"}
     money = doc["components"]["schemas"]["cuty.common.v1.Money"]["properties"]
-    assert money["amountMinor"] == {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$", "default": "0"}
+    assert {k: v for k, v in money["amountMinor"].items() if k != "description"} == {
+        "type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$", "default": "0"}
+    # in a request: never negative, and a currency the services know
+    given = doc["components"]["schemas"]["cuty.common.v1.Money.Input"]["properties"]
+    assert given["amountMinor"]["pattern"] == "^[0-9]{1,18}$"
+    assert "EUR" in given["currencyCode"]["enum"] and "AAA" not in given["currencyCode"]["enum"]
+    # a field a request may never carry is not in its schema
+    staff = doc["paths"]["/v1/checkouts:createForCustomer"]["post"]["requestBody"]["content"]["application/json"]
+    assert "paymentMethod" not in staff["schema"]["properties"] and "paymentMethod" not in staff["example"]
+    # a numeric field that takes a few values lists them
+    step = doc["paths"]["/v1/salons/{salon_id}:setBookingSettings"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]["properties"]
+    assert step["timeStepMinutes"]["enum"] == [5, 10, 15, 20, 30, 60]
     # the path variable is not repeated in the request body schema
     pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(pay["properties"]) == {"paymentMethod"}

@@ -85,13 +85,10 @@ def contact_of(pb: checkout_pb2.GuestContact) -> Contact:
 
 
 def validate(request: checkout_pb2.CreateStaffCheckoutRequest, default_link_ttl: int) -> StaffRequest:
-    """The request's own rules, checked before anything is read or written."""
-    if request.HasField("payment_method"):
-        raise InvalidArgument("payment_method", "staff never choose a payment method for a customer: the customer "
-                                                "pays through the link or at the venue")
-    settle = SETTLEMENTS.get(request.settlement)
-    if settle is None:
-        raise InvalidArgument("settlement", "settlement must be SETTLEMENT_PAYMENT_LINK or SETTLEMENT_AT_VENUE")
+    """The request's rules beyond its contract's annotations (which the server checked already: no
+    payment method, a settlement, exactly one of slot/service and of customer/contact), before
+    anything is read or written."""
+    settle = SETTLEMENTS[request.settlement]
     ttl = None
     if settle == LINK:
         ttl = request.link_ttl_seconds or default_link_ttl
@@ -101,14 +98,10 @@ def validate(request: checkout_pb2.CreateStaffCheckoutRequest, default_link_ttl:
     elif request.link_ttl_seconds:
         raise InvalidArgument("link_ttl_seconds", "link_ttl_seconds is for a payment link only")
     has_contact = request.HasField("contact")
-    if bool(request.customer_id) == has_contact:
-        raise InvalidArgument("customer_id", "name the customer: customer_id or contact, exactly one")
     customer_id = _printable("customer_id", request.customer_id, MAX_CUSTOMER_ID) if request.customer_id else None
     contact = contact_of(request.contact) if has_contact else None
-    if request.slot_id and (request.service_id or request.HasField("start_time") or request.resource_id):
+    if request.slot_id and (request.HasField("start_time") or request.resource_id):
         raise InvalidArgument("service_id", "give a slot_id or a service time (service_id, start_time), not both")
-    if not request.slot_id and not request.service_id:
-        raise InvalidArgument("slot_id", "slot_id or service_id is required")
     return StaffRequest(request.slot_id or None, customer_id, contact, settle, ttl)
 
 
@@ -117,12 +110,9 @@ def guest_customer_id(guest_id) -> str:
 
 
 def venue_payment(request: checkout_pb2.MarkPaidAtVenueRequest) -> tuple[str, int, str, str]:
-    """(method, amount_minor, currency, reference) of a payment at the desk."""
-    method = VENUE_METHODS.get(request.method)
-    if method is None:
-        raise InvalidArgument("method", "method must be VENUE_PAYMENT_METHOD_CASH or VENUE_PAYMENT_METHOD_CARD_TERMINAL")
-    if not request.HasField("amount"):
-        raise InvalidArgument("amount", "amount is required (what the customer paid)")
+    """(method, amount_minor, currency, reference) of a payment at the desk (its contract's
+    annotations, checked by the server already, require a method and an amount)."""
+    method = VENUE_METHODS[request.method]
     currency, amount = require_money("amount", request.amount.currency_code, request.amount.amount_minor)
     reference = _printable("reference", request.reference, MAX_REFERENCE)
     return method, amount, currency, reference
