@@ -119,9 +119,6 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         caller.require_role("admin")  # of the salon's merchant (the update filters by it)
         tenancy.owning_merchant(caller)
         salon_id = parse_uuid("salon_id", request.salon_id)
-        if not (request.HasField("free_cancellation_hours") or request.HasField("cancellation_fee_percent")):
-            raise InvalidArgument("free_cancellation_hours", "give free_cancellation_hours, cancellation_fee_percent "
-                                                             "or both; got neither")
         hours, fee = domain.policy_change(
             request.free_cancellation_hours if request.HasField("free_cancellation_hours") else None,
             request.cancellation_fee_percent if request.HasField("cancellation_fee_percent") else None)

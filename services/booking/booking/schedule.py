@@ -7,7 +7,6 @@ before it gets there, naming the field at fault.
 """
 from __future__ import annotations
 
-import re
 import uuid
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -18,20 +17,14 @@ from cutylib.fields import parse_uuid
 
 from .domain import require_day, require_name, require_price
 
-MIN_DURATION, MAX_DURATION = 5, 1440
-MAX_BUFFER = 240
-MAX_SERVICE_RESOURCES = 100
-MAX_WEEKLY_INTERVALS = 70
-MAX_DAY_INTERVALS = 10
-MAX_NOTICE_MINUTES = 43200  # 30 days
-MAX_HORIZON_DAYS = 730
-TIME_STEPS = (5, 10, 15, 20, 30, 60)
+# The requests' ranges, lengths, counts and wall-time shapes are their contracts' annotations
+# (protos/cuty/booking/v1/booking.proto), checked by the server before a handler runs; what is
+# here is what an annotation cannot say.
 MAX_AVAILABILITY_DAYS = 31
 DEFAULT_TIMES_PAGE, MAX_TIMES_PAGE = 500, 2000
 # How long a race loser's alternative is held for them (the offer), by the checkout's HoldSlot.
 OFFER_SECONDS = 60
 
-_WALL = re.compile(r"^(?:[01]\d|2[0-3]):[0-5]\d$")
 
 
 @dataclass(frozen=True)
@@ -83,47 +76,23 @@ class AvailableTime:
 def service_draft(name: str, duration: int, currency: str | None, amount_minor: int | None, buffer_before: int,
                   buffer_after: int, resource_ids: list[str]) -> ServiceDraft:
     name = require_name("name", name)
-    if not MIN_DURATION <= duration <= MAX_DURATION:
-        raise InvalidArgument("duration_minutes", f"duration_minutes must be between {MIN_DURATION} and "
-                                                  f"{MAX_DURATION}, got {duration}")
     cur, amount = require_price("price", currency, amount_minor)
-    for field, value in (("buffer_before_minutes", buffer_before), ("buffer_after_minutes", buffer_after)):
-        if not 0 <= value <= MAX_BUFFER:
-            raise InvalidArgument(field, f"{field} must be between 0 and {MAX_BUFFER}, got {value}")
-    if not resource_ids:
-        raise InvalidArgument("resource_ids", "resource_ids must name at least one resource able to perform it")
-    if len(resource_ids) > MAX_SERVICE_RESOURCES:
-        raise InvalidArgument("resource_ids", f"resource_ids may name at most {MAX_SERVICE_RESOURCES}, "
-                                              f"got {len(resource_ids)}")
     ids = tuple(parse_uuid(f"resource_ids[{i}]", r) for i, r in enumerate(resource_ids))
-    if len(set(ids)) != len(ids):
+    if len(set(ids)) != len(ids):  # the same UUID spelt in another case passes the annotation's `unique`
         raise InvalidArgument("resource_ids", "resource_ids names a resource twice")
     return ServiceDraft(name, duration, amount, cur, buffer_before, buffer_after, ids)
 
 
-def _wall(field: str, value: str, *, midnight: bool) -> str:
-    if _WALL.match(value or "") or (midnight and value == "24:00"):
-        return value
-    raise InvalidArgument(field, f"{field} must be a wall time HH:MM{' (or 24:00)' if midnight else ''}, "
-                                 f"got {value[:20]!r}")
-
-
 def interval(field: str, opens: str, closes: str, weekday: int = 0) -> Interval:
-    o = _wall(f"{field}.opens", opens, midnight=False)
-    c = _wall(f"{field}.closes", closes, midnight=True)
+    o, c = opens, closes  # wall times HH:MM (closes may be 24:00), by their annotations
     if o == c:  # nothing or a whole day? A whole day is 00:00-24:00.
         raise InvalidArgument(f"{field}.closes", f"{field}.closes must differ from opens ({o})")
     return Interval(o, c, weekday)
 
 
 def weekly_hours(intervals: list[tuple[int, str, str]]) -> list[Interval]:
-    if len(intervals) > MAX_WEEKLY_INTERVALS:
-        raise InvalidArgument("intervals", f"intervals may hold at most {MAX_WEEKLY_INTERVALS}, got {len(intervals)}")
     out, seen = [], set()
     for i, (weekday, opens, closes) in enumerate(intervals):
-        if not 1 <= weekday <= 7:
-            raise InvalidArgument(f"intervals[{i}].weekday", f"intervals[{i}].weekday must be 1 (Monday) .. 7 "
-                                                             f"(Sunday), got {weekday}")
         iv = interval(f"intervals[{i}]", opens, closes, weekday)
         if (weekday, iv.opens) in seen:
             raise InvalidArgument(f"intervals[{i}]", f"intervals[{i}] opens at the same time as another of weekday "
@@ -137,8 +106,6 @@ def day_override(day: str, closed: bool, intervals: list[tuple[str, str]]) -> tu
     d = require_day("day", day)
     if closed and intervals:
         raise InvalidArgument("intervals", "a closed day has no intervals; give closed or intervals, not both")
-    if len(intervals) > MAX_DAY_INTERVALS:
-        raise InvalidArgument("intervals", f"intervals may hold at most {MAX_DAY_INTERVALS}, got {len(intervals)}")
     ivs = [interval(f"intervals[{i}]", o, c) for i, (o, c) in enumerate(intervals)]
     if len({iv.opens for iv in ivs}) != len(ivs):
         raise InvalidArgument("intervals", "two intervals open at the same time")
@@ -146,17 +113,8 @@ def day_override(day: str, closed: bool, intervals: list[tuple[str, str]]) -> tu
 
 
 def settings_change(notice: int | None, horizon: int | None, step: int | None) -> Settings:
-    if notice is None and horizon is None and step is None:
-        raise InvalidArgument("min_notice_minutes", "give min_notice_minutes, booking_horizon_days or "
-                                                    "time_step_minutes; got none")
-    if notice is not None and not 0 <= notice <= MAX_NOTICE_MINUTES:
-        raise InvalidArgument("min_notice_minutes", f"min_notice_minutes must be between 0 and "
-                                                    f"{MAX_NOTICE_MINUTES}, got {notice}")
-    if horizon is not None and not 1 <= horizon <= MAX_HORIZON_DAYS:
-        raise InvalidArgument("booking_horizon_days", f"booking_horizon_days must be between 1 and "
-                                                      f"{MAX_HORIZON_DAYS}, got {horizon}")
-    if step is not None and step not in TIME_STEPS:
-        raise InvalidArgument("time_step_minutes", f"time_step_minutes must be one of {TIME_STEPS}, got {step}")
+    """A change of a salon's booking settings (None: kept); at least one given and each in its range,
+    by the request's annotations."""
     return Settings(notice, horizon, step)
 
 

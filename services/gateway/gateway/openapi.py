@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
-from cutylib import money
+from cutylib import money, validation
 
 from . import contract
 from .descriptors import Route, load_file_set, message_comments
@@ -162,6 +162,11 @@ class _Schemas:
                 # proto3 JSON reads null as "not given": said so for the fields a request may leave out.
                 if name not in required:
                     prop["nullable"] = True
+            some = [d.fields_by_name[n].json_name for n in validation.at_least_one(d) if n not in skip]
+            if some:
+                # At least one of them, given (not null: null is "not given").
+                out["anyOf"] = [{"required": [n], "properties": {n: {"type": out["properties"][n].get("type", "object")}}}
+                                for n in some]
             for fields, needed in contract.message_oneofs(d):
                 # At most one of them (exactly one when needed); a member given is given in full.
                 names = [d.fields_by_name[n].json_name for n in fields]
@@ -255,7 +260,10 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
     if r.server_streaming:
         ok = {"description": "Server-Sent Events, one per message (`id:` its id, `event:` its type, `data:` the JSON "
                              "of its resource), `: keep-alive` comments between them; reconnect with Last-Event-ID",
-              "content": {"text/event-stream": {"schema": {"type": "string"},
+              # Each event's data (OpenAPI 3.0 reads a stream's schema as one event's): the resource,
+              # or the problem of an `event: error` that ends the stream.
+              "content": {"text/event-stream": {"schema": {"anyOf": [s.ref(r.output_type.DESCRIPTOR),
+                                                                     {"$ref": "#/components/schemas/Problem"}]},
                                                 "x-cuty-event-schema": s.ref(r.output_type.DESCRIPTOR)}}}
     op["responses"] = {
         "200": ok,

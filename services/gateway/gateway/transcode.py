@@ -70,6 +70,10 @@ def _scalar(f: FieldDescriptor, raw: str, where: str):
         return _BOOL[raw.lower()]
     if f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type.full_name not in _STRING_WKT:
         raise TranscodeError(where, f"{where} is a message; set its fields as {where}.<field>")
+    if f.type == FieldDescriptor.TYPE_ENUM and raw not in f.enum_type.values_by_name:
+        # By name, as the document lists them (json_format would also take a number).
+        names = ", ".join(v.name for v in f.enum_type.values)
+        raise TranscodeError(where, f"{where} must be one of {names}, got {raw[:64]!r}")
     # Numbers, enums, strings, bytes (base64) and string-shaped well-known types are accepted as
     # JSON strings by the proto3 mapping, so json_format validates them for us.
     return raw

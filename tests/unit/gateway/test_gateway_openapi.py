@@ -41,6 +41,12 @@ def test_every_route_is_documented(routes):
     step = doc["paths"]["/v1/salons/{salon_id}:setBookingSettings"]["post"]["requestBody"]["content"][
         "application/json"]["schema"]["properties"]
     assert step["timeStepMinutes"]["enum"] == [5, 10, 15, 20, 30, 60]
+    # "at least one of" (a message rule), with null meaning "not given"
+    policy = doc["paths"]["/v1/salons/{salon_id}:setCancellationPolicy"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]
+    assert policy["anyOf"] == [
+        {"required": ["freeCancellationHours"], "properties": {"freeCancellationHours": {"type": "integer"}}},
+        {"required": ["cancellationFeePercent"], "properties": {"cancellationFeePercent": {"type": "integer"}}}]
     # the path variable is not repeated in the request body schema
     pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(pay["properties"]) == {"paymentMethod"}

@@ -129,3 +129,11 @@ def test_query_timestamp_fast_path_matches_json_format(routes):
     assert err(routes, "ListSlots", {"salon_id": "s"}, "startTime=2026-03-08T09:00:00Z&startTime=2026-03-09T09:00:00Z",
                b"").field == "startTime"
     assert err(routes, "ListSlots", {"salon_id": "s"}, "startTime=2026-02-30T09:00:00Z", b"").field == "startTime"
+
+
+def test_an_enum_in_the_query_is_named_not_numbered(routes):
+    """The document lists enum names; a number (which json_format would take) is a 400 naming it."""
+    m = build_request(routes["ListCodeClaims"], {}, "status=CLAIM_STATUS_UNSPECIFIED", b"")
+    assert m.status == 0
+    e = err(routes, "ListCodeClaims", {}, "status=0", b"")
+    assert e.field == "status" and "CLAIM_STATUS_UNSPECIFIED" in str(e)
