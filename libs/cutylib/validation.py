@@ -50,17 +50,25 @@ def field_path(path) -> str:
     return ".".join(out)
 
 
-def violations(message: Message) -> list[tuple[str, str]]:
-    """Every rule `message` breaks, as (field path, description); [] when it is valid."""
+def violations(message: Message, *, fields_only: bool = False) -> list[tuple[str, str]]:
+    """Every rule `message` breaks, as (field path, description); [] when it is valid.
+    `fields_only`: only the fields' own rules (not the message's: one of, at least one)."""
     found = _validator.collect_violations(message)
     if not found:
         return []
     out = []
     for v in found:
         p = v.proto
+        if fields_only and not field_path(p.field):
+            continue
         # A rule of the whole message (one of several fields must be set) names the first field
         # of the rule it breaks.
-        out.append((field_path(p.field) or _broken_oneof_field(message), p.message))
+        path = field_path(p.field)
+        if path and p.rule_id == "at_least_one":  # a message inside broke its rule: name its first field
+            inner = _message_at(message.DESCRIPTOR, p.field)
+            some = at_least_one(inner) if inner is not None else ()
+            path += f".{some[0]}" if some else ""
+        out.append((path or _broken_oneof_field(message), p.message))
     return out
 
 
@@ -83,6 +91,14 @@ def at_least_one(d) -> tuple[str, ...]:
 
 
 _HAS = re.compile(r"has\(this\.(\w+)\)")
+
+
+def _message_at(d, path):
+    """The message type a FieldPath ends at (None if it ends at a scalar)."""
+    for e in path.elements:
+        f = d.fields_by_name.get(e.field_name) if d is not None else None
+        d = f.message_type if f is not None else None
+    return d
 
 
 def _broken_oneof_field(message: Message) -> str:

@@ -17,6 +17,8 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from cutylib import validation
 
 UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+# A day (YYYY-MM-DD) as the protos spell its pattern; the services read it as a calendar day.
+DAY_PATTERN = "^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"
 _T = FieldDescriptor
 _INT64 = {_T.TYPE_INT64, _T.TYPE_SINT64, _T.TYPE_SFIXED64, _T.TYPE_UINT64, _T.TYPE_FIXED64}
 _NUMERIC_RULES = ("int32", "int64", "uint32", "uint64", "sint32", "sint64", "fixed32", "fixed64", "sfixed32",
@@ -46,6 +48,8 @@ def scalar(schema: dict, f: FieldDescriptor, rules: pv.FieldRules, *, item: bool
                 out["format"], out["pattern"] = "uuid", UUID_PATTERN
         elif s.HasField("pattern"):
             out["pattern"] = s.pattern
+            if s.pattern == DAY_PATTERN:  # the pattern admits 2027-02-31; a day is a calendar's
+                out["format"] = "date"
         if s.HasField("min_len") and s.min_len and not optional_zero:
             out["minLength"] = s.min_len
         if s.HasField("max_len"):
@@ -110,7 +114,7 @@ def required_fields(d: Descriptor) -> tuple[str, ...]:
     from google.protobuf import message_factory
     empty = message_factory.GetMessageClass(d)()
     names = []
-    for path, _ in validation.violations(empty):
+    for path, _ in validation.violations(empty, fields_only=True):  # the message's own rules: message_oneofs
         name = path.split(".", 1)[0].split("[", 1)[0]
         if name and name in d.fields_by_name and name not in names:
             names.append(name)

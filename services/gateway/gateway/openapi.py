@@ -7,7 +7,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from cutylib import money, validation
 
-from . import contract
+from . import contract, sse
 from .descriptors import Route, load_file_set, message_comments
 from .policy import Access, load_for
 
@@ -67,7 +67,8 @@ IDEMPOTENCY_KEY = {
 }
 
 # Forwarded headers' own rules: a Last-Event-ID is an event id (checkout/grpc_api._last_event_id).
-FORWARDED_HEADERS = {"last-event-id": {"type": "string", "pattern": "^[0-9]{1,18}$", "example": "1841"},
+# An empty Last-Event-ID is no last event (as the EventSource standard has it).
+FORWARDED_HEADERS = {"last-event-id": {"type": "string", "pattern": "^([0-9]{1,18})?$", "example": "1841"},
                      "cuty-signature": {"type": "string", "pattern": "^[\\x20-\\x7e]+$"}}
 
 # Page tokens are the service's own (bound to the list's query and signed): nothing a client can
@@ -159,26 +160,34 @@ class _Schemas:
             if required:
                 out["required"] = required
             for name, prop in out["properties"].items():
-                # proto3 JSON reads null as "not given": said so for the fields a request may leave out.
+                # proto3 JSON reads null as "not given": said so for the fields a request may leave out
+                # (an enumeration lists null too, as OpenAPI 3.0 wants).
                 if name not in required:
                     prop["nullable"] = True
-            some = [d.fields_by_name[n].json_name for n in validation.at_least_one(d) if n not in skip]
+                    if "enum" in prop and None not in prop["enum"]:
+                        prop["enum"] = [*prop["enum"], None]
+            rules = []
+            some = [d.fields_by_name[n] for n in validation.at_least_one(d) if n not in skip]
             if some:
-                # At least one of them, given (not null: null is "not given").
-                out["anyOf"] = [{"required": [n], "properties": {n: {"type": out["properties"][n].get("type", "object")}}}
-                                for n in some]
+                # At least one of them given (a field with presence even as zero, but not null).
+                rules.append({"anyOf": [_given(out["properties"], f.json_name, zero=f.has_presence) for f in some]})
             for fields, needed in contract.message_oneofs(d):
-                # At most one of them (exactly one when needed); a member given is given in full.
+                # At most one of them (exactly one when needed); a member given is given in full,
+                # and a field at its zero value (an empty id) is not given.
                 names = [d.fields_by_name[n].json_name for n in fields]
                 for n in names:
                     prop = out["properties"][n]
                     if prop.get("pattern", "").startswith("^$|"):
                         prop["pattern"], prop["format"] = prop["pattern"][3:], "uuid"
-                choices = [{"required": [n]} for n in names]
                 if needed:
-                    out["oneOf"] = choices
+                    rules.append({"oneOf": [_given(out["properties"], n) for n in names]})
                 else:
-                    out["not"] = {"anyOf": [{"required": [a, b]} for i, a in enumerate(names) for b in names[i + 1:]]}
+                    rules.append({"not": {"anyOf": [{"allOf": [_given(out["properties"], a), _given(out["properties"], b)]}
+                                                    for i, a in enumerate(names) for b in names[i + 1:]]}})
+            if len(rules) == 1:
+                out.update(rules[0])
+            elif rules:
+                out["allOf"] = rules
         else:
             # Answers carry every field without presence, unset ones at their zero value; so this is
             # said as an extension (and each such field's default) rather than `required`.
@@ -192,6 +201,19 @@ class _Schemas:
         if d.full_name in self.comments:
             out["description"] = self.comments[d.full_name]
         return out
+
+
+def _given(properties: dict, name: str, zero: bool = False) -> dict:
+    """A schema that holds when the request gives field `name`: present, not null, and (unless
+    `zero`: a field with presence) not its zero value, which proto3 cannot tell from "not given"."""
+    prop = properties[name]
+    kind = prop.get("type", "object" if "$ref" in prop else None)
+    given: dict = {"type": kind} if kind else {}
+    if not zero and kind == "string":
+        given["minLength"] = 1
+    elif not zero and kind in ("integer", "number"):
+        given["not"] = {"enum": [0]}
+    return {"required": [name], "properties": {name: given}}
 
 
 def _query_params(s: _Schemas, d: Descriptor, skip: set[str], prefix: str = "", depth: int = 0) -> list[dict]:
@@ -233,7 +255,9 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
         body = s.object(d, path_fields, request=True)
         sample = {k: v for k, v in contract.example(d).items()
                   if k not in {d.fields_by_name[n].json_name for n in path_fields if n in d.fields_by_name}}
-        op["requestBody"] = {"required": bool(body.get("required")),
+        # Required when the body must carry something: a field, or one of several.
+        needs = bool(body.get("required")) or any(k in body for k in ("oneOf", "anyOf", "allOf"))
+        op["requestBody"] = {"required": needs,
                              "content": {"application/json": {"schema": body, "example": sample}}}
     else:
         f = d.fields_by_name[r.body]
@@ -258,13 +282,19 @@ def operation(s: _Schemas, r: Route, access: Access) -> dict:
     ok = {"description": "the resource", "content": {"application/json": {
         "schema": s.ref(r.output_type.DESCRIPTOR), "example": contract.example(r.output_type.DESCRIPTOR)}}}
     if r.server_streaming:
+        event = sse.resource_type(r.output_type.DESCRIPTOR)
         ok = {"description": "Server-Sent Events, one per message (`id:` its id, `event:` its type, `data:` the JSON "
                              "of its resource), `: keep-alive` comments between them; reconnect with Last-Event-ID",
-              # Each event's data (OpenAPI 3.0 reads a stream's schema as one event's): the resource,
-              # or the problem of an `event: error` that ends the stream.
-              "content": {"text/event-stream": {"schema": {"anyOf": [s.ref(r.output_type.DESCRIPTOR),
-                                                                     {"$ref": "#/components/schemas/Problem"}]},
-                                                "x-cuty-event-schema": s.ref(r.output_type.DESCRIPTOR)}}}
+              # One event (a stream's schema describes each of its events, as OpenAPI 3.2's itemSchema
+              # does): its data is the JSON of the resource, or the problem of the `event: error`
+              # that ends the stream.
+              "content": {"text/event-stream": {"schema": {
+                  "type": "object", "required": ["data"],
+                  "properties": {"id": {"type": "string"}, "event": {"type": "string"},
+                                 "data": {"type": "string", "contentMediaType": "application/json",
+                                          "contentSchema": {"anyOf": [s.ref(event),
+                                                                      {"$ref": "#/components/schemas/Problem"}]}}}},
+                                                "x-cuty-event-schema": s.ref(event)}}}
     op["responses"] = {
         "200": ok,
         **{str(status): _problem(why) for status, why in problem_responses(r, access)},

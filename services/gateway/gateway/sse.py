@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from . import problems
@@ -48,6 +48,19 @@ async def opened(call: grpc.aio.UnaryStreamCall, *, service: str, deadline: floa
         raise problems.from_rpc_error(e, service=service, deadline=deadline) from None
 
 
+def _resource_field(d: Descriptor) -> FieldDescriptor | None:
+    """The message's one field of a `cuty.*` message type (an event's resource), if it has one."""
+    resource = [f for f in d.fields if f.type == FieldDescriptor.TYPE_MESSAGE and not f.is_repeated
+                and f.message_type.full_name.startswith("cuty.")]
+    return resource[0] if len(resource) == 1 else None
+
+
+def resource_type(d: Descriptor) -> Descriptor:
+    """What an event's data is the JSON of, for a stream of `d` messages (the OpenAPI says it)."""
+    f = _resource_field(d)
+    return f.message_type if f is not None else d
+
+
 def frame(msg: Message) -> bytes:
     d = msg.DESCRIPTOR
     out = []
@@ -55,9 +68,8 @@ def frame(msg: Message) -> bytes:
         out.append(f"id: {msg.id}\n")
     if "type" in d.fields_by_name and msg.type:
         out.append(f"event: {msg.type}\n")
-    resource = [f for f in d.fields if f.type == FieldDescriptor.TYPE_MESSAGE and not f.is_repeated
-                and f.message_type.full_name.startswith("cuty.")]
-    data = dumps(to_dict(getattr(msg, resource[0].name))) if len(resource) == 1 else to_json(msg)
+    f = _resource_field(d)
+    data = dumps(to_dict(getattr(msg, f.name))) if f is not None else to_json(msg)
     return "".join(out).encode() + b"data: " + data + b"\n\n"
 
 

@@ -16,6 +16,10 @@ def test_every_route_is_documented(routes):
         else:
             ref = op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
         assert ref.rsplit("/", 1)[-1] in doc["components"]["schemas"]
+    # a watch's events carry the checkout (the event's resource), or the problem that ends the stream
+    watch = doc["paths"]["/v1/checkouts/{checkout_id}:watch"]["get"]["responses"]["200"]["content"]["text/event-stream"]
+    assert watch["x-cuty-event-schema"] == {"$ref": "#/components/schemas/cuty.payments.v1.Checkout"}
+    assert watch["schema"]["properties"]["data"]["contentSchema"]["anyOf"][1] == {"$ref": "#/components/schemas/Problem"}
     create = doc["paths"]["/v1/checkouts"]["post"]
     assert any(p["name"] == "Idempotency-Key" and p["required"] for p in create["parameters"])
     slots = doc["paths"]["/v1/salons/{salon_id}/slots"]["get"]
@@ -40,7 +44,7 @@ def test_every_route_is_documented(routes):
     # a numeric field that takes a few values lists them
     step = doc["paths"]["/v1/salons/{salon_id}:setBookingSettings"]["post"]["requestBody"]["content"][
         "application/json"]["schema"]["properties"]
-    assert step["timeStepMinutes"]["enum"] == [5, 10, 15, 20, 30, 60]
+    assert step["timeStepMinutes"]["enum"] == [5, 10, 15, 20, 30, 60, None]  # null: not given
     # "at least one of" (a message rule), with null meaning "not given"
     policy = doc["paths"]["/v1/salons/{salon_id}:setCancellationPolicy"]["post"]["requestBody"]["content"][
         "application/json"]["schema"]

@@ -59,7 +59,10 @@ def test_the_rules_are_in_the_schemas(doc):
     assert slots["pageSize"]["schema"]["maximum"] == 500 and slots["pageSize"]["schema"]["minimum"] == 0
     create = doc["paths"]["/v1/checkouts"]["post"]
     schema = create["requestBody"]["content"]["application/json"]["schema"]
-    assert schema["oneOf"] == [{"required": ["slotId"]}, {"required": ["productId"]}, {"required": ["serviceId"]}]
+    # exactly one given: an empty id is "not given" in proto3, so a given one is not empty
+    assert schema["oneOf"] == [{"required": [n], "properties": {n: {"type": "string", "minLength": 1}}}
+                               for n in ("slotId", "productId", "serviceId")]
+    assert "required" not in schema
     assert schema["properties"]["quantity"]["maximum"] == 100
     key = _params(create)["Idempotency-Key"]
     assert key["required"] and key["schema"]["minLength"] == 1 and key["schema"]["maxLength"] == 255
