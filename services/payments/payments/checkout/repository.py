@@ -169,7 +169,10 @@ first AS (
         lease_owner = $11::text,
         lease_until = clock_timestamp() + make_interval(secs => $12::float8),
         next_run_at = clock_timestamp() + make_interval(secs => $12::float8),
-        wakeup = false, attempts = 0, last_error = '', updated_at = clock_timestamp()
+        wakeup = false, attempts = 0, last_error = '', updated_at = clock_timestamp(),
+        -- $15: the no-show fee the customer accepts with this purchase (NULL: none)
+        no_show_fee_minor = $15::bigint,
+        no_show_fee_accepted_at = CASE WHEN $15::bigint IS NOT NULL THEN clock_timestamp() END
     WHERE id = $8::uuid AND customer_id = $1 AND state = 'HELD' AND expire_time > clock_timestamp()
       AND EXISTS (SELECT 1 FROM began)
     {_RETURNING}
@@ -538,11 +541,13 @@ def insert_pending(*, kind: str, slot_id: str | None, product_id: str | None, qu
 
 
 def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,
-                   lease_seconds: float, pay_within: float | None = None) -> tuple[str, tuple]:
+                   lease_seconds: float, pay_within: float | None = None,
+                   no_show_fee_minor: int | None = None) -> tuple[str, tuple]:
     """PayCheckout's first write, for IdempotencyStore.claim(first=...). `pay_within`: the seconds in
-    which the charge may start (the request's deadline), None: no limit."""
+    which the charge may start (the request's deadline), None: no limit. `no_show_fee_minor`: the
+    no-show fee the customer accepts (recorded with the checkout; None: none)."""
     return START_CHARGING, (checkout_id, payment_key, payment_method, owner, lease_seconds, current_trace_id(),
-                            pay_within)
+                            pay_within, no_show_fee_minor)
 
 
 def start_reschedule(*, checkout_id: str, slot_id: str, payment_method: str | None, who: str, owner: str,

@@ -12,10 +12,12 @@ import uuid
 
 import asyncpg
 
+from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2
 from cutylib import deadlines, errors, paging, tenancy
 from cutylib.db import reports
 from cutylib.fields import canonical_uuid
+from cutylib.money import require_money
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
@@ -146,18 +148,44 @@ class CheckoutService:
         return await self.holds.booking.service_slot(service_id, request.start_time, resource_id)
 
     # -- PayCheckout ------------------------------------------------------------------------------
-    async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> CheckoutAnswer:
+    async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str,
+                  accept_no_show_fee: common_pb2.Money | None = None) -> CheckoutAnswer:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         require_payment_method(payment_method)
-        h = request_hash("pay", checkout_id, payment_method)
+        fee = None
+        if accept_no_show_fee is not None:
+            fee = await self._accepted_no_show_fee(customer, checkout_id, accept_no_show_fee)
+        h = request_hash("pay", checkout_id, payment_method, *([str(fee)] if fee is not None else []))
         owner = new_owner("pay")
-        # HELD -> CHARGING is written by the key's own statement (one round trip).
+        # HELD -> CHARGING is written by the key's own statement (one round trip), with the
+        # acceptance of the no-show fee when the customer gave it.
         first = repo.start_charging(checkout_id=checkout_id, payment_key=domain.payment_attempt_id(checkout_id),
                                     payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds,
-                                    pay_within=_pay_within())
+                                    pay_within=_pay_within(), no_show_fee_minor=fee)
         async with self.keys.claim(customer, "pay", key, h, first) as claim:  # or Replay
             claim.finish(await self._pay(customer, checkout_id, payment_method, claim.resumed, owner, claim.row))
         return claim.answer
+
+    async def _accepted_no_show_fee(self, customer: str, checkout_id: str, accepted: common_pb2.Money) -> int:
+        """The fee the customer accepts, in minor units: exactly what the booking's slot names now
+        (the salon's policy), in the checkout's currency, never more than its price. A checkout no
+        longer HELD is not checked again here (a retry of the same purchase: its key decides)."""
+        currency, amount = require_money("accept_no_show_fee", accepted.currency_code, accepted.amount_minor,
+                                         positive=True)
+        saga = await self._owned(customer, checkout_id)
+        if saga.state != domain.HELD:
+            return amount
+        if saga.kind != domain.BOOKING or saga.slot_id is None:
+            raise errors.InvalidArgument("accept_no_show_fee", "only a booking has a no-show fee")
+        slot = await self.holds.booking.get_slot(saga.slot_id)
+        offered = (slot.no_show_fee.currency_code, slot.no_show_fee.amount_minor) if slot.HasField("no_show_fee") \
+            else None
+        if offered != (currency, amount) or saga.amount_minor is None or amount > saga.amount_minor:
+            shown = f"{offered[1]} {offered[0]}" if offered else "none"
+            raise errors.FailedPrecondition(
+                f"the booking's no-show fee is {shown} (the salon's policy now), not {amount} {currency}; "
+                "read the slot again and accept what it names", reason="no-show-fee-changed")
+        return amount
 
     async def current_payment(self, checkout_id: str, payment_id: str) -> tuple[Saga | None, PaymentView | None]:
         """The checkout and its payment as they are now, when `payment_id` is still its payment: a
