@@ -31,9 +31,8 @@ from .ports import Payments
 log = logging.getLogger(__name__)
 
 DUE, CHARGED, DECLINED = "due", "charged", "declined"
-# The charge's lease, the wait before a due fee is tried again, and the worker's batch.
-LEASE_SECONDS = 30.0
-RETRY_SECONDS = 10.0
+# The worker's batch (its lease is the saga's, CUTY_LEASE_SECONDS; a due fee is tried again after
+# CUTY_SAGA_RETRY_CAP_SECONDS, and the worker looks every CUTY_SAGA_POLL_SECONDS).
 BATCH = 20
 # A fee whose charge keeps failing without an answer is given up as declined after this many attempts
 # (the payment, if any, is still reconciled; the merchant gets the declined event with the reason).
@@ -99,28 +98,32 @@ def fee_key(checkout_id: str) -> str:
 
 
 class NoShowFees:
-    def __init__(self, pool: asyncpg.Pool, payments: Payments, worker_id: str):
+    def __init__(self, pool: asyncpg.Pool, payments: Payments, worker_id: str, *, lease_seconds: float,
+                 retry_seconds: float, poll_seconds: float):
         self.pool = pool
         self.payments = payments
         self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self.retry_seconds = retry_seconds
+        self.poll_seconds = poll_seconds
 
     async def charge(self, checkout_id: str) -> None:
         """Charge a due fee now if no other charger holds it (MarkNoShow calls this after its commit)."""
         owner = f"no-show-fee:{secrets.token_hex(8)}"
-        row = await self.pool.fetchrow(CLAIM, checkout_id, owner, LEASE_SECONDS)
+        row = await self.pool.fetchrow(CLAIM, checkout_id, owner, self.lease_seconds)
         if row is not None:
             await self._charge(Saga.from_row(row), owner, row["no_show_fee_attempts"])
 
     async def run_once(self) -> int:
         """One worker round: the due fees whose time came (a charger that died, an outcome unknown)."""
         owner = f"{self.worker_id}:{secrets.token_hex(4)}"
-        rows = await self.pool.fetch(CLAIM_DUE, owner, LEASE_SECONDS, BATCH)
+        rows = await self.pool.fetch(CLAIM_DUE, owner, self.lease_seconds, BATCH)
         for row in rows:
             await self._charge(Saga.from_row(row), owner, row["no_show_fee_attempts"])
         return len(rows)
 
-    async def run(self, interval: float = RETRY_SECONDS / 2) -> None:
-        await periodic(self.run_once, interval, what="no-show fee round", log=log)
+    async def run(self) -> None:
+        await periodic(self.run_once, self.poll_seconds, what="no-show fee round", log=log)
 
     async def _charge(self, saga: Saga, owner: str, attempts: int) -> None:
         payment_id = saga.no_show_fee_payment_id
@@ -166,4 +169,4 @@ class NoShowFees:
             await self._decide(saga, owner, DECLINED, None, "psp-unavailable",
                                f"no-show fee given up after {attempts} attempts: {why}")
             return
-        await self.pool.execute(LATER, saga.id, owner, payment_id, why, RETRY_SECONDS)
+        await self.pool.execute(LATER, saga.id, owner, payment_id, why, self.retry_seconds)

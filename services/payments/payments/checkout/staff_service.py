@@ -174,7 +174,7 @@ class StaffBookings:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         merchant = tenancy.merchant_filter(caller)
         async with tenancy.scoped(self.pool, caller) as uow:
-            row = await uow.conn.fetchrow(MARK_NO_SHOW, checkout_id, merchant, _who(caller), no_show_fee.RETRY_SECONDS)
+            row = await uow.conn.fetchrow(MARK_NO_SHOW, checkout_id, merchant, _who(caller), self.fees.retry_seconds)
             if row is None:
                 saga = await self._read(uow.conn, checkout_id, merchant)
                 staffbook.refuse_no_show(saga)

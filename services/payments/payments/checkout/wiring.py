@@ -50,7 +50,8 @@ def build(settings, pool, core: PaymentsCore, *, options: CheckoutOptions | None
     engine = Engine(pool, holds, core, core.metrics, options, lease)
     keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds, views.stored)
     service = CheckoutService(pool, engine, holds, core, core.metrics, keys, lease, Watchers(pool, options))
-    fees = NoShowFees(pool, core, f"no-show-fee:{core.worker_id}")
+    fees = NoShowFees(pool, core, f"no-show-fee:{core.worker_id}", lease_seconds=lease,
+                      retry_seconds=options.retry_cap_seconds, poll_seconds=options.poll_seconds)
     service.staff = StaffBookings(service, options.link_ttl_seconds, fees)
     worker = SagaWorker(pool, engine, keys, options, lease, f"saga:{core.worker_id}")
     return service, engine, worker, channels
