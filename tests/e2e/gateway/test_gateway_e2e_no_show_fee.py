@@ -41,6 +41,17 @@ async def _slots_starting_in(http, auth, salon: str, seconds: float, n: int) -> 
     return r.json()["slots"]
 
 
+def _money(minor: int) -> dict:
+    return {"currencyCode": "TRY", "amountMinor": str(minor)}
+
+
+async def _buy_in_one_call(http, customer: dict, fresh_key, slot_id: str, card: str, accept: int) -> dict:
+    r = await http.post("/v1/checkouts", headers={**customer, **fresh_key()}, json={
+        "slotId": slot_id, "paymentMethod": card, "acceptNoShowFee": _money(accept)})
+    assert r.status_code == 200 and state_of(r.json()) == "COMPLETED", r.text
+    return r.json()
+
+
 async def _buy(http, customer: dict, fresh_key, slot_id: str, card: str, accept: int | None) -> dict:
     r = await http.post("/v1/checkouts", json={"slotId": slot_id}, headers={**customer, **fresh_key()})
     assert r.status_code == 200, r.text
@@ -105,7 +116,15 @@ async def test_an_accepted_fee_is_charged_off_session_once_and_a_declined_one_sa
     # The acceptance is recorded with the checkout and shown in its answer.
     assert bought["noShowFee"]["amount"] == {"currencyCode": "TRY", "amountMinor": str(FEE)}
     assert bought["noShowFee"]["acceptTime"] and bought["noShowFee"]["status"] == ""
-    other = await _buy(http, customer, fresh_key, declined["id"], "pm_card_off_session_declined", FEE)
+    # A one-call purchase accepts it too, only with its payment.
+    r = await http.post("/v1/checkouts", json={"slotId": declined["id"], "acceptNoShowFee": _money(FEE)},
+                        headers={**customer, **fresh_key()})
+    assert (r.status_code, r.json()["field"]) == (400, "acceptNoShowFee"), r.text
+    r = await http.post("/v1/checkouts", headers={**customer, **fresh_key()}, json={
+        "slotId": declined["id"], "paymentMethod": "pm_card_ok", "acceptNoShowFee": _money(FEE + 1)})
+    assert (r.status_code, r.json()["type"]) == (409, "no-show-fee-changed"), r.text
+    other = await _buy_in_one_call(http, customer, fresh_key, declined["id"], "pm_card_off_session_declined", FEE)
+    assert other["noShowFee"]["amount"] == _money(FEE)
     plain = await _buy(http, customer, fresh_key, unaccepted["id"], "pm_card_ok", None)
     assert "noShowFee" not in plain
 

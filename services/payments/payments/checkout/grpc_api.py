@@ -87,7 +87,8 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
         req = domain.validate_create(slot_id, request.product_id, request.quantity,
                                      request.payment_method if request.HasField("payment_method") else None)
         try:
-            return views.checkout_pb(await self.service.create(customer, req, _key(context)))
+            fee = request.accept_no_show_fee if request.HasField("accept_no_show_fee") else None
+            return views.checkout_pb(await self.service.create(customer, req, _key(context), fee))
         except Replay as r:
             return await _replay_with_current_action(self.service, context, r)
 
