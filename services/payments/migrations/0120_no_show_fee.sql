@@ -3,7 +3,8 @@
 -- staff mark a no-show the fee is charged off-session once, as its own payment of the checkout.
 
 -- The acceptance, recorded with the checkout by the statement that starts the purchase: what was
--- accepted (the amount, in the checkout's currency, never more than the booking's price) and when.
+-- accepted (the amount, in the checkout's currency; PayCheckout refuses more than the booking's
+-- price, and a reschedule to a cheaper slot keeps what was accepted) and when.
 -- The charge: 'due' (set by the no-show's own statement), then 'charged' or 'declined' with its
 -- payment; a lease keeps two workers off one charge, and next_at is when a due one is tried again.
 ALTER TABLE checkouts
@@ -18,7 +19,6 @@ ALTER TABLE checkouts
     ADD COLUMN no_show_fee_attempts integer NOT NULL DEFAULT 0,
     ADD COLUMN no_show_fee_failure text,
     ADD CONSTRAINT checkouts_no_show_fee_accepted CHECK ((no_show_fee_minor IS NULL) = (no_show_fee_accepted_at IS NULL)),
-    ADD CONSTRAINT checkouts_no_show_fee_within_price CHECK (no_show_fee_minor <= amount_minor),
     -- Never charged without the customer's acceptance, nor before a no-show.
     ADD CONSTRAINT checkouts_no_show_fee_only_accepted CHECK (
         no_show_fee_status IS NULL OR (no_show_fee_minor IS NOT NULL AND no_show_at IS NOT NULL)),
