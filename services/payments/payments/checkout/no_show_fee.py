@@ -148,7 +148,7 @@ class NoShowFees:
                 reason = payment.failure_reason or payment.status
                 await self._decide(saga, owner, DECLINED, payment.id, reason, f"no-show fee declined: {reason}")
             else:  # processing, or created after a timeout: reconciliation or a webhook settles it
-                await self._later(saga, owner, payment.id, f"payment {payment.status}", attempts)
+                await self._later(saga, owner, payment.id, f"payment {payment.status}: outcome not known yet", attempts)
         except (PspUnavailable, errors.Unavailable) as e:
             await self._later(saga, owner, payment_id, f"PSP unavailable: {e}"[:300], attempts)
         except (errors.InvalidArgument, errors.FailedPrecondition) as e:
