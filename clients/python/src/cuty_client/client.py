@@ -205,12 +205,13 @@ class CutyClient:
                                deadline=deadline)
 
     # -- booking: public reads ---------------------------------------------------------------------
-    async def list_slots(self, salon_id: str, start_time, end_time, *, page_size: int = 100, page_token: str = "",
+    async def list_slots(self, salon_id: str, start_time, end_time, *, available_only: bool = False,
+                         page_size: int = 100, page_token: str = "",
                          deadline: float | None = None) -> booking_pb2.ListSlotsResponse:
         """A salon's slots starting in [start_time, end_time) (aware datetimes or Timestamps)."""
         req = booking_pb2.ListSlotsRequest(salon_id=salon_id, start_time=_timestamp(start_time),
-                                           end_time=_timestamp(end_time), page_size=page_size,
-                                           page_token=page_token)
+                                           end_time=_timestamp(end_time), available_only=available_only,
+                                           page_size=page_size, page_token=page_token)
         return await self.call("booking", booking_pb2_grpc.BookingServiceStub, "ListSlots", req, deadline=deadline)
 
     # -- code pool: public reads -------------------------------------------------------------------
