@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import signal
 from typing import Awaitable, Callable, Iterable, Mapping
@@ -32,6 +33,10 @@ Callers = Mapping[str, Iterable[str]]  # RPC name -> identities of the services 
 _OPEN_SERVICES = (health.SERVICE_NAME, reflection.SERVICE_NAME)
 # The metadata of a call's idempotency key (the gateway forwards the HTTP Idempotency-Key as it).
 IDEMPOTENCY_KEY = "idempotency-key"
+# Seconds the token an internal client forwarded for this call is still accepted (None: no such
+# token): a stream opened with it must end by then, as the gateway ends its streams.
+_FORWARDED_TOKEN_LEFT: contextvars.ContextVar[float | None] = contextvars.ContextVar("cuty_forwarded_token_left",
+                                                                                      default=None)
 
 
 class Trust:
@@ -145,7 +150,9 @@ class Trust:
                 self._refused(method, context, peer, "a user's token from a client not configured for users")
                 raise PermissionDenied(f"internal client {peer!r} may not act for users (no 'users' in its "
                                        f"{internal_clients.ENV} entry)")
-            who = await self.tokens(tokens.bearer_of(bearer))
+            token = tokens.bearer_of(bearer)
+            who = await self.tokens(token)
+            _FORWARDED_TOKEN_LEFT.set(self.tokens.seconds_left(token))
             if who.role not in client.user_roles:
                 self._refused(method, context, peer, f"a user of role {who.role} it may not bring")
                 raise PermissionDenied(f"internal client {peer!r} may not act for users of role {who.role!r}")
@@ -246,6 +253,7 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 raise deadlines.exceeded("start the call")
             if context.cancelled():
                 raise asyncio.CancelledError()
+            _FORWARDED_TOKEN_LEFT.set(None)
             who = await trust.principal(method, context, metadata)
             return principal.set_current(who), deadlines.start(seconds_left)
 
@@ -287,6 +295,7 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 metadata = context.invocation_metadata()
                 try:
                     tokens = await _enter(context, metadata)
+                    _stream_within_token(context)
                     if checked:
                         if streamed_in:
                             request_or_iterator = _checked_stream(request_or_iterator)
@@ -309,6 +318,19 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
             return wrapped
 
         return rewrap(handler, wrap_unary, wrap_stream)
+
+
+def _stream_within_token(context) -> None:
+    """A stream opened with a token an internal client forwarded must end when the token does (its
+    deadline at most the token's remaining life, as the gateway sets it for its own streams):
+    otherwise a token would keep a live stream open past its expiry."""
+    left = _FORWARDED_TOKEN_LEFT.get()
+    if left is None:
+        return
+    remaining = context.time_remaining()
+    if remaining is None or remaining > left + 1:
+        raise Unauthenticated(f"a stream opened with a forwarded token must end when the token does: set the "
+                              f"call's deadline to at most {max(left, 0):.0f} s (the token's remaining life)")
 
 
 async def _checked_stream(requests):

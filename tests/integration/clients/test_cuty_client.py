@@ -10,6 +10,8 @@ import time
 import pytest
 
 from cutylib import errors, principal
+from cutylib.config import DEV_JWT_SECRET
+from cutylib.tokens import issue
 from cutylib.grpc_server import GrpcServer
 from cutylib.testing.trust import dev_pki
 from cuty.booking.v1 import booking_pb2
@@ -56,6 +58,9 @@ class Probe(checkout_pb2_grpc.CheckoutServiceServicer):
             await asyncio.sleep(3)
         raise errors.NotFound(f"checkout {request.checkout_id} not found", field="checkout_id")
 
+    async def WatchCheckout(self, request, context):
+        yield checkout_pb2.CheckoutEvent(id=1)
+
     async def CancelCheckout(self, request, context):
         self.tries[request.checkout_id] = self.tries.get(request.checkout_id, 0) + 1
         raise errors.Unavailable("database unavailable; retry")
@@ -64,7 +69,7 @@ class Probe(checkout_pb2_grpc.CheckoutServiceServicer):
 @pytest.fixture
 async def served(monkeypatch):
     monkeypatch.setenv("CUTY_INTERNAL_CLIENTS", json.dumps(
-        {"clients": [{"identity": "pos", "acts_as": {"role": "customer", "subject": "till"}}]}))
+        {"clients": [{"identity": "pos", "acts_as": {"role": "customer", "subject": "till"}, "users": ["customer"]}]}))
     probe = Probe()
     server = GrpcServer("payments", 0, host="127.0.0.1")
     checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(probe, server.server)
@@ -124,3 +129,14 @@ async def test_typed_errors_from_the_services_details(served):
     with pytest.raises(cuty_client.PermissionDenied):  # RetryCheckout is for admins and the operator
         await cuty.call("payments", checkout_pb2_grpc.CheckoutServiceStub, "RetryCheckout",
                         checkout_pb2.RetryCheckoutRequest(checkout_id=OTHER))
+
+
+async def test_a_stream_for_a_user_ends_when_their_token_does(served):
+    _, cuty = served
+    alice = cuty.for_user(issue(DEV_JWT_SECRET, "alice", "customer", ttl_seconds=60))
+    assert [e.id async for e in alice.watch_checkout(OTHER, deadline=30)] == [1]
+    with pytest.raises(cuty_client.Unauthenticated) as e:
+        [e async for e in alice.watch_checkout(OTHER, deadline=600)]
+    assert "token's remaining life" in e.value.message
+    # The client acting as itself has no token to outlive.
+    assert [e.id async for e in cuty.watch_checkout(OTHER, deadline=600)] == [1]

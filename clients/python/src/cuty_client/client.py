@@ -18,6 +18,7 @@ import asyncio
 import pathlib
 import random
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -140,25 +141,32 @@ class CutyClient:
         """`stub_type(channel).<method>(request)` with this client's deadline, retries, user token
         and `idempotency_key` (sent as metadata); a failure as a typed `errors.CutyError`.
         `retry=False`: one try only (a write without an idempotency key)."""
-        metadata = []
-        if idempotency_key is not None:
-            metadata.append((IDEMPOTENCY_KEY, idempotency_key))
-        if self._token:
-            metadata.append((AUTHORIZATION, f"Bearer {self._token}"))
-        timeout = self.deadline if deadline is None else deadline
-        if timeout <= 0:
-            raise ValueError("deadline must be positive (seconds)")
+        metadata, timeout = self._metadata(idempotency_key), self._timeout(deadline)
         fn = getattr(stub_type(self._channels.get(service)), method)
         attempts = self.retry.attempts if retry else 1
         for attempt in range(1, attempts + 1):
             try:
-                return await fn(request, timeout=timeout, metadata=tuple(metadata))
+                return await fn(request, timeout=timeout, metadata=metadata)
             except grpc.aio.AioRpcError as e:
                 err = errors.from_rpc_error(e, rpc=f"{service}.{method}")
                 if e.code() not in RETRYABLE or attempt == attempts:
                     raise err from None
                 await asyncio.sleep(max(self.retry.wait(attempt), err.retry_after or 0.0))
         raise AssertionError("unreachable")
+
+    def _metadata(self, idempotency_key: str | None) -> tuple[tuple[str, str], ...]:
+        metadata = []
+        if idempotency_key is not None:
+            metadata.append((IDEMPOTENCY_KEY, idempotency_key))
+        if self._token:
+            metadata.append((AUTHORIZATION, f"Bearer {self._token}"))
+        return tuple(metadata)
+
+    def _timeout(self, deadline: float | None) -> float:
+        timeout = self.deadline if deadline is None else deadline
+        if timeout <= 0:
+            raise ValueError("deadline must be positive (seconds)")
+        return timeout
 
     @staticmethod
     def new_key() -> str:
@@ -197,6 +205,23 @@ class CutyClient:
         return await self.call("payments", checkout_pb2_grpc.CheckoutServiceStub, "CancelCheckout",
                                checkout_pb2.CancelCheckoutRequest(checkout_id=checkout_id, reason=reason),
                                retry=False, deadline=deadline)
+
+    async def watch_checkout(self, checkout_id: str, *, after_event_id: int = 0,
+                             deadline: float | None = None) -> AsyncIterator[checkout_pb2.CheckoutEvent]:
+        """The checkout's events as they happen, after `after_event_id`, until the deadline (the
+        stream ends then; open it again with the last event's id). For a user, the deadline must
+        not outlast their token (the service refuses such a stream). Not retried."""
+        stub = checkout_pb2_grpc.CheckoutServiceStub(self._channels.get("payments"))
+        call = stub.WatchCheckout(checkout_pb2.WatchCheckoutRequest(checkout_id=checkout_id,
+                                                                    after_event_id=after_event_id),
+                                  timeout=self._timeout(deadline), metadata=self._metadata(None))
+        try:
+            async for event in call:
+                yield event
+        except grpc.aio.AioRpcError as e:
+            raise errors.from_rpc_error(e, rpc="payments.WatchCheckout") from None
+        finally:
+            call.cancel()
 
     async def list_checkouts(self, *, page_size: int = 50, page_token: str = "",
                              deadline: float | None = None) -> checkout_pb2.ListCheckoutsResponse:
