@@ -34,3 +34,17 @@ def test_installed_package_matches_the_protos_and_stands_alone():
     assert set(shipped) == set(ours)
     for name, hexed in shipped.items():
         assert bytes.fromhex(hexed) == ours[name], f"{name}: cuty-client is stale; run `make gen`"
+
+
+def test_the_package_builds_with_the_locked_code_generator():
+    """The modules a user's build generates need a runtime at least as new as the generator: the
+    package pins the generator the repository locks, and asks for that runtime."""
+    import pathlib
+    import re
+    import tomllib
+
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    locked = re.search(r"^grpcio-tools==(\S+)", (repo / "requirements-build.lock").read_text(), re.M).group(1)
+    project = tomllib.loads((repo / "clients" / "python" / "pyproject.toml").read_text())
+    assert f"grpcio-tools=={locked}" in project["build-system"]["requires"]
+    assert f"grpcio>={locked}" in project["project"]["dependencies"]
