@@ -33,6 +33,7 @@ IDEMPOTENCY_KEY = "idempotency-key"
 AUTHORIZATION = "authorization"
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
+MAX_HINT_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,8 @@ class CutyClient:
                 err = errors.from_rpc_error(e, rpc=f"{service}.{method}")
                 if e.code() not in RETRYABLE or attempt == attempts:
                     raise err from None
-                await asyncio.sleep(max(self.retry.wait(attempt), err.retry_after or 0.0))
+                # The service's RetryInfo is honoured, within bounds (a hint, not a reason to hang).
+                await asyncio.sleep(max(self.retry.wait(attempt), min(err.retry_after or 0.0, MAX_HINT_SECONDS)))
         raise AssertionError("unreachable")
 
     def _metadata(self, idempotency_key: str | None) -> tuple[tuple[str, str], ...]:
