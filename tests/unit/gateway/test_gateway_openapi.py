@@ -50,10 +50,11 @@ def test_every_route_is_documented(routes):
         "application/json"]["schema"]
     assert policy["anyOf"] == [
         {"required": ["freeCancellationHours"], "properties": {"freeCancellationHours": {"type": "integer"}}},
-        {"required": ["cancellationFeePercent"], "properties": {"cancellationFeePercent": {"type": "integer"}}}]
+        {"required": ["cancellationFeePercent"], "properties": {"cancellationFeePercent": {"type": "integer"}}},
+        {"required": ["noShowFeePercent"], "properties": {"noShowFeePercent": {"type": "integer"}}}]
     # the path variable is not repeated in the request body schema
     pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert set(pay["properties"]) == {"paymentMethod"}
+    assert set(pay["properties"]) == {"paymentMethod", "acceptNoShowFee"}
 
 
 
