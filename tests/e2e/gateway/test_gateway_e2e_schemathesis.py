@@ -201,6 +201,12 @@ ALLOWED = (
                                         "none): the schema is one for every role", frozenset({"staff", "admin"})),
     Allowed("ResolveClaim", "note", "a rejection says why (a note); the other resolutions need none"),
     Allowed("IssueRefund", r"amount\.amountMinor", "a refund is of more than zero (a price may be zero)"),
+    Allowed("PayCheckout", r"acceptNoShowFee(\.amountMinor)?", "an accepted no-show fee is more than zero (Money "
+                                                                "may be zero) and exactly the fee the slot names now "
+                                                                "(the salon's policy)"),
+    Allowed("CreateCheckout", r"acceptNoShowFee(\.amountMinor)?", "a no-show fee is accepted with a booking's "
+                                                                   "purchase and its payment method (other fields), "
+                                                                   "and is more than zero"),
     Allowed("CreateCheckout", "productId", "a product that exists: a random id names none (400, as for any id "
                                            "in a body; 404 is for the resource in the path)", detail="unknown product"),
     Allowed("CreateStaffCheckout", r"contact\.email", "the local part is at most 64 characters (RFC 5321), which "
