@@ -58,11 +58,13 @@ class Table:
     retention_days: int
 
 
-def table(name: str, default_days: int) -> Table:
-    """`name` with its retention from CUTY_<NAME>_RETENTION_DAYS (default `default_days`)."""
-    days = env_int(f"CUTY_{name.upper()}_RETENTION_DAYS", default_days)
+def table(name: str, default_days: int, setting: str | None = None) -> Table:
+    """`name` with its retention from CUTY_<SETTING>_RETENTION_DAYS (`setting` defaults to the name;
+    tables that leave together share one), default `default_days`."""
+    var = f"CUTY_{(setting or name).upper()}_RETENTION_DAYS"
+    days = env_int(var, default_days)
     if days < 0:
-        raise ValueError(f"CUTY_{name.upper()}_RETENTION_DAYS must be >= 0 (0: kept forever)")
+        raise ValueError(f"{var} must be >= 0 (0: kept forever)")
     return Table(name, days)
 
 

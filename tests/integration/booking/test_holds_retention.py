@@ -22,10 +22,9 @@ from booking.grpc_api import CALLERS
 from booking_harness import Booking, tomorrow
 from cuty.booking.v1 import booking_pb2 as pb
 from cuty.booking.v1 import booking_pb2_grpc
-from cutylib.config import Settings, with_database
-from cutylib.db import migrate
+from cutylib.config import Settings
 from cutylib.retention import Move, Retention, Table
-from cutylib.testing.postgres import service_dsn
+from cutylib.testing.retention import columns, fresh_database, moving
 from cutylib.testing.tenancy import PARTITIONS_WITHOUT_RLS
 from cutylib.testing.trust import acting_channel, user
 from test_agenda import STAFF, agenda, book
@@ -37,11 +36,9 @@ EVERYTHING = Move("holds", "holds_move", -3650)
 
 @pytest_asyncio.fixture
 async def fresh(pg):
-    dsn = with_database(pg.dsn, f"holds_retention_{uuid.uuid4().hex[:10]}")
-    await migrate(dsn, REPO / "services" / "booking" / "migrations")
+    dsn, as_service = await fresh_database(pg.dsn, "booking", REPO)
     owner = await asyncpg.connect(dsn)
-    pool = await create_booking_pool(await service_dsn(pg.dsn, "booking", dsn),
-                                     dataclasses.replace(Settings(), db_pool_min=2, db_pool_max=12))
+    pool = await create_booking_pool(as_service, dataclasses.replace(Settings(), db_pool_min=2, db_pool_max=12))
     settings = dataclasses.replace(Settings(), sweep_interval_seconds=3600)
     server = await create_server(settings, pool, port=0, host="127.0.0.1", sweeper=False)
     await server.start()
@@ -119,11 +116,8 @@ async def test_finished_holds_move_and_read_as_before_and_the_history_leaves_who
 
 async def test_the_history_has_every_column_of_holds_in_order(fresh):
     owner, _, _ = fresh
-    cols = "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute " \
-           "WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
-    live = [tuple(r) for r in await owner.fetch(cols, "holds")]
-    history = [tuple(r) for r in await owner.fetch(cols, "holds_history")]
-    assert history == live + [("moved_at", "timestamp with time zone")]
+    assert await columns(owner, "holds_history") == await columns(owner, "holds") + [
+        ("moved_at", "timestamp with time zone")]
 
 
 async def test_the_mover_racing_live_writes_loses_nothing(fresh):
@@ -151,20 +145,10 @@ async def test_the_mover_racing_live_writes_loses_nothing(fresh):
                     released.add(h.id)
             await asyncio.sleep(0)
 
-    job = Retention(pool, [], None, [EVERYTHING], batch=3, limit=30)
-    stop = asyncio.Event()
-    moved = 0
-
-    async def mover():
-        nonlocal moved
-        while not stop.is_set():
-            moved += (await job.round()).moved["holds"]
-
     shares = [holds[i::4] for i in range(4)]
-    m = asyncio.create_task(mover())
-    await asyncio.gather(*(writer(s) for s in shares))
-    stop.set()
-    await m
+    async with moving(Retention(pool, [], None, [EVERYTHING], batch=3, limit=30), "holds") as mover:
+        await asyncio.gather(*(writer(s) for s in shares))
+    moved = mover["moved"]
     moved += (await Retention(pool, [], None, [EVERYTHING], batch=100, limit=1000).round()).moved["holds"]
 
     # Every hold is in exactly one table, with the state its last write gave it.

@@ -11,9 +11,7 @@ DECLARE
     ids uuid[];
     n integer;
 BEGIN
-    IF batch < 1 OR batch > 10000 THEN
-        RAISE EXCEPTION 'batch must be 1..10000' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM cuty_move_batch(batch);
     SELECT array_agg(f.id) INTO ids FROM (
         SELECT h.id FROM holds h
          WHERE h.status IN ('released', 'expired') AND h.updated_at < finished_before
