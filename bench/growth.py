@@ -499,6 +499,9 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
         plans.append(await explain_rolled_back(conn, f"[{name}] idempotency keys purge", idempotency.PURGE_EXPIRED,
                                                500))
         plans.append(await explain_rolled_back(conn, f"[{name}] PSP events purge", PURGE_PSP_EVENTS, 30.0, 500))
+        plans.append(await explain_rolled_back(
+            conn, f"[{name}] outbound mover, a batch (nothing finished 30 days ago left)",
+            "SELECT merchant_events_move($1, clock_timestamp() - interval '30 days')", MOVE_BATCH))
     finally:
         await conn.close()
     conn = await as_service(admin_dsn, "booking", dsns["booking"], m)
@@ -617,7 +620,7 @@ async def db_sizes(dsns: dict[str, str]) -> dict:
 
 
 # The retention movers (cutylib.retention): service, move function, its age in days.
-MOVERS = (("booking", "holds_move", 7),)
+MOVERS = (("booking", "holds_move", 7), ("payments", "merchant_events_move", 30))
 MOVE_BATCH = 1000
 
 
