@@ -312,7 +312,9 @@ async def grown_site(big_product: uuid.UUID, dsns: dict[str, str]) -> Site:
         day = await b.fetchval(
             "SELECT (start_time AT TIME ZONE 'Europe/Istanbul')::date FROM holds_history WHERE salon_id = $1 AND "
             "status = 'confirmed' AND start_time < now() - interval '9 days' GROUP BY 1 ORDER BY count(*) DESC, 1 DESC "
-            "LIMIT 1", salon)
+            "LIMIT 1", salon) or await b.fetchval(
+            "SELECT (start_time AT TIME ZONE 'Europe/Istanbul')::date FROM holds WHERE salon_id = $1 AND status = "
+            "'confirmed' GROUP BY 1 ORDER BY count(*) DESC, 1 DESC LIMIT 1", salon)
         payment = await p.fetchval("SELECT id FROM payments WHERE merchant_id = 'merchant-test' "
                                    "ORDER BY created_at LIMIT 1 OFFSET (SELECT count(*) / 2 FROM payments "
                                    "WHERE merchant_id = 'merchant-test')")

@@ -26,8 +26,8 @@ from cutylib.config import Settings
 from cutylib.retention import Move, Retention, Table
 from cutylib.testing.retention import columns, fresh_database, moving
 from cutylib.testing.tenancy import PARTITIONS_WITHOUT_RLS
-from cutylib.testing.trust import acting_channel, user
-from test_agenda import STAFF, agenda, book
+from cutylib.testing.trust import acting_channel
+from test_agenda import agenda, book
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[3]
 # Every finished hold, whatever its age: the mover's cutoff ten years ahead.
