@@ -38,8 +38,10 @@ import itertools
 import json
 import os
 import random
+import re
 import tempfile
 import time
+import urllib.request
 import uuid
 from typing import Iterator
 
@@ -309,6 +311,45 @@ async def settle(stack: Stack, timeout: float = 180) -> dict:
             "psp_kept_minor": int(psp_kept), "money_exact": int(kept) == int(psp_kept), "by_state": by_state}
 
 
+class LimitWatch:
+    """The gateway's admission limit and its calls in flight, sampled from its /metrics every
+    SAMPLE_SECONDS while a level runs (a scrape costs the gateway what Prometheus' would):
+    whether the limit let in more than the platform finishes at its latency target."""
+    SAMPLE_SECONDS = 0.5
+
+    def __init__(self, stack: Stack):
+        self.url = f"http://127.0.0.1:{stack.metrics_ports['gateway']}/metrics"
+        self.samples: list[tuple[float, float]] = []
+        self.task = asyncio.create_task(self._run())
+
+    def _scrape(self) -> tuple[float, float] | None:
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        found = dict(re.findall(r"^(cuty_gateway_concurrency_limit|cuty_gateway_calls_in_flight) ([0-9.e+]+)$",
+                                text, re.M))
+        if len(found) < 2:
+            return None
+        return float(found["cuty_gateway_concurrency_limit"]), float(found["cuty_gateway_calls_in_flight"])
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.SAMPLE_SECONDS)
+            got = await asyncio.to_thread(self._scrape)
+            if got:
+                self.samples.append(got)
+
+    def report(self) -> dict:
+        self.task.cancel()
+        if not self.samples:
+            return {}
+        limits, flying = sorted(s[0] for s in self.samples), sorted(s[1] for s in self.samples)
+        return {"limit_p50": limits[len(limits) // 2], "limit_min": limits[0], "limit_max": limits[-1],
+                "in_flight_p50": flying[len(flying) // 2], "in_flight_max": flying[-1]}
+
+
 class CpuWatch:
     """Where the machine's CPU went during one measured level (see the module's docstring)."""
 
@@ -380,19 +421,21 @@ async def main() -> None:
             bodies = await seed(stack, kind, need)
             buyers = Buyers(int(need * 1.1))
             await closed_capacity(stack.http_port, buyers, bodies, 3)  # warm up
-            watch = CpuWatch(stack, pg)
+            watch, limits = CpuWatch(stack, pg), LimitWatch(stack)
             capacity, cap_out = await closed_capacity(stack.http_port, buyers, bodies, CAP_SECONDS)
             print(f"{kind}: capacity {capacity:.1f} checkouts/s", flush=True)
             cap_cpu = watch.report()
             capacity_per_cpu = per_cpu(cap_out, cap_cpu)
             results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None, cap_cpu))
+            results[-1].extra["admission"] = limits.report()
             for x in LOADS:
                 rate = capacity * x
                 print(f"{kind}: {x:g}x = {rate:.0f} arrivals/s for {LOAD_SECONDS:g} s ...", flush=True)
-                watch = CpuWatch(stack, pg)
+                watch, limits = CpuWatch(stack, pg), LimitWatch(stack)
                 out = await open_loop(stack.http_port, buyers, bodies, rate, LOAD_SECONDS)
                 results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate, watch.report(),
                                    capacity_per_cpu))
+                results[-1].extra["admission"] = limits.report()
                 await asyncio.sleep(2)  # the backlog of the level before drains
         if HOT_BUYERS:
             print(f"hot slot: {HOT_BUYERS} buyers at once ...", flush=True)
