@@ -101,6 +101,7 @@ class Outcome:
         self.failed = 0                  # other answers (a declined or failed checkout)
         self.gave_up = 0                 # patience ran out
         self.arrivals = 0                # buyers started
+        self.polls = 0                   # GETs of a checkout whose answer was not final yet
         self.statuses: dict[str, int] = {}
 
 
@@ -125,6 +126,7 @@ async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http
             co = json.loads(raw)
         while (state := co["state"].removeprefix("CHECKOUT_STATE_")) not in FINAL:
             await asyncio.sleep(0.1)  # only when the inline confirm was deferred
+            out.polls += 1
             status, raw = await conn.request("GET", f"/v1/checkouts/{co['id']}", auth)
             if status != 200:
                 return str(status)
@@ -315,7 +317,7 @@ class LimitWatch:
     """The gateway's admission limit and its calls in flight, sampled from its /metrics every
     SAMPLE_SECONDS while a level runs (a scrape costs the gateway what Prometheus' would):
     whether the limit let in more than the platform finishes at its latency target."""
-    SAMPLE_SECONDS = 0.5
+    SAMPLE_SECONDS = 1.0
 
     def __init__(self, stack: Stack):
         self.url = f"http://127.0.0.1:{stack.metrics_ports['gateway']}/metrics"
@@ -348,6 +350,26 @@ class LimitWatch:
         limits, flying = sorted(s[0] for s in self.samples), sorted(s[1] for s in self.samples)
         return {"limit_p50": limits[len(limits) // 2], "limit_min": limits[0], "limit_max": limits[-1],
                 "in_flight_p50": flying[len(flying) // 2], "in_flight_max": flying[-1]}
+
+
+class LoopLag:
+    """How late this process's event loop wakes a 10 ms sleep while a level runs: a refusal's
+    latency as the client measures it includes this lag, which is the load generator's own, not
+    the gateway's."""
+
+    def __init__(self):
+        self.late: list[float] = []
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.01)
+            self.late.append((time.perf_counter() - t0 - 0.01) * 1000)
+
+    def report(self) -> float:
+        self.task.cancel()
+        return round(percentile(sorted(self.late), 0.99), 1)
 
 
 class CpuWatch:
@@ -390,7 +412,7 @@ def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, of
     r.extra = {"offered_per_s": round(offered, 1) if offered else None,
                "arrivals_per_s": round(out.arrivals / seconds, 1), "completed": len(ok),
                "refused": len(refused), "refusal_p99_ms": round(percentile(refused, 0.99), 1),
-               "gave_up": out.gave_up, "failed": out.failed, "answers": out.statuses, "cpu": cpu}
+               "gave_up": out.gave_up, "failed": out.failed, "polls": out.polls, "answers": out.statuses, "cpu": cpu}
     efficiency = per_cpu(out, cpu)
     if efficiency is not None:
         r.extra["checkouts_per_platform_cpu_s"] = round(efficiency, 2)
@@ -431,11 +453,12 @@ async def main() -> None:
             for x in LOADS:
                 rate = capacity * x
                 print(f"{kind}: {x:g}x = {rate:.0f} arrivals/s for {LOAD_SECONDS:g} s ...", flush=True)
-                watch, limits = CpuWatch(stack, pg), LimitWatch(stack)
+                watch, limits, lag = CpuWatch(stack, pg), LimitWatch(stack), LoopLag()
                 out = await open_loop(stack.http_port, buyers, bodies, rate, LOAD_SECONDS)
                 results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate, watch.report(),
                                    capacity_per_cpu))
                 results[-1].extra["admission"] = limits.report()
+                results[-1].extra["client_loop_lag_p99_ms"] = lag.report()
                 await asyncio.sleep(2)  # the backlog of the level before drains
         if HOT_BUYERS:
             print(f"hot slot: {HOT_BUYERS} buyers at once ...", flush=True)
