@@ -133,17 +133,20 @@ async def end_to_end() -> list[Result]:
             await asyncio.sleep(0.3)
             lat: list[float] = []
             statuses: dict[int, int] = {}
+            other: list[str] = []  # the first answer that was no refusal (the holder's place ran out)
             conns = [Http(stack.http_port) for _ in range(E2E_CLIENTS)]
             todo = iter(range(E2E_N))
 
             async def client(conn: Http) -> None:
                 for i in todo:
                     t0 = time.perf_counter()
-                    status, _ = await conn.request("POST", "/v1/checkouts", {
+                    status, raw = await conn.request("POST", "/v1/checkouts", {
                         "Authorization": f"Bearer {tokens[i]}", "Content-Type": "application/json",
                         "Idempotency-Key": uuid.uuid4().hex}, BODY)
                     lat.append((time.perf_counter() - t0) * 1000)
                     statuses[status] = statuses.get(status, 0) + 1
+                    if status != 503 and not other:
+                        other.append(raw[:300].decode(errors="replace"))
                     if mode != "keep-alive":
                         conn.close()
 
@@ -159,7 +162,8 @@ async def end_to_end() -> list[Result]:
             r = Result(f"end to end, {mode}", E2E_CLIENTS, round(E2E_N / wall, 1), round(percentile(lat, 0.5), 2),
                        round(percentile(lat, 0.99), 2), round(lat[-1], 2))
             r.extra = {"gateway_cpu_us_per_refusal": round(1e6 * gw / E2E_N, 1),
-                       "client_cpu_us_per_refusal": round(1e6 * cl / E2E_N, 1), "answers": statuses}
+                       "client_cpu_us_per_refusal": round(1e6 * cl / E2E_N, 1), "answers": statuses,
+                       "first_other_answer": other[0] if other else None}
             r.notes = (f"gateway {r.extra['gateway_cpu_us_per_refusal']} us CPU per refusal, client "
                        f"{r.extra['client_cpu_us_per_refusal']} us")
             print(f"  {r.scenario}: {r.notes}; {statuses}", flush=True)

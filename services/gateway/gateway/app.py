@@ -497,13 +497,13 @@ def _small_body(headers: dict[str, str]) -> bool:
 
 async def _drain(reader: _BodyReader, max_bytes: int, max_seconds: float) -> None:
     """Read and drop the rest of a body: at most `max_bytes`, for at most `max_seconds`."""
-    async def drop() -> None:
-        taken = 0
-        while not reader.done and taken <= max_bytes:
-            taken += len((await reader()).get("body", b""))
+    # asyncio.timeout, not wait_for: no task of its own (a small body's drain is on every refusal).
+    taken = 0
     try:
-        await asyncio.wait_for(drop(), max_seconds)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(max_seconds):
+            while not reader.done and taken <= max_bytes:
+                taken += len((await reader()).get("body", b""))
+    except TimeoutError:
         pass
 
 
