@@ -130,7 +130,15 @@ async def end_to_end() -> list[Result]:
             holder = asyncio.create_task(holder_conn.request("POST", "/v1/salons", {
                 "Authorization": f"Bearer {admin}", "Content-Type": "application/json",
                 "Idempotency-Key": uuid.uuid4().hex}, b'{"name":"held","timeZone":"Europe/Istanbul"}'))
-            await asyncio.sleep(0.3)
+            probe = Http(stack.http_port)
+            for _ in range(100):  # until the holder has the place (a new checkout is refused)
+                status, _ = await probe.request("POST", "/v1/checkouts", {
+                    "Authorization": f"Bearer {tokens[0]}", "Content-Type": "application/json",
+                    "Idempotency-Key": uuid.uuid4().hex}, BODY)
+                if status == 503:
+                    break
+                await asyncio.sleep(0.05)
+            probe.close()
             lat: list[float] = []
             statuses: dict[int, int] = {}
             other: list[str] = []  # the first answer that was no refusal (the holder's place ran out)
