@@ -26,6 +26,11 @@ and the machine's busy time none of them used (other work on a shared machine), 
 the generator actually made per second; and goodput per CPU-second of the platform (the services
 and Postgres) against the capacity run's, which other work's share of the cores does not move. A closed-loop buyer refused for load waits 50 ms before
 its next checkout (as a client honouring Retry-After would, only shorter) instead of spinning.
+Per level also: the gateway's admission limit and its calls in flight (sampled from its /metrics
+once a second: does the limit let in more than the platform finishes?), the gateway's CPU per
+refusal (its CPU beyond what the completed checkouts cost it in the capacity run), the p99 of this
+client's own event-loop lateness (part of every latency it measures), and how many GETs polled a
+checkout that was not final yet.
 
 4. A hot slot: BENCH_HOT_BUYERS buyers at once for one slot. One wins; every other is told at once,
    with alternatives (409) or shed by the gateway (503). Target: p99 <= 1.5 s at the gateway.
