@@ -357,6 +357,37 @@ class LimitWatch:
                 "in_flight_p50": flying[len(flying) // 2], "in_flight_max": flying[-1]}
 
 
+class PaymentsCounters:
+    """How the payments service's finalizes went during a level (its /metrics before and after):
+    which path (sync answer, webhook, worker) applied a payment's outcome and which found it done,
+    version conflicts, deferred finalizes and saga step counts. A checkout whose outcome is applied
+    by one path and then seen again by another costs more than one that is not."""
+    NAMES = ("cuty_payments_finalize_total", "cuty_payments_version_conflicts_total",
+             "cuty_payments_deferred_finalizes_total", "cuty_checkout_step_duration_seconds_count",
+             "cuty_checkout_retries_total")
+
+    def __init__(self, stack: Stack):
+        self.url = f"http://127.0.0.1:{stack.metrics_ports['payments-0']}/metrics"
+        self.before = self._scrape()
+
+    def _scrape(self) -> dict[str, float]:
+        try:
+            with urllib.request.urlopen(self.url, timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            if line.startswith(self.NAMES):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def report(self) -> dict[str, float]:
+        after = self._scrape()
+        return {k: v - self.before.get(k, 0.0) for k, v in sorted(after.items()) if v - self.before.get(k, 0.0)}
+
+
 class LoopLag:
     """How late this process's event loop wakes a 10 ms sleep while a level runs: a refusal's
     latency as the client measures it includes this lag, which is the load generator's own, not
@@ -454,7 +485,7 @@ async def main() -> None:
             bodies = await seed(stack, kind, need)
             buyers = Buyers(int(need * 1.1))
             await closed_capacity(stack.http_port, buyers, bodies, 3)  # warm up
-            watch, limits = CpuWatch(stack, pg), LimitWatch(stack)
+            watch, limits, counters = CpuWatch(stack, pg), LimitWatch(stack), PaymentsCounters(stack)
             capacity, cap_out = await closed_capacity(stack.http_port, buyers, bodies, CAP_SECONDS)
             print(f"{kind}: capacity {capacity:.1f} checkouts/s", flush=True)
             cap_cpu = watch.report()
@@ -462,15 +493,18 @@ async def main() -> None:
             gateway_per_checkout = cap_cpu["cpu_s"].get("gateway", 0.0) / max(1, len(cap_out.ok))
             results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None, cap_cpu))
             results[-1].extra["admission"] = limits.report()
+            results[-1].extra["payments"] = counters.report()
             for x in LOADS:
                 rate = capacity * x
                 print(f"{kind}: {x:g}x = {rate:.0f} arrivals/s for {LOAD_SECONDS:g} s ...", flush=True)
                 watch, limits, lag = CpuWatch(stack, pg), LimitWatch(stack), LoopLag()
+                counters = PaymentsCounters(stack)
                 out = await open_loop(stack.http_port, buyers, bodies, rate, LOAD_SECONDS)
                 results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate, watch.report(),
                                    capacity_per_cpu, gateway_per_checkout))
                 results[-1].extra["admission"] = limits.report()
                 results[-1].extra["client_loop_lag_p99_ms"] = lag.report()
+                results[-1].extra["payments"] = counters.report()
                 await asyncio.sleep(2)  # the backlog of the level before drains
         if HOT_BUYERS:
             print(f"hot slot: {HOT_BUYERS} buyers at once ...", flush=True)
