@@ -167,14 +167,15 @@ async def end_to_end() -> list[Result]:
             gw, cl = cpu_seconds(gateway_pid) - g0, time.process_time() - c0
             for c in conns:
                 c.close()
-            await asyncio.wait_for(holder, HOLD_SECONDS + 5)  # its place is free again
+            held_status, held_raw = await asyncio.wait_for(holder, HOLD_SECONDS + 5)  # its place is free again
             holder_conn.close()
             lat.sort()
             r = Result(f"end to end, {mode}", E2E_CLIENTS, round(E2E_N / wall, 1), round(percentile(lat, 0.5), 2),
                        round(percentile(lat, 0.99), 2), round(lat[-1], 2))
             r.extra = {"gateway_cpu_us_per_refusal": round(1e6 * gw / E2E_N, 1),
                        "client_cpu_us_per_refusal": round(1e6 * cl / E2E_N, 1), "answers": statuses,
-                       "first_other_answer": other[0] if other else None}
+                       "first_other_answer": other[0] if other else None,
+                       "holder_answer": f"{held_status} {held_raw[:120].decode(errors='replace')}"}
             r.notes = (f"gateway {r.extra['gateway_cpu_us_per_refusal']} us CPU per refusal, client "
                        f"{r.extra['client_cpu_us_per_refusal']} us")
             print(f"  {r.scenario}: {r.notes}; {statuses}", flush=True)
