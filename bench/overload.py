@@ -27,10 +27,10 @@ the generator actually made per second; and goodput per CPU-second of the platfo
 and Postgres) against the capacity run's, which other work's share of the cores does not move. A closed-loop buyer refused for load waits 50 ms before
 its next checkout (as a client honouring Retry-After would, only shorter) instead of spinning.
 Per level also: the gateway's admission limit and its calls in flight (sampled from its /metrics
-once a second: does the limit let in more than the platform finishes?), the gateway's CPU per
-refusal (its CPU beyond what the completed checkouts cost it in the capacity run), the p99 of this
-client's own event-loop lateness (part of every latency it measures), and how many GETs polled a
-checkout that was not final yet.
+once a second: does the limit let in more than the platform finishes?), the p99 of this client's
+own event-loop lateness (part of every latency it measures), how many GETs polled a checkout that
+was not final yet, and the payments service's finalize and saga-step counts. What one refusal
+costs the gateway is `make bench-refusal`'s (CPU per refusal, end to end).
 
 4. A hot slot: BENCH_HOT_BUYERS buyers at once for one slot. One wins; every other is told at once,
    with alternatives (409) or shed by the gateway (503). Target: p99 <= 1.5 s at the gateway.
@@ -439,8 +439,7 @@ def per_cpu(out: Outcome, cpu: dict | None) -> float | None:
 
 
 def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, offered: float | None,
-        cpu: dict | None = None, capacity_per_cpu: float | None = None,
-        capacity_cpu_per_checkout: float | None = None) -> Result:
+        cpu: dict | None = None, capacity_per_cpu: float | None = None) -> Result:
     ok, refused = sorted(out.ok), sorted(out.refused)
     goodput = len(ok) / seconds
     r = Result(f"{kind} {label}", CAP_BUYERS if offered is None else 0, round(goodput, 1),
@@ -450,11 +449,6 @@ def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, of
                "arrivals_per_s": round(out.arrivals / seconds, 1), "completed": len(ok),
                "refused": len(refused), "refusal_p99_ms": round(percentile(refused, 0.99), 1),
                "gave_up": out.gave_up, "failed": out.failed, "polls": out.polls, "answers": out.statuses, "cpu": cpu}
-    if cpu and capacity_cpu_per_checkout and refused:
-        # The gateway's CPU beyond what the completed checkouts cost it in the capacity run, per
-        # refusal: what a refusal costs the gateway end to end (HTTP parsing, the answer's writes).
-        extra_s = cpu["cpu_s"].get("gateway", 0.0) - len(ok) * capacity_cpu_per_checkout
-        r.extra["gateway_ms_per_refusal"] = round(1000 * max(0.0, extra_s) / len(refused), 3)
     efficiency = per_cpu(out, cpu)
     if efficiency is not None:
         r.extra["checkouts_per_platform_cpu_s"] = round(efficiency, 2)
@@ -490,7 +484,6 @@ async def main() -> None:
             print(f"{kind}: capacity {capacity:.1f} checkouts/s", flush=True)
             cap_cpu = watch.report()
             capacity_per_cpu = per_cpu(cap_out, cap_cpu)
-            gateway_per_checkout = cap_cpu["cpu_s"].get("gateway", 0.0) / max(1, len(cap_out.ok))
             results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None, cap_cpu))
             results[-1].extra["admission"] = limits.report()
             results[-1].extra["payments"] = counters.report()
@@ -501,7 +494,7 @@ async def main() -> None:
                 counters = PaymentsCounters(stack)
                 out = await open_loop(stack.http_port, buyers, bodies, rate, LOAD_SECONDS)
                 results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate, watch.report(),
-                                   capacity_per_cpu, gateway_per_checkout))
+                                   capacity_per_cpu))
                 results[-1].extra["admission"] = limits.report()
                 results[-1].extra["client_loop_lag_p99_ms"] = lag.report()
                 results[-1].extra["payments"] = counters.report()
