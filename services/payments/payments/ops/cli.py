@@ -51,6 +51,8 @@ async def _run(args) -> int:
             rows = await stuck(pool, args.older_than, args.limit)
             print(_dump(rows) if args.json else render_stuck(rows, args.older_than))
             return 0
+        if args.command == "audit":
+            return await _audit(pool, args)
         by = clean_name(args.by)
         try:
             if args.command == "retry":
@@ -75,6 +77,59 @@ async def _run(args) -> int:
             return 2
     finally:
         await pool.close()
+
+
+async def _audit(pool, args) -> int:
+    """Audit [since, until) now (unless --recorded), then print the findings of windows ending after
+    `since`: exit 0 when there are none, 3 when there are."""
+    from datetime import timedelta
+
+    from .. import audit
+
+    since = audit.utc(args.since)
+    if not args.recorded:
+        from cuty.booking.v1 import booking_pb2_grpc
+        from cuty.codepool.v1 import codepool_pb2_grpc
+        from cutylib.config import grpc_addr_for
+        from cutylib.grpc_client import create_channel
+        from cutylib.tls import BOOKING, CODEPOOL, PAYMENTS, Transport
+
+        from ..psp import PspClient
+
+        settings = audit.AuditSettings.from_env()
+        now = await pool.fetchval("SELECT clock_timestamp()")
+        until = audit.utc(args.until) if args.until else now - timedelta(seconds=settings.settle_seconds
+                                                                           if args.settle is None else args.settle)
+        transport = Transport.from_env(PAYMENTS)
+        psp = PspClient(_psp_url(), timeout=30.0)
+        async with create_channel(grpc_addr_for("booking"), BOOKING, transport, deadline_seconds=60) as bch, \
+                create_channel(grpc_addr_for("codepool"), CODEPOOL, transport, deadline_seconds=60) as cch:
+            try:
+                auditor = audit.Auditor(pool, booking_pb2_grpc.BookingServiceStub(bch),
+                                        codepool_pb2_grpc.CodePoolServiceStub(cch), psp, settings=settings)
+                checked = await auditor.audit_range(since, until)
+            finally:
+                await psp.aclose()
+        print(f"audited {len(checked)} window(s) of [{since.isoformat()}, {until.isoformat()}): "
+              f"{sum(c.checkouts for c in checked)} checkouts, {sum(c.charges for c in checked)} PSP charges, "
+              f"{sum(c.holds for c in checked)} confirmed holds, {sum(c.orders for c in checked)} delivered orders",
+              file=sys.stderr)
+    found = await audit.recorded(pool, since, args.limit)
+    if args.json:
+        print(_dump(found))
+    else:
+        for f in found:
+            ids = " ".join(f"{k}={f[k]}" for k in ("checkout_id", "payment_id", "psp_id", "other_id", "merchant_id")
+                           if f[k])
+            print(f"{f['kind']:24} {f['subject']}  {ids}  ({f['detail']})")
+        print(f"{len(found)} finding(s) in windows ending after {since.isoformat()}", file=sys.stderr)
+    return 3 if found else 0
+
+
+def _psp_url() -> str:
+    from cutylib.config import Settings
+
+    return Settings().psp_url
 
 
 def main(argv: list[str]) -> int:
@@ -104,6 +159,15 @@ def main(argv: list[str]) -> int:
     rf.add_argument("--force", action="store_true", help="also when the checkout is not refunding "
                                                          "(e.g. a completed booking given back as a goodwill refund)")
     rf.add_argument("--addr", default=addr, help=f"payments gRPC address (default {addr})")
+    au = sub.add_parser("audit", help="check that payments, booking, the code pool and the PSP agree from a time "
+                                      "on, and print the offending ids (exit 3 when there are any)")
+    au.add_argument("--since", required=True, help="RFC 3339 instant (or a date) the check starts at")
+    au.add_argument("--until", default="", help="where it ends (default: now minus the settle time)")
+    au.add_argument("--settle", type=float, default=None, metavar="SECONDS",
+                    help="leave out checkouts younger than this (default CUTY_AUDIT_SETTLE_SECONDS, 900)")
+    au.add_argument("--recorded", action="store_true", help="only print what the auditor recorded; check nothing")
+    au.add_argument("--limit", type=int, default=1000)
+    au.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
         return asyncio.run(_run(args))
