@@ -14,11 +14,11 @@ idempotency keys as everything else, never a hand-written UPDATE. `--by` travels
 `cuty-operator`, which the service honours only from `system` (payments/operator.py), and lands in
 the timeline: "retried by ops:<who>", "refund requested by ops:<who>: <reason>".
 
-`audit` runs the invariant auditor (payments/audit.py) over the windows of [since, until) at once,
-as the payments identity (booking's and the code pool's digests over gRPC, the PSP's list API),
-records what it finds like the periodic job does (the watermark untouched), and prints every finding
-of the windows ending after `since`, one line each: the kind and the offending ids (exit 3 when
-there are any). `--recorded` prints what the periodic job recorded without checking.
+`audit` runs the invariant auditor's checks (payments/audit.py) over the windows of [since, until)
+at once, as the payments identity (booking's and the code pool's digests over gRPC, the PSP's list
+API), and prints every violation, one line each: its kind and the offending ids (exit 3 when there
+are any). It records nothing and leaves the watermark alone: the periodic job records, counts and
+alerts. `--recorded` prints what the periodic job recorded for the windows ending after `since`.
 
 CUTY_TRACE_URL_TEMPLATE (e.g. `http://jaeger:16686/trace/{trace_id}`) turns trace ids into links.
 docs/observability.md has the runbook ("On call: customer charged but no booking").

@@ -80,14 +80,16 @@ async def _run(args) -> int:
 
 
 async def _audit(pool, args) -> int:
-    """Audit [since, until) now (unless --recorded), then print the findings of windows ending after
-    `since`: exit 0 when there are none, 3 when there are."""
+    """Check [since, until) now and print what is found (--recorded: print what the periodic job
+    recorded for the windows ending after `since`); exit 0 when nothing, 3 when something."""
     from datetime import timedelta
 
     from .. import audit
 
     since = audit.utc(args.since)
-    if not args.recorded:
+    if args.recorded:
+        found = await audit.recorded(pool, since, args.limit)
+    else:
         from cuty.booking.v1 import booking_pb2_grpc
         from cuty.codepool.v1 import codepool_pb2_grpc
         from cutylib.config import grpc_addr_for
@@ -114,7 +116,9 @@ async def _audit(pool, args) -> int:
               f"{sum(c.checkouts for c in checked)} checkouts, {sum(c.charges for c in checked)} PSP charges, "
               f"{sum(c.holds for c in checked)} confirmed holds, {sum(c.orders for c in checked)} delivered orders",
               file=sys.stderr)
-    found = await audit.recorded(pool, since, args.limit)
+        found = [{"kind": f.kind, "subject": f.subject, "checkout_id": f.checkout_id, "payment_id": f.payment_id,
+                  "psp_id": f.psp_id, "other_id": f.other_id, "merchant_id": f.merchant_id, "detail": f.detail,
+                  "window_start": c.start, "window_end": c.end} for c in checked for f in c.findings][:args.limit]
     if args.json:
         print(_dump(found))
     else:
@@ -122,7 +126,7 @@ async def _audit(pool, args) -> int:
             ids = " ".join(f"{k}={f[k]}" for k in ("checkout_id", "payment_id", "psp_id", "other_id", "merchant_id")
                            if f[k])
             print(f"{f['kind']:24} {f['subject']}  {ids}  ({f['detail']})")
-        print(f"{len(found)} finding(s) in windows ending after {since.isoformat()}", file=sys.stderr)
+        print(f"{len(found)} finding(s)", file=sys.stderr)
     return 3 if found else 0
 
 
@@ -165,7 +169,8 @@ def main(argv: list[str]) -> int:
     au.add_argument("--until", default="", help="where it ends (default: now minus the settle time)")
     au.add_argument("--settle", type=float, default=None, metavar="SECONDS",
                     help="leave out checkouts younger than this (default CUTY_AUDIT_SETTLE_SECONDS, 900)")
-    au.add_argument("--recorded", action="store_true", help="only print what the auditor recorded; check nothing")
+    au.add_argument("--recorded", action="store_true", help="print what the periodic auditor recorded for the "
+                                                            "windows ending after --since; check nothing")
     au.add_argument("--limit", type=int, default=1000)
     au.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
