@@ -124,6 +124,7 @@ class Checked:
     refunds: int = 0
     findings: list[Finding] = field(default_factory=list)
     new: int = 0  # findings not recorded before
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per source read, and the checks
 
 
 CHECKOUTS = """
@@ -240,10 +241,21 @@ class Auditor:
     async def audit_window(self, a: datetime, b: datetime, *, record: bool = True) -> Checked:
         t0 = time.perf_counter()
         wide = b + timedelta(seconds=self.settings.slack_seconds)
+        timings: dict[str, float] = {}
+
+        async def timed(what: str, read):
+            t = time.perf_counter()
+            try:
+                return await read
+            finally:
+                timings[what] = round(time.perf_counter() - t, 3)
         checkouts, holds, (orders, duplicates), charges, refunds = await asyncio.gather(
-            self._checkouts(a, b), self._holds(a, wide), self._orders(a, wide), self._charges(a, wide),
-            self._psp_list(self.psp.list_refunds, a, b))
-        checked = Checked(a, b, len(checkouts), len(holds), len(orders), len(charges), len(refunds))
+            timed("checkouts", self._checkouts(a, b)), timed("holds", self._holds(a, wide)),
+            timed("orders", self._orders(a, wide)), timed("charges", self._charges(a, wide)),
+            timed("refunds", self._psp_list(self.psp.list_refunds, a, b)))
+        t_read = time.perf_counter()
+        checked = Checked(a, b, len(checkouts), len(holds), len(orders), len(charges), len(refunds),
+                          timings=timings)
         f = checked.findings
         looks = _Looks()
         by_intent = {c["psp_intent_id"]: c for c in checkouts if c["psp_intent_id"]}
@@ -251,6 +263,7 @@ class Auditor:
         f += await self._refunds(refunds)
         f += await self._bookings(checkouts, holds, a, b, looks)
         f += await self._codes(checkouts, orders, duplicates, a, b)
+        timings["checks"] = round(time.perf_counter() - t_read, 3)
         if not record:
             return checked
         checked.new = await self._record(f, a, b)
@@ -259,7 +272,7 @@ class Auditor:
             self.metrics.audit_window_seconds.observe(time.perf_counter() - t0)
         log.log(logging.WARNING if f else logging.INFO, "window audited", extra={
             "start": a.isoformat(), "end": b.isoformat(), "checkouts": checked.checkouts, "findings": len(f),
-            "new_findings": checked.new})
+            "new_findings": checked.new, "seconds": timings})
         return checked
 
     async def _checkouts(self, a: datetime, b: datetime) -> list:

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 
 import asyncpg
 
@@ -90,32 +91,18 @@ async def _audit(pool, args) -> int:
     if args.recorded:
         found = await audit.recorded(pool, since, args.limit)
     else:
-        from cuty.booking.v1 import booking_pb2_grpc
-        from cuty.codepool.v1 import codepool_pb2_grpc
-        from cutylib.config import grpc_addr_for
-        from cutylib.grpc_client import create_channel
-        from cutylib.tls import BOOKING, CODEPOOL, PAYMENTS, Transport
-
-        from ..psp import PspClient
-
         settings = audit.AuditSettings.from_env()
         now = await pool.fetchval("SELECT clock_timestamp()")
         until = audit.utc(args.until) if args.until else now - timedelta(seconds=settings.settle_seconds
                                                                            if args.settle is None else args.settle)
-        transport = Transport.from_env(PAYMENTS)
-        psp = PspClient(_psp_url(), timeout=30.0)
-        async with create_channel(grpc_addr_for("booking"), BOOKING, transport, deadline_seconds=60) as bch, \
-                create_channel(grpc_addr_for("codepool"), CODEPOOL, transport, deadline_seconds=60) as cch:
-            try:
-                auditor = audit.Auditor(pool, booking_pb2_grpc.BookingServiceStub(bch),
-                                        codepool_pb2_grpc.CodePoolServiceStub(cch), psp, settings=settings)
-                checked = await auditor.audit_range(since, until)
-            finally:
-                await psp.aclose()
+        checked, took = await audit_now(pool, since, until, settings)
         print(f"audited {len(checked)} window(s) of [{since.isoformat()}, {until.isoformat()}): "
               f"{sum(c.checkouts for c in checked)} checkouts, {sum(c.charges for c in checked)} PSP charges, "
-              f"{sum(c.holds for c in checked)} confirmed holds, {sum(c.orders for c in checked)} delivered orders",
-              file=sys.stderr)
+              f"{sum(c.holds for c in checked)} confirmed holds, {sum(c.orders for c in checked)} delivered orders "
+              f"in {took:.2f}s", file=sys.stderr)
+        if args.timings:
+            for c in checked:
+                print(f"  window {c.start.isoformat()}: {c.checkouts} checkouts, seconds {c.timings}", file=sys.stderr)
         found = [{"kind": f.kind, "subject": f.subject, "checkout_id": f.checkout_id, "payment_id": f.payment_id,
                   "psp_id": f.psp_id, "other_id": f.other_id, "merchant_id": f.merchant_id, "detail": f.detail,
                   "window_start": c.start, "window_end": c.end} for c in checked for f in c.findings][:args.limit]
@@ -128,6 +115,32 @@ async def _audit(pool, args) -> int:
             print(f"{f['kind']:24} {f['subject']}  {ids}  ({f['detail']})")
         print(f"{len(found)} finding(s)", file=sys.stderr)
     return 3 if found else 0
+
+
+async def audit_now(pool, since, until, settings):
+    """The auditor's checks over [since, until) from this process, as the payments identity (its
+    certificate: `system` at booking and the code pool): (the windows checked, seconds taken)."""
+    from cuty.booking.v1 import booking_pb2_grpc
+    from cuty.codepool.v1 import codepool_pb2_grpc
+    from cutylib.config import grpc_addr_for
+    from cutylib.grpc_client import create_channel
+    from cutylib.tls import BOOKING, CODEPOOL, PAYMENTS, Transport
+
+    from .. import audit
+    from ..psp import PspClient
+
+    transport = Transport.from_env(PAYMENTS)
+    psp = PspClient(_psp_url(), timeout=30.0)
+    async with create_channel(grpc_addr_for("booking"), BOOKING, transport, deadline_seconds=60) as bch, \
+            create_channel(grpc_addr_for("codepool"), CODEPOOL, transport, deadline_seconds=60) as cch:
+        try:
+            auditor = audit.Auditor(pool, booking_pb2_grpc.BookingServiceStub(bch),
+                                    codepool_pb2_grpc.CodePoolServiceStub(cch), psp, settings=settings)
+            t0 = time.perf_counter()
+            checked = await auditor.audit_range(since, until)
+            return checked, time.perf_counter() - t0
+        finally:
+            await psp.aclose()
 
 
 def _psp_url() -> str:
@@ -172,6 +185,7 @@ def main(argv: list[str]) -> int:
     au.add_argument("--recorded", action="store_true", help="print what the periodic auditor recorded for the "
                                                             "windows ending after --since; check nothing")
     au.add_argument("--limit", type=int, default=1000)
+    au.add_argument("--timings", action="store_true", help="print where each window's time went")
     au.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
