@@ -64,6 +64,9 @@ PSP_PAGE = 1000  # the PSP list API's maximum
 MAX_PAGES = 400  # per source and window: 2,000,000 checkouts, far beyond a window of a busy day
 MAX_SECOND_LOOKS = 2000  # per window; more fail the window (tried again next round)
 SECOND_LOOK_CONCURRENCY = 16
+# Windows audited together: one's checks overlap another's reads (the digests and the PSP answer
+# from other processes).
+WINDOWS_AT_ONCE = 2
 # Where a checkout stands once the purchase went through (the goods are the buyer's, or were until
 # a cancel after purchase refunded them).
 SOLD = frozenset({"COMPLETED", "CANCELLED_AFTER_PURCHASE", "RESCHEDULING", "RESCHEDULE_CONFIRMING",
@@ -74,7 +77,7 @@ CAPTURED = frozenset({"succeeded", "partially_refunded", "refunded"})
 @dataclass(frozen=True)
 class AuditSettings:
     window_seconds: float = 600.0      # CUTY_AUDIT_WINDOW_SECONDS
-    slack_seconds: float = 300.0       # CUTY_AUDIT_SLACK_SECONDS: facts made this long after their window
+    slack_seconds: float = 120.0       # CUTY_AUDIT_SLACK_SECONDS: facts made this long after their window
     settle_seconds: float = 900.0      # CUTY_AUDIT_SETTLE_SECONDS: a window is audited this long after it ended
     interval_seconds: float = 60.0     # CUTY_AUDIT_INTERVAL_SECONDS (0: the job does not run)
     max_windows: int = 12              # CUTY_AUDIT_MAX_WINDOWS: per round
@@ -205,36 +208,40 @@ class Auditor:
             await self.leader.resign()
 
     async def round(self) -> list[Checked]:
-        """The windows due after the watermark (at most max_windows), if this replica leads."""
+        """The windows due after the watermark (at most max_windows), if this replica leads; audited
+        WINDOWS_AT_ONCE at a time, the watermark advanced past each in order."""
         if not await self.leader.elect():
             return []
         s = self.settings
         now = await self.pool.fetchval("SELECT clock_timestamp()")
         await self.pool.execute(WATERMARK_INIT, WATERMARK, now - timedelta(seconds=s.start_back_seconds))
-        done = []
+        done: list[Checked] = []
+        step = timedelta(seconds=s.window_seconds)
+        due_by = now - timedelta(seconds=s.settle_seconds)
         with quiet():  # a standing job: no trace per round
-            for _ in range(s.max_windows):
-                mark = await self.pool.fetchval(WATERMARK_READ, WATERMARK)
-                end = mark + timedelta(seconds=s.window_seconds)
-                if end > now - timedelta(seconds=s.settle_seconds):
+            mark = await self.pool.fetchval(WATERMARK_READ, WATERMARK)
+            while len(done) < s.max_windows:
+                starts = [mark + i * step for i in range(min(WINDOWS_AT_ONCE, s.max_windows - len(done)))
+                          if mark + (i + 1) * step <= due_by]
+                if not starts:
                     break
-                checked = await self.audit_window(mark, end)
-                if await self.pool.execute(WATERMARK_ADVANCE, WATERMARK, mark, end) != "UPDATE 1":
-                    break  # another replica advanced it meanwhile (this one's lease had lapsed)
-                done.append(checked)
+                for checked in await asyncio.gather(*(self.audit_window(a, a + step) for a in starts)):
+                    if await self.pool.execute(WATERMARK_ADVANCE, WATERMARK, mark, checked.end) != "UPDATE 1":
+                        return done  # another replica advanced it meanwhile (this one's lease had lapsed)
+                    done.append(checked)
+                    mark = checked.end
         return done
 
     async def audit_range(self, since: datetime, until: datetime) -> list[Checked]:
-        """Every window of [since, until), nothing recorded, the watermark untouched (`ops audit
-        --since`: the periodic job records, counts and alerts; an operator's check only shows)."""
-        out, a = [], since
+        """Every window of [since, until), WINDOWS_AT_ONCE at a time, nothing recorded, the
+        watermark untouched (`ops audit --since`: the periodic job records, counts and alerts; an
+        operator's check only shows)."""
         step = timedelta(seconds=self.settings.window_seconds)
-        for _ in range(int((until - since) / step) + 2):
-            if a >= until:
-                break
-            b = min(a + step, until)
-            out.append(await self.audit_window(a, b, record=False))
-            a = b
+        starts = [since + i * step for i in range(int((until - since) / step) + 1) if since + i * step < until]
+        out: list[Checked] = []
+        for i in range(0, len(starts), WINDOWS_AT_ONCE):
+            out += await asyncio.gather(*(self.audit_window(a, min(a + step, until), record=False)
+                                          for a in starts[i:i + WINDOWS_AT_ONCE]))
         return out
 
     # -- one window -----------------------------------------------------------------------------

@@ -26,8 +26,8 @@ from checkout_e2e import name, start_stack
 # The periodic auditor starts off (interval 0): the test restarts payments with it on once the drift
 # is in, so that the job sees the drift however slowly this machine runs the purchases.
 ENV = {"CUTY_AUDIT_INTERVAL_SECONDS": 0, "CUTY_AUDIT_WINDOW_SECONDS": 5, "CUTY_AUDIT_SLACK_SECONDS": 5,
-       "CUTY_AUDIT_START_BACK_SECONDS": 600, "CUTY_DISPUTE_POLL_SECONDS": 1, "CUTY_PSP_DISPUTE_DELAY_MS": 100,
-       "CUTY_PSP_DISPUTE_DECIDE_MS": 100}
+       "CUTY_AUDIT_START_BACK_SECONDS": 600, "CUTY_DISPUTE_POLL_SECONDS": 1, "CUTY_DISPUTE_POLL_GRACE_SECONDS": 0,
+       "CUTY_PSP_DISPUTE_DELAY_MS": 100, "CUTY_PSP_DISPUTE_DECIDE_MS": 100}
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -1,7 +1,8 @@
 """The poller of lost dispute webhooks (docs/payments.md, "Disputes"): a webhook the PSP never
 delivered (its retries exhausted, an endpoint misrouted) must not leave a dispute unknown until its
 deadline passes unanswered. Every CUTY_DISPUTE_POLL_SECONDS one replica (cutylib.metrics.LeaseLeader,
-lease `dispute-poll`) asks the PSP's list API for the disputes changed since its watermark
+lease `dispute-poll`) asks the PSP's list API for the disputes changed since its watermark, and
+longer than CUTY_DISPUTE_POLL_GRACE_SECONDS (60) ago, so a webhook on its way is not overtaken
 (audit_watermarks 'disputes': an instant and the last dispute id at it) and hands each to the
 DisputeInbox as the event the webhook would have brought: the same function (disputes_record), so
 the same dedupe, forward-only moves, timeline and merchant events; a dispute the webhook already
@@ -10,6 +11,7 @@ is bounded (MAX_PAGES pages of PAGE disputes per round).
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from datetime import datetime, timedelta, timezone
 
@@ -58,6 +60,8 @@ class DisputePoller:
         self.interval = interval_seconds() if interval is None else interval
         self.start_back = (env_float("CUTY_DISPUTE_POLL_START_BACK_SECONDS", 7 * 86400.0)
                            if start_back_seconds is None else start_back_seconds)
+        # A change this recent may still have its webhook on the way: left to the next round.
+        self.grace = env_float("CUTY_DISPUTE_POLL_GRACE_SECONDS", 60.0)
         self.leader = LeaseLeader(pool, "dispute-poll", ttl=max(3 * self.interval, 60.0), holder=worker_id or None)
 
     async def run(self) -> None:
@@ -75,6 +79,7 @@ class DisputePoller:
             return 0
         now = await self.pool.fetchval("SELECT clock_timestamp()")
         await self.pool.execute(INIT, WATERMARK, now - timedelta(seconds=self.start_back))
+        cutoff = _micros_of(now) - round(self.grace * 1_000_000)
         seen = 0
         with quiet():
             for _ in range(MAX_PAGES):
@@ -82,6 +87,11 @@ class DisputePoller:
                 page = await self.psp.list_disputes(mark.timestamp(), limit=PAGE)
                 # At the watermark's own instant, only those after the last one handled.
                 fresh = [d for d in page["data"] if (_micros(d["updated"]), d["id"]) > (_micros_of(mark), after)]
+                # Oldest first: up to the first change still within the grace period (its webhook may
+                # be on the way), which the next round takes.
+                settled = list(itertools.takewhile(lambda d: _micros(d["updated"]) < cutoff, fresh))
+                within_grace = len(settled) < len(fresh)
+                fresh = settled
                 for d in fresh:
                     if d.get("status") not in EVENT_TYPE:
                         continue
@@ -94,7 +104,7 @@ class DisputePoller:
                 last = fresh[-1]
                 moved = await self.pool.execute(ADVANCE, WATERMARK, mark, after,
                                                 EPOCH + timedelta(microseconds=_micros(last["updated"])), last["id"])
-                if moved != "UPDATE 1" or not page.get("has_more"):
+                if moved != "UPDATE 1" or within_grace or not page.get("has_more"):
                     break
         if seen:
             log.info("disputes polled", extra={"disputes": seen})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -120,6 +121,16 @@ async def _audit(pool, args) -> int:
 async def audit_now(pool, since, until, settings):
     """The auditor's checks over [since, until) from this process, as the payments identity (its
     certificate: `system` at booking and the code pool): (the windows checked, seconds taken)."""
+    async with pod_auditor(pool, settings) as auditor:
+        t0 = time.perf_counter()
+        checked = await auditor.audit_range(since, until)
+        return checked, time.perf_counter() - t0
+
+
+@contextlib.asynccontextmanager
+async def pod_auditor(pool, settings):
+    """An Auditor with channels to booking and the code pool as the payments identity, and a PSP
+    client, closed on exit."""
     from cuty.booking.v1 import booking_pb2_grpc
     from cuty.codepool.v1 import codepool_pb2_grpc
     from cutylib.config import grpc_addr_for
@@ -134,11 +145,8 @@ async def audit_now(pool, since, until, settings):
     async with create_channel(grpc_addr_for("booking"), BOOKING, transport, deadline_seconds=60) as bch, \
             create_channel(grpc_addr_for("codepool"), CODEPOOL, transport, deadline_seconds=60) as cch:
         try:
-            auditor = audit.Auditor(pool, booking_pb2_grpc.BookingServiceStub(bch),
-                                    codepool_pb2_grpc.CodePoolServiceStub(cch), psp, settings=settings)
-            t0 = time.perf_counter()
-            checked = await auditor.audit_range(since, until)
-            return checked, time.perf_counter() - t0
+            yield audit.Auditor(pool, booking_pb2_grpc.BookingServiceStub(bch),
+                                codepool_pb2_grpc.CodePoolServiceStub(cch), psp, settings=settings)
         finally:
             await psp.aclose()
 
