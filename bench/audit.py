@@ -227,7 +227,9 @@ async def main() -> None:
                     auditor = subprocess.Popen([sys.executable, __file__, "--loop", since.isoformat(), until.isoformat(),
                                                 repr(pace if variant == "keeping pace" else 0.0)],
                                                env=loop_env, stdout=subprocess.PIPE, text=True)
-                    await asyncio.sleep(3)  # past its start: auditing
+                    # measured once it is auditing, not while it starts (imports, connections)
+                    ready = await asyncio.to_thread(auditor.stdout.readline)
+                    assert ready.startswith("ready"), ready
                 buyers = [checkout_bench.buyer(kind, "one-call", side, side.products[1], [])
                           for kind in ("booking", "codes")]
 
@@ -273,6 +275,8 @@ async def audit_loop(since: str, until: str, pace: float) -> None:
     a, b = utc(since), utc(until)
     step = timedelta(seconds=settings.window_seconds)
     async with pod_auditor(pool, settings) as auditor:
+        await auditor.audit_range(a, min(a + step, b))  # connections up, first compiles done
+        print("ready", flush=True)
         while True:
             t = a
             while t < b:

@@ -1,8 +1,9 @@
 -- The invariant auditor (payments/audit.py; docs/payments.md, "The invariant auditor"): a periodic
 -- job that proves, one time window after another, that payments, booking, the code pool and the
 -- PSP agree. Its findings and its watermarks are the platform's, not a merchant's: a PSP charge no
--- payment knows of has no merchant. So no merchant_id key and no RLS (like psp_events); the service
--- role reads and writes them (cuty_service_role's default privileges).
+-- payment knows of has no merchant. So no merchant_id key and no RLS (like psp_events; the merchant a
+-- finding concerns, when there is one, is `of_merchant`, as in operator_reads); the service role
+-- reads and writes them (cuty_service_role's default privileges).
 
 -- One row per violation found: its kind, the offending id (`subject`, unique per kind, so auditing
 -- a window again records nothing twice), the ids around it, and the window it was found in.
@@ -17,7 +18,7 @@ CREATE TABLE audit_findings (
     payment_id   uuid,
     psp_id       text CHECK (length(psp_id) <= 255),
     other_id     text CHECK (length(other_id) <= 300),
-    merchant_id  text CHECK (length(merchant_id) <= 200),
+    of_merchant  text CHECK (length(of_merchant) <= 200),
     detail       text NOT NULL DEFAULT '' CHECK (length(detail) <= 2000),
     window_start timestamptz NOT NULL,
     window_end   timestamptz NOT NULL CHECK (window_end > window_start),

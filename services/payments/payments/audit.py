@@ -46,6 +46,7 @@ import grpc
 from cuty.booking.v1 import booking_pb2
 from cuty.codepool.v1 import codepool_pb2
 from cutylib.config import env_float, env_int
+from cutylib.db import reports
 from cutylib.metrics import LeaseLeader
 from cutylib.periodic import TRANSIENT, periodic
 from cutylib.psp import PspError, PspUnavailable
@@ -155,7 +156,7 @@ OUR_REFUNDS = """
 SELECT psp_refund_id FROM refunds WHERE psp_refund_id = ANY($1::text[])
 UNION SELECT psp_refund_id FROM payments WHERE psp_refund_id = ANY($1::text[])"""
 RECORD = """
-INSERT INTO audit_findings (kind, subject, checkout_id, payment_id, psp_id, other_id, merchant_id, detail,
+INSERT INTO audit_findings (kind, subject, checkout_id, payment_id, psp_id, other_id, of_merchant, detail,
                             window_start, window_end)
 SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::text[],
                      $9::timestamptz[], $10::timestamptz[])
@@ -286,7 +287,7 @@ class Auditor:
         rows: list = []
         at = last = None
         for _ in range(MAX_PAGES):
-            page = await self.pool.fetch(CHECKOUTS, a, b, at, last, PAGE)
+            page = await reports(self.pool).fetch(CHECKOUTS, a, b, at, last, PAGE)  # not the saga's connections
             rows += page
             if len(page) < PAGE:
                 return rows
@@ -524,9 +525,9 @@ class _Looks:
 
 async def recorded(pool, since: datetime, limit: int = 1000) -> list[dict]:
     """The findings of windows that ended after `since`, oldest first (`ops audit`)."""
-    rows = await pool.fetch("SELECT kind, subject, checkout_id, payment_id, psp_id, other_id, merchant_id, detail, "
-                            "window_start, window_end, found_at FROM audit_findings WHERE window_end > $1 "
-                            "ORDER BY window_end, id LIMIT $2", since, limit)
+    rows = await pool.fetch("SELECT kind, subject, checkout_id, payment_id, psp_id, other_id, "
+                            "of_merchant AS merchant_id, detail, window_start, window_end, found_at "
+                            "FROM audit_findings WHERE window_end > $1 ORDER BY window_end, id LIMIT $2", since, limit)
     return [dict(r) for r in rows]
 
 
