@@ -89,3 +89,41 @@ async def test_a_replica_whose_lease_was_taken_over_cannot_move_the_watermark(pa
                                        WATERMARK, mark, mark + timedelta(seconds=60)) == "UPDATE 0"
     assert await stale.round() == []  # and it no longer leads
     assert await payments_pool.fetchval("SELECT watermark FROM audit_watermarks WHERE name = $1", WATERMARK) == moved
+
+
+async def test_the_second_looks_find_a_payment_and_its_checkout_by_each_key(scratch_db):
+    """The statements of the second looks (a charge's payment, a hold's checkout by its payment or
+    its payment attempt key, an order's checkout), on rows of the real schema (a database of its
+    own: a completed checkout is never deleted)."""
+    import pathlib
+    import uuid
+
+    from cutylib.db import create_pool, migrate
+    from payments import audit
+
+    await migrate(scratch_db, pathlib.Path(__file__).resolve().parents[3] / "services/payments/migrations")
+    payments_pool = await create_pool(scratch_db, min_size=1, max_size=2)
+
+    checkout, payment, key = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    intent = "pi_" + uuid.uuid4().hex
+    await payments_pool.execute(
+        "INSERT INTO checkouts (id, customer_id, kind, state, slot_id, hold_id, amount_minor, currency, expire_time, "
+        "payment_key, payment_id, payment_method, merchant_id, salon_id, free_cancellation_hours, "
+        "cancellation_fee_percent, start_time) VALUES ($1, 'cust-audit', 'booking', 'COMPLETED', $4, 'h-1', 100, 'TRY', "
+        "clock_timestamp(), $2, $3, 'pm_card_ok', 'merchant-audit', $4, 24, 0, clock_timestamp() + interval '1 day')",
+        checkout, key, payment, uuid.uuid4())
+    await payments_pool.execute(
+        "INSERT INTO payments (id, checkout_id, status, psp_intent_id, amount_minor, currency, payment_method, "
+        "idempotency_key, merchant_id) VALUES ($1, $2, 'created', $3, 100, 'TRY', 'pm_card_ok', $4, 'merchant-audit')",
+        payment, checkout, intent, str(key))
+    try:
+        (p,) = await payments_pool.fetch(audit.PAYMENTS_BY_INTENT, [intent, "pi_none"])
+        assert (p["id"], p["checkout_id"], p["checkout_state"]) == (payment, checkout, "COMPLETED")
+        by_ref = await payments_pool.fetch(audit.CHECKOUTS_BY_REF, [payment, key], ["merchant-audit"] * 2)
+        assert sorted(r["ref"] for r in by_ref) == sorted([str(payment), str(key)])
+        assert {r["id"] for r in by_ref} == {checkout} and {r["hold_id"] for r in by_ref} == {"h-1"}
+        (c,) = await payments_pool.fetch(audit.CHECKOUTS_BY_ID, [checkout, uuid.uuid4()])
+        assert c["state"] == "COMPLETED"
+        assert await payments_pool.fetch(audit.OUR_REFUNDS, ["re_none"]) == []
+    finally:
+        await payments_pool.close()
