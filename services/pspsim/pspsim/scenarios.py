@@ -27,6 +27,9 @@ class Scenario:
     disputed: bool = False
     # False: the dispute's webhooks are lost (never sent); only the list API tells of it.
     dispute_webhooks: bool = True
+    # Saved for off-session use (setup_future_usage), its later off-session charges are declined
+    # (as a card reported lost or emptied since the purchase).
+    declines_off_session: bool = False
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -41,6 +44,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("pm_card_sync_timeout", SUCCEEDED, sync_timeout=True),
         Scenario("pm_card_disputed", SUCCEEDED, disputed=True),
         Scenario("pm_card_disputed_webhook_lost", SUCCEEDED, disputed=True, dispute_webhooks=False),
+        Scenario("pm_card_off_session_declined", SUCCEEDED, declines_off_session=True),
     )
 }
 
@@ -49,6 +53,13 @@ DECLINE_ERROR = {
     "code": "card_declined",
     "decline_code": "generic_decline",
     "message": "Your card was declined.",
+}
+
+OFF_SESSION_DECLINE_ERROR = {
+    "type": "card_error",
+    "code": "card_declined",
+    "decline_code": "insufficient_funds",
+    "message": "The saved card was declined for an off-session charge.",
 }
 
 AUTHENTICATION_ERROR = {
