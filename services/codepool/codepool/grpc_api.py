@@ -11,10 +11,10 @@ from cutylib import principal, tenancy
 from cutylib.errors import NotFound, PermissionDenied, ResourceExhausted
 from cutylib.fields import parse_uuid
 from cutylib.money import require_money
-from cutylib.timestamps import to_timestamp
+from cutylib.timestamps import to_timestamp, window
 from cutylib.tls import CODEPOOL, GATEWAY, PAYMENTS
 
-from . import domain, incident
+from . import digest, domain, incident
 from .catalog import Catalog, Product
 from .domain import ReservationView, ReserveCommand
 from .importer import Chunk, Importer, ImportResult
@@ -33,12 +33,14 @@ CALLERS = {
     "ReserveCodes": {PAYMENTS}, "DeliverCodes": {PAYMENTS}, "ReleaseReservation": {PAYMENTS},
     "GetReservation": {PAYMENTS}, "GetDeliveredCodes": {PAYMENTS}, "ListStockEvents": {PAYMENTS},
     "GetOrderEvidence": {PAYMENTS},
+    "DigestDeliveries": {PAYMENTS},  # payments' invariant auditor
 }
 # Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust): the saga's
 # steps and payments' workers (the orchestrator), the import CLI (the code pool's own pod).
 # GetProduct and GetReservation: see CALLERS' test (still granted, without a caller yet).
 SYSTEM_RPCS = frozenset({"GetProduct", "GetReservation", "ImportCodes", "ReserveCodes", "DeliverCodes",
-                         "ReleaseReservation", "GetDeliveredCodes", "ListStockEvents", "GetOrderEvidence"})
+                         "ReleaseReservation", "GetDeliveredCodes", "ListStockEvents", "GetOrderEvidence",
+                         "DigestDeliveries"})
 # The user roles the gateway may bring to the code pool: merchants' staff and admins, the operator.
 # No customer reaches it (their codes come through the orchestrator).
 USER_ROLES = frozenset({"staff", "admin", "operator"})
@@ -224,3 +226,18 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         if document is None:
             raise NotFound(f"no order {order_id}")
         return pb.OrderEvidence(document_json=json.dumps(document, separators=(",", ":")))
+
+    async def DigestDeliveries(self, request: pb.DigestDeliveriesRequest,
+                               context: grpc.aio.ServicerContext) -> pb.DigestDeliveriesResponse:
+        principal.current().require_role("system")  # the auditor reads every merchant's orders
+        start, end = window(request, digest.MAX_WINDOW_SECONDS)
+        orders, duplicates, token = await digest.digest_deliveries(self.catalog.pool, start, end, request.page_size,
+                                                                   request.page_token)
+        return pb.DigestDeliveriesResponse(
+            orders=[pb.OrderDigest(order_id=o.order_id, merchant_id=o.merchant_id, product_id=o.product_id,
+                                   quantity=o.quantity, delivered=o.delivered, revoked=o.revoked, replaced=o.replaced,
+                                   payment_transaction_id=o.payment_transaction_id,
+                                   reserve_time=to_timestamp(o.reserved_at)) for o in orders],
+            duplicates=[pb.DuplicateDelivery(code_id=d.code_id, merchant_id=d.merchant_id, order_ids=d.order_ids)
+                        for d in duplicates],
+            next_page_token=token)

@@ -13,7 +13,7 @@ from cutylib.grpc_server import GrpcServer
 from cutylib.metrics import MetricsLeader, refresh_periodically
 from cutylib.retention import Retention
 
-from . import signature
+from . import audit, signature
 from .checkout import wiring
 from .claims import wiring as claims
 from .disputes import wiring as disputes
@@ -97,6 +97,9 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     claims.register(server, pool, core, workers=workers)
     # Disputes of captured payments: recorded from the PSP's webhooks, evidence submitted in time.
     disputes.register(server, pool, core, inbox, workers=workers)
+    if workers:
+        # The standing proof that payments, booking, the code pool and the PSP agree (payments/audit.py).
+        audit.register(server, pool, core)
     registered = wiring.register(server, settings, pool, core)
     if inspect.isawaitable(registered):
         await registered
