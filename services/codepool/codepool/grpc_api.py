@@ -114,16 +114,13 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
 
     # --- reservations ----------------------------------------------------------------------------
     async def ReserveCodes(self, request: pb.ReserveCodesRequest, context: grpc.aio.ServicerContext) -> pb.Reservation:
-        p = principal.current()
-        customer_id = request.customer_id or (p.subject if p.role == "customer" else "")
-        if p.role == "customer" and customer_id != p.subject:
-            raise PermissionDenied("a customer reserves only for itself")
+        principal.current().require_role("system")  # the saga reserves, naming its customer; never a user
         cmd = ReserveCommand(
             order_id=domain.require_id("order_id", request.order_id),
             order_item_id=domain.require_id("order_item_id", request.order_item_id),
             product_id=parse_uuid("product_id", request.product_id),
             quantity=request.quantity,
-            customer_id=domain.require_id("customer_id", customer_id))
+            customer_id=domain.require_id("customer_id", request.customer_id))
         try:
             return _reservation(await self.reservations.reserve(cmd, actor()))
         except OutOfStock as e:

@@ -28,9 +28,6 @@ BEGIN
     ELSE
         RETURN NULL;
     END IF;
-    IF NEW.merchant_id IS NULL THEN  -- impossible past HELD (checkouts_held_has_merchant)
-        RETURN NULL;
-    END IF;
     FOREACH t IN ARRAY types LOOP
         PERFORM merchant_events_append(NEW.merchant_id, t, NEW.id, jsonb_build_object('checkout', jsonb_strip_nulls(jsonb_build_object(
                 'id', NEW.id,
