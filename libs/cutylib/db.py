@@ -372,7 +372,8 @@ FUNCTION_PREFIX = "functions/"
 # A dropped function that older numbered migrations still name (a trigger the baseline declares):
 # `functions/retired/<name>.sql` defines it for them on a database they have not reached yet. It is
 # applied once, before the numbered migrations, recorded under this prefix and never changed (like a
-# numbered migration); the numbered migration that dropped the function drops it again after them.
+# numbered migration); the numbered migration that drops the function comes after them, so no
+# database keeps it.
 RETIRED_PREFIX = "retired/"
 
 
