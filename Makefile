@@ -38,7 +38,16 @@ $(GEN)/.stamp: $(VENV)/.installed $(PROTOS)
 	  $(PROTOS)
 	touch $@
 
-gen: $(GEN)/.stamp
+# cuty-client (clients/python, docs/clients.md) installed into the venv the way its users install
+# it (`pip install ./clients/python`, which builds its protobuf modules from protos/), so the
+# example and its e2e test run the package as shipped. The build tools come from the locks.
+CLIENT_SRC := $(shell find clients/python -name '*.py' -not -path '*/build/*' -not -path '*/_pb/*') clients/python/pyproject.toml
+$(VENV)/.client: $(VENV)/.installed $(PROTOS) $(CLIENT_SRC)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation --force-reinstall ./clients/python
+	rm -rf clients/python/build
+	touch $@
+
+gen: $(GEN)/.stamp $(VENV)/.client
 
 # PostgreSQL server binaries are needed for the embedded cluster and the test cluster.
 pg-check:

@@ -41,6 +41,19 @@ OWNED_SECRETS = {"CUTY_JWT_SECRET": {"gateway"}, "CUTY_CODE_KEYS": {"codepool"},
                  "CUTY_PSP_WEBHOOK_SECRET": {"payments", "pspsim"}, "CUTY_PSP_WEBHOOK_PREVIOUS_SECRETS": {"payments"}}
 
 
+# The demo's internal client (docs/clients.md): the till of examples/pos_checkout.py, with a
+# certificate of its own in the development PKI; it buys as itself, and for a customer whose token
+# it forwards when the tokens are the development ones (the services verify them with that secret).
+DEMO_CLIENT = "pos"
+
+
+def demo_clients(forward_users: bool) -> str:
+    entry = {"identity": DEMO_CLIENT, "acts_as": {"role": "customer", "subject": "pos-till-1"}}
+    if forward_users:
+        entry["users"] = ["customer"]
+    return json.dumps({"clients": [entry]})
+
+
 def say(msg: str) -> None:
     print(f"[cuty] {msg}", flush=True)
 
@@ -88,6 +101,7 @@ class DevStack:
                     "CUTY_DATA_DIR": str(self.data_dir), "CUTY_HTTP_PORT": str(self.http_port),
                     "CUTY_PSP_URL": psp_url, "CUTY_PSP_PORT": str(psp_port),
                     "CUTY_PSP_WEBHOOK_URL": e.get("CUTY_PSP_WEBHOOK_URL") or f"{self.gateway_url}/v1/psp/webhooks"}
+        self.env.setdefault("CUTY_INTERNAL_CLIENTS", demo_clients(self.dev_secret))
         self.children = [Child("pspsim", "pspsim", http_health=f"{psp_url}/healthz")]
         for svc, (_, default_port) in SERVICES.items():
             port = int(e.get(f"CUTY_{svc.upper()}_GRPC_PORT") or default_port)
@@ -220,7 +234,7 @@ class DevStack:
             return
         from .tls import DevPki
 
-        pki = DevPki(self.data_dir / "tls").ensure()
+        pki = DevPki(self.data_dir / "tls").ensure((*SERVICE_IDENTITIES, DEMO_CLIENT))
         for c in self.children:
             if c.name in SERVICE_IDENTITIES:
                 c.env.update(pki.env(c.name))
@@ -396,6 +410,14 @@ class DevStack:
                       f"'{self.gateway_url}/v1/salons/{demo['salon_id']}/slots?startTime={day}T00:00:00Z"
                       f"&endTime={time.strftime('%Y-%m-%d', time.gmtime(time.time() + 9 * 86400))}T00:00:00Z&availableOnly=true'",
                       "  make demo"]
+            if self.tls:
+                tls = self.data_dir / "tls"
+                lines += ["", f"An internal client on the gRPC API (docs/clients.md), the till registered as {DEMO_CLIENT!r}:",
+                          f"  {sys.executable} examples/pos_checkout.py --ca {tls / 'ca.crt'} --cert {tls / (DEMO_CLIENT + '.crt')} "
+                          f"--key {tls / (DEMO_CLIENT + '.key')} --payments {self.env['CUTY_PAYMENTS_ADDR']} "
+                          f"--booking {self.env['CUTY_BOOKING_ADDR']} --codepool {self.env['CUTY_CODEPOOL_ADDR']} "
+                          f"--salon {demo['salon_id']} --product {demo['product_id']}"
+                          + (" --customer-token $TOKEN" if self.dev_secret else "")]
         lines += ["", "Ctrl-C stops everything (Postgres too); the next `make run` reuses the data.", ""]
         print("\n".join(lines), flush=True)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import signal
 from typing import Awaitable, Callable, Iterable, Mapping
@@ -11,10 +12,12 @@ from google.protobuf.descriptor import ServiceDescriptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import deadlines, principal, telemetry, validation
+from . import clients as internal_clients
+from . import deadlines, principal, telemetry, tokens, validation
+from .access import access_for, rpc_name
 from .config import env_int, env_str
 from .dbwatch import UNREACHABLE, DatabaseWatch
-from .errors import PermissionDenied, ResourceExhausted
+from .errors import InvalidArgument, PermissionDenied, ResourceExhausted, Unauthenticated
 from .grpc_errors import status_for_exception
 from .grpc_metrics import GrpcMetricsInterceptor, WrappedHandlers, rewrap, stream_of
 from .metrics import metrics_enabled
@@ -28,6 +31,12 @@ Callers = Mapping[str, Iterable[str]]  # RPC name -> identities of the services 
 
 # Served to any verified peer (health), or only in development (reflection).
 _OPEN_SERVICES = (health.SERVICE_NAME, reflection.SERVICE_NAME)
+# The metadata of a call's idempotency key (the gateway forwards the HTTP Idempotency-Key as it).
+IDEMPOTENCY_KEY = "idempotency-key"
+# Seconds the token an internal client forwarded for this call is still accepted (None: no such
+# token): a stream opened with it must end by then, as the gateway ends its streams.
+_FORWARDED_TOKEN_LEFT: contextvars.ContextVar[float | None] = contextvars.ContextVar("cuty_forwarded_token_left",
+                                                                                      default=None)
 
 
 class Trust:
@@ -41,20 +50,35 @@ class Trust:
     - `system` is granted per RPC: a peer other than the gateway, listed for the RPC, calling
       without a user, is `system` where the RPC is in `system`, and refused elsewhere.
     - The gateway without a user is `anonymous` (every role check refuses it; the PSP's webhook
-      and health need none)."""
+      and health need none).
+    - An internal client (cutylib.clients, `CUTY_INTERNAL_CLIENTS`) is no service: it reaches the
+      public RPCs only (those with a gateway route), with the roles the route admits, as the user
+      its configuration names or as the user whose token it forwards (verified as the gateway
+      verifies it, cutylib.tokens); never `system`, never with a gateway assertion."""
 
-    def __init__(self, name: str, verifier: AssertionVerifier | None = None):
+    def __init__(self, name: str, verifier: AssertionVerifier | None = None, *,
+                 clients: dict[str, internal_clients.InternalClient] | None = None,
+                 token_verifier: tokens.TokenVerifier | None = None):
         self.name = name
         self.allowed: dict[str, frozenset[str]] = {}
         self.system: set[str] = set()
         self.roles: dict[str, frozenset[str]] = {}
         self._verifier = verifier
+        # Read at start: a malformed configuration stops the process, naming the entry.
+        self.clients = internal_clients.from_env() if clients is None else clients
+        self._tokens = token_verifier
 
     @property
     def verifier(self) -> AssertionVerifier:
         if self._verifier is None:
             self._verifier = AssertionVerifier.from_env(self.name)
         return self._verifier
+
+    @property
+    def tokens(self) -> tokens.TokenVerifier:
+        if self._tokens is None:
+            self._tokens = tokens.TokenVerifier.from_env()
+        return self._tokens
 
     def add(self, service: ServiceDescriptor, callers: Callers, *, system: Iterable[str] = (),
             roles: Iterable[str] = principal.USER_ROLES) -> None:
@@ -76,14 +100,19 @@ class Trust:
             if method in system:
                 self.system.add(path)
 
-    def principal(self, method: str, context, metadata) -> principal.Principal:
-        """The caller of `method`, or a PERMISSION_DENIED / UNAUTHENTICATED error."""
+    async def principal(self, method: str, context, metadata) -> principal.Principal:
+        """The caller of `method`, or a PERMISSION_DENIED / UNAUTHENTICATED / INVALID_ARGUMENT error."""
         peer = peer_service(context, metadata)
         if method.startswith(_OPEN_PREFIXES):
             return principal.ANONYMOUS
         allowed = self.allowed.get(method, frozenset())
+        if peer is not None and peer not in allowed and peer in self.clients:
+            return await self._client(self.clients[peer], method, context, metadata)
         if peer is None or peer not in allowed:
             self._refused(method, context, peer, "not in the caller table")
+            if peer is not None and peer not in internal_clients.RESERVED:
+                raise PermissionDenied(f"{peer!r} is neither a service allowed to call {method} nor an internal "
+                                       f"client registered in {internal_clients.ENV} (docs/clients.md)")
             raise PermissionDenied(f"service {peer or '(unknown)'!r} may not call {method}")
         assertion = principal.metadata_value(metadata, ASSERTION_KEY)
         if assertion:
@@ -101,6 +130,46 @@ class Trust:
             self._refused(method, context, peer, "system on an RPC not granted to system")
             raise PermissionDenied(f"service {peer!r} may not act as system on {method}")
         return principal.SYSTEM
+
+    async def _client(self, client: internal_clients.InternalClient, method: str, context,
+                      metadata) -> principal.Principal:
+        """An internal client's principal on `method`: a public RPC only, as itself or as the user
+        whose token it forwards, in a role the RPC's route admits."""
+        peer = client.identity
+        access = access_for(rpc_name(method))
+        if GATEWAY not in self.allowed.get(method, ()) or not access.roles:
+            self._refused(method, context, peer, "an internal client on an RPC outside the public API")
+            raise PermissionDenied(f"internal client {peer!r} may call only the public API; {method} is not part of it")
+        if principal.metadata_value(metadata, ASSERTION_KEY):
+            self._refused(method, context, peer, "a user assertion from an internal client")
+            raise PermissionDenied("only the gateway brings user assertions (cuty-user); an internal client "
+                                   f"forwards its user's token in metadata '{tokens.BEARER_KEY}'")
+        bearer = principal.metadata_value(metadata, tokens.BEARER_KEY)
+        if bearer:
+            if not client.user_roles:
+                self._refused(method, context, peer, "a user's token from a client not configured for users")
+                raise PermissionDenied(f"internal client {peer!r} may not act for users (no 'users' in its "
+                                       f"{internal_clients.ENV} entry)")
+            token = tokens.bearer_of(bearer)
+            who = await self.tokens(token)
+            _FORWARDED_TOKEN_LEFT.set(self.tokens.seconds_left(token))
+            if who.role not in client.user_roles:
+                self._refused(method, context, peer, f"a user of role {who.role} it may not bring")
+                raise PermissionDenied(f"internal client {peer!r} may not act for users of role {who.role!r}")
+        elif client.acts_as is None:
+            raise Unauthenticated(f"internal client {peer!r} acts only for users: forward the user's token in "
+                                  f"metadata '{tokens.BEARER_KEY}: Bearer <token>'")
+        else:
+            who = client.acts_as
+        admitted = access.roles & self.roles[method]
+        if who.role not in admitted:
+            self._refused(method, context, peer, f"role {who.role} is not allowed here")
+            raise PermissionDenied(f"role {who.role!r} may not call {method}; it needs one of "
+                                   f"{', '.join(sorted(admitted))}")
+        if access.idempotency_key and not principal.metadata_value(metadata, IDEMPOTENCY_KEY).strip():
+            raise InvalidArgument(IDEMPOTENCY_KEY, f"{method} needs an idempotency key (metadata "
+                                                   f"'{IDEMPOTENCY_KEY}'); a retry sends the same one")
+        return who
 
     @staticmethod
     def _refused(method: str, context, peer: str | None, why: str) -> None:
@@ -176,7 +245,7 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                     log.warning("%s: %s", method, status.details)
                 await context.abort_with_status(status)
 
-        def _enter(context, metadata):
+        async def _enter(context, metadata):
             """The call's principal and deadline, once it is known to be worth starting."""
             seconds_left = context.time_remaining()
             if deadlines.spent(seconds_left):
@@ -184,7 +253,9 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 raise deadlines.exceeded("start the call")
             if context.cancelled():
                 raise asyncio.CancelledError()
-            return principal.set_current(trust.principal(method, context, metadata)), deadlines.start(seconds_left)
+            _FORWARDED_TOKEN_LEFT.set(None)
+            who = await trust.principal(method, context, metadata)
+            return principal.set_current(who), deadlines.start(seconds_left)
 
         def wrap_unary(behavior):
             async def wrapped(request_or_iterator, context):
@@ -192,7 +263,7 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 admitted = False
                 metadata = context.invocation_metadata()
                 try:
-                    tokens = _enter(context, metadata)
+                    tokens = await _enter(context, metadata)
                     if checked:
                         if streamed_in:
                             request_or_iterator = _checked_stream(request_or_iterator)
@@ -223,7 +294,8 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
                 admitted = False
                 metadata = context.invocation_metadata()
                 try:
-                    tokens = _enter(context, metadata)
+                    tokens = await _enter(context, metadata)
+                    _stream_within_token(context)
                     if checked:
                         if streamed_in:
                             request_or_iterator = _checked_stream(request_or_iterator)
@@ -246,6 +318,19 @@ class TrustAndErrorInterceptor(grpc.aio.ServerInterceptor):
             return wrapped
 
         return rewrap(handler, wrap_unary, wrap_stream)
+
+
+def _stream_within_token(context) -> None:
+    """A stream opened with a token an internal client forwarded must end when the token does (its
+    deadline at most the token's remaining life, as the gateway sets it for its own streams):
+    otherwise a token would keep a live stream open past its expiry."""
+    left = _FORWARDED_TOKEN_LEFT.get()
+    if left is None:
+        return
+    remaining = context.time_remaining()
+    if remaining is None or remaining > left + 1:
+        raise Unauthenticated(f"a stream opened with a forwarded token must end when the token does: set the "
+                              f"call's deadline to at most {max(left, 0):.0f} s (the token's remaining life)")
 
 
 async def _checked_stream(requests):

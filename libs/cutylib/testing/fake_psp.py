@@ -9,6 +9,7 @@ PspError / PspUnavailable; no service imports it.
     psp.unavailable["refund-answer"] = 1  # the next refund happens but its answer is lost
     psp.set_status(intent_id, "succeeded")   # the customer finished 3-D Secure, or a charge settled
     psp.charges[key]                  # captures per Idempotency-Key (never more than one)
+    psp.declining_off_session = True  # off-session charges on saved cards are declined
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class FakePsp:
         self.calls: Counter[str] = Counter()
         self.unavailable: Counter[str] = Counter()  # op -> how many more calls answer "unknown"
         self.refusing: Counter[str] = Counter()  # op -> how many more calls the PSP refuses (4xx)
+        self.saved: dict[str, str] = {}  # saved payment method -> its customer (setup_future_usage)
+        self.declining_off_session = False
 
     def _enter(self, op: str) -> None:
         self.calls[op] += 1
@@ -46,10 +49,16 @@ class FakePsp:
         self._enter("create")
         if idempotency_key in self.by_key:
             return dict(self.intents[self.by_key[idempotency_key]])
-        if body["payment_method"] not in INITIAL:
+        off_session = body.get("off_session") is True
+        if off_session:  # a saved card, charged without the customer (declined while declining_off_session)
+            if self.saved.get(body["payment_method"]) != body.get("customer"):
+                raise PspError(404, {"code": "resource_missing", "message": "no such saved payment_method"})
+            status = "failed" if self.declining_off_session else "succeeded"
+        elif body["payment_method"] not in INITIAL:
             raise PspError(400, {"code": "payment_method_unknown", "message": "unknown"})
+        else:
+            status = INITIAL[body["payment_method"]]
         pi = f"pi_{secrets.token_hex(8)}"
-        status = INITIAL[body["payment_method"]]
         intent = {"id": pi, "object": "payment_intent", "status": status, "amount": body["amount"],
                   "amount_refunded": 0, "currency": body["currency"], "metadata": body["metadata"],
                   "client_secret": f"{pi}_secret_x", "next_action": None, "last_payment_error": None}
@@ -59,6 +68,10 @@ class FakePsp:
             intent["last_payment_error"] = {"code": "card_declined"}
         if status == "succeeded":
             self.charges[idempotency_key] += 1
+            if body.get("setup_future_usage") == "off_session":  # the card saved for off-session use
+                saved, customer = f"pm_saved_{secrets.token_hex(6)}", f"cus_{secrets.token_hex(6)}"
+                self.saved[saved] = customer
+                intent.update(customer=customer, saved_payment_method=saved)
         self.intents[pi] = intent
         self.by_key[idempotency_key] = pi
         return dict(intent)

@@ -54,6 +54,9 @@ class Salon:
     min_notice_minutes: int = 60
     booking_horizon_days: int = 90
     time_step_minutes: int = 15
+    # The no-show fee (docs/booking.md, "No-show fee"): this percentage of a booking's price, charged
+    # off-session when staff mark a no-show, only if the customer accepted it at purchase.
+    no_show_fee_percent: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class Slot:
     available: bool
     service_id: uuid.UUID | None = None  # a service slot (resource_id None: any able resource)
     merchant_id: str = ""  # its salon's merchant
+    # Its salon's no-show fee for it now (a percentage of price_minor, rounded down); 0: none.
+    no_show_fee_minor: int = 0
 
     @property
     def local_start_time(self) -> str:
@@ -141,13 +146,21 @@ MAX_FREE_CANCELLATION_HOURS = 8760  # a year; the database's CHECK says the same
 class CancellationPolicy:
     free_cancellation_hours: int = DEFAULT_FREE_CANCELLATION_HOURS
     cancellation_fee_percent: int = DEFAULT_CANCELLATION_FEE_PERCENT
+    no_show_fee_percent: int = 0
 
 
-def cancellation_policy(hours: int | None, fee_percent: int | None) -> CancellationPolicy:
+def cancellation_policy(hours: int | None, fee_percent: int | None,
+                        no_show_fee_percent: int | None = None) -> CancellationPolicy:
     """CreateSalon's policy fields, checked (None: the default)."""
     hours, fee_percent = policy_change(hours, fee_percent)
     return CancellationPolicy(DEFAULT_FREE_CANCELLATION_HOURS if hours is None else hours,
-                              DEFAULT_CANCELLATION_FEE_PERCENT if fee_percent is None else fee_percent)
+                              DEFAULT_CANCELLATION_FEE_PERCENT if fee_percent is None else fee_percent,
+                              no_show_fee_percent or 0)
+
+
+def no_show_fee_minor(price_minor: int, percent: int) -> int:
+    """A booking's no-show fee: `percent` of its price, rounded down (as the slot read computes it)."""
+    return price_minor * percent // 100
 
 
 def policy_change(hours: int | None, fee_percent: int | None) -> tuple[int | None, int | None]:

@@ -58,7 +58,9 @@ def slot_pb(s: Slot) -> pb.Slot:
     return pb.Slot(id=str(s.id), resource_id=_id(s.resource_id), salon_id=str(s.salon_id),
                    start_time=to_timestamp(s.start_time), end_time=to_timestamp(s.end_time), local_start_time=s.local_start_time,
                    price=common_pb2.Money(currency_code=s.currency, amount_minor=s.price_minor),
-                   available=s.available, service_id=_id(s.service_id), merchant_id=s.merchant_id)
+                   available=s.available, service_id=_id(s.service_id), merchant_id=s.merchant_id,
+                   no_show_fee=common_pb2.Money(currency_code=s.currency, amount_minor=s.no_show_fee_minor)
+                   if s.no_show_fee_minor else None)
 
 
 def hold_pb(h: Hold) -> pb.Hold:
@@ -78,7 +80,7 @@ def salon_pb(salon: Salon) -> pb.Salon:
                     free_cancellation_hours=salon.free_cancellation_hours,
                     cancellation_fee_percent=salon.cancellation_fee_percent,
                     min_notice_minutes=salon.min_notice_minutes, booking_horizon_days=salon.booking_horizon_days,
-                    time_step_minutes=salon.time_step_minutes)
+                    time_step_minutes=salon.time_step_minutes, no_show_fee_percent=salon.no_show_fee_percent)
 
 
 def service_pb(s: schedule.Service) -> pb.Service:
@@ -108,7 +110,8 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         domain.require_admin(caller)
         policy = domain.cancellation_policy(
             request.free_cancellation_hours if request.HasField("free_cancellation_hours") else None,
-            request.cancellation_fee_percent if request.HasField("cancellation_fee_percent") else None)
+            request.cancellation_fee_percent if request.HasField("cancellation_fee_percent") else None,
+            request.no_show_fee_percent if request.HasField("no_show_fee_percent") else None)
         salon = await self.service.create_salon(caller, domain.require_name("name", request.name),
                                                 domain.require_time_zone("time_zone", request.time_zone), policy)
         return salon_pb(salon)
@@ -119,13 +122,15 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         caller.require_role("admin")  # of the salon's merchant (the update filters by it)
         tenancy.owning_merchant(caller)
         salon_id = parse_uuid("salon_id", request.salon_id)
-        if not (request.HasField("free_cancellation_hours") or request.HasField("cancellation_fee_percent")):
+        if not (request.HasField("free_cancellation_hours") or request.HasField("cancellation_fee_percent")
+                or request.HasField("no_show_fee_percent")):
             raise InvalidArgument("free_cancellation_hours", "give free_cancellation_hours, cancellation_fee_percent "
-                                                             "or both; got neither")
+                                                             "or no_show_fee_percent; got none")
         hours, fee = domain.policy_change(
             request.free_cancellation_hours if request.HasField("free_cancellation_hours") else None,
             request.cancellation_fee_percent if request.HasField("cancellation_fee_percent") else None)
-        return salon_pb(await self.service.set_cancellation_policy(caller, salon_id, hours, fee))
+        no_show = request.no_show_fee_percent if request.HasField("no_show_fee_percent") else None
+        return salon_pb(await self.service.set_cancellation_policy(caller, salon_id, hours, fee, no_show))
 
     async def CreateResource(self, request: pb.CreateResourceRequest,
                              context: grpc.aio.ServicerContext) -> pb.Resource:

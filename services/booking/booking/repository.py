@@ -16,7 +16,7 @@ import asyncpg
 from cutylib.db import sets_its_merchant
 from cutylib.errors import AlreadyExists
 
-from .domain import CancellationPolicy, Hold, Resource, Salon, Slot, SlotDraft, effective_status
+from .domain import CancellationPolicy, Hold, Resource, Salon, Slot, SlotDraft, effective_status, no_show_fee_minor
 from .taken import Blocked
 
 log = logging.getLogger("booking.repository")
@@ -32,15 +32,17 @@ Db = Union[asyncpg.Connection, asyncpg.Pool]
 # --- salons and resources ------------------------------------------------------------------------
 
 _SALON_COLUMNS = ("id, name, time_zone, merchant_id, free_cancellation_hours, cancellation_fee_percent, "
-                  "min_notice_minutes, booking_horizon_days, time_step_minutes")
+                  "min_notice_minutes, booking_horizon_days, time_step_minutes, no_show_fee_percent")
 INSERT_SALON = ("INSERT INTO salons (id, merchant_id, name, time_zone, free_cancellation_hours, "
-                f"cancellation_fee_percent) VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_SALON_COLUMNS}")
+                f"cancellation_fee_percent, no_show_fee_percent) VALUES ($1, $2, $3, $4, $5, $6, $7) "
+                f"RETURNING {_SALON_COLUMNS}")
 GET_SALON = (f"SELECT {_SALON_COLUMNS} FROM salons "
              "WHERE id = $1 AND ($2::text IS NULL OR merchant_id = $2)")
 # A policy change, only of the merchant's own salon ($2); a field given as NULL keeps its value.
 # Holds copied the policy when they were taken (booking_take_hold), so nothing else changes.
 SET_POLICY = (f"UPDATE salons SET free_cancellation_hours = coalesce($3, free_cancellation_hours), "
-              f"cancellation_fee_percent = coalesce($4, cancellation_fee_percent) "
+              f"cancellation_fee_percent = coalesce($4, cancellation_fee_percent), "
+              f"no_show_fee_percent = coalesce($5, no_show_fee_percent) "
               f"WHERE id = $1 AND merchant_id = $2 RETURNING {_SALON_COLUMNS}")
 # Inserts nothing when the salon does not exist (or is another merchant's), so the caller can
 # answer NOT_FOUND. The resource's merchant is the salon's.
@@ -58,13 +60,14 @@ class Salons:
     async def add(self, merchant_id: str, name: str, time_zone: str,
                   policy: CancellationPolicy = CancellationPolicy()) -> Salon:
         r = await self.db.fetchrow(INSERT_SALON, uuid.uuid4(), merchant_id, name, time_zone,
-                                   policy.free_cancellation_hours, policy.cancellation_fee_percent)
+                                   policy.free_cancellation_hours, policy.cancellation_fee_percent,
+                                   policy.no_show_fee_percent)
         return salon_from(r)
 
     async def set_policy(self, salon_id: uuid.UUID, merchant_id: str, hours: int | None,
-                         fee_percent: int | None) -> Salon | None:
+                         fee_percent: int | None, no_show_fee_percent: int | None = None) -> Salon | None:
         """None when the salon does not exist or is not `merchant_id`'s."""
-        r = await self.db.fetchrow(SET_POLICY, salon_id, merchant_id, hours, fee_percent)
+        r = await self.db.fetchrow(SET_POLICY, salon_id, merchant_id, hours, fee_percent, no_show_fee_percent)
         return salon_from(r) if r else None
 
     async def get(self, salon_id: uuid.UUID, merchant_id: str | None) -> Salon | None:
@@ -76,7 +79,7 @@ class Salons:
 def salon_from(r: Any) -> Salon:
     return Salon(r["id"], r["name"], r["time_zone"], r["merchant_id"], r["free_cancellation_hours"],
                  r["cancellation_fee_percent"], r["min_notice_minutes"], r["booking_horizon_days"],
-                 r["time_step_minutes"])
+                 r["time_step_minutes"], r["no_show_fee_percent"])
 
 
 class Resources:
@@ -117,7 +120,7 @@ RETURNING {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
 # One row per slot; one row with NULL slot columns when the salon exists but has none in range;
 # no row at all when the salon does not exist or is not merchant $9's ($9 NULL: any merchant).
 LIST_SLOTS = f"""
-SELECT sa.time_zone, sl.*
+SELECT sa.time_zone, sa.no_show_fee_percent, sl.*
   FROM salons sa
   LEFT JOIN LATERAL (
       SELECT * FROM (
@@ -137,7 +140,7 @@ SELECT sa.time_zone, sl.*
 """
 
 GET_SLOT = f"""
-SELECT sa.time_zone, {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
+SELECT sa.time_zone, {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available, sa.no_show_fee_percent
   FROM slots s JOIN salons sa ON sa.merchant_id = s.merchant_id AND sa.id = s.salon_id
  WHERE s.id = $1 AND ($2::text IS NULL OR s.merchant_id = $2)
 """
@@ -145,7 +148,8 @@ SELECT sa.time_zone, {SLOT_COLUMNS}, {SLOT_AVAILABLE} AS available
 
 def slot_from(r: Any, time_zone: str, available: bool) -> Slot:
     return Slot(r["id"], r["salon_id"], r["resource_id"], r["start_time"], r["end_time"], r["price_minor"],
-                r["currency"], time_zone, available, r["service_id"], r.get("merchant_id") or "")
+                r["currency"], time_zone, available, r["service_id"], r.get("merchant_id") or "",
+                no_show_fee_minor(r["price_minor"], r.get("no_show_fee_percent") or 0))
 
 
 class Slots:

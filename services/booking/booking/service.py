@@ -86,18 +86,19 @@ class BookingService:
         return salon
 
     async def set_cancellation_policy(self, caller: Principal, salon_id: uuid.UUID, hours: int | None,
-                                      fee_percent: int | None) -> Salon:
+                                      fee_percent: int | None, no_show_fee_percent: int | None = None) -> Salon:
         """The admin's own merchant's salon only (another's: NOT_FOUND, as a missing one).
         Bookings already held or bought keep their copy of the old policy."""
         merchant = tenancy.owning_merchant(caller)
         async with scoped(self.pool, caller) as uow:
-            salon = await uow.salons.set_policy(salon_id, merchant, hours, fee_percent)
+            salon = await uow.salons.set_policy(salon_id, merchant, hours, fee_percent, no_show_fee_percent)
             if salon is None:
                 raise NotFound(f"salon {salon_id} not found")
             await uow.commit()
         log.info("cancellation policy changed", extra={"salon_id": str(salon_id), "merchant_id": merchant,
                                                        "free_cancellation_hours": salon.free_cancellation_hours,
-                                                       "cancellation_fee_percent": salon.cancellation_fee_percent})
+                                                       "cancellation_fee_percent": salon.cancellation_fee_percent,
+                                                       "no_show_fee_percent": salon.no_show_fee_percent})
         return salon
 
     async def create_resource(self, caller: Principal, salon_id: uuid.UUID, name: str) -> Resource:

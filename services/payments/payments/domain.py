@@ -148,7 +148,7 @@ def observation_of(obj: dict[str, Any] | None) -> Observation:
 
 
 def intent_body(*, payment_id: str, checkout_id: str | None, amount_minor: int, currency: str,
-                payment_method: str) -> dict[str, Any]:
+                payment_method: str, off_session: str | None = None, psp_customer: str | None = None) -> dict[str, Any]:
     """The PSP create body, built only from our own row so a replay with the same Idempotency-Key
     (reconciliation after a timeout) is byte-for-byte the same request and never a 422."""
     metadata = {"payment_id": payment_id}
@@ -158,7 +158,17 @@ def intent_body(*, payment_id: str, checkout_id: str | None, amount_minor: int, 
         # A payment link: no card yet; the customer presents one on the PSP's hosted page.
         return {"amount": amount_minor, "currency": currency, "payment_method_collection": HOSTED_PAGE,
                 "metadata": metadata}
-    return {"amount": amount_minor, "currency": currency, "payment_method": payment_method, "metadata": metadata}
+    body = {"amount": amount_minor, "currency": currency, "payment_method": payment_method, "metadata": metadata}
+    if off_session == OFF_SESSION_SETUP:
+        body["setup_future_usage"] = "off_session"  # the customer accepted a later off-session charge
+    elif off_session == OFF_SESSION_CHARGE:
+        body.update(off_session=True, customer=psp_customer)
+    return body
+
+
+# A payment's off-session role (payments.off_session): a purchase whose card the PSP saves for one
+# later charge without the customer, and that charge (a no-show fee the customer accepted).
+OFF_SESSION_SETUP, OFF_SESSION_CHARGE = "setup", "charge"
 
 
 # The payment method of a payment whose card the customer presents on the PSP's hosted page (a

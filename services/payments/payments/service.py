@@ -89,9 +89,12 @@ class PaymentsCore(RefundCases):
     # -- charge -----------------------------------------------------------------------------------------
     async def create_and_charge(self, *, checkout_id: str | None, amount_minor: int, currency: str,
                                 payment_method: str, idempotency_key: str, customer_id: str,
-                                merchant_id: str) -> PaymentView:
+                                merchant_id: str, off_session: str | None = None,
+                                psp_customer: str | None = None) -> PaymentView:
         """Create the payment (idempotently on `idempotency_key`, also the PSP's Idempotency-Key) and
-        charge it. A PSP timeout leaves it non-terminal (`created`) for reconciliation."""
+        charge it. A PSP timeout leaves it non-terminal (`created`) for reconciliation. `off_session`
+        'setup': the PSP saves the card for one later charge; 'charge': charge the card saved for
+        `psp_customer` (`payment_method` its saved id) without the customer."""
         require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
         require_amount("amount.amount_minor", amount_minor, positive=True)
         require_currency("amount.currency_code", currency)
@@ -104,12 +107,12 @@ class PaymentsCore(RefundCases):
         # The payment and its "created" event: one statement, so one implicit transaction.
         payment = await self.rows.insert(payment_id, checkout, customer_id or "", amount_minor, currency,
                                          payment_method, idempotency_key, self.settings.reconcile_after_seconds,
-                                         current_trace_id(), merchant_id)
+                                         current_trace_id(), merchant_id, off_session, psp_customer)
         if payment is None:  # the key was used before: same request -> first answer, other request -> refused
             payment = await self.rows.by_key(merchant_id, idempotency_key)
-            asked = (_str(checkout), customer_id or "", amount_minor, currency, payment_method)
+            asked = (_str(checkout), customer_id or "", amount_minor, currency, payment_method, off_session)
             had = (payment.checkout_id, payment.customer_id, payment.amount_minor, payment.currency,
-                   payment.payment_method)
+                   payment.payment_method, payment.off_session)
             if asked != had:
                 raise FailedPrecondition(f"idempotency key {idempotency_key!r} was used for a different payment",
                                          reason="idempotency-key-reused")
@@ -134,8 +137,22 @@ class PaymentsCore(RefundCases):
     async def _create_intent(self, payment: PaymentView) -> dict[str, Any]:
         body = domain.intent_body(payment_id=payment.id, checkout_id=payment.checkout_id,
                                   amount_minor=payment.amount_minor, currency=payment.currency,
-                                  payment_method=payment.payment_method)
+                                  payment_method=payment.payment_method, off_session=payment.off_session,
+                                  psp_customer=payment.psp_customer)
         return await self.psp.create_intent(payment.idempotency_key, body)
+
+    async def saved_card(self, payment_id: str) -> tuple[str, str] | None:
+        """(the PSP's customer, the saved payment method) of a captured purchase whose card was saved
+        for off-session use (`off_session` 'setup'), asked of the PSP (it keeps the card); None when
+        nothing was saved. PspUnavailable: not known now."""
+        view = await self.get(payment_id)
+        if view.off_session != domain.OFF_SESSION_SETUP or view.status not in (domain.SUCCEEDED, domain.PARTIALLY_REFUNDED, domain.REFUNDED) or not view.psp_intent_id:
+            return None
+        intent = await self.psp.get_intent(view.psp_intent_id)
+        customer, method = intent.get("customer"), intent.get("saved_payment_method")
+        if not isinstance(customer, str) or not isinstance(method, str) or not customer or not method:
+            return None
+        return customer, method
 
     async def _refused(self, payment: PaymentView, exc: PspError) -> PaymentView:
         if exc.status in (400, 402, 404):  # a refused create charged nothing: the payment failed

@@ -40,6 +40,10 @@ class PaymentView:
     refund_settled_minor: int = 0
     # The payment attempt id: the key it was created with, and the PSP's Idempotency-Key.
     idempotency_key: str = ""
+    # 'setup': the PSP saves its card for off-session use (a no-show fee was accepted); 'charge':
+    # charged off-session on the card saved for psp_customer (a no-show fee). None: neither.
+    off_session: str | None = None
+    psp_customer: str | None = None
 
     def __post_init__(self) -> None:
         # Whoever builds a view (a row, a test, the saga), a payment that does not wait for the
@@ -62,6 +66,7 @@ class PaymentView:
             failure_reason=row["failure_reason"], created_at=row["created_at"], updated_at=row["updated_at"],
             merchant_id=row["merchant_id"], refunded_minor=row["refunded_minor"],
             refund_settled_minor=row["refund_settled_minor"], idempotency_key=row["idempotency_key"],
+            off_session=row.get("off_session"), psp_customer=row.get("psp_customer"),
         )
 
     def to_proto(self) -> payments_pb2.Payment:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from .disputes import Disputes
-from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, Scenario, scenario_of
+from .scenarios import AUTHENTICATION_ERROR, DECLINE_ERROR, OFF_SESSION_DECLINE_ERROR, Scenario, scenario_of
 from .settings import Settings
 from .state import (
     CANCELED, FAILED, PROCESSING, REQUIRES_ACTION, SUCCEEDED,
@@ -115,6 +115,8 @@ class Psp:
         if replay is not None:
             return replay
 
+        if params.get("off_session"):
+            return self._charge_off_session(key, fp, params, traceparent)
         scenario = scenario_of(params["payment_method"])
         intent_id = new_id("pi")
         intent = Intent(
@@ -122,7 +124,7 @@ class Psp:
             payment_method=params["payment_method"], metadata=params["metadata"],
             idempotency_key=key, status=PROCESSING,
             client_secret=f"{intent_id}_secret_{secrets.token_urlsafe(16)}", traceparent=traceparent,
-            hosted=not params["payment_method"],
+            hosted=not params["payment_method"], setup_future_usage=params["setup_future_usage"],
         )
         self.store.intents[intent_id] = intent
         self.store.remember_key("create", key, fp, intent_id)
@@ -162,6 +164,33 @@ class Psp:
                 task = asyncio.get_running_loop().create_task(self._settle_later(intent))
                 self._timers.add(task)
                 task.add_done_callback(self._timers.discard)
+        return intent.snapshot()
+
+    def _charge_off_session(self, key: str, fp: str, params: dict[str, Any], traceparent: str | None) -> dict[str, Any]:
+        """A charge without the customer, on a payment method an earlier intent saved for this
+        customer: it succeeds or is declined at once (no 3-D Secure: nobody is there to complete
+        it), with its webhook as any intent's."""
+        saved = self.store.saved_methods.get(params["payment_method"])
+        if saved is None or saved.customer != params["customer"]:
+            raise ApiError(404, "invalid_request_error", "resource_missing",
+                           f"no such payment_method for customer {params['customer']!r}: "
+                           f"{params['payment_method']!r}", param="payment_method")
+        intent_id = new_id("pi")
+        intent = Intent(id=intent_id, amount=params["amount"], currency=params["currency"],
+                        payment_method=saved.id, metadata=params["metadata"], idempotency_key=key,
+                        status=PROCESSING, client_secret=f"{intent_id}_secret_{secrets.token_urlsafe(16)}",
+                        traceparent=traceparent, customer=saved.customer, off_session=True)
+        self.store.intents[intent_id] = intent
+        self.store.remember_key("create", key, fp, intent_id)
+        if scenario_of(saved.card).declines_off_session:
+            intent.status = FAILED
+            intent.last_payment_error = dict(OFF_SESSION_DECLINE_ERROR)
+            self._emit_intent(intent, "payment_intent.payment_failed")
+        else:
+            self.store.capture(intent)
+            self._captured(intent)
+            self._emit_intent(intent, "payment_intent.succeeded")
+        log.info("off-session charge", extra={"intent_id": intent_id, "status": intent.status})
         return intent.snapshot()
 
     async def _settle_later(self, intent: Intent) -> None:

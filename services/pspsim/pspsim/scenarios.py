@@ -25,6 +25,9 @@ class Scenario:
     settles_later: bool = False
     # The captured charge is disputed after dispute_delay_ms (pspsim/disputes.py).
     disputed: bool = False
+    # Saved for off-session use (setup_future_usage), its later off-session charges are declined
+    # (as a card reported lost or emptied since the purchase).
+    declines_off_session: bool = False
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -38,6 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("pm_card_no_webhook", PROCESSING, sends_webhooks=False, settles_later=True),
         Scenario("pm_card_sync_timeout", SUCCEEDED, sync_timeout=True),
         Scenario("pm_card_disputed", SUCCEEDED, disputed=True),
+        Scenario("pm_card_off_session_declined", SUCCEEDED, declines_off_session=True),
     )
 }
 
@@ -46,6 +50,13 @@ DECLINE_ERROR = {
     "code": "card_declined",
     "decline_code": "generic_decline",
     "message": "Your card was declined.",
+}
+
+OFF_SESSION_DECLINE_ERROR = {
+    "type": "card_error",
+    "code": "card_declined",
+    "decline_code": "insufficient_funds",
+    "message": "The saved card was declined for an off-session charge.",
 }
 
 AUTHENTICATION_ERROR = {

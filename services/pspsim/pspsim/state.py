@@ -52,6 +52,12 @@ class Intent:
     traceparent: str | None = None
     # Created without a payment method: the customer presents one on the hosted page (a payment link).
     hosted: bool = False
+    # setup_future_usage "off_session": once it succeeds, its card is saved for `customer` as
+    # `saved_payment_method`. An off-session charge: made with a saved method, without the customer.
+    setup_future_usage: str | None = None
+    customer: str | None = None
+    saved_payment_method: str | None = None
+    off_session: bool = False
 
     def snapshot(self, **override: Any) -> dict[str, Any]:
         out = {
@@ -69,6 +75,10 @@ class Intent:
             "created": self.created,
             "canceled_at": self.canceled_at,
             "cancellation_reason": self.cancellation_reason,
+            "setup_future_usage": self.setup_future_usage,
+            "customer": self.customer,
+            "saved_payment_method": self.saved_payment_method,
+            "off_session": self.off_session,
         }
         out.update(override)
         return copy.deepcopy(out)
@@ -102,6 +112,14 @@ class Refund:
         )
 
 
+@dataclass(frozen=True)
+class SavedMethod:
+    """A card saved for off-session charges: whose it is and which test card it was."""
+    id: str
+    customer: str
+    card: str
+
+
 @dataclass
 class IdempotencyRecord:
     fingerprint: str
@@ -120,6 +138,7 @@ class Store:
         self.charges: list[dict[str, Any]] = []
         self.charge_count_by_key: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
+        self.saved_methods: dict[str, SavedMethod] = {}
 
     # -- idempotency ---------------------------------------------------------------------
     def lookup_key(self, scope: str, key: str) -> IdempotencyRecord | None:
@@ -144,6 +163,10 @@ class Store:
         intent.status = SUCCEEDED
         intent.next_action = None
         intent.last_payment_error = None
+        if intent.setup_future_usage and intent.payment_method and intent.saved_payment_method is None:
+            saved = SavedMethod(new_id("pm_saved"), intent.customer or new_id("cus"), intent.payment_method)
+            self.saved_methods[saved.id] = saved
+            intent.customer, intent.saved_payment_method = saved.customer, saved.id
         self.charges.append({"intent_id": intent.id, "idempotency_key": intent.idempotency_key, "at": time.time()})
         self.charge_count_by_key[intent.idempotency_key] += 1
         return True
@@ -164,6 +187,7 @@ class Store:
                     "amount_refunded": intent.amount_refunded,
                     "currency": intent.currency,
                     "payment_method": intent.payment_method,
+                    "off_session": intent.off_session,
                     "status": SUCCEEDED,
                     "captured_at": c["at"],
                 }

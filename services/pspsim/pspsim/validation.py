@@ -10,6 +10,10 @@ MAX_AMOUNT = 10**12
 MAX_KEY_LENGTH = 255
 # payment_method_collection: the customer presents the card on the PSP's hosted page.
 HOSTED_PAGE = "hosted_page"
+# setup_future_usage / off_session: the card is saved for charges made without the customer.
+OFF_SESSION = "off_session"
+SAVED_PREFIX = "pm_saved_"
+CUSTOMER_PREFIX = "cus_"
 
 
 class ApiError(Exception):
@@ -65,7 +69,19 @@ def _metadata(value: Any) -> dict[str, Any]:
 def validate_intent(body: dict[str, Any]) -> dict[str, Any]:
     """A create: a test payment method, or none with `payment_method_collection: "hosted_page"` (the
     customer presents one on the hosted page: a payment link)."""
-    check_fields(body, {"amount", "currency", "payment_method", "payment_method_collection", "metadata"})
+    check_fields(body, {"amount", "currency", "payment_method", "payment_method_collection", "metadata",
+                        "setup_future_usage", "off_session", "customer"})
+    setup = body.get("setup_future_usage")
+    if setup is not None and setup != OFF_SESSION:
+        raise invalid("parameter_invalid", f"setup_future_usage must be {OFF_SESSION!r}, got {setup!r}",
+                      "setup_future_usage")
+    off_session = body.get("off_session", False)
+    if not isinstance(off_session, bool):
+        raise invalid("parameter_invalid", f"off_session must be a boolean, got {off_session!r}", "off_session")
+    if off_session:
+        return _validate_off_session(body, setup)
+    if "customer" in body:
+        raise invalid("parameter_invalid", "customer is given with off_session only (a setup makes its own)", "customer")
     collection = body.get("payment_method_collection")
     if collection is not None and collection != HOSTED_PAGE:
         raise invalid("parameter_invalid", f"payment_method_collection must be {HOSTED_PAGE!r}, got {collection!r}",
@@ -86,6 +102,36 @@ def validate_intent(body: dict[str, Any]) -> dict[str, Any]:
         "currency": currency.upper(),
         "payment_method": pm,
         "metadata": _metadata(body.get("metadata")),
+        "setup_future_usage": setup,
+    }
+
+
+def _validate_off_session(body: dict[str, Any], setup: Any) -> dict[str, Any]:
+    """A charge made without the customer: a payment method saved by an earlier intent's
+    `setup_future_usage: "off_session"`, and the customer it was saved for."""
+    if setup is not None or "payment_method_collection" in body:
+        raise invalid("parameter_invalid", "an off_session charge uses a saved payment method: no setup_future_usage "
+                                           "or payment_method_collection", "off_session")
+    for name in ("amount", "currency", "payment_method", "customer"):
+        if name not in body:
+            raise invalid("parameter_missing", f"{name} is required with off_session", name)
+    pm, customer = body["payment_method"], body["customer"]
+    if not isinstance(pm, str) or not pm.startswith(SAVED_PREFIX) or len(pm) > 64:
+        raise invalid("payment_method_unknown", f"an off_session payment_method must be a saved one "
+                                                f"({SAVED_PREFIX}...), got {pm!r}", "payment_method")
+    if not isinstance(customer, str) or not customer.startswith(CUSTOMER_PREFIX) or len(customer) > 64:
+        raise invalid("parameter_invalid", f"customer must be a customer id ({CUSTOMER_PREFIX}...), got {customer!r}",
+                      "customer")
+    currency = body["currency"]
+    if not (isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha()):
+        raise invalid("parameter_invalid", f"currency must be a 3-letter ISO 4217 code, got {currency!r}", "currency")
+    return {
+        "amount": _positive_int(body["amount"], "amount"),
+        "currency": currency.upper(),
+        "payment_method": pm,
+        "metadata": _metadata(body.get("metadata")),
+        "off_session": True,
+        "customer": customer,
     }
 
 

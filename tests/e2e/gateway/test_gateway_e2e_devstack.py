@@ -1,12 +1,18 @@
 """`make run`'s supervisor: demo data once, a crashed service restarted, SIGTERM stops everything
 (Postgres included), and a second start reuses the data without duplicating the demo."""
 import datetime as dt
+import json
 import os
+import pathlib
+import shlex
 import signal
+import subprocess
 
 import httpx
 
 from cutylib.testing.procs import wait_for
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 def alive(pid: int) -> bool:
@@ -76,6 +82,20 @@ async def test_devstack_lifecycle(devstack_at, tmp_path, auth):
     assert again == demo
     assert "demo data present" in second.output()
     assert await demo_counts(second.url, demo, auth("operator")) == (126, "200")
+
+    # The banner's internal client (docs/clients.md): the example till, with the certificate
+    # `make run` issued it, books a slot and sells a code as itself, and a code for a customer.
+    command = [line.strip() for line in second.output().splitlines() if "examples/pos_checkout.py" in line][-1]
+    customer = auth("customer")["Authorization"].removeprefix("Bearer ")
+    run = subprocess.run(shlex.split(command.replace("$TOKEN", customer)), cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    steps = [json.loads(line) for line in run.stdout.splitlines()]
+    # With a JWT secret of its own (as here) the till forwards no tokens: the services verify
+    # forwarded tokens with the development secret only (the gateway alone holds a real one).
+    forwards = "$TOKEN" in command
+    assert [s["step"] for s in steps] == ["slot", "code"] + (["code-for-customer"] if forwards else [])
+    assert all(s["outcome"] in ("COMPLETED", "CHARGING", "CONFIRMING") for s in steps), steps
     assert second.stop() == 0
 
 

@@ -149,3 +149,26 @@ async def test_cancel_booking_is_the_sagas_only(booking):
         await booking.stub.CancelBooking(pb.CancelBookingRequest(hold_id=hold.id, payment_ref="x"),
                                          metadata=user(new_id(), "admin"))
     assert e.value.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND)
+
+
+async def test_the_no_show_fee_is_named_on_the_salons_slots(booking):
+    """The salon's no-show fee (a percentage, default none) is named on each of its slots as money,
+    rounded down; a change applies to every slot read from then on, and a bad one is refused."""
+    salon, chair = await _salon(booking, no_show_fee_percent=33)
+    assert salon.no_show_fee_percent == 33
+    start = tomorrow(9)
+    slot, = await booking.slots(salon.id, [(chair, start, start.replace(hour=10))], price=50001)
+    got = await booking.stub.GetSlot(pb.GetSlotRequest(slot_id=slot.id))
+    price = got.price.amount_minor
+    assert (got.no_show_fee.currency_code, got.no_show_fee.amount_minor) == (got.price.currency_code, price * 33 // 100)
+    listed = await booking.stub.ListSlots(pb.ListSlotsRequest(salon_id=salon.id, start_time=slot.start_time,
+                                                              end_time=slot.end_time), metadata=ADMIN)
+    assert [s.no_show_fee.amount_minor for s in listed.slots] == [price * 33 // 100]
+    off = await booking.stub.SetCancellationPolicy(_policy(salon.id, no_show_fee_percent=0), metadata=ADMIN)
+    assert (off.no_show_fee_percent, off.free_cancellation_hours) == (0, salon.free_cancellation_hours)
+    assert not (await booking.stub.GetSlot(pb.GetSlotRequest(slot_id=slot.id))).HasField("no_show_fee")
+    plain, _ = await _salon(booking)
+    assert plain.no_show_fee_percent == 0
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await booking.stub.SetCancellationPolicy(_policy(salon.id, no_show_fee_percent=101), metadata=ADMIN)
+    assert (e.value.code(), bad_field(e.value)) == (grpc.StatusCode.INVALID_ARGUMENT, "no_show_fee_percent")

@@ -81,3 +81,38 @@ async def test_a_venue_payment_is_recorded_whole_and_a_paid_booking_is_no_no_sho
         await conn.execute("DELETE FROM checkouts WHERE id = $1", cid)  # PENDING: may go
     finally:
         await conn.close()
+
+
+async def test_a_no_show_fee_is_charged_only_as_accepted(payments_dsn):
+    """The database's guarantees of the no-show fee (migration 0120_no_show_fee): never due without
+    the customer's acceptance or before a no-show, never charged without its payment; an
+    off-session charge names the PSP's customer."""
+    conn = await asyncpg.connect(payments_dsn)
+    try:
+        plain = await conn.fetchval(
+            "INSERT INTO checkouts (id, customer_id, kind, slot_id, amount_minor, currency) "
+            "VALUES (gen_random_uuid(), 'c1', 'booking', gen_random_uuid(), 1000, 'TRY') RETURNING id")
+        await conn.execute("UPDATE checkouts SET no_show_at = now(), no_show_by = 'staff:s' WHERE id = $1", plain)
+        with pytest.raises(asyncpg.CheckViolationError):  # no acceptance: nothing is ever due
+            await conn.execute("UPDATE checkouts SET no_show_fee_status = 'due' WHERE id = $1", plain)
+        for fee, at in ((0, "now()"), (500, "NULL")):  # none, or accepted at no time
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute(f"UPDATE checkouts SET no_show_fee_minor = {fee}, no_show_fee_accepted_at = {at} "
+                                   "WHERE id = $1", plain)
+        accepted = await conn.fetchval(
+            "INSERT INTO checkouts (id, customer_id, kind, slot_id, amount_minor, currency, no_show_fee_minor, "
+            "no_show_fee_accepted_at) VALUES (gen_random_uuid(), 'c1', 'booking', gen_random_uuid(), 1000, 'TRY', "
+            "200, now()) RETURNING id")
+        with pytest.raises(asyncpg.CheckViolationError):  # not before a no-show
+            await conn.execute("UPDATE checkouts SET no_show_fee_status = 'due' WHERE id = $1", accepted)
+        await conn.execute("UPDATE checkouts SET no_show_at = now(), no_show_by = 'staff:s', no_show_fee_status = 'due' "
+                           "WHERE id = $1", accepted)
+        with pytest.raises(asyncpg.CheckViolationError):  # charged names its payment
+            await conn.execute("UPDATE checkouts SET no_show_fee_status = 'charged' WHERE id = $1", accepted)
+        with pytest.raises(asyncpg.CheckViolationError):  # an off-session charge is a saved card's customer's
+            await conn.execute(
+                "INSERT INTO payments (id, amount_minor, currency, payment_method, idempotency_key, merchant_id, "
+                "off_session) VALUES (gen_random_uuid(), 200, 'TRY', 'pm_saved_x', 'k-' || gen_random_uuid(), 'm', "
+                "'charge')")
+    finally:
+        await conn.close()

@@ -18,6 +18,8 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 RUNTIME, BUILD, TEST = "requirements.lock", "requirements-build.lock", "requirements-test.lock"
 LOCKS = (RUNTIME, BUILD, TEST)
 # ensurepip's, the installer itself: never installed from a lock (the Makefile does not upgrade it).
+# Distributions built from this repository (installed by `make` with --no-deps, nothing fetched).
+OWN = {"cuty-client"}
 INSTALLER = {"pip"}
 BUILD_TOOLS = {"grpcio-tools", "setuptools"}
 
@@ -68,7 +70,8 @@ def test_the_lock_is_closed_every_installed_distribution_is_pinned():
     if sys.prefix == sys.base_prefix:
         pytest.skip("not running in a virtual environment: the venv `make` builds is what is checked")
     locked = {pkg: version for name in LOCKS for pkg, (version, _) in lock(name).items()}
-    unpinned = {pkg: v for pkg, v in installed().items() if pkg not in INSTALLER and locked.get(pkg) != v}
+    unpinned = {pkg: v for pkg, v in installed().items()
+                if pkg not in INSTALLER and pkg not in OWN and locked.get(pkg) != v}
     assert not unpinned, f"installed but not pinned (or another version) in the locks: {unpinned}"
     assert set(locked) <= set(installed()), set(locked) - set(installed())
 
@@ -121,8 +124,11 @@ def test_the_direct_dependencies_are_declared_and_locked_at_their_version():
 
 def test_make_and_the_image_install_with_require_hashes():
     makefile = (REPO / "Makefile").read_text()
-    (installs,) = re.findall(r"pip install[^\n]*", makefile)
+    installs, own = re.findall(r"\$\(PY\) -m pip install[^\n]*", makefile)
     assert "--require-hashes" in installs and "$(LOCKS)" in installs
+    # The repository's own client package: built from this checkout with the locked build tools,
+    # its dependencies already locked; nothing is fetched.
+    assert "--no-deps" in own and "--no-build-isolation" in own and own.endswith("./clients/python")
     assert re.search(r"^LOCKS := " + " ".join(LOCKS) + "$", makefile, re.M)
     assert "--upgrade pip" not in makefile  # an unpinned download
     for line in re.findall(r"pip install[^\n&]*", dockerfile()):

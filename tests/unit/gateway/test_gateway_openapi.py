@@ -31,7 +31,7 @@ def test_every_route_is_documented(routes):
     assert money["amountMinor"] == {"type": "string", "format": "int64", "pattern": "^-?[0-9]{1,19}$", "default": "0"}
     # the path variable is not repeated in the request body schema
     pay = doc["paths"]["/v1/checkouts/{checkout_id}:pay"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert set(pay["properties"]) == {"paymentMethod"}
+    assert set(pay["properties"]) == {"paymentMethod", "acceptNoShowFee"}
 
 
 

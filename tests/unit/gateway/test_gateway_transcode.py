@@ -107,7 +107,7 @@ def test_response_keeps_non_ascii_and_injection_strings_verbatim():
     s = booking_pb2.Salon(name="Kuaför 'Ayşe'; DROP TABLE salons;-- <script>")
     assert to_json(s).decode() == ('{"id":"","name":"Kuaför \'Ayşe\'; DROP TABLE salons;-- <script>","timeZone":"",'
                                    '"merchantId":"","freeCancellationHours":0,"cancellationFeePercent":0,"minNoticeMinutes":0,'
-                                   '"bookingHorizonDays":0,"timeStepMinutes":0}')
+                                   '"bookingHorizonDays":0,"timeStepMinutes":0,"noShowFeePercent":0}')
 
 
 def test_field_of_parse_error_variants():

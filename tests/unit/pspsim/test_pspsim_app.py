@@ -34,7 +34,8 @@ async def test_create_get_and_ledger(client):
     assert ledger["charge_count_by_key"] == {"k1": 1}
     assert ledger["charges"][0] | {"captured_at": 0} == {
         "idempotency_key": "k1", "intent_id": intent["id"], "amount": 500, "amount_refunded": 0,
-        "currency": "TRY", "payment_method": "pm_card_ok", "status": "succeeded", "captured_at": 0}
+        "currency": "TRY", "payment_method": "pm_card_ok", "off_session": False, "status": "succeeded",
+            "captured_at": 0}
     events = (await client.get("/v1/_events")).json()["events"]
     assert [(e["type"], e["object_id"], e["copies"]) for e in events] == [
         ("payment_intent.succeeded", intent["id"], 1)]

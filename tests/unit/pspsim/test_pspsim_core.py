@@ -53,7 +53,12 @@ async def test_idempotent_replay_and_mismatch(make_psp):
         ({"currency": "TL"}, "currency", "parameter_invalid"),
         ({"payment_method": "pm_card_visa"}, "payment_method", "payment_method_unknown"),
         ({"metadata": []}, "metadata", "parameter_invalid"),
-        ({"customer": "c1"}, "customer", "parameter_unknown"),
+        ({"customer": "c1"}, "customer", "parameter_invalid"),
+        ({"setup_future_usage": "on_session"}, "setup_future_usage", "parameter_invalid"),
+        ({"off_session": "yes"}, "off_session", "parameter_invalid"),
+        ({"off_session": True, "payment_method": "pm_card_ok", "customer": "cus_1"}, "payment_method",
+         "payment_method_unknown"),
+        ({"off_session": True, "payment_method": "pm_saved_1"}, "customer", "parameter_missing"),
     ],
 )
 async def test_create_validation(make_psp, bad, param, code):
@@ -279,3 +284,40 @@ def test_backoff_is_exponential_capped_and_jittered():
         samples = [d.backoff(attempt) for _ in range(50)]
         assert all(full / 2 <= s <= full for s in samples)
         assert len(set(samples)) > 1
+
+
+async def test_a_card_saved_at_purchase_is_charged_off_session_once_per_key(make_psp, wait_for):
+    psp, hook = await make_psp()
+    purchase = await psp.create_intent("buy", body(setup_future_usage="off_session"))
+    assert purchase["status"] == "succeeded"
+    pm, customer = purchase["saved_payment_method"], purchase["customer"]
+    assert pm.startswith("pm_saved_") and customer.startswith("cus_")
+    # Without the setup flag nothing is saved.
+    plain = await psp.create_intent("plain", body())
+    assert plain["saved_payment_method"] is None and plain["customer"] is None
+    fee = {"amount": 500, "currency": "TRY", "payment_method": pm, "customer": customer, "off_session": True}
+    a = await psp.create_intent("fee", fee)
+    b = await psp.create_intent("fee", fee)
+    assert a["id"] == b["id"] and a["status"] == "succeeded" and a["off_session"] is True
+    assert psp.store.ledger()["charge_count_by_key"] == {"buy": 1, "plain": 1, "fee": 1}
+    await wait_for(lambda: hook.acked(a["id"]), what="the off-session charge's webhook")
+    # Another customer's id, or a method never saved: 404, nothing charged.
+    for other in ({**fee, "customer": "cus_other"}, {**fee, "payment_method": "pm_saved_nope"}):
+        with pytest.raises(ApiError) as err:
+            await psp.create_intent("fee-" + other["customer"] + other["payment_method"], other)
+        assert (err.value.status, err.value.error["param"]) == (404, "payment_method")
+    assert len(psp.store.ledger()["charges"]) == 3
+
+
+async def test_a_saved_card_can_be_declined_off_session(make_psp, wait_for):
+    psp, hook = await make_psp()
+    purchase = await psp.create_intent("buy", body(pm="pm_card_off_session_declined", setup_future_usage="off_session"))
+    assert purchase["status"] == "succeeded"
+    fee = await psp.create_intent("fee", {"amount": 500, "currency": "TRY", "off_session": True,
+                                          "payment_method": purchase["saved_payment_method"],
+                                          "customer": purchase["customer"]})
+    assert fee["status"] == "failed" and fee["last_payment_error"]["decline_code"] == "insufficient_funds"
+    await wait_for(lambda: hook.acked(fee["id"]), what="the decline's webhook")
+    assert [d["event"]["type"] for d in hook.deliveries if d["event"]["data"]["object"]["id"] == fee["id"]] == [
+        "payment_intent.payment_failed"]
+    assert psp.store.ledger()["charge_count_by_key"] == {"buy": 1}

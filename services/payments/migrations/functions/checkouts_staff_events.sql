@@ -3,6 +3,8 @@
 --   a staff-made checkout held (PENDING -> HELD)   booking.created_by_staff, with how it is paid
 --   venue_status unpaid -> paid                     booking.paid_at_venue, with method, amount, reference
 --   no_show_at set                                  booking.no_show
+--   no_show_fee_status due -> charged | declined    booking.no_show_fee_charged | booking.no_show_fee_declined,
+--                                                   with the fee, its payment and (declined) why
 CREATE OR REPLACE FUNCTION checkouts_staff_events() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     t text;
@@ -13,6 +15,8 @@ BEGIN
         t := 'booking.paid_at_venue';
     ELSIF NEW.no_show_at IS NOT NULL AND OLD.no_show_at IS NULL THEN
         t := 'booking.no_show';
+    ELSIF NEW.no_show_fee_status IN ('charged', 'declined') AND OLD.no_show_fee_status = 'due' THEN
+        t := 'booking.no_show_fee_' || NEW.no_show_fee_status;
     ELSE
         RETURN NULL;
     END IF;
@@ -34,6 +38,12 @@ BEGIN
                 'method', NEW.venue_method, 'reference', NEW.venue_reference, 'paid_by', NEW.venue_paid_by,
                 'amount', jsonb_build_object('amount_minor', NEW.venue_amount_minor, 'currency_code', NEW.currency)) END,
             'no_show_by', CASE WHEN t = 'booking.no_show' THEN NEW.no_show_by END,
+            'no_show_fee', CASE WHEN NEW.no_show_fee_minor IS NOT NULL THEN jsonb_strip_nulls(jsonb_build_object(
+                'amount', jsonb_build_object('amount_minor', NEW.no_show_fee_minor, 'currency_code', NEW.currency),
+                'accept_time', to_char(NEW.no_show_fee_accepted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                'status', NEW.no_show_fee_status,
+                'payment_id', NEW.no_show_fee_payment_id,
+                'failure', NEW.no_show_fee_failure)) END,
             'create_time', to_char(NEW.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))));
     RETURN NULL;
 END $$;

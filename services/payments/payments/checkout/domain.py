@@ -236,6 +236,13 @@ class Saga:
     venue_paid_at: datetime | None = None
     no_show_at: datetime | None = None
     no_show_by: str | None = None
+    # The no-show fee the customer accepted at purchase (None: none) and its off-session charge:
+    # status None until a no-show, then 'due', 'charged' or 'declined' (docs/checkout.md, "No-show fee").
+    no_show_fee_minor: int | None = None
+    no_show_fee_accepted_at: datetime | None = None
+    no_show_fee_status: str | None = None
+    no_show_fee_payment_id: str | None = None
+    no_show_fee_failure: str | None = None
     # The local monotonic clock when the row was read, to tell how far the database clock has
     # moved since read_at (db_now) without asking it again.
     read_mono: float = field(default_factory=time.monotonic, compare=False, repr=False)
@@ -267,6 +274,9 @@ class Saga:
             venue_amount_minor=row.get("venue_amount_minor"), venue_reference=row.get("venue_reference"),
             venue_paid_by=row.get("venue_paid_by"), venue_paid_at=row.get("venue_paid_at"),
             no_show_at=row.get("no_show_at"), no_show_by=row.get("no_show_by"),
+            no_show_fee_minor=row.get("no_show_fee_minor"), no_show_fee_accepted_at=row.get("no_show_fee_accepted_at"),
+            no_show_fee_status=row.get("no_show_fee_status"), no_show_fee_payment_id=s(row.get("no_show_fee_payment_id")),
+            no_show_fee_failure=row.get("no_show_fee_failure"),
         )
 
     @property

@@ -87,7 +87,8 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
         req = domain.validate_create(slot_id, request.product_id, request.quantity,
                                      request.payment_method if request.HasField("payment_method") else None)
         try:
-            return views.checkout_pb(await self.service.create(customer, req, _key(context)))
+            fee = request.accept_no_show_fee if request.HasField("accept_no_show_fee") else None
+            return views.checkout_pb(await self.service.create(customer, req, _key(context), fee))
         except Replay as r:
             return await _replay_with_current_action(self.service, context, r)
 
@@ -95,8 +96,9 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
                           context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:
         customer = principal.current().require_subject()
         try:
+            fee = request.accept_no_show_fee if request.HasField("accept_no_show_fee") else None
             return views.checkout_pb(await self.service.pay(customer, request.checkout_id, request.payment_method,
-                                                            _key(context)))
+                                                            _key(context), fee))
         except Replay as r:
             return await _replay_with_current_action(self.service, context, r)
 
@@ -105,7 +107,11 @@ class CheckoutApi(checkout_pb2_grpc.CheckoutServiceServicer):
         caller = principal.current()
         if caller.role != "system":
             caller.require_subject()
-        return views.checkout_pb(await self.service.get(caller, request.checkout_id))
+        got = await self.service.get(caller, request.checkout_id)
+        answer = views.checkout_pb(got)
+        # Staff and admins of its merchant see the customer's no-shows there (the read was scoped).
+        await self.service.staff.count_no_shows(caller, got.saga, answer)
+        return answer
 
     async def CancelCheckout(self, request: checkout_pb2.CancelCheckoutRequest,
                              context: grpc.aio.ServicerContext) -> checkout_pb2.Checkout:

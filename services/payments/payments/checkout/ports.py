@@ -24,8 +24,13 @@ class Payments(Protocol):
 
     async def create_and_charge(self, *, checkout_id: str | None, amount_minor: int, currency: str,
                                 payment_method: str, idempotency_key: str, customer_id: str,
-                                merchant_id: str) -> PaymentView:
-        """Create the payment once per key and charge it; a PSP timeout leaves it non-terminal."""
+                                merchant_id: str, off_session: str | None = None,
+                                psp_customer: str | None = None) -> PaymentView:
+        """Create the payment once per key and charge it; a PSP timeout leaves it non-terminal.
+        `off_session` 'setup' saves the card for one later charge, 'charge' is that charge."""
+
+    async def saved_card(self, payment_id: str) -> tuple[str, str] | None:
+        """(PSP customer, saved payment method) of a captured purchase that saved its card, else None."""
 
     async def cancel(self, payment_id: str) -> PaymentView:
         """Cancel at the PSP; a payment that succeeded meanwhile is answered as succeeded."""

@@ -47,16 +47,19 @@ _RESCHEDULE = in_list(RESCHEDULE_STATES)
 # Idempotency-Key's statement (idempotency.begin_with): the checkout id is the key's resource id,
 # the customer the key's ($1). Inserts nothing unless the key was taken (`began` has its row).
 # $15: a one-call checkout's payment method (NULL: hold only), which makes the saga pay once held;
-# $16: the seconds its charge may still start in (the request's deadline; NULL: none), pay_deadline.
+# $16: the seconds its charge may still start in (the request's deadline; NULL: none), pay_deadline;
+# $17: a one-call booking's accepted no-show fee (NULL: none).
 INSERT_PENDING = f"""
 first AS (
     INSERT INTO checkouts (id, customer_id, kind, slot_id, product_id, quantity, order_id,
-                           lease_owner, lease_until, next_run_at, traceparent, payment_method, pay_deadline)
+                           lease_owner, lease_until, next_run_at, traceparent, payment_method, pay_deadline,
+                           no_show_fee_minor, no_show_fee_accepted_at)
     SELECT began.resource_id, $1, $8::text, $9::uuid, $10::uuid, $11::int,
            CASE WHEN $8::text = 'codes' THEN began.resource_id END, $12::text,
            clock_timestamp() + make_interval(secs => $13::float8),
            clock_timestamp() + make_interval(secs => $13::float8), $14::text, $15::text,
-           CASE WHEN $15::text IS NOT NULL THEN clock_timestamp() + make_interval(secs => $16::float8) END
+           CASE WHEN $15::text IS NOT NULL THEN clock_timestamp() + make_interval(secs => $16::float8) END,
+           $17::bigint, CASE WHEN $17::bigint IS NOT NULL THEN clock_timestamp() END
     FROM began
     ON CONFLICT (id) DO NOTHING
     {_RETURNING}
@@ -169,7 +172,10 @@ first AS (
         lease_owner = $11::text,
         lease_until = clock_timestamp() + make_interval(secs => $12::float8),
         next_run_at = clock_timestamp() + make_interval(secs => $12::float8),
-        wakeup = false, attempts = 0, last_error = '', updated_at = clock_timestamp()
+        wakeup = false, attempts = 0, last_error = '', updated_at = clock_timestamp(),
+        -- $15: the no-show fee the customer accepts with this purchase (NULL: none)
+        no_show_fee_minor = $15::bigint,
+        no_show_fee_accepted_at = CASE WHEN $15::bigint IS NOT NULL THEN clock_timestamp() END
     WHERE id = $8::uuid AND customer_id = $1 AND state = 'HELD' AND expire_time > clock_timestamp()
       AND EXISTS (SELECT 1 FROM began)
     {_RETURNING}
@@ -530,19 +536,22 @@ def saga_of(row) -> Saga | None:
 
 def insert_pending(*, kind: str, slot_id: str | None, product_id: str | None, quantity: int, owner: str,
                    lease_seconds: float, payment_method: str | None = None,
-                   pay_within: float | None = None) -> tuple[str, tuple]:
+                   pay_within: float | None = None, no_show_fee_minor: int | None = None) -> tuple[str, tuple]:
     """CreateCheckout's first write, for IdempotencyStore.claim(first=...). `pay_within`: a one-call
-    checkout's seconds in which its charge may start (the request's deadline), None: no limit."""
+    checkout's seconds in which its charge may start (the request's deadline), None: no limit.
+    `no_show_fee_minor`: a one-call booking's accepted no-show fee (None: none)."""
     return INSERT_PENDING, (kind, slot_id, product_id, quantity, owner, lease_seconds, current_traceparent(),
-                            payment_method, pay_within)
+                            payment_method, pay_within, no_show_fee_minor)
 
 
 def start_charging(*, checkout_id: str, payment_key: str, payment_method: str, owner: str,
-                   lease_seconds: float, pay_within: float | None = None) -> tuple[str, tuple]:
+                   lease_seconds: float, pay_within: float | None = None,
+                   no_show_fee_minor: int | None = None) -> tuple[str, tuple]:
     """PayCheckout's first write, for IdempotencyStore.claim(first=...). `pay_within`: the seconds in
-    which the charge may start (the request's deadline), None: no limit."""
+    which the charge may start (the request's deadline), None: no limit. `no_show_fee_minor`: the
+    no-show fee the customer accepts (recorded with the checkout; None: none)."""
     return START_CHARGING, (checkout_id, payment_key, payment_method, owner, lease_seconds, current_trace_id(),
-                            pay_within)
+                            pay_within, no_show_fee_minor)
 
 
 def start_reschedule(*, checkout_id: str, slot_id: str, payment_method: str | None, who: str, owner: str,

@@ -12,10 +12,12 @@ import uuid
 
 import asyncpg
 
+from cuty.common.v1 import common_pb2
 from cuty.payments.v1 import checkout_pb2
 from cutylib import deadlines, errors, paging, tenancy
 from cutylib.db import reports
 from cutylib.fields import canonical_uuid
+from cutylib.money import require_money
 from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
@@ -75,20 +77,31 @@ class CheckoutService:
         self.staff = None
 
     # -- CreateCheckout ---------------------------------------------------------------------------
-    async def create(self, customer: str, req: domain.CreateRequest, key: str) -> CheckoutAnswer:
+    async def create(self, customer: str, req: domain.CreateRequest, key: str,
+                     accept_no_show_fee: common_pb2.Money | None = None) -> CheckoutAnswer:
         """Hold (HELD); a one-call checkout (`req.payment_method`) is paid in the same request and
         under the same Idempotency-Key: the saga does not stop at HELD but starts the payment (the
         PAY step, PayCheckout's move) and runs on, so the answer is the one PayCheckout gives."""
         parts = [req.kind, req.slot_id or "", req.product_id or "", str(req.quantity)]
         if req.payment_method is not None:
             parts.append(req.payment_method)  # so a key reused with or without a payment is refused
+        fee = None
+        if accept_no_show_fee is not None:
+            if req.payment_method is None or req.kind != domain.BOOKING:
+                raise errors.InvalidArgument("accept_no_show_fee", "a no-show fee is accepted with a booking's purchase: "
+                                                                   "give payment_method too, or accept it with PayCheckout")
+            currency, fee = require_money("accept_no_show_fee", accept_no_show_fee.currency_code,
+                                          accept_no_show_fee.amount_minor, positive=True)
+            await self._offered_no_show_fee(req.slot_id, currency, fee, None)
+            parts.append(f"no-show-fee:{fee}")
         h = request_hash("create", *parts)
         owner = new_owner("create")
         # The PENDING row is inserted by the key's own statement (one round trip).
         first = repo.insert_pending(kind=req.kind, slot_id=req.slot_id, product_id=req.product_id,
                                     quantity=req.quantity, owner=owner, lease_seconds=self.lease_seconds,
                                     payment_method=req.payment_method,
-                                    pay_within=_pay_within() if req.payment_method is not None else None)
+                                    pay_within=_pay_within() if req.payment_method is not None else None,
+                                    no_show_fee_minor=fee)
         async with self.keys.claim(customer, "create", key, h, first) as claim:  # or Replay
             claim.finish(await self._create(claim.resource_id, owner, claim.row))
         return claim.answer
@@ -146,18 +159,51 @@ class CheckoutService:
         return await self.holds.booking.service_slot(service_id, request.start_time, resource_id)
 
     # -- PayCheckout ------------------------------------------------------------------------------
-    async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str) -> CheckoutAnswer:
+    async def pay(self, customer: str, checkout_id: str, payment_method: str, key: str,
+                  accept_no_show_fee: common_pb2.Money | None = None) -> CheckoutAnswer:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         require_payment_method(payment_method)
-        h = request_hash("pay", checkout_id, payment_method)
+        fee = None
+        if accept_no_show_fee is not None:
+            fee = await self._accepted_no_show_fee(customer, checkout_id, accept_no_show_fee)
+        h = request_hash("pay", checkout_id, payment_method, *([str(fee)] if fee is not None else []))
         owner = new_owner("pay")
-        # HELD -> CHARGING is written by the key's own statement (one round trip).
+        # HELD -> CHARGING is written by the key's own statement (one round trip), with the
+        # acceptance of the no-show fee when the customer gave it.
         first = repo.start_charging(checkout_id=checkout_id, payment_key=domain.payment_attempt_id(checkout_id),
                                     payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds,
-                                    pay_within=_pay_within())
+                                    pay_within=_pay_within(), no_show_fee_minor=fee)
         async with self.keys.claim(customer, "pay", key, h, first) as claim:  # or Replay
             claim.finish(await self._pay(customer, checkout_id, payment_method, claim.resumed, owner, claim.row))
         return claim.answer
+
+    async def _accepted_no_show_fee(self, customer: str, checkout_id: str, accepted: common_pb2.Money) -> int:
+        """The fee the customer accepts, in minor units: exactly what the booking's slot names now
+        (the salon's policy), in the checkout's currency, never more than its price. A checkout no
+        longer HELD is not checked again here (a retry of the same purchase: its key decides)."""
+        currency, amount = require_money("accept_no_show_fee", accepted.currency_code, accepted.amount_minor,
+                                         positive=True)
+        saga = await self._owned(customer, checkout_id)
+        if saga.state != domain.HELD:
+            return amount
+        if saga.kind != domain.BOOKING or saga.slot_id is None:
+            raise errors.InvalidArgument("accept_no_show_fee", "only a booking has a no-show fee")
+        if saga.amount_minor is None:
+            raise errors.FailedPrecondition(f"checkout {checkout_id} is not held yet", reason="checkout-not-held")
+        await self._offered_no_show_fee(saga.slot_id, currency, amount, saga.amount_minor)
+        return amount
+
+    async def _offered_no_show_fee(self, slot_id: str, currency: str, amount: int, price_minor: int | None) -> None:
+        """Refuses an acceptance of another fee than the slot names now (the salon's policy), or of
+        more than the booking's price (`price_minor`, when held)."""
+        slot = await self.holds.booking.get_slot(slot_id)
+        offered = (slot.no_show_fee.currency_code, slot.no_show_fee.amount_minor) if slot.HasField("no_show_fee") \
+            else None
+        if offered != (currency, amount) or (price_minor is not None and amount > price_minor):
+            shown = f"{offered[1]} {offered[0]}" if offered else "none"
+            raise errors.FailedPrecondition(
+                f"the booking's no-show fee is {shown} (the salon's policy now), not {amount} {currency}; "
+                "read the slot again and accept what it names", reason="no-show-fee-changed")
 
     async def current_payment(self, checkout_id: str, payment_id: str) -> tuple[Saga | None, PaymentView | None]:
         """The checkout and its payment as they are now, when `payment_id` is still its payment: a

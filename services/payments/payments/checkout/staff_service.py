@@ -10,6 +10,8 @@ conditional statement; the reads that follow a refused write only name the reaso
 """
 from __future__ import annotations
 
+import logging
+
 import asyncpg
 
 from cuty.payments.v1 import checkout_pb2
@@ -18,10 +20,13 @@ from cutylib.fields import canonical_uuid, parse_uuid
 from cutylib.principal import Principal
 from cutylib.telemetry import current_traceparent
 
-from . import staffbook, views
+from . import no_show_fee, staffbook, views
 from .domain import Saga
 from .idempotency import request_hash
+from .no_show_fee import NoShowFees
 from .service import CheckoutService, new_owner
+
+log = logging.getLogger(__name__)
 
 _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
 
@@ -57,9 +62,13 @@ WHERE id = $1 AND merchant_id = $2 AND state = 'COMPLETED' AND settle = 'venue' 
 {_RETURNING}
 """
 # A no-show: a completed booking of the caller's merchant, not paid at the desk, from its start
-# until NO_SHOW_WINDOW_HOURS after, on the database's clock; once.
+# until NO_SHOW_WINDOW_HOURS after, on the database's clock; once. A no-show fee the customer
+# accepted at purchase becomes due in the same statement (no_show_fee.py charges it).
 MARK_NO_SHOW = f"""
-UPDATE checkouts SET no_show_at = clock_timestamp(), no_show_by = $3, updated_at = clock_timestamp()
+UPDATE checkouts SET no_show_at = clock_timestamp(), no_show_by = $3, updated_at = clock_timestamp(),
+                     no_show_fee_status = CASE WHEN no_show_fee_minor IS NOT NULL THEN 'due' END,
+                     no_show_fee_next_at = CASE WHEN no_show_fee_minor IS NOT NULL
+                                                THEN clock_timestamp() + make_interval(secs => $4::float8) END
 WHERE id = $1 AND merchant_id = $2 AND kind = 'booking' AND state = 'COMPLETED' AND no_show_at IS NULL
   AND venue_status IS DISTINCT FROM 'paid'
   AND clock_timestamp() >= start_time
@@ -77,10 +86,11 @@ def _who(caller: Principal) -> str:
 
 
 class StaffBookings:
-    def __init__(self, checkouts: CheckoutService, default_link_ttl_seconds: int):
+    def __init__(self, checkouts: CheckoutService, default_link_ttl_seconds: int, fees: NoShowFees):
         self.checkouts = checkouts
         self.pool: asyncpg.Pool = checkouts.pool
         self.default_link_ttl_seconds = default_link_ttl_seconds
+        self.fees = fees
 
     # -- CreateStaffCheckout ----------------------------------------------------------------------
     async def create(self, caller: Principal, request: checkout_pb2.CreateStaffCheckoutRequest,
@@ -160,13 +170,22 @@ class StaffBookings:
         checkout_id = canonical_uuid("checkout_id", checkout_id)
         merchant = tenancy.merchant_filter(caller)
         async with tenancy.scoped(self.pool, caller) as uow:
-            row = await uow.conn.fetchrow(MARK_NO_SHOW, checkout_id, merchant, _who(caller))
+            row = await uow.conn.fetchrow(MARK_NO_SHOW, checkout_id, merchant, _who(caller), self.fees.retry_seconds)
             if row is None:
                 saga = await self._read(uow.conn, checkout_id, merchant)
                 staffbook.refuse_no_show(saga)
             else:
                 saga = Saga.from_row(row)
             await uow.commit()
+        if saga.no_show_fee_status == no_show_fee.DUE:
+            # Charged now when it can be; a fee left due (the PSP away, this process gone) is the
+            # worker's (no_show_fee.NoShowFees.run), and the answer says 'due' meanwhile.
+            try:
+                await self.fees.charge(saga.id)
+            except Exception:  # noqa: BLE001 - the no-show is recorded; the worker charges the fee
+                log.exception("no-show fee not charged now; the worker will", extra={"checkout_id": saga.id})
+            async with tenancy.scoped(self.pool, caller) as uow:
+                saga = await self._read(uow.conn, checkout_id, merchant)
         return await self._answer(caller, saga)
 
     @staticmethod
@@ -178,8 +197,16 @@ class StaffBookings:
 
     async def _answer(self, caller: Principal, saga: Saga) -> checkout_pb2.Checkout:
         answer = views.checkout_pb(await self.checkouts.view_for(caller, saga))
-        # The customer's no-shows at this merchant, for its staff (one index probe).
-        async with tenancy.scoped(self.pool, caller) as uow:
-            answer.staff_booking.customer_no_shows = await uow.conn.fetchval(
-                COUNT_NO_SHOWS, saga.merchant_id, saga.customer_id)
+        await self.count_no_shows(caller, saga, answer, always=True)
         return answer
+
+    async def count_no_shows(self, caller: Principal, saga: Saga, answer: checkout_pb2.Checkout, *,
+                             always: bool = False) -> None:
+        """The customer's no-shows at the checkout's merchant, for that merchant's staff and admins
+        only (one index probe). A customer's own booking with none shows no staff_booking."""
+        if caller.role not in ("staff", "admin") or saga.kind != "booking" or saga.merchant_id is None:
+            return
+        async with tenancy.scoped(self.pool, caller) as uow:
+            count = await uow.conn.fetchval(COUNT_NO_SHOWS, saga.merchant_id, saga.customer_id)
+        if count or always or answer.HasField("staff_booking"):
+            answer.staff_booking.customer_no_shows = count

@@ -13,7 +13,7 @@ from opentelemetry import trace
 from cutylib import crash, errors
 from cutylib.metrics import observe
 
-from ..domain import HOSTED_PAGE
+from ..domain import HOSTED_PAGE, OFF_SESSION_SETUP
 from . import domain, repository as repo
 from .domain import Move, Saga, Step
 from .metrics import CheckoutMetrics
@@ -134,8 +134,9 @@ class Steps:
             payment = await self._remote(Step.CHARGE, self.payments.create_and_charge(
                 checkout_id=saga.id, amount_minor=saga.amount_minor, currency=saga.currency,
                 payment_method=saga.payment_method or _link_method(saga), idempotency_key=saga.payment_key,
-                customer_id=saga.customer_id,
-                merchant_id=saga.merchant_id))
+                customer_id=saga.customer_id, merchant_id=saga.merchant_id,
+                # A no-show fee accepted at purchase: the PSP saves the card for that one charge.
+                off_session=OFF_SESSION_SETUP if saga.no_show_fee_minor is not None else None))
         except (errors.InvalidArgument, errors.FailedPrecondition) as refused:
             # Refused before reaching the PSP (e.g. a zero amount): nothing was charged, and
             # retrying cannot help.

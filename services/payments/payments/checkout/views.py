@@ -73,6 +73,12 @@ def to_proto(saga: Saga, payment=None, codes: list[tuple[str, str]] = ()) -> che
     for code_id, value in codes:
         c.codes.add(id=code_id, value=value)
     _staff_booking(c, saga, payment)
+    if saga.no_show_fee_minor is not None:
+        f = c.no_show_fee
+        f.amount.CopyFrom(common_pb2.Money(currency_code=saga.currency or "", amount_minor=saga.no_show_fee_minor))
+        f.accept_time.CopyFrom(to_timestamp(saga.no_show_fee_accepted_at))
+        f.status, f.payment_id = saga.no_show_fee_status or "", saga.no_show_fee_payment_id or ""
+        f.failure_reason = saga.no_show_fee_failure or ""
     return c
 
 

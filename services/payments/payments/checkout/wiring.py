@@ -17,6 +17,7 @@ from .engine import Engine
 from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, CheckoutApi
 from .idempotency import IdempotencyStore
 from .live import Watchers
+from .no_show_fee import NoShowFees
 from .remote import Inventory
 from .service import CheckoutService
 from .settings import CheckoutOptions
@@ -49,7 +50,9 @@ def build(settings, pool, core: PaymentsCore, *, options: CheckoutOptions | None
     engine = Engine(pool, holds, core, core.metrics, options, lease)
     keys = IdempotencyStore(pool, lease, options.idempotency_ttl_seconds, views.stored)
     service = CheckoutService(pool, engine, holds, core, core.metrics, keys, lease, Watchers(pool, options))
-    service.staff = StaffBookings(service, options.link_ttl_seconds)
+    fees = NoShowFees(pool, core, f"no-show-fee:{core.worker_id}", lease_seconds=lease,
+                      retry_seconds=options.retry_cap_seconds, poll_seconds=options.poll_seconds)
+    service.staff = StaffBookings(service, options.link_ttl_seconds, fees)
     worker = SagaWorker(pool, engine, keys, options, lease, f"saga:{core.worker_id}")
     return service, engine, worker, channels
 
@@ -62,6 +65,8 @@ def register(server, settings, pool, core: PaymentsCore) -> None:
     checkout_pb2_grpc.add_CheckoutServiceServicer_to_server(CheckoutApi(service), server.server)
     server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     server.add_background(worker.run)
+    # No-show fees left due (their charger died, or the PSP did not answer).
+    server.add_background(service.staff.fees.run)
     # One LISTEN connection per process for WatchCheckout's streams (checkout/live.py).
     server.add_background(service.watchers.run)
     # A payment's status change wakes its saga in the database (trigger payments_wake_checkout), not

@@ -28,7 +28,8 @@ from .repository import Delivery, Endpoint, Endpoints
 # checkouts_merchant_events.sql; and `stock.low`, relayed from the code pool's outbox, relay.py).
 EVENT_TYPES = ("checkout.completed", "booking.confirmed", "codes.delivered", "checkout.refunded",
                "booking.cancelled", "booking.rescheduled", "stock.low", "booking.created_by_staff",
-               "booking.paid_at_venue", "booking.no_show", "code.claimed", "code.replaced",
+               "booking.paid_at_venue", "booking.no_show", "booking.no_show_fee_charged",
+               "booking.no_show_fee_declined", "code.claimed", "code.replaced",
                "code.claim_rejected", "code.claim_refunded", "batch.quarantined", "payment.disputed",
                "payment.dispute_closed")
 MAX_ENDPOINTS_PER_MERCHANT = 16
