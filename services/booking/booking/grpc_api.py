@@ -181,10 +181,11 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
     async def HoldSlot(self, request: pb.HoldSlotRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         slot_id = parse_uuid("slot_id", request.slot_id)
         caller = principal.current()
-        customer_id = domain.hold_customer(caller, request.customer_id)
+        caller.require_role("system")  # the saga holds, naming its customer; no route brings a user
+        customer_id = domain.require_key("customer_id", request.customer_id)
         request_id = domain.require_key("request_id", request.request_id)
         offer_seconds = domain.offer_seconds(request.offer_seconds, self.service.settings.hold_ttl_seconds)
-        ttl_seconds = domain.hold_ttl_seconds(caller, request.ttl_seconds, self.service.settings.hold_ttl_seconds)
+        ttl_seconds = domain.hold_ttl_seconds(request.ttl_seconds, self.service.settings.hold_ttl_seconds)
         try:
             hold = await self.service.hold_slot(caller, slot_id, customer_id, request_id, offer_seconds,
                                                 ttl_seconds=ttl_seconds)
