@@ -139,6 +139,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def in_turns(variants: dict[str, Callable[[int], tuple[Callable[[int], Awaitable[object]], int]]], *,
+                   rounds: int, concurrency: int, pids: dict[str, int] | None = None
+                   ) -> tuple[dict[str, list[Run]], dict[str, float]]:
+    """The variants take turns in `rounds` short rounds, so that load from anything else on the
+    machine falls on all of them alike: in round r, each variant's `variants[name](r)` gives the
+    op and how many to run (one closed loop of `concurrency`). Returns each variant's runs and the
+    CPU seconds its server process (`pids[name]`, where given) spent in them."""
+    runs: dict[str, list[Run]] = {name: [] for name in variants}
+    cpu = {name: 0.0 for name in variants}
+    pids = pids or {}
+    for r in range(rounds):
+        for name, round_of in variants.items():
+            op, total = round_of(r)
+            pid = pids.get(name)
+            cpu0 = cpu_seconds(pid) if pid else 0.0
+            runs[name].append(await closed_loop(op, concurrency=concurrency, total=total))
+            if pid:
+                cpu[name] += cpu_seconds(pid) - cpu0
+    return runs, cpu
+
+
 def postgres_cpu(server) -> dict[int, float]:
     """CPU seconds of each backend of the benchmark's own cluster (children of its postmaster)."""
     cluster = getattr(server, "cluster", None)

@@ -21,7 +21,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import Result, Run, bench_postgres, closed_loop, contract_check_cost, cpu_seconds, merged, report  # puts services and generated code on sys.path
+from _common import Result, bench_postgres, closed_loop, contract_check_cost, in_turns, merged, report  # puts services and generated code on sys.path
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -204,16 +204,15 @@ async def uncontended(dsn: str, workdir: pathlib.Path, pool, results: list[Resul
             "insert": lambda part, tag: raw_inserter(pool, part, tag),
         }
         servers = {"deployed": deployed_server, "plaintext": plaintext_server, "bare": bare_server}
-        runs: dict[str, list[Run]] = {v: [] for v in variants}
-        server_cpu = {v: 0.0 for v in servers}
-        for r in range(rounds):
-            for k, (name, make) in enumerate(variants.items()):
+
+        def turns(k: int, name: str, make):
+            def round_of(r: int):
                 part = rest[(k * rounds + r) * chunk:(k * rounds + r + 1) * chunk]
-                pid = servers[name].proc.proc.pid if name in servers else None
-                cpu0 = cpu_seconds(pid) if pid else 0.0
-                runs[name].append(await closed_loop(make(part, f"{name}{r}"), concurrency=IN_FLIGHT, total=chunk))
-                if pid:
-                    server_cpu[name] += cpu_seconds(pid) - cpu0
+                return make(part, f"{name}{r}"), chunk
+            return round_of
+        runs, server_cpu = await in_turns(
+            {name: turns(k, name, make) for k, (name, make) in enumerate(variants.items())}, rounds=rounds,
+            concurrency=IN_FLIGHT, pids={name: s.proc.proc.pid for name, s in servers.items()})
     raw = merged(runs["insert"])
 
     def cpu_ms(name: str) -> float:

@@ -26,6 +26,11 @@ and the machine's busy time none of them used (other work on a shared machine), 
 the generator actually made per second; and goodput per CPU-second of the platform (the services
 and Postgres) against the capacity run's, which other work's share of the cores does not move. A closed-loop buyer refused for load waits 50 ms before
 its next checkout (as a client honouring Retry-After would, only shorter) instead of spinning.
+Per level also: the gateway's admission limit and its calls in flight (sampled from its /metrics
+once a second: does the limit let in more than the platform finishes?), the p99 of this client's
+own event-loop lateness (part of every latency it measures), how many GETs polled a checkout that
+was not final yet, and the payments service's finalize and saga-step counts. What one refusal
+costs the gateway is `make bench-refusal`'s (CPU per refusal, end to end).
 
 4. A hot slot: BENCH_HOT_BUYERS buyers at once for one slot. One wins; every other is told at once,
    with alternatives (409) or shed by the gateway (503). Target: p99 <= 1.5 s at the gateway.
@@ -38,8 +43,10 @@ import itertools
 import json
 import os
 import random
+import re
 import tempfile
 import time
+import urllib.request
 import uuid
 from typing import Iterator
 
@@ -99,6 +106,7 @@ class Outcome:
         self.failed = 0                  # other answers (a declined or failed checkout)
         self.gave_up = 0                 # patience ran out
         self.arrivals = 0                # buyers started
+        self.polls = 0                   # GETs of a checkout whose answer was not final yet
         self.statuses: dict[str, int] = {}
 
 
@@ -123,6 +131,7 @@ async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http
             co = json.loads(raw)
         while (state := co["state"].removeprefix("CHECKOUT_STATE_")) not in FINAL:
             await asyncio.sleep(0.1)  # only when the inline confirm was deferred
+            out.polls += 1
             status, raw = await conn.request("GET", f"/v1/checkouts/{co['id']}", auth)
             if status != 200:
                 return str(status)
@@ -309,6 +318,96 @@ async def settle(stack: Stack, timeout: float = 180) -> dict:
             "psp_kept_minor": int(psp_kept), "money_exact": int(kept) == int(psp_kept), "by_state": by_state}
 
 
+class LimitWatch:
+    """The gateway's admission limit and its calls in flight, sampled from its /metrics every
+    SAMPLE_SECONDS while a level runs (a scrape costs the gateway what Prometheus' would):
+    whether the limit let in more than the platform finishes at its latency target."""
+    SAMPLE_SECONDS = 1.0
+
+    def __init__(self, stack: Stack):
+        self.url = f"http://127.0.0.1:{stack.metrics_ports['gateway']}/metrics"
+        self.samples: list[tuple[float, float]] = []
+        self.task = asyncio.create_task(self._run())
+
+    def _scrape(self) -> tuple[float, float] | None:
+        try:
+            with urllib.request.urlopen(self.url, timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        found = dict(re.findall(r"^(cuty_gateway_concurrency_limit|cuty_gateway_calls_in_flight) ([0-9.e+]+)$",
+                                text, re.M))
+        if len(found) < 2:
+            return None
+        return float(found["cuty_gateway_concurrency_limit"]), float(found["cuty_gateway_calls_in_flight"])
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.SAMPLE_SECONDS)
+            got = await asyncio.to_thread(self._scrape)
+            if got:
+                self.samples.append(got)
+
+    def report(self) -> dict:
+        self.task.cancel()
+        if not self.samples:
+            return {}
+        limits, flying = sorted(s[0] for s in self.samples), sorted(s[1] for s in self.samples)
+        return {"limit_p50": limits[len(limits) // 2], "limit_min": limits[0], "limit_max": limits[-1],
+                "in_flight_p50": flying[len(flying) // 2], "in_flight_max": flying[-1]}
+
+
+class PaymentsCounters:
+    """How the payments service's finalizes went during a level (its /metrics before and after):
+    which path (sync answer, webhook, worker) applied a payment's outcome and which found it done,
+    version conflicts, deferred finalizes and saga step counts. A checkout whose outcome is applied
+    by one path and then seen again by another costs more than one that is not."""
+    NAMES = ("cuty_payments_finalize_total", "cuty_payments_version_conflicts_total",
+             "cuty_payments_deferred_finalizes_total", "cuty_checkout_step_duration_seconds_count",
+             "cuty_checkout_retries_total")
+
+    def __init__(self, stack: Stack):
+        self.url = f"http://127.0.0.1:{stack.metrics_ports['payments-0']}/metrics"
+        self.before = self._scrape()
+
+    def _scrape(self) -> dict[str, float]:
+        try:
+            with urllib.request.urlopen(self.url, timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            if line.startswith(self.NAMES):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def report(self) -> dict[str, float]:
+        after = self._scrape()
+        return {k: v - self.before.get(k, 0.0) for k, v in sorted(after.items()) if v - self.before.get(k, 0.0)}
+
+
+class LoopLag:
+    """How late this process's event loop wakes a 10 ms sleep while a level runs: a refusal's
+    latency as the client measures it includes this lag, which is the load generator's own, not
+    the gateway's."""
+
+    def __init__(self):
+        self.late: list[float] = []
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.01)
+            self.late.append((time.perf_counter() - t0 - 0.01) * 1000)
+
+    def report(self) -> float:
+        self.task.cancel()
+        return round(percentile(sorted(self.late), 0.99), 1)
+
+
 class CpuWatch:
     """Where the machine's CPU went during one measured level (see the module's docstring)."""
 
@@ -349,7 +448,7 @@ def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, of
     r.extra = {"offered_per_s": round(offered, 1) if offered else None,
                "arrivals_per_s": round(out.arrivals / seconds, 1), "completed": len(ok),
                "refused": len(refused), "refusal_p99_ms": round(percentile(refused, 0.99), 1),
-               "gave_up": out.gave_up, "failed": out.failed, "answers": out.statuses, "cpu": cpu}
+               "gave_up": out.gave_up, "failed": out.failed, "polls": out.polls, "answers": out.statuses, "cpu": cpu}
     efficiency = per_cpu(out, cpu)
     if efficiency is not None:
         r.extra["checkouts_per_platform_cpu_s"] = round(efficiency, 2)
@@ -380,19 +479,25 @@ async def main() -> None:
             bodies = await seed(stack, kind, need)
             buyers = Buyers(int(need * 1.1))
             await closed_capacity(stack.http_port, buyers, bodies, 3)  # warm up
-            watch = CpuWatch(stack, pg)
+            watch, limits, counters = CpuWatch(stack, pg), LimitWatch(stack), PaymentsCounters(stack)
             capacity, cap_out = await closed_capacity(stack.http_port, buyers, bodies, CAP_SECONDS)
             print(f"{kind}: capacity {capacity:.1f} checkouts/s", flush=True)
             cap_cpu = watch.report()
             capacity_per_cpu = per_cpu(cap_out, cap_cpu)
             results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None, cap_cpu))
+            results[-1].extra["admission"] = limits.report()
+            results[-1].extra["payments"] = counters.report()
             for x in LOADS:
                 rate = capacity * x
                 print(f"{kind}: {x:g}x = {rate:.0f} arrivals/s for {LOAD_SECONDS:g} s ...", flush=True)
-                watch = CpuWatch(stack, pg)
+                watch, limits, lag = CpuWatch(stack, pg), LimitWatch(stack), LoopLag()
+                counters = PaymentsCounters(stack)
                 out = await open_loop(stack.http_port, buyers, bodies, rate, LOAD_SECONDS)
                 results.append(row(kind, f"{x:g}x offered", out, LOAD_SECONDS, capacity, rate, watch.report(),
                                    capacity_per_cpu))
+                results[-1].extra["admission"] = limits.report()
+                results[-1].extra["client_loop_lag_p99_ms"] = lag.report()
+                results[-1].extra["payments"] = counters.report()
                 await asyncio.sleep(2)  # the backlog of the level before drains
         if HOT_BUYERS:
             print(f"hot slot: {HOT_BUYERS} buyers at once ...", flush=True)

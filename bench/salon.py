@@ -20,7 +20,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import Result, Run, bench_postgres, closed_loop, cpu_seconds, merged, report
+from _common import Result, bench_postgres, closed_loop, in_turns, merged, report
 
 from cutylib.testing.procs import REPO  # noqa: E402  (after _common put the paths in place)
 from cuty.booking.v1 import booking_pb2 as pb
@@ -151,16 +151,14 @@ async def any_vs_named(clients, server, results: list[Result]) -> None:
         variants["any, spread"] += [t for _ in rs for t in times]
         times = bunched_times[r * chunk // STYLISTS:(r + 1) * chunk // STYLISTS]
         variants["any, bunched"] += [t for t in times for _ in rs]
-    runs: dict[str, list[Run]] = {v: [] for v in variants}
-    cpu = {v: 0.0 for v in variants}
-    pid = server.proc.proc.pid
-    for r in range(ROUNDS):
-        for name, ids in variants.items():
+
+    def turns(name: str, ids: list[str]):
+        def round_of(r: int):
             part = ids[r * chunk:(r + 1) * chunk]
-            c0 = cpu_seconds(pid)
-            runs[name].append(await closed_loop(holder(clients, part, f"{name.replace(', ', '-')}{r}"), concurrency=IN_FLIGHT,
-                                                total=len(part)))
-            cpu[name] += cpu_seconds(pid) - c0
+            return holder(clients, part, f"{name.replace(', ', '-')}{r}"), len(part)
+        return round_of
+    runs, cpu = await in_turns({name: turns(name, ids) for name, ids in variants.items()}, rounds=ROUNDS,
+                               concurrency=IN_FLIGHT, pids={name: server.proc.proc.pid for name in variants})
     named = merged(runs["named"])
     for name in ("any, spread", "any, bunched", "named"):
         run = merged(runs[name])

@@ -369,6 +369,12 @@ MIGRATION_LOCK_KEY = 0x63757479_6d696772  # "cutymigr"
 
 # Function files are recorded in schema_migrations under this prefix, with their checksum.
 FUNCTION_PREFIX = "functions/"
+# A dropped function that older numbered migrations still name (a trigger the baseline declares):
+# `functions/retired/<name>.sql` defines it for them on a database they have not reached yet. It is
+# applied once, before the numbered migrations, recorded under this prefix and never changed (like a
+# numbered migration); the numbered migration that drops the function comes after them, so no
+# database keeps it.
+RETIRED_PREFIX = "retired/"
 
 
 class MigrationError(RuntimeError):
@@ -394,7 +400,8 @@ class MigrationFile:
 def migration_plan(migrations_dir: str | pathlib.Path, shared: bool = True) -> list[MigrationFile]:
     """The files of `migrations_dir` (and, unless `shared` is false, of SHARED_MIGRATIONS) in the
     order they apply: every function file first (shared ones before the service's, each folder in
-    name order), then the versioned migrations in name order.
+    name order), then the retired functions (RETIRED_PREFIX), then the versioned migrations in name
+    order.
 
     Functions come first so that the tables, policies and triggers a versioned migration declares
     can name them; their bodies are checked only after the versioned migrations ran
@@ -407,12 +414,14 @@ def migration_plan(migrations_dir: str | pathlib.Path, shared: bool = True) -> l
     names = [f.version for f in functions]
     if len(set(names)) != len(names):
         raise MigrationError(f"two function files share a name: {sorted(n for n in names if names.count(n) > 1)}")
+    retired = [MigrationFile(RETIRED_PREFIX + f.stem, f)
+               for folder in folders for f in sorted((folder / "functions" / "retired").glob("*.sql"))]
     versioned = sorted((MigrationFile(f.stem, f) for folder in folders for f in folder.glob("*.sql")),
                        key=lambda m: m.version)
     numbers = [m.version.split("_", 1)[0] for m in versioned]
     if len(set(numbers)) != len(numbers):
         raise MigrationError(f"two migrations share a number: {sorted({n for n in numbers if numbers.count(n) > 1})}")
-    return functions + versioned
+    return functions + retired + versioned
 
 
 # A migration waits at most this long for a lock (CUTY_MIGRATION_LOCK_TIMEOUT, seconds) and the whole
@@ -597,8 +606,8 @@ def _refuse_foreign_history(done: dict[str, str], plan: list[MigrationFile]) -> 
     """A database migrated before the schema was squashed into its baseline records none of the
     versioned migrations there are now: applying the baseline over it would fail half-way, so say
     what to do instead."""
-    versioned = [m.version for m in plan if not m.repeatable]
-    recorded = [v for v in done if not v.startswith(FUNCTION_PREFIX)]
+    versioned = [m.version for m in plan if not m.repeatable and not m.version.startswith(RETIRED_PREFIX)]
+    recorded = [v for v in done if not v.startswith((FUNCTION_PREFIX, RETIRED_PREFIX))]
     if versioned and recorded and not set(recorded) & set(versioned):
         raise MigrationError(
             f"this database was migrated by an older migration history ({', '.join(sorted(recorded)[:3])}, ...) that the "

@@ -19,7 +19,7 @@ import pathlib
 import time
 
 import jwt
-from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
 
 from .config import env_str
 from .errors import Unauthenticated
@@ -54,7 +54,8 @@ class AssertionSigner:
 
     def __init__(self, private_key_pem: bytes, *, ttl_seconds: float = 120, clock=time.time,
                  max_entries: int = 100_000):
-        self._key = private_key_pem
+        # Parsed once: PyJWT given PEM bytes parses them again on every signature (a new buyer each).
+        self._key = load_pem_private_key(private_key_pem, password=None)
         self.ttl = ttl_seconds
         self._clock = clock
         self.max_entries = max_entries

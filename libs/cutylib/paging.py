@@ -57,10 +57,32 @@ def query_fingerprint(*parts: object) -> bytes:
     return hashlib.sha256("\x1f".join("" if p is None else str(p) for p in parts).encode()).digest()[:8]
 
 
-def encode_keyset(query: bytes, at: datetime, *ids: uuid.UUID) -> str:
+def _encode(query: bytes, at: datetime, tail: bytes) -> str:
     micros = (at - _EPOCH) // timedelta(microseconds=1)
-    raw = _KEYSET_TAG + query + struct.pack(">q", micros) + b"".join(i.bytes for i in ids)
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return base64.urlsafe_b64encode(_KEYSET_TAG + query + struct.pack(">q", micros) + tail).decode().rstrip("=")
+
+
+def _decode(token: str, query: bytes, tail_ok) -> tuple[datetime, bytes]:
+    """A keyset token's instant and the bytes after it (`tail_ok(n)`: whether n such bytes may be);
+    a token that was not issued for this same query is INVALID_ARGUMENT naming `page_token`."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) < 19 or not tail_ok(len(raw) - 19) or not raw.startswith(_KEYSET_TAG):
+        raise InvalidArgument("page_token", "page_token is not one this service issued")
+    if raw[3:11] != query:
+        raise InvalidArgument("page_token", "page_token belongs to another query (the filters changed); "
+                                            "start again without it")
+    (micros,) = struct.unpack(">q", raw[11:19])
+    try:
+        return _EPOCH + timedelta(microseconds=micros), raw[19:]
+    except OverflowError:
+        raise InvalidArgument("page_token", "page_token is not one this service issued") from None
+
+
+def encode_keyset(query: bytes, at: datetime, *ids: uuid.UUID) -> str:
+    return _encode(query, at, b"".join(i.bytes for i in ids))
 
 
 def decode_keyset(token: str, query: bytes, n_ids: int) -> tuple[datetime, tuple[uuid.UUID, ...]] | None:
@@ -68,18 +90,25 @@ def decode_keyset(token: str, query: bytes, n_ids: int) -> tuple[datetime, tuple
     for this same query is INVALID_ARGUMENT naming `page_token`."""
     if not token:
         return None
+    at, tail = _decode(token, query, lambda n: n == 16 * n_ids)
+    return at, tuple(uuid.UUID(bytes=tail[16 * i:16 * i + 16]) for i in range(n_ids))
+
+
+# A keyset whose tie-breaker is a text key (an order id the caller chose) instead of uuids: the
+# same token with the key's UTF-8 bytes after the instant.
+MAX_TEXT_KEY_BYTES = 512
+
+
+def encode_keyset_text(query: bytes, at: datetime, key: str) -> str:
+    return _encode(query, at, key.encode())
+
+
+def decode_keyset_text(token: str, query: bytes) -> tuple[datetime, str] | None:
+    """As decode_keyset, for a token of encode_keyset_text."""
+    if not token:
+        return None
+    at, tail = _decode(token, query, lambda n: n <= MAX_TEXT_KEY_BYTES)
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 19 + 16 * n_ids or not raw.startswith(_KEYSET_TAG):
-        raise InvalidArgument("page_token", "page_token is not one this service issued")
-    if raw[3:11] != query:
-        raise InvalidArgument("page_token", "page_token belongs to another query (the filters changed); "
-                                            "start again without it")
-    (micros,) = struct.unpack(">q", raw[11:19])
-    try:
-        at = _EPOCH + timedelta(microseconds=micros)
-    except OverflowError:
+        return at, tail.decode()
+    except UnicodeDecodeError:
         raise InvalidArgument("page_token", "page_token is not one this service issued") from None
-    return at, tuple(uuid.UUID(bytes=raw[19 + 16 * i:35 + 16 * i]) for i in range(n_ids))

@@ -14,6 +14,18 @@ service (`Retention.run`, on cutylib.periodic), every CUTY_RETENTION_INTERVAL_SE
    then renamed, so a file there is whole) before dropping it (cuty_partition_drop). A crash
    between the steps leaves a detached table the next round finds, archives and drops.
 
+Tables whose rows change state, or that hold keys a partition cannot (a global unique key, the
+target of foreign keys), are not partitioned themselves: the same round first MOVES their finished
+rows, older than CUTY_<NAME>_MOVE_AFTER_DAYS, into a time-partitioned, append-only history table
+(partitioned on the time of the move), in batches of MOVE_BATCH rows, at most MOVE_LIMIT a round
+(CUTY_RETENTION_MOVE_BATCH / CUTY_RETENTION_MOVE_LIMIT). Each batch is one call of the table's move
+function (its migrations' `<table>_move(batch, finished_before)`): it locks its rows with FOR UPDATE
+SKIP LOCKED (a row a live statement holds is left for a later round), copies them into the history
+and deletes them from the live table in one transaction, and the live table's delete guard
+(cuty_delete_moved) refuses to let a row out that the history does not hold. The history then
+leaves whole past its retention like any partitioned table above, and reads inside the retention
+look in both.
+
 Every statement is bounded: the DETACH waits at most LOCK_TIMEOUT_MS for its lock (a round that
 cannot get it skips and the next retries), and a round touches at most the table's partitions.
 The rounds of several replicas are harmless: creating and detaching are idempotent, and an
@@ -27,6 +39,7 @@ import pathlib
 from dataclasses import dataclass
 
 from .config import env_float, env_int, env_str
+from .db import ALL_MERCHANTS, UnitOfWork
 from .periodic import periodic
 
 log = logging.getLogger(__name__)
@@ -34,6 +47,10 @@ log = logging.getLogger(__name__)
 PARTITION_DAYS = 30
 PARTITIONS_AHEAD = 2
 LOCK_TIMEOUT_MS = 2000
+# A batch of 500 is one transaction of tens of milliseconds (`make bench-growth`), so no periodic
+# statement holds its locks or a connection for long; 100,000 a round, every 600 s, is ~14 M a day.
+MOVE_BATCH = 500
+MOVE_LIMIT = 100_000
 
 
 @dataclass(frozen=True)
@@ -43,12 +60,33 @@ class Table:
     retention_days: int
 
 
-def table(name: str, default_days: int) -> Table:
-    """`name` with its retention from CUTY_<NAME>_RETENTION_DAYS (default `default_days`)."""
-    days = env_int(f"CUTY_{name.upper()}_RETENTION_DAYS", default_days)
+def table(name: str, default_days: int, setting: str | None = None) -> Table:
+    """`name` with its retention from CUTY_<SETTING>_RETENTION_DAYS (`setting` defaults to the name;
+    tables that leave together share one), default `default_days`."""
+    var = f"CUTY_{(setting or name).upper()}_RETENTION_DAYS"
+    days = env_int(var, default_days)
     if days < 0:
-        raise ValueError(f"CUTY_{name.upper()}_RETENTION_DAYS must be >= 0 (0: kept forever)")
+        raise ValueError(f"{var} must be >= 0 (0: kept forever)")
     return Table(name, days)
+
+
+@dataclass(frozen=True)
+class Move:
+    """Finished rows of a live table moved into its history by `function(batch, finished_before)`
+    once finished more than `after_days` ago."""
+    name: str
+    function: str
+    after_days: float
+
+
+def move(name: str, function: str, default_after_days: float) -> Move:
+    """`name`'s mover with its age from CUTY_<NAME>_MOVE_AFTER_DAYS (default `default_after_days`)."""
+    days = env_float(f"CUTY_{name.upper()}_MOVE_AFTER_DAYS", default_after_days)
+    if days < 0:
+        raise ValueError(f"CUTY_{name.upper()}_MOVE_AFTER_DAYS must be >= 0")
+    if not function.isidentifier():
+        raise ValueError(f"{function!r} is not a function name")
+    return Move(name, function, days)
 
 
 def archive_dir() -> pathlib.Path | None:
@@ -57,7 +95,15 @@ def archive_dir() -> pathlib.Path | None:
 
 
 def interval_seconds() -> float:
-    return env_float("CUTY_RETENTION_INTERVAL_SECONDS", 3600.0)
+    return env_float("CUTY_RETENTION_INTERVAL_SECONDS", 600.0)
+
+
+def move_batch() -> int:
+    return max(1, env_int("CUTY_RETENTION_MOVE_BATCH", MOVE_BATCH))
+
+
+def move_limit() -> int:
+    return max(1, env_int("CUTY_RETENTION_MOVE_LIMIT", MOVE_LIMIT))
 
 
 @dataclass
@@ -66,18 +112,38 @@ class Round:
     detached: list[str]
     archived: list[pathlib.Path]
     dropped: list[str]
+    moved: dict[str, int]
 
 
 class Retention:
-    def __init__(self, pool, tables: list[Table], archive: pathlib.Path | None = None):
-        self.pool, self.tables, self.archive = pool, tables, archive
+    def __init__(self, pool, tables: list[Table], archive: pathlib.Path | None = None, moves: list[Move] = (),
+                 *, batch: int | None = None, limit: int | None = None):
+        self.pool, self.tables, self.archive, self.moves = pool, tables, archive, list(moves)
+        self.batch = batch or move_batch()
+        self.limit = max(self.batch, limit or move_limit())
+
+    async def move(self, m: Move) -> int:
+        """Moves `m`'s finished rows in batches until a batch comes back short or the round's limit."""
+        moved = 0
+        while moved < self.limit:
+            n = await self.pool.fetchval(
+                f"SELECT {m.function}($1, clock_timestamp() - make_interval(secs => $2))",
+                min(self.batch, self.limit - moved), m.after_days * 86400.0)
+            moved += n
+            if n < self.batch:
+                break
+        return moved
 
     async def round(self) -> Round:
-        done = Round([], [], [], [])
+        done = Round([], [], [], [], {})
+        # Partitions first, so a row moved into a history always finds its partition.
         for t in self.tables:
             done.created += await self.pool.fetchval(
                 "SELECT coalesce(array_agg(p), '{}') FROM cuty_partitions_ahead($1, $2, $3) p",
                 t.name, PARTITION_DAYS, PARTITIONS_AHEAD)
+        for m in self.moves:
+            done.moved[m.name] = await self.move(m)
+        for t in self.tables:
             if t.retention_days == 0:
                 continue
             detached = await self.pool.fetchval(
@@ -89,8 +155,8 @@ class Retention:
                     done.archived.append(await self._archive(t.name, name))
                 await self.pool.execute("SELECT cuty_partition_drop($1, $2)", t.name, name)
                 done.dropped.append(name)
-        if done.created or done.dropped:
-            log.info("retention round", extra={"created": done.created, "dropped": done.dropped,
+        if done.created or done.dropped or any(done.moved.values()):
+            log.info("retention round", extra={"created": done.created, "dropped": done.dropped, "moved": done.moved,
                                                "archived": [str(p) for p in done.archived]})
         return done
 
@@ -99,11 +165,15 @@ class Retention:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{name}.csv"
         partial = folder / f".{name}.csv.partial"
-        async with self.pool.acquire() as conn:
+        # Every merchant's rows (the partition keeps the merchants' policy): set with the transaction's
+        # BEGIN, also where the pool's sessions carry no merchant (behind a transaction pooler), which
+        # would otherwise archive an empty file and then drop the rows.
+        async with UnitOfWork(self.pool, merchant=ALL_MERCHANTS) as uow:
             with open(partial, "wb") as f:
-                await conn.copy_from_table(name, output=f, format="csv", header=True)
+                await uow.conn.copy_from_table(name, output=f, format="csv", header=True)
                 f.flush()
                 os.fsync(f.fileno())
+            await uow.commit()
         os.replace(partial, path)
         return path
 

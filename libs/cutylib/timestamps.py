@@ -38,3 +38,19 @@ def optional_instant(msg, name: str, field: str | None = None) -> datetime | Non
     except (ValueError, OverflowError) as e:
         field = field or name
         raise InvalidArgument(field, f"{field} is not a valid instant: {e}") from None
+
+
+def window(msg, max_seconds: float) -> tuple[datetime, datetime]:
+    """The required time window [start_time, end_time) of the request `msg`: end after start, at
+    most `max_seconds` long (a digest answers one bounded window per call); else INVALID_ARGUMENT
+    naming the field at fault."""
+    start, end = optional_instant(msg, "start_time"), optional_instant(msg, "end_time")
+    if start is None:
+        raise InvalidArgument("start_time", "start_time is required")
+    if end is None:
+        raise InvalidArgument("end_time", "end_time is required")
+    if end <= start:
+        raise InvalidArgument("end_time", "end_time must be after start_time")
+    if (end - start).total_seconds() > max_seconds:
+        raise InvalidArgument("end_time", f"the window must be at most {max_seconds:g} seconds long")
+    return start, end

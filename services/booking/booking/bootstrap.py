@@ -8,6 +8,8 @@ from cutylib.config import Settings
 from cutylib.db import ALL_MERCHANTS, create_pool
 from cutylib.grpc_server import GrpcServer
 from cutylib.listen import listen
+from cutylib import retention
+from cutylib.retention import Retention
 
 from . import taken
 from .grpc_api import CALLERS, SYSTEM_RPCS, USER_ROLES, BookingApi
@@ -15,6 +17,18 @@ from .service import BookingService, ScheduleService
 from .workers import Sweeper
 
 SERVICE = booking_pb2.DESCRIPTOR.services_by_name["BookingService"]
+
+# Finished holds move into holds_history a week after they finished (CUTY_HOLDS_MOVE_AFTER_DAYS: a
+# retried HoldSlot or a late ConfirmHold finds them live until then), and the history is kept 400
+# days (CUTY_HOLDS_HISTORY_RETENTION_DAYS; 0: forever), like the payment timeline it goes with.
+HOLDS_MOVE_AFTER_DAYS = 7
+HOLDS_HISTORY_RETENTION_DAYS = 400
+
+
+def holds_retention(pool: asyncpg.Pool) -> Retention:
+    """Booking's retention job: finished holds moved into their history, its partitions kept."""
+    return Retention(pool, [retention.table("holds_history", HOLDS_HISTORY_RETENTION_DAYS)],
+                     retention.archive_dir(), [retention.move("holds", "holds_move", HOLDS_MOVE_AFTER_DAYS)])
 
 
 async def create_booking_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
@@ -45,4 +59,5 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
                                          on_listening=service.taken.listening))
     if sweeper:
         server.add_background(Sweeper(pool, settings.sweep_interval_seconds).run)
+        server.add_background(holds_retention(pool).run)
     return server

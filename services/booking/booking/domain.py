@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 
 from cutylib import paging, tenancy
-from cutylib.errors import InvalidArgument, PermissionDenied
+from cutylib.errors import InvalidArgument
 from cutylib.fields import parse_uuid
 from cutylib.money import require_money, worth_of_euros_minor
 from cutylib.principal import Principal
@@ -273,14 +273,13 @@ def offer_seconds(requested: int, maximum: int) -> int:
 MAX_HOLD_TTL_SECONDS = 86_400
 
 
-def hold_ttl_seconds(caller: Principal, requested: int, default: int) -> int:
-    """HoldSlot's ttl_seconds: 0 is a hold's length (`default`); 1..MAX_HOLD_TTL_SECONDS only for the
-    system (the orchestrator holding a staff-made checkout until its payment link expires)."""
+def hold_ttl_seconds(requested: int, default: int) -> int:
+    """HoldSlot's ttl_seconds: 0 is a hold's length (`default`); 1..MAX_HOLD_TTL_SECONDS for the
+    orchestrator holding a staff-made checkout until its payment link expires."""
     if requested == 0:
         return default
     if requested < 0 or requested > MAX_HOLD_TTL_SECONDS:
         raise InvalidArgument("ttl_seconds", f"ttl_seconds must be 0..{MAX_HOLD_TTL_SECONDS}, got {requested}")
-    caller.require_role("system")
     return requested
 
 
@@ -290,17 +289,6 @@ def require_admin(caller: Principal) -> None:
     # A merchant's user without its merchant is UNAUTHENTICATED whatever the RPC, as at the gateway.
     tenancy.merchant_filter(caller)
     caller.require_role(*ADMIN_ROLES)
-
-
-def hold_customer(caller: Principal, requested: str) -> str:
-    """The customer a new hold is for. A signed-in customer holds only for themselves; internal
-    callers (the checkout orchestrator, admins) name the customer."""
-    if caller.role == "customer":
-        subject = caller.require_subject()
-        if requested and requested != subject:
-            raise PermissionDenied("a customer may hold slots only for themselves")
-        return subject
-    return require_key("customer_id", requested)
 
 
 # Who reads a salon's agenda (customers' ids and payment refs): its merchant's staff and

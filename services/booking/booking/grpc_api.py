@@ -15,10 +15,10 @@ from cuty.common.v1 import common_pb2
 from cutylib import principal, tenancy
 from cutylib.errors import AlreadyExists, InvalidArgument
 from cutylib.fields import parse_uuid
-from cutylib.timestamps import optional_instant, to_timestamp
+from cutylib.timestamps import optional_instant, to_timestamp, window
 from cutylib.tls import GATEWAY, PAYMENTS
 
-from . import domain, schedule
+from . import digest, domain, schedule
 from .domain import Hold, Salon, Slot
 from .service import BookingService, ScheduleService, SlotTaken
 
@@ -33,11 +33,12 @@ CALLERS = {
     "GetHold": {PAYMENTS}, "CancelBooking": {PAYMENTS},
     "CreateService": {GATEWAY}, "ListServices": {GATEWAY}, "SetWorkingHours": {GATEWAY}, "SetHoursOverride": {GATEWAY},
     "SetBookingSettings": {GATEWAY}, "GetAvailability": {GATEWAY}, "GetServiceSlot": {PAYMENTS},
+    "DigestHolds": {PAYMENTS},  # payments' invariant auditor
 }
 # Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust): the saga's
 # steps, called by the orchestrator in no user's name; nowhere else.
 SYSTEM_RPCS = frozenset({"GetSlot", "GetServiceSlot", "HoldSlot", "ConfirmHold", "ReleaseHold", "ExtendHold",
-                         "GetHold", "CancelBooking"})
+                         "GetHold", "CancelBooking", "DigestHolds"})
 # The user roles the gateway may bring to booking (those of its routes to booking, gateway/policy.py).
 USER_ROLES = frozenset({"customer", "staff", "admin", "operator"})
 
@@ -176,10 +177,11 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
     async def HoldSlot(self, request: pb.HoldSlotRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         slot_id = parse_uuid("slot_id", request.slot_id)
         caller = principal.current()
-        customer_id = domain.hold_customer(caller, request.customer_id)
+        caller.require_role("system")  # the saga holds, naming its customer; no route brings a user
+        customer_id = domain.require_key("customer_id", request.customer_id)
         request_id = domain.require_key("request_id", request.request_id)
         offer_seconds = domain.offer_seconds(request.offer_seconds, self.service.settings.hold_ttl_seconds)
-        ttl_seconds = domain.hold_ttl_seconds(caller, request.ttl_seconds, self.service.settings.hold_ttl_seconds)
+        ttl_seconds = domain.hold_ttl_seconds(request.ttl_seconds, self.service.settings.hold_ttl_seconds)
         try:
             hold = await self.service.hold_slot(caller, slot_id, customer_id, request_id, offer_seconds,
                                                 ttl_seconds=ttl_seconds)
@@ -213,6 +215,16 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
     async def GetHold(self, request: pb.GetHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         hold_id = parse_uuid("hold_id", request.hold_id)
         return hold_pb(await self.service.get_hold(principal.current(), hold_id))
+
+    async def DigestHolds(self, request: pb.DigestHoldsRequest,
+                          context: grpc.aio.ServicerContext) -> pb.DigestHoldsResponse:
+        principal.current().require_role("system")  # the auditor reads every merchant's holds
+        start, end = window(request, digest.MAX_WINDOW_SECONDS)
+        holds, token = await digest.digest_holds(self.service.pool, start, end, request.page_size, request.page_token)
+        return pb.DigestHoldsResponse(holds=[pb.HoldDigest(
+            hold_id=h.id, payment_ref=h.payment_ref, status=_STATUS[h.status], cancelled=h.cancelled,
+            merchant_id=h.merchant_id, price=common_pb2.Money(currency_code=h.currency, amount_minor=h.price_minor),
+            create_time=to_timestamp(h.created_at)) for h in holds], next_page_token=token)
 
     # --- services and working hours ----------------------------------------------------------------
 

@@ -234,6 +234,9 @@ SELECT s.resource_id, array_agg(DISTINCT h.customer_id) AS holders,
 """
 GET_HOLD = ("SELECT h AS hold, clock_timestamp() AS db_now FROM holds h "
             "WHERE h.id = $1 AND ($2::text IS NULL OR h.merchant_id = $2)")
+# A finished hold the retention job moved (migration 0140): read after GET_HOLD found none, so a
+# hold moving in between is found in one or the other (the move is one transaction).
+GET_MOVED_HOLD = GET_HOLD.replace("FROM holds h", "FROM holds_history h")
 # Several sweepers (replicas) at once: SKIP LOCKED hands each a disjoint batch; a row a HoldSlot
 # or ConfirmHold is changing right now is skipped and left to that statement.
 SWEEP_EXPIRED = """
@@ -256,22 +259,29 @@ RETURNING h.id
 # so 23 or 25 hours on a DST day): its confirmed bookings, and with $3 its live holds, in
 # (start_time, resource_id, id) order after the cursor ($4..$6), at most $7. One row with NULL
 # hold columns when the salon exists but has nothing that day; no row when the salon does not
-# exist or is not merchant $8's ($8 NULL: any merchant).
-LIST_BOOKINGS = """
+# exist or is not merchant $8's ($8 NULL: any merchant). A past day's bookings may have moved into
+# holds_history (migration 0140): both are read, each through its agenda index, and merged.
+_AGENDA_OF = """
+      (SELECT h.id, h.slot_id, h.salon_id, h.resource_id, h.customer_id, h.request_id, h.status, h.start_time,
+              h.end_time, h.price_minor, h.currency, h.expires_at, h.extended, h.payment_ref, h.created_at,
+              h.merchant_id, clock_timestamp() AS db_now
+         FROM {table} h
+        WHERE h.merchant_id = sa.merchant_id AND h.salon_id = sa.id
+          AND h.status IN ('held', 'confirmed')
+          AND h.start_time >= ($2::date)::timestamp AT TIME ZONE sa.time_zone
+          AND h.start_time < ($2::date + 1)::timestamp AT TIME ZONE sa.time_zone
+          AND (h.status = 'confirmed' OR ($3 AND h.expires_at > clock_timestamp()))
+          AND ($4::timestamptz IS NULL OR (h.start_time, h.resource_id, h.id) > ($4, $5::uuid, $6::uuid))
+        ORDER BY h.start_time, h.resource_id, h.id
+        LIMIT $7)"""
+LIST_BOOKINGS = f"""
 SELECT sa.time_zone, b.*
   FROM salons sa
   LEFT JOIN LATERAL (
-      SELECT h.id, h.slot_id, h.salon_id, h.resource_id, h.customer_id, h.request_id, h.status, h.start_time,
-             h.end_time, h.price_minor, h.currency, h.expires_at, h.extended, h.payment_ref, h.created_at,
-             h.merchant_id, clock_timestamp() AS db_now
-        FROM holds h
-       WHERE h.merchant_id = sa.merchant_id AND h.salon_id = sa.id
-         AND h.status IN ('held', 'confirmed')
-         AND h.start_time >= ($2::date)::timestamp AT TIME ZONE sa.time_zone
-         AND h.start_time < ($2::date + 1)::timestamp AT TIME ZONE sa.time_zone
-         AND (h.status = 'confirmed' OR ($3 AND h.expires_at > clock_timestamp()))
-         AND ($4::timestamptz IS NULL OR (h.start_time, h.resource_id, h.id) > ($4, $5::uuid, $6::uuid))
-       ORDER BY h.start_time, h.resource_id, h.id
+      SELECT u.* FROM ({_AGENDA_OF.format(table="holds")}
+      UNION ALL{_AGENDA_OF.format(table="holds_history")}
+      ) u
+       ORDER BY u.start_time, u.resource_id, u.id
        LIMIT $7
   ) b ON true
  WHERE sa.id = $1 AND ($8::text IS NULL OR sa.merchant_id = $8)
@@ -340,7 +350,8 @@ class Holds:
 
     async def get(self, hold_id: uuid.UUID, merchant_id: str | None = None) -> Hold | None:
         """The hold, if it is `merchant_id`'s (None: any merchant's)."""
-        r = await self.db.fetchrow(GET_HOLD, hold_id, merchant_id)
+        r = (await self.db.fetchrow(GET_HOLD, hold_id, merchant_id)
+             or await self.db.fetchrow(GET_MOVED_HOLD, hold_id, merchant_id))
         return hold_from(r["hold"], r["db_now"]) if r else None
 
     async def agenda(self, salon_id: uuid.UUID, day, include_held: bool, after=None, limit: int = 500,

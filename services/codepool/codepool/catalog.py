@@ -168,17 +168,6 @@ class Catalog:
             raise AlreadyExists(f"a product with sku {sku!r} exists", reason="sku-taken") from None
         return Product.from_row(row)
 
-    async def get_product(self, p: Principal, product_id: uuid.UUID) -> Product:
-        merchant = tenancy.merchant_filter(p)
-        if merchant is None:  # the orchestrator, a customer: one statement, no transaction
-            row = await self.pool.fetchrow(GET_PRODUCT, product_id, None)
-        else:
-            async with tenancy.scoped(self.pool, p) as uow:
-                row = await uow.conn.fetchrow(GET_PRODUCT, product_id, merchant)
-        if row is None:
-            raise NotFound(f"no product {product_id}")
-        return Product.from_row(row)
-
     async def stock(self, p: Principal, product_id: uuid.UUID, actor: str):
         async with tenancy.scoped(self.pool, p) as uow:
             row = await uow.conn.fetchrow(STOCK, product_id, tenancy.merchant_filter(p))

@@ -11,10 +11,10 @@ from cutylib import principal, tenancy
 from cutylib.errors import NotFound, PermissionDenied, ResourceExhausted
 from cutylib.fields import parse_uuid
 from cutylib.money import require_money
-from cutylib.timestamps import to_timestamp
+from cutylib.timestamps import to_timestamp, window
 from cutylib.tls import CODEPOOL, GATEWAY, PAYMENTS
 
-from . import domain, incident
+from . import digest, domain, incident
 from .catalog import Catalog, Product
 from .domain import ReservationView, ReserveCommand
 from .importer import Chunk, Importer, ImportResult
@@ -28,17 +28,17 @@ from .stock_events import StockEvents
 # (tenancy.merchant_filter), the platform's operator reads stock and masked codes of any merchant
 # (audited), never plaintext; `system` (the orchestrator, the CLI) acts for every merchant.
 CALLERS = {
-    "CreateProduct": {GATEWAY}, "GetProduct": {GATEWAY, PAYMENTS}, "ImportCodes": {CODEPOOL},
+    "CreateProduct": {GATEWAY}, "ImportCodes": {CODEPOOL},
     "ImportCodeBatch": {GATEWAY}, "GetStock": {GATEWAY}, "ListCodes": {GATEWAY}, "RevealCode": {GATEWAY},
     "ReserveCodes": {PAYMENTS}, "DeliverCodes": {PAYMENTS}, "ReleaseReservation": {PAYMENTS},
-    "GetReservation": {PAYMENTS}, "GetDeliveredCodes": {PAYMENTS}, "ListStockEvents": {PAYMENTS},
+    "GetDeliveredCodes": {PAYMENTS}, "ListStockEvents": {PAYMENTS},
     "GetOrderEvidence": {PAYMENTS},
+    "DigestDeliveries": {PAYMENTS},  # payments' invariant auditor
 }
 # Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust): the saga's
 # steps and payments' workers (the orchestrator), the import CLI (the code pool's own pod).
-# GetProduct and GetReservation: see CALLERS' test (still granted, without a caller yet).
-SYSTEM_RPCS = frozenset({"GetProduct", "GetReservation", "ImportCodes", "ReserveCodes", "DeliverCodes",
-                         "ReleaseReservation", "GetDeliveredCodes", "ListStockEvents", "GetOrderEvidence"})
+SYSTEM_RPCS = frozenset({"ImportCodes", "ReserveCodes", "DeliverCodes", "ReleaseReservation", "GetDeliveredCodes",
+                         "ListStockEvents", "GetOrderEvidence", "DigestDeliveries"})
 # The user roles the gateway may bring to the code pool: merchants' staff and admins, the operator.
 # No customer reaches it (their codes come through the orchestrator).
 USER_ROLES = frozenset({"staff", "admin", "operator"})
@@ -82,16 +82,6 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         self.importer = importer
         self.stock_events = stock_events
 
-    @staticmethod
-    def _visible(view: ReservationView) -> ReservationView:
-        """A customer sees only its own order (staff and admins only their merchant's: the read
-        filtered them); another's answers NOT_FOUND, worded as a missing order (existence is not
-        leaked). Internal callers (the orchestrator, `system`) and the operator see any."""
-        p = principal.current()
-        if p.role == "customer" and view.customer_id != p.subject:
-            raise NotFound(f"no reservation for order {view.order_id}")
-        return view
-
     # --- products --------------------------------------------------------------------------------
     async def CreateProduct(self, request: pb.CreateProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
         p = principal.current()
@@ -103,10 +93,6 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         threshold = (request.low_stock_threshold if request.HasField("low_stock_threshold")
                      else domain.DEFAULT_LOW_STOCK_THRESHOLD)
         return product_proto(await self.catalog.create_product(p, request.sku, name, currency, amount, threshold))
-
-    async def GetProduct(self, request: pb.GetProductRequest, context: grpc.aio.ServicerContext) -> pb.Product:
-        return product_proto(await self.catalog.get_product(principal.current(),
-                                                       parse_uuid("product_id", request.product_id)))
 
     # --- import ----------------------------------------------------------------------------------
     async def ImportCodes(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.ImportCodesResponse:
@@ -129,16 +115,13 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
 
     # --- reservations ----------------------------------------------------------------------------
     async def ReserveCodes(self, request: pb.ReserveCodesRequest, context: grpc.aio.ServicerContext) -> pb.Reservation:
-        p = principal.current()
-        customer_id = request.customer_id or (p.subject if p.role == "customer" else "")
-        if p.role == "customer" and customer_id != p.subject:
-            raise PermissionDenied("a customer reserves only for itself")
+        principal.current().require_role("system")  # the saga reserves, naming its customer; never a user
         cmd = ReserveCommand(
             order_id=domain.require_id("order_id", request.order_id),
             order_item_id=domain.require_id("order_item_id", request.order_item_id),
             product_id=parse_uuid("product_id", request.product_id),
             quantity=request.quantity,
-            customer_id=domain.require_id("customer_id", customer_id))
+            customer_id=domain.require_id("customer_id", request.customer_id))
         try:
             return _reservation(await self.reservations.reserve(cmd, actor()))
         except OutOfStock as e:
@@ -157,10 +140,6 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         order_id = domain.require_id("order_id", request.order_id)
         principal.current().require_role("system")  # releasing: the saga, never a user
         return _reservation(await self.reservations.release(order_id, actor()))
-
-    async def GetReservation(self, request: pb.GetReservationRequest, context: grpc.aio.ServicerContext) -> pb.Reservation:
-        order_id = domain.require_id("order_id", request.order_id)
-        return _reservation(self._visible(await self.reservations.get(order_id, principal.current())))
 
     # --- stock and codes -------------------------------------------------------------------------
     async def GetStock(self, request: pb.GetStockRequest, context: grpc.aio.ServicerContext) -> pb.Stock:
@@ -224,3 +203,18 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         if document is None:
             raise NotFound(f"no order {order_id}")
         return pb.OrderEvidence(document_json=json.dumps(document, separators=(",", ":")))
+
+    async def DigestDeliveries(self, request: pb.DigestDeliveriesRequest,
+                               context: grpc.aio.ServicerContext) -> pb.DigestDeliveriesResponse:
+        principal.current().require_role("system")  # the auditor reads every merchant's orders
+        start, end = window(request, digest.MAX_WINDOW_SECONDS)
+        orders, duplicates, token = await digest.digest_deliveries(self.catalog.pool, start, end, request.page_size,
+                                                                   request.page_token)
+        return pb.DigestDeliveriesResponse(
+            orders=[pb.OrderDigest(order_id=o.order_id, merchant_id=o.merchant_id, product_id=o.product_id,
+                                   quantity=o.quantity, delivered=o.delivered, revoked=o.revoked, replaced=o.replaced,
+                                   payment_transaction_id=o.payment_transaction_id,
+                                   reserve_time=to_timestamp(o.reserved_at)) for o in orders],
+            duplicates=[pb.DuplicateDelivery(code_id=d.code_id, merchant_id=d.merchant_id, order_ids=d.order_ids)
+                        for d in duplicates],
+            next_page_token=token)

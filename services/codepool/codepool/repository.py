@@ -42,9 +42,6 @@ SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries d
 FROM reservations r WHERE r.order_id = $1
 """
 
-# A staff or admin reader's: only its merchant's reservation ($2), else nothing.
-GET_MERCHANT_RESERVATION = GET_RESERVATION.rstrip() + " AND r.merchant_id = $2\n"
-
 # The stored reservation a non-inserting RESERVE collided with: this request's own, else the other.
 # The order item id is unique within the product's merchant (reservations_merchant_order_item_key).
 FIND_COLLISION = """
@@ -183,9 +180,6 @@ class Reservations:
 
     async def get(self, order_id: str):
         return await self.conn.fetchrow(GET_RESERVATION, order_id)
-
-    async def get_of_merchant(self, order_id: str, merchant_id: str):
-        return await self.conn.fetchrow(GET_MERCHANT_RESERVATION, order_id, merchant_id)
 
     async def find_collision(self, order_id: str, order_item_id: str, product_id: uuid.UUID):
         return await self.conn.fetchrow(FIND_COLLISION, order_id, order_item_id, product_id)

@@ -9,11 +9,9 @@ import logging
 
 import asyncpg
 
-from cutylib import tenancy
 from cutylib.config import Settings
 from cutylib.db import UnitOfWork
 from cutylib.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from cutylib.principal import Principal
 from cutylib.telemetry import set_span_attributes
 
 from . import domain, metrics
@@ -184,20 +182,6 @@ class ReservationService:
                     raise InvariantBroken(f"order {order_id}: released {dict(counts)}")
             row = await repo.get(order_id)
             await uow.commit()
-        return ReservationView.from_row(row, row["code_ids"])
-
-    async def get(self, order_id: str, principal: Principal | None = None) -> ReservationView:
-        """The order's reservation; a staff or admin reader sees only its merchant's (filtered in SQL,
-        inside tenancy.scoped), another merchant's is NOT_FOUND like a missing one."""
-        set_span_attributes(order_id=order_id)
-        merchant = tenancy.merchant_filter(principal) if principal is not None else None
-        if merchant is None:
-            row = await Reservations(self.pool).get(order_id)  # type: ignore[arg-type] - a pool runs single statements
-        else:
-            async with tenancy.scoped(self.pool, principal) as uow:
-                row = await Reservations(uow.conn).get_of_merchant(order_id, merchant)
-        if row is None:
-            raise NotFound(f"no reservation for order {order_id}")
         return ReservationView.from_row(row, row["code_ids"])
 
     async def expire_due(self, limit: int, actor: str = "system:sweeper") -> int:

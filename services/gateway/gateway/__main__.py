@@ -12,6 +12,7 @@ from cutylib.metrics import start_metrics_server
 from cutylib.telemetry import init_telemetry
 
 from .app import Gateway
+from .httpserver import GatewayHttpProtocol
 from .settings import GatewaySettings
 
 log = logging.getLogger("gateway")
@@ -39,7 +40,8 @@ def main() -> int:
     # middleware layer per request.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, lifespan="on", access_log=False,
                             log_config=None, server_header=False, timeout_graceful_shutdown=5, proxy_headers=False,
-                            timeout_keep_alive=settings.keepalive_seconds, backlog=2048)
+                            timeout_keep_alive=settings.keepalive_seconds, backlog=2048,
+                            http=GatewayHttpProtocol)  # an answer's head and body in one write (httpserver.py)
     uvicorn.Server(config).run()  # handles SIGINT/SIGTERM: stops accepting, drains, runs shutdown
     return 0
 

@@ -68,6 +68,13 @@ _API, _WEBHOOK, _OWN_ROUTES = 0, 1, 2
 # resets the connection, and the client sees a broken pipe instead of the answer).
 DRAIN_MAX_BYTES = 8 * 1024 * 1024
 DRAIN_MAX_SECONDS = 2.0
+# ... except a small body (declared Content-Length up to this), which is read to its end first,
+# for at most KEEP_ALIVE_DRAIN_SECONDS: the answer then keeps the connection open. A refusal for
+# load comes by thousands a second; closing each connection would make every refused client (or
+# the proxy in front) open a new one, and the accept, the close and the new connection's setup cost
+# the gateway and the machine many times what the refusal itself does.
+KEEP_ALIVE_BODY_BYTES = 64 * 1024
+KEEP_ALIVE_DRAIN_SECONDS = 0.5
 
 
 class ClientGone(Exception):
@@ -221,6 +228,9 @@ class Gateway:
         if tp:
             out += [(b"traceparent", tp.encode()), (b"x-trace-id", trace_id.encode())]
         out += [(k.encode(), v.encode()) for k, v in extra.items()]
+        if unread is not None and not unread.done and _small_body(headers):
+            # Answered before a small body was read: read it now, and the connection stays open.
+            await _drain(unread, KEEP_ALIVE_BODY_BYTES, KEEP_ALIVE_DRAIN_SECONDS)
         if unread is not None and not unread.done:
             # Answered before the body was read: answer, take a bounded amount more of the body,
             # then close (docs/security.md, "A refused body still gets its answer").
@@ -478,15 +488,22 @@ class _BodyReader:
         return msg
 
 
+def _small_body(headers: dict[str, str]) -> bool:
+    """A body whose declared length is at most KEEP_ALIVE_BODY_BYTES (not chunked)."""
+    declared = headers.get("content-length")
+    return ("transfer-encoding" not in headers and declared is not None and declared.isdigit()
+            and int(declared) <= KEEP_ALIVE_BODY_BYTES)
+
+
 async def _drain(reader: _BodyReader, max_bytes: int, max_seconds: float) -> None:
     """Read and drop the rest of a body: at most `max_bytes`, for at most `max_seconds`."""
-    async def drop() -> None:
-        taken = 0
-        while not reader.done and taken <= max_bytes:
-            taken += len((await reader()).get("body", b""))
+    # asyncio.timeout, not wait_for: no task of its own (a small body's drain is on every refusal).
+    taken = 0
     try:
-        await asyncio.wait_for(drop(), max_seconds)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(max_seconds):
+            while not reader.done and taken <= max_bytes:
+                taken += len((await reader()).get("body", b""))
+    except TimeoutError:
         pass
 
 

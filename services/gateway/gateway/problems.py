@@ -91,11 +91,15 @@ def code_slug(code: grpc.StatusCode) -> str:
     return code.name.lower().replace("_", "-")
 
 
+# HTTP status -> the slug of the first gRPC status mapped to it (a refusal's title needs it on
+# every refusal: built once).
+_SLUG_FOR: dict[int, str] = {}
+for _code, _http in HTTP_STATUS.items():
+    _SLUG_FOR.setdefault(_http, code_slug(_code))
+
+
 def code_slug_for(status: int) -> str:
-    for code, http in HTTP_STATUS.items():
-        if http == status:
-            return code_slug(code)
-    return ""
+    return _SLUG_FOR.get(status, "")
 
 
 def bad_request(field: str, detail: str, type_: str = "invalid-argument") -> Problem:

@@ -13,7 +13,7 @@ from cutylib.grpc_server import GrpcServer
 from cutylib.metrics import MetricsLeader, refresh_periodically
 from cutylib.retention import Retention
 
-from . import signature
+from . import audit, signature
 from .checkout import wiring
 from .claims import wiring as claims
 from .disputes import wiring as disputes
@@ -42,6 +42,23 @@ async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
                              reporting_max_size=settings.db_reporting_pool_max)
 
 
+# Outbound events move into their histories 30 days after their deliveries finished
+# (CUTY_MERCHANT_EVENTS_MOVE_AFTER_DAYS: a merchant redelivers a failed one until then), and the
+# histories are kept 400 days (CUTY_OUTBOUND_HISTORY_RETENTION_DAYS; 0: forever).
+MERCHANT_EVENTS_MOVE_AFTER_DAYS = 30
+OUTBOUND_HISTORY_RETENTION_DAYS = 400
+OUTBOUND_HISTORIES = ("merchant_events_history", "webhook_deliveries_history", "webhook_attempts_history")
+
+
+def payments_retention(pool: asyncpg.Pool) -> Retention:
+    """Payments' retention job: the timeline's partitions, finished outbound events moved into
+    their histories and the histories' partitions."""
+    tables = [retention.table("payment_events", PAYMENT_EVENTS_RETENTION_DAYS)]
+    tables += [retention.table(t, OUTBOUND_HISTORY_RETENTION_DAYS, "outbound_history") for t in OUTBOUND_HISTORIES]
+    return Retention(pool, tables, retention.archive_dir(),
+                     [retention.move("merchant_events", "merchant_events_move", MERCHANT_EVENTS_MOVE_AFTER_DAYS)])
+
+
 def build_core(settings: Settings, pool: asyncpg.Pool, *, psp=None,
                options: PaymentsOptions | None = None) -> PaymentsCore:
     options = options or PaymentsOptions()
@@ -65,9 +82,9 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
         server.add_background(inbox.run_retries)
         server.add_background(inbox.run_purge)
         server.add_background(Reconciler(core).run)
-        # The timeline's partitions: made ahead, detached (and archived) past its retention.
-        server.add_background(Retention(pool, [retention.table("payment_events", PAYMENT_EVENTS_RETENTION_DAYS)],
-                                        retention.archive_dir()).run)
+        # The timeline's partitions and the outbound histories': made ahead, detached (and archived)
+        # past their retention; finished outbound events moved into their histories first.
+        server.add_background(payments_retention(pool).run)
         # One replica (the advisory-lock leader) exports the gauges read from the database.
         server.add_background(lambda: refresh_periodically(
             lambda: core.metrics.refresh(pool, settings.reconcile_after_seconds),
@@ -80,6 +97,9 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     claims.register(server, pool, core, workers=workers)
     # Disputes of captured payments: recorded from the PSP's webhooks, evidence submitted in time.
     disputes.register(server, pool, core, inbox, workers=workers)
+    if workers:
+        # The standing proof that payments, booking, the code pool and the PSP agree (payments/audit.py).
+        audit.register(server, pool, core)
     registered = wiring.register(server, settings, pool, core)
     if inspect.isawaitable(registered):
         await registered

@@ -182,7 +182,7 @@ MAX_PAYMENT_METHOD = 64
 
 
 def require_payment_method(value: str) -> str:
-    """A payment method as every request takes it (CreatePayment, PayCheckout, a one-call
+    """A payment method as every request takes it (PayCheckout, a one-call
     CreateCheckout, a reschedule's price increase): 1..64 printable characters, passed to the PSP as is."""
     if not value or len(value) > MAX_PAYMENT_METHOD or not value.isprintable():
         raise InvalidArgument("payment_method", f"payment_method must be 1..{MAX_PAYMENT_METHOD} printable "

@@ -16,28 +16,24 @@ from cutylib.tls import GATEWAY, PAYMENTS
 
 from . import operator
 from .service import PaymentsCore
-from .views import PaymentView
 from .webhooks import WebhookInbox
 
 # Which service may call each RPC (its certificate's identity); the server refuses the rest.
 # A refund by hand is for the payments service's own identity (its operator tooling, as `system`);
-# the gateway reads timelines and relays the PSP's webhooks as raw bytes. CreatePayment,
-# GetPayment and CancelPayment have no caller yet (tests/unit/libs/test_every_grant_has_a_caller.py).
+# the gateway reads timelines and relays the PSP's webhooks as raw bytes. The saga charges, reads
+# and cancels payments in process (checkout/ports.Payments), never over gRPC.
 CALLERS = {
-    "CreatePayment": {PAYMENTS}, "GetPayment": {GATEWAY, PAYMENTS}, "CancelPayment": {PAYMENTS},
     "RefundPayment": {PAYMENTS}, "GetPaymentTimeline": {GATEWAY}, "HandlePspWebhook": {GATEWAY},
     "LookupPayment": {GATEWAY},  # Staff find a payment by the PSP's intent id
     "IssueRefund": {GATEWAY},  # the merchant's staff refund, fully or partly (through the gateway only)
 }
 # Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust).
-SYSTEM_RPCS = frozenset({"RefundPayment", "CreatePayment", "GetPayment", "CancelPayment"})
+SYSTEM_RPCS = frozenset({"RefundPayment"})
 # The user roles the gateway may bring (its routes to this service: staff, admins, the operator).
 USER_ROLES = frozenset({"staff", "admin", "operator"})
 
 SIGNATURE_KEY = "cuty-signature"
 IDEMPOTENCY_KEY = "idempotency-key"
-# CreatePayment / CancelPayment / RefundPayment move money: internal callers and admins only.
-MONEY_ROLES = ("system", "admin")
 READ_ROLES = ("system", "staff", "admin", "operator")  # staff and admins within their merchant
 MAX_REASON = 200
 # Who refunds through the API. The merchant's staff and admins (within their merchant),
@@ -58,29 +54,6 @@ class PaymentApi(payments_pb2_grpc.PaymentServiceServicer):
     def __init__(self, core: PaymentsCore, inbox: WebhookInbox):
         self.core = core
         self.inbox = inbox
-
-    async def CreatePayment(self, request: pb.CreatePaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
-        principal.current().require_role(*MONEY_ROLES)
-        if not request.HasField("amount"):
-            raise InvalidArgument("amount", "amount is required")
-        key = request.idempotency_key or principal.metadata_value(context.invocation_metadata(), IDEMPOTENCY_KEY)
-        view = await self.core.create_and_charge(
-            checkout_id=request.checkout_id or None, amount_minor=request.amount.amount_minor,
-            currency=request.amount.currency_code, payment_method=request.payment_method,
-            idempotency_key=key, customer_id=request.customer_id, merchant_id=request.merchant_id)
-        set_span_attributes(payment_id=view.id, checkout_id=view.checkout_id or "")
-        return view.to_proto()
-
-    async def GetPayment(self, request: pb.GetPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
-        caller = principal.current()
-        view = await self.core.get(_payment_id(request.payment_id), seen_by=caller)
-        _may_read(caller, view)
-        await self.core.audit_operator_read(caller, "GetPayment", view.id, view.merchant_id)
-        return view.to_proto()
-
-    async def CancelPayment(self, request: pb.CancelPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
-        principal.current().require_role(*MONEY_ROLES)
-        return (await self.core.cancel(_payment_id(request.payment_id))).to_proto()
 
     async def RefundPayment(self, request: pb.RefundPaymentRequest, context: grpc.aio.ServicerContext) -> pb.Payment:
         principal.current().require_role("system")  # a refund finishes a purchase: never a user
@@ -155,13 +128,3 @@ def refund_note(actor: str, reason: str) -> str:
     "refund requested"): who asked, and why."""
     reason = " ".join(reason.split())[:MAX_REASON]
     return f"refund requested by {actor}" + (f": {reason}" if reason else "")
-
-
-def _may_read(caller: principal.Principal, view: PaymentView) -> None:
-    """Staff read their merchant's payments (the read was filtered by it), the operator any; a
-    customer only their own, and another's does not exist for them."""
-    if caller.role in READ_ROLES:
-        return
-    if caller.role == "customer" and caller.subject and caller.subject == view.customer_id:
-        return
-    raise NotFound(f"payment {view.id} not found")

@@ -18,6 +18,10 @@ RECONCILED_PAYMENTS = "cuty_payments_reconciled_total"
 WEBHOOKS = "cuty_payments_webhooks_total"
 FINALIZE = "cuty_payments_finalize_total"
 PSP_EVENTS_PURGED = "cuty_payments_psp_events_purged_total"
+AUDIT_FINDINGS = "cuty_payments_audit_findings_total"
+AUDIT_LAG = """
+SELECT coalesce(extract(epoch FROM clock_timestamp() - max(watermark)), 0) FROM audit_watermarks WHERE name = 'invariants'
+"""
 
 NON_TERMINAL_PAYMENTS = """
 SELECT count(*) FILTER (WHERE updated_at < clock_timestamp() - make_interval(secs => $1)) AS backlog,
@@ -54,6 +58,15 @@ class PaymentsMetrics(CheckoutMetrics):
                                    "Non-terminal payments unchanged for longer than CUTY_RECONCILE_AFTER_SECONDS")
         self.oldest_nonterminal = self.db_gauge("cuty_payments_oldest_nonterminal_payment_age_seconds",
                                     "Age of the oldest payment in a non-terminal status (0 when none)")
+        # The invariant auditor (payments/audit.py): violations found, by kind (InvariantViolation),
+        # what it checked, and how far behind its watermark is (AuditorBehind).
+        self.audit_findings = c(AUDIT_FINDINGS, "Invariant violations the auditor found (each recorded once), "
+                                "by kind", ["kind"])
+        self.audit_checkouts = c("cuty_payments_audit_checkouts_total", "Checkouts the invariant auditor checked")
+        self.audit_window_seconds = h("cuty_payments_audit_window_seconds", "Time to audit one window",
+                                      buckets=LAG_BUCKETS)
+        self.audit_lag = self.db_gauge("cuty_payments_audit_lag_seconds",
+                                       "From the end of the last window audited to now (the auditor's watermark)")
         # The gauges read from the database (refresh below) are db_gauges: one replica exports them.
 
     async def refresh(self, pool, reconcile_after_seconds: float) -> None:
@@ -61,6 +74,7 @@ class PaymentsMetrics(CheckoutMetrics):
         row = await pool.fetchrow(NON_TERMINAL_PAYMENTS, float(reconcile_after_seconds))
         self.reconcile_backlog.set(row["backlog"])
         self.oldest_nonterminal.set(float(row["oldest_age"]))
+        self.audit_lag.set(float(await pool.fetchval(AUDIT_LAG)))
         await self.refresh_sagas(pool)
 
 

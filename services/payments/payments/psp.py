@@ -87,7 +87,22 @@ class PspClient:
         the dispute as it is (a retry)."""
         return await self._call("POST", f"/v1/disputes/{dispute_id}", body={"evidence": evidence, "submit": True})
 
-    async def _call(self, method: str, path: str, *, body: dict | None = None, key: str | None = None) -> dict:
+    # -- the list API (pspsim/lists.py): what the PSP holds, paged, for the invariant auditor and the
+    # dispute poller. `created`/`updated` are unix seconds; a page is at most `limit` items.
+    async def list_charges(self, gte: float, lt: float, *, starting_after: str = "", limit: int = 1000) -> dict:
+        return await self._call("GET", "/v1/charges", params=_page_params(
+            {"created[gte]": repr(gte), "created[lt]": repr(lt)}, starting_after, limit))
+
+    async def list_refunds(self, gte: float, lt: float, *, starting_after: str = "", limit: int = 1000) -> dict:
+        return await self._call("GET", "/v1/refunds", params=_page_params(
+            {"created[gte]": repr(gte), "created[lt]": repr(lt)}, starting_after, limit))
+
+    async def list_disputes(self, updated_gte: float, *, starting_after: str = "", limit: int = 100) -> dict:
+        return await self._call("GET", "/v1/disputes", params=_page_params(
+            {"updated[gte]": repr(updated_gte)}, starting_after, limit))
+
+    async def _call(self, method: str, path: str, *, body: dict | None = None, key: str | None = None,
+                    params: dict[str, str] | None = None) -> dict:
         headers: dict[str, str] = {}
         if key is not None:
             headers["Idempotency-Key"] = key
@@ -104,8 +119,9 @@ class PspClient:
                     await asyncio.sleep(random.uniform(0, self.backoff * 2 ** attempt))
                 t0 = time.perf_counter()
                 try:
-                    async with self._http().request(method, self.base_url + path, json=body, headers=headers) as resp:
-                        status, raw = resp.status, await resp.read()
+                    async with self._http().request(method, self.base_url + path, json=body, headers=headers,
+                                                    params=params) as resp:
+                        status, raw = resp.status, await _read_capped(resp)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:  # timeouts, refused connections, resets
                     observe(PSP_DURATION.labels("psp", method, template, "error"), time.perf_counter() - t0)
                     last = f"{type(exc).__name__}: {exc}"
@@ -127,6 +143,24 @@ class PspClient:
                     error = {"message": raw[:200].decode("utf-8", "replace")}
                 raise PspError(status, error)
             raise PspUnavailable(f"PSP {method} {path}: no answer after {self.retries + 1} attempts ({last})")
+
+
+# The largest answer read from the PSP: a list page of 1,000 charges is about 400 KB.
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
+
+async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
+    raw = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        raw += chunk
+        if len(raw) > MAX_ANSWER_BYTES:
+            raise PspError(502, {"code": "answer_too_large",
+                                         "message": f"the PSP's answer exceeds {MAX_ANSWER_BYTES} bytes"})
+    return bytes(raw)
+
+
+def _page_params(params: dict[str, str], starting_after: str, limit: int) -> dict[str, str]:
+    return {**params, "limit": str(limit), **({"starting_after": starting_after} if starting_after else {})}
 
 
 def _url_template(path: str) -> str:

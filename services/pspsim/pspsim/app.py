@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 
+from . import lists
 from .psp import Psp
 from .scenarios import SCENARIOS
 from .validation import ApiError, invalid
@@ -129,6 +130,18 @@ async def submit_dispute(request: Request) -> JSONResponse:
     return JSONResponse(_psp(request).disputes.submit(request.path_params["dispute_id"], await _json_body(request)))
 
 
+async def list_charges(request: Request) -> JSONResponse:
+    return JSONResponse(lists.charges(_psp(request), request.query_params))
+
+
+async def list_refunds(request: Request) -> JSONResponse:
+    return JSONResponse(lists.refunds(_psp(request), request.query_params))
+
+
+async def list_disputes(request: Request) -> JSONResponse:
+    return JSONResponse(lists.disputes(_psp(request), request.query_params))
+
+
 async def faults(request: Request) -> JSONResponse:
     if request.method == "GET":
         return JSONResponse(_psp(request).faults())
@@ -176,6 +189,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/pay/{intent_id}", hosted_page, methods=["GET"]),
         Route("/pay/{intent_id}", pay_on_page, methods=["POST"]),
         Route("/v1/refunds", create_refund, methods=["POST"]),
+        Route("/v1/refunds", list_refunds, methods=["GET"]),
+        Route("/v1/charges", list_charges, methods=["GET"]),
+        Route("/v1/disputes", list_disputes, methods=["GET"]),
         Route("/v1/refunds/{refund_id}", get_refund, methods=["GET"]),
         Route("/v1/disputes/{dispute_id}", get_dispute, methods=["GET"]),
         Route("/v1/disputes/{dispute_id}", submit_dispute, methods=["POST"]),

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .scenarios import scenario_of
 from .state import SUCCEEDED, new_id
 from .validation import ApiError, check_fields, invalid
 
@@ -48,6 +49,8 @@ class Dispute:
     evidence_submitted_at: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     closed_at: int | None = None
+    # When it last changed (opened, answered, closed): the list API's `updated[gte]`.
+    updated: float = field(default_factory=time.time)
 
     def snapshot(self) -> dict[str, Any]:
         return copy.deepcopy({
@@ -76,7 +79,11 @@ class Disputes:
         return d
 
     def _emit(self, d: Dispute, type_: str) -> None:
+        d.updated = time.time()
         intent = self.psp.store.intents[d.payment_intent]
+        if not scenario_of(intent.payment_method).dispute_webhooks:
+            log.info("dispute webhook dropped (scenario)", extra={"dispute_id": d.id, "type": type_})
+            return
         event = self.psp._event(intent, type_, d.snapshot())
         if event is not None:
             self.psp._emit(intent, event)
@@ -170,8 +177,17 @@ class Disputes:
         d.evidence_submitted_at = int(time.time())
         if body.get("submit", True):
             d.status = UNDER_REVIEW
+            d.updated = time.time()
             self._later(self.psp.settings.dispute_decide_ms / 1000.0, self._decide, d)
         return d.snapshot()
+
+    def lost_by_intent(self) -> dict[str, int]:
+        """What lost disputes took back, per intent."""
+        lost: dict[str, int] = {}
+        for d in self.items.values():
+            if d.status == LOST:
+                lost[d.payment_intent] = lost.get(d.payment_intent, 0) + d.amount
+        return lost
 
     def ledger(self) -> list[dict[str, Any]]:
         return [{"dispute_id": d.id, "intent_id": d.payment_intent, "amount": d.amount, "currency": d.currency,

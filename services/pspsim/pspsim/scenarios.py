@@ -25,6 +25,8 @@ class Scenario:
     settles_later: bool = False
     # The captured charge is disputed after dispute_delay_ms (pspsim/disputes.py).
     disputed: bool = False
+    # False: the dispute's webhooks are lost (never sent); only the list API tells of it.
+    dispute_webhooks: bool = True
     # Saved for off-session use (setup_future_usage), its later off-session charges are declined
     # (as a card reported lost or emptied since the purchase).
     declines_off_session: bool = False
@@ -41,6 +43,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("pm_card_no_webhook", PROCESSING, sends_webhooks=False, settles_later=True),
         Scenario("pm_card_sync_timeout", SUCCEEDED, sync_timeout=True),
         Scenario("pm_card_disputed", SUCCEEDED, disputed=True),
+        Scenario("pm_card_disputed_webhook_lost", SUCCEEDED, disputed=True, dispute_webhooks=False),
         Scenario("pm_card_off_session_declined", SUCCEEDED, declines_off_session=True),
     )
 }

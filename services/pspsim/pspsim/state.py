@@ -135,7 +135,13 @@ class Store:
         self.refunds: dict[str, Refund] = {}
         # Keys are scoped per operation ("create", "refund").
         self.idempotency: dict[tuple[str, str], IdempotencyRecord] = {}
+        # Captures in time order, with their times and positions (the list API pages by them).
         self.charges: list[dict[str, Any]] = []
+        self.charge_times: list[float] = []
+        self.charge_index: dict[str, int] = {}
+        self.refund_order: list[str] = []
+        self.refund_times: list[float] = []
+        self.refund_index: dict[str, int] = {}
         self.charge_count_by_key: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.saved_methods: dict[str, SavedMethod] = {}
@@ -167,13 +173,22 @@ class Store:
             saved = SavedMethod(new_id("pm_saved"), intent.customer or new_id("cus"), intent.payment_method)
             self.saved_methods[saved.id] = saved
             intent.customer, intent.saved_payment_method = saved.customer, saved.id
-        self.charges.append({"intent_id": intent.id, "idempotency_key": intent.idempotency_key, "at": time.time()})
+        # Never before the last capture: the list API's windows bisect these times.
+        at = max(time.time(), self.charge_times[-1] if self.charge_times else 0.0)
+        charge_id = "ch_" + intent.id.split("_", 1)[-1]
+        self.charge_index[charge_id] = len(self.charges)
+        self.charges.append({"id": charge_id, "intent_id": intent.id, "idempotency_key": intent.idempotency_key,
+                             "at": at})
+        self.charge_times.append(at)
         self.charge_count_by_key[intent.idempotency_key] += 1
         return True
 
     def add_refund(self, intent: Intent, refund: Refund) -> None:
         intent.amount_refunded += refund.amount
         self.refunds[refund.id] = refund
+        self.refund_index[refund.id] = len(self.refund_order)
+        self.refund_order.append(refund.id)
+        self.refund_times.append(max(time.time(), self.refund_times[-1] if self.refund_times else 0.0))
 
     def ledger(self) -> dict[str, Any]:
         charges = []

@@ -339,14 +339,17 @@ BASE_ENV = {
 PORT_TAKEN = "Address already in use"
 
 
-async def start_stack(pg, workdir, *, replicas: int = 1, gateway: bool = False, pki=None, **env) -> CheckoutStack:
+async def start_stack(pg, workdir, *, replicas: int = 1, gateway: bool = False, pki=None,
+                      service_env: dict[str, dict] | None = None, **env) -> CheckoutStack:
     """`gateway`: also run the HTTP gateway (`stack.gateway_url`; the PSP's webhooks then go through it).
-    `pki`: the stack's development PKI (default: the session's)."""
+    `pki`: the stack's development PKI (default: the session's). `service_env`: one process's own
+    settings (by process name, e.g. `payments-0`)."""
     for attempt in range(3):
         suffix = uuid.uuid4().hex[:8]
         dbs = {svc: with_database(pg.dsn, f"cuty_{svc}_co_{suffix}") for svc in ("booking", "codepool", "payments")}
         full = {**BASE_ENV, **{f"CUTY_{svc.upper()}_DATABASE_URL": dsn for svc, dsn in dbs.items()}, **env}
-        stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full, gateway=gateway, pki=pki)
+        stack = Stack(pg.dsn, workdir, payments_replicas=replicas, env=full, gateway=gateway, pki=pki,
+                      service_env=service_env)
         try:
             await stack.start()
             break

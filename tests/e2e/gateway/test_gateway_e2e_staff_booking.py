@@ -71,6 +71,12 @@ async def test_pay_at_venue_booking_marked_paid(http, auth, fresh_key, new_slots
     # Another merchant's staff cannot book this salon's slot: it does not exist for them.
     r = await http.post("/v1/checkouts:createForCustomer", json=body, headers={**other_merchant_staff(), **fresh_key()})
     assert r.status_code == 404, r.text
+    # ... and left nothing: no checkout, and the slot's hold let go at once (this merchant books it below).
+    db = await asyncpg.connect(with_database(stack.state()["database_url"], "cuty_payments"))
+    try:
+        assert await db.fetchval("SELECT count(*) FROM checkouts WHERE slot_id = $1", uuid.UUID(slot["id"])) == 0
+    finally:
+        await db.close()
 
     key = fresh_key()
     r = await http.post("/v1/checkouts:createForCustomer", json=body, headers={**staff, **key})

@@ -215,3 +215,22 @@ async def test_any_stylist_loser_is_kept_with_an_any_slot(booking):
 def _tomorrow_nine():
     from booking_harness import tomorrow
     return tomorrow(9)
+
+
+async def test_expired_holds_still_marked_held_give_way_on_every_able_resource(booking, booking_pool):
+    """booking_retire_stale_among: a held hold past its expiry (the sweeper not there yet) on any
+    able resource is retired before a service hold is placed, so it never blocks one."""
+    s = await service_salon(booking, resources=2)
+    start = await _first_time(booking, s)
+    slot = await service_slot(booking, s, start)
+    stale = [await _hold(booking, slot.id) for _ in range(2)]
+    assert sorted(h.resource_id for h in stale) == sorted(s.resource_ids)
+    await booking_pool.execute("UPDATE holds SET expires_at = clock_timestamp() - interval '1 second' "
+                               "WHERE id = ANY ($1::uuid[])", [h.id for h in stale])
+    taken = await _hold(booking, slot.id)
+    assert taken.resource_id in s.resource_ids
+    statuses = dict(await booking_pool.fetch("SELECT id::text, status FROM holds WHERE id = ANY ($1::uuid[])",
+                                             [h.id for h in stale]))
+    assert sorted(statuses.values()) == ["expired", "expired"]  # both able resources' stale holds retired
+    for r in s.resource_ids:
+        assert await _active(booking_pool, r, start) == (1 if r == taken.resource_id else 0)

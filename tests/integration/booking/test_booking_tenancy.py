@@ -24,6 +24,9 @@ from cutylib.testing.trust import TEST_MERCHANT, user
 TABLES = ("salons", "resources", "slots", "holds")
 # services and working hours (docs/booking.md): merchant tables like the rest
 SCHEDULE_TABLES = ("services", "service_resources", "working_hours", "hours_overrides")
+# finished holds, moved by the retention job (docs/booking.md, "Retention"): partitioned, each
+# partition with the same policy (tests/integration/booking/test_holds_retention.py)
+HISTORY_TABLES = ("holds_history",)
 T = tomorrow(10)
 H = timedelta(hours=1)
 
@@ -238,8 +241,8 @@ async def test_every_merchant_table_has_row_level_security_and_keys_lead_with_th
         SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity,
                EXISTS (SELECT 1 FROM pg_policy p WHERE p.polrelid = c.oid) AS has_policy
           FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'merchant_id' AND NOT a.attisdropped
-         WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'""")
-    assert sorted(r["relname"] for r in tables) == sorted(TABLES + SCHEDULE_TABLES)
+         WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p') AND NOT c.relispartition""")
+    assert sorted(r["relname"] for r in tables) == sorted(TABLES + SCHEDULE_TABLES + HISTORY_TABLES)
     for r in tables:
         assert r["relrowsecurity"] and r["relforcerowsecurity"] and r["has_policy"], r["relname"]
     # Unique and exclusion constraints (the primary keys on random uuids aside) lead with merchant_id.

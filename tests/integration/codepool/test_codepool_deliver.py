@@ -166,9 +166,9 @@ async def test_bad_deliver_input(stub, req, field, code):
     assert bad_field(e.value) == field
 
 
-async def test_unknown_order_release_and_get_are_not_found(stub):
+async def test_unknown_order_release_and_codes_are_not_found(stub):
     for call in (stub.ReleaseReservation(pb.ReleaseReservationRequest(order_id="ord-" + new_id())),
-                 stub.GetReservation(pb.GetReservationRequest(order_id="ord-" + new_id()))):
+                 stub.GetDeliveredCodes(pb.GetDeliveredCodesRequest(order_id="ord-" + new_id(), customer_id="c"))):
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await call
         assert e.value.code() == grpc.StatusCode.NOT_FOUND

@@ -5,15 +5,18 @@ import grpc
 import pytest
 
 from cuty.codepool.v1 import codepool_pb2 as pb
+from cuty.common.v1 import common_pb2
 from cutylib.testing.ids import new_id
 
-from codepool_testkit import ADMIN, STAFF, customer, new_product, reserve_request, stock_of, stocked_product
+from codepool_testkit import ADMIN, STAFF, customer, reserve_request, stock_of, stocked_product
 
 
 async def test_products(stub):
-    product_id = await new_product(stub, price=4500)
-    got = await stub.GetProduct(pb.GetProductRequest(product_id=product_id))
+    got = await stub.CreateProduct(pb.CreateProductRequest(
+        sku="sku-" + new_id()[:12], name="Gift card", price=common_pb2.Money(currency_code="TRY", amount_minor=4500)),
+        metadata=ADMIN)
     assert (got.price.amount_minor, got.price.currency_code, got.name) == (4500, "TRY", "Gift card")
+    assert (await stub.GetStock(pb.GetStockRequest(product_id=got.id), metadata=STAFF)).available == 0
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.CreateProduct(pb.CreateProductRequest(sku=got.sku, name="again", price=got.price), metadata=ADMIN)
     assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
@@ -27,7 +30,7 @@ async def test_products(stub):
         await stub.CreateProduct(pb.CreateProductRequest(sku="x", name="n", price=got.price), metadata=STAFF)
     assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
     with pytest.raises(grpc.aio.AioRpcError) as e:
-        await stub.GetProduct(pb.GetProductRequest(product_id=str(uuid.uuid4())))
+        await stub.GetStock(pb.GetStockRequest(product_id=str(uuid.uuid4())), metadata=STAFF)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 

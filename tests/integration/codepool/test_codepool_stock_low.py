@@ -87,7 +87,7 @@ async def test_replenishing_above_the_threshold_re_arms(stub, cp_pool):
 
 async def test_a_new_product_is_announced_only_after_it_was_stocked_above_its_threshold(stub, cp_pool):
     pid = await product(stub, None)                    # the default threshold, 10
-    assert (await stub.GetProduct(pb.GetProductRequest(product_id=pid), metadata=ADMIN)).low_stock_threshold == 10
+    assert await cp_pool.fetchval("SELECT low_stock_threshold FROM products WHERE id = $1", uuid.UUID(pid)) == 10
     await restock(stub, pid, 5)                        # 5 <= 10: low from the start, nothing to announce
     await reserve(stub, pid, 1)
     assert await events(cp_pool, pid) == []

@@ -32,8 +32,8 @@ async def test_sweeper_releases_expired_reservations(cp_pool, keyring, stub):
             assert await stock_of(stub, product_id) == (2, 3, 0)
 
             async def released():
-                r = await stub.GetReservation(pb.GetReservationRequest(order_id=res.order_id))
-                return r.status == pb.RESERVATION_STATUS_RELEASED
+                return await cp_pool.fetchval("SELECT status FROM reservations WHERE order_id = $1",
+                                              res.order_id) == "released"
 
             await wait_for(released, timeout=10, message="the reservation to expire")
             assert await stock_of(stub, product_id) == (5, 0, 0)

@@ -11,8 +11,6 @@ import pytest
 
 from cuty.codepool.v1 import codepool_pb2 as pb
 from cuty.common.v1 import common_pb2
-from cutylib.errors import NotFound
-from cutylib.principal import Principal
 from cutylib.testing.ids import new_id
 from cutylib.testing.tenancy import PARTITIONS_WITHOUT_RLS, probe_role, rows_seen
 from cutylib.testing.trust import TEST_MERCHANT, user
@@ -56,7 +54,7 @@ async def test_a_product_is_created_in_the_admins_merchant(stub, cp_pool):
         metadata=ADMIN)
     assert p.merchant_id == TEST_MERCHANT
     assert await cp_pool.fetchval("SELECT merchant_id FROM products WHERE id = $1", uuid.UUID(p.id)) == TEST_MERCHANT
-    assert (await stub.GetProduct(pb.GetProductRequest(product_id=p.id))).merchant_id == TEST_MERCHANT
+    assert (await stub.GetStock(pb.GetStockRequest(product_id=p.id), metadata=STAFF)).product_id == p.id
 
 
 async def test_a_sku_is_unique_within_a_merchant_only(stub):
@@ -71,9 +69,9 @@ async def test_a_sku_is_unique_within_a_merchant_only(stub):
     assert e.code() == grpc.StatusCode.ALREADY_EXISTS
 
 
-async def test_get_product_of_another_merchant_is_not_found_for_its_staff(stub):
+async def test_a_product_of_another_merchant_is_not_found_for_its_staff(stub):
     product_id = await _product_of(stub, merchant())
-    e = await _rpc_error(stub.GetProduct(pb.GetProductRequest(product_id=product_id), metadata=STAFF))
+    e = await _rpc_error(stub.GetStock(pb.GetStockRequest(product_id=product_id), metadata=STAFF))
     assert e.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -148,8 +146,7 @@ async def test_an_org_that_owns_nothing_sees_nothing(stub):
     nobody = merchant()
     for md in (user("staff-n", "staff", nobody), user("admin-n", "admin", nobody)):
         for call in (stub.GetStock(pb.GetStockRequest(product_id=product_id), metadata=md),
-                     stub.ListCodes(pb.ListCodesRequest(product_id=product_id), metadata=md),
-                     stub.GetProduct(pb.GetProductRequest(product_id=product_id), metadata=md)):
+                     stub.ListCodes(pb.ListCodesRequest(product_id=product_id), metadata=md)):
             assert (await _rpc_error(call)).code() == grpc.StatusCode.NOT_FOUND
     admin = user("admin-n", "admin", nobody)
     assert (await _rpc_error(stub.RevealCode(pb.RevealCodeRequest(code_id=code_id), metadata=admin))).code() \
@@ -165,8 +162,7 @@ async def test_staff_and_admin_without_a_merchant_are_unauthenticated(stub):
     for role in ("staff", "admin"):
         md = user(f"{role}-no-org", role, "")
         calls = [stub.GetStock(pb.GetStockRequest(product_id=product_id), metadata=md),
-                 stub.ListCodes(pb.ListCodesRequest(product_id=product_id), metadata=md),
-                 stub.GetProduct(pb.GetProductRequest(product_id=product_id), metadata=md)]
+                 stub.ListCodes(pb.ListCodesRequest(product_id=product_id), metadata=md)]
         if role == "admin":
             calls += [stub.RevealCode(pb.RevealCodeRequest(code_id=code_id), metadata=md),
                       stub.ImportCodeBatch(pb.ImportCodeBatchRequest(product_id=product_id, batch_ref="b",
@@ -224,26 +220,11 @@ async def test_every_reservation_answer_carries_the_products_merchant(stub):
     assert res.merchant_id == org
     again = await stub.ReserveCodes(reserve_request(product_id, 1, order_id=res.order_id, customer_id=res.customer_id))
     assert again.merchant_id == org and again.code_ids == res.code_ids
-    assert (await stub.GetReservation(pb.GetReservationRequest(order_id=res.order_id))).merchant_id == org
     delivered = await stub.DeliverCodes(pb.DeliverCodesRequest(order_id=res.order_id,
                                                                payment_transaction_id="p-" + res.order_id))
     assert delivered.merchant_id == org
     other = await stub.ReserveCodes(reserve_request(product_id, 1))
     assert (await stub.ReleaseReservation(pb.ReleaseReservationRequest(order_id=other.order_id))).merchant_id == org
-
-
-async def test_a_reservation_of_another_merchant_is_not_found_for_staff(stub, cp_server):
-    """The use case behind GetReservation (no service calls the RPC; no user can reach it)."""
-    reservations = cp_server.api.reservations
-    own, _ = await stocked_product(stub, 1)
-    other = await _product_of(stub, merchant(), n=1)
-    mine = await stub.ReserveCodes(reserve_request(own, 1))
-    theirs = await stub.ReserveCodes(reserve_request(other, 1))
-    staff = Principal("staff-1", "staff", TEST_MERCHANT)
-    assert (await reservations.get(mine.order_id, staff)).order_id == mine.order_id
-    with pytest.raises(NotFound):
-        await reservations.get(theirs.order_id, staff)
-    assert (await reservations.get(theirs.order_id, Principal("op-1", "operator"))).merchant_id == theirs.merchant_id
 
 
 # --- the database --------------------------------------------------------------------------------

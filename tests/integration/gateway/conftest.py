@@ -31,6 +31,7 @@ from cutylib.pgcluster import free_port
 from gateway.app import Gateway
 from gateway.auth import issue
 from gateway.descriptors import load_routes
+from gateway.httpserver import GatewayHttpProtocol
 from gateway.settings import GatewaySettings
 
 SECRET = "integration-test-secret-0123456789abcdef"
@@ -122,7 +123,8 @@ class RunningGateway:
         self.app = app
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on",
-                                                    log_level="warning", access_log=False))
+                                                    log_level="warning", access_log=False,
+                                                    http=GatewayHttpProtocol))  # as gateway.__main__
         self.task: asyncio.Task | None = None
 
     async def start(self) -> "RunningGateway":

@@ -191,3 +191,32 @@ async def test_an_admitted_request_refused_later_gives_its_place_back(start_gate
         assert g.app.admission.limit == limit
         assert (await create(c, bearer("customer"))).status_code == 200
     assert g.app.admission.in_flight == 0
+
+
+async def test_refusals_for_load_keep_the_connection_open(start_gateway, script, gate, bearer):
+    """A refused client (or the proxy in front of the gateway) sends its next request on the same
+    connection: a refusal of a small body reads that body and keeps the connection, so thousands of
+    refusals a second are not thousands of new connections."""
+    g = await start_gateway(concurrency_min=4, concurrency_max=4, concurrency_initial=4)
+    script("CreateCheckout", gate)
+    async with httpx.AsyncClient(base_url=g.url, timeout=30) as c:
+        admitted = [asyncio.create_task(create(c, bearer("customer", sub=f"early-{i}"))) for i in range(3)]
+        await gate.until_waiting(3)
+        host, port = g.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            auth = bearer("customer", sub="refused")["Authorization"]
+            body = b'{"productId":"00000000-0000-4000-8000-000000000005","quantity":1}'
+            for i in range(5):
+                writer.write((f"POST /v1/checkouts HTTP/1.1\r\nHost: gw\r\nAuthorization: {auth}\r\n"
+                              f"Idempotency-Key: k{i}\r\nContent-Type: application/json\r\n"
+                              f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+                head = (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).lower()
+                assert head.startswith(b"http/1.1 503 ") and b"connection: close" not in head, head
+                length = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+                assert b'"overloaded"' in await reader.readexactly(length)
+            assert not reader.at_eof()
+        finally:
+            writer.close()
+        gate.open.set()
+        assert [r.status_code for r in await asyncio.gather(*admitted)] == [200, 200, 200]

@@ -87,6 +87,32 @@ async def test_function_files_apply_first_and_again_when_changed(scratch_db, tmp
     assert await pending_migrations(scratch_db, tmp_path, shared=False) == []
 
 
+async def test_a_retired_function_serves_the_migrations_that_name_it_and_stays_dropped(scratch_db, tmp_path):
+    """A function dropped by a numbered migration, but declared by an older one (a trigger of the
+    baseline): its stub in functions/retired/ lets a new database through the history, is applied
+    once, and what the dropping migration removed stays removed."""
+    (tmp_path / "functions" / "retired").mkdir(parents=True)
+    stub = tmp_path / "functions" / "retired" / "fill_it.sql"
+    stub.write_text("CREATE OR REPLACE FUNCTION fill_it() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+                    "BEGIN RETURN NEW; END $$;")
+    (tmp_path / "0001_baseline.sql").write_text(
+        "CREATE TABLE a (v int);\n"
+        "CREATE TRIGGER a_fill BEFORE INSERT ON a FOR EACH ROW EXECUTE FUNCTION fill_it();")
+    (tmp_path / "0002_drop_fill.sql").write_text(
+        "DROP TRIGGER a_fill ON a; DROP FUNCTION fill_it(); ALTER TABLE a ADD CHECK (v IS NOT NULL);")
+    assert await migrate(scratch_db, tmp_path, shared=False) == ["retired/fill_it", "0001_baseline", "0002_drop_fill"]
+    assert await migrate(scratch_db, tmp_path, shared=False) == []
+    assert await pending_migrations(scratch_db, tmp_path, shared=False) == []
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        assert await conn.fetchval("SELECT to_regproc('fill_it')") is None
+    finally:
+        await conn.close()
+    stub.write_text(stub.read_text() + "\n")  # history: never changed once applied
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        await migrate(scratch_db, tmp_path, shared=False)
+
+
 async def test_a_failing_function_file_leaves_the_whole_change_out(scratch_db, tmp_path):
     (tmp_path / "functions").mkdir()
     (tmp_path / "0001_baseline.sql").write_text("CREATE TABLE a (v int);")

@@ -113,8 +113,8 @@ async def test_the_payment_trigger_allows_exactly_the_domains_transitions(scratc
 
 
 async def test_payments_and_their_events_carry_their_merchant(payments_dsn):
-    """A payment's attempt id is unique within its merchant; an event takes the merchant of its
-    payment, or of its checkout, and a checkout that never held anything has none."""
+    """A payment's attempt id is unique within its merchant; an event names its merchant (nothing
+    fills one in), and only the saga's event of a checkout that never held anything has none."""
     key, one, other = uuid.uuid4().hex, "m-" + uuid.uuid4().hex[:8], "m-" + uuid.uuid4().hex[:8]
     pending, payment = uuid.uuid4(), uuid.uuid4()
     conn = await asyncpg.connect(payments_dsn)
@@ -127,8 +127,13 @@ async def test_payments_and_their_events_carry_their_merchant(payments_dsn):
             await conn.execute(insert, uuid.uuid4(), key, one)
         await conn.execute("INSERT INTO checkouts (id, customer_id, kind, slot_id) "
                            "VALUES ($1, 'c-merchant', 'booking', gen_random_uuid())", pending)
-        await conn.execute("INSERT INTO payment_events (payment_id, checkout_id, source, to_status) "
-                           "VALUES ($1, NULL, 'sync', 'created'), (NULL, $2, 'saga', 'PENDING')", payment, pending)
+        for source, payment_id in (("sync", payment), ("saga", payment), ("claim", None)):
+            with pytest.raises(asyncpg.CheckViolationError, match="payment_events_merchant_required"):
+                await conn.execute("INSERT INTO payment_events (payment_id, checkout_id, source, to_status) "
+                                   "VALUES ($1, $2, $3, 'x')", payment_id, pending, source)
+        await conn.execute("INSERT INTO payment_events (payment_id, checkout_id, source, to_status, merchant_id) "
+                           "VALUES ($1, NULL, 'sync', 'created', $3), (NULL, $2, 'saga', 'PENDING', NULL)",
+                           payment, pending, one)
         events = await conn.fetch("SELECT payment_id, merchant_id FROM payment_events "
                                   "WHERE payment_id = $1 OR checkout_id = $2", payment, pending)
         assert {r["payment_id"]: r["merchant_id"] for r in events} == {payment: one, None: None}

@@ -161,18 +161,8 @@ def test_only_admins_and_internal_callers_run_admin_calls():
             domain.require_admin(Principal("u", role))
 
 
-def test_who_a_hold_is_for():
+def test_who_may_act_on_a_customers_hold():
     alice = Principal("alice", "customer")
-    assert domain.hold_customer(alice, "") == "alice"
-    assert domain.hold_customer(alice, "alice") == "alice"
-    with pytest.raises(PermissionDenied):
-        domain.hold_customer(alice, "bob")
-    with pytest.raises(Unauthenticated):
-        domain.hold_customer(Principal("", "customer"), "")
-    assert domain.hold_customer(SYSTEM, "bob") == "bob"
-    with pytest.raises(InvalidArgument) as e:
-        domain.hold_customer(SYSTEM, "")
-    assert _field(e) == "customer_id"
     assert domain.may_act_on(alice, "alice") and not domain.may_act_on(alice, "bob")
     assert domain.may_act_on(SYSTEM, "bob") and domain.may_act_on(Principal("s", "staff"), "bob")
 

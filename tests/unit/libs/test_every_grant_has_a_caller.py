@@ -35,20 +35,6 @@ MODULES = {"cuty.booking.v1.BookingService": booking.grpc_api, "cuty.codepool.v1
            "cuty.codepool.v1.CodeClaimService": codepool.claims_api, "cuty.payments.v1.ClaimService": payments.claims.grpc_api}
 TABLES = {svc: m.CALLERS for svc, m in MODULES.items()}
 
-# Grants that no service calls yet, kept for the tests that drive these RPCs as that service: each
-# is to be removed (or given a caller) and its tests moved to the service's core. Nothing else may
-# join this list: a new grant needs a caller.
-NOT_CALLED_YET = {
-    ("cuty.codepool.v1.CodePoolService.GetProduct", "gateway"),
-    ("cuty.codepool.v1.CodePoolService.GetProduct", "payments"),
-    ("cuty.codepool.v1.CodePoolService.GetReservation", "payments"),
-    ("cuty.payments.v1.PaymentService.GetPayment", "gateway"),
-    ("cuty.payments.v1.PaymentService.GetPayment", "payments"),
-    ("cuty.payments.v1.PaymentService.CreatePayment", "payments"),
-    ("cuty.payments.v1.PaymentService.CancelPayment", "payments"),
-}
-
-
 def stub_calls(service: str) -> set[str]:
     """Names called as `<something>.Name(` in a service's package, servicers left out."""
     names: set[str] = set()
@@ -71,14 +57,8 @@ def called(rpc: str, peer: str) -> bool:
 
 @pytest.mark.parametrize("rpc,peer", grants())
 def test_every_grant_has_a_caller(rpc, peer):
-    if (rpc, peer) in NOT_CALLED_YET:
-        assert not called(rpc, peer), f"{peer} calls {rpc} now: take it off NOT_CALLED_YET"
-        return
+    """No exceptions: a grant nobody uses is removed, with its RPC if nothing else calls it."""
     assert called(rpc, peer), f"{peer} is granted {rpc} but never calls it: remove the grant"
-
-
-def test_the_not_called_yet_list_holds_only_grants_that_exist():
-    assert NOT_CALLED_YET <= set(grants())
 
 
 @pytest.mark.parametrize("svc", sorted(MODULES))

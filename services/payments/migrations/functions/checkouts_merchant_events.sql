@@ -1,7 +1,8 @@
 -- The outbox writer (docs/webhooks-out.md): the state changes that are events, written in the
 -- statement that makes them, so no state change without its event and no event without its state
 -- change; each event is fanned out to the merchant's subscribed endpoints (webhook_deliveries) in
--- the same statement, so no crash can fall between the event and its deliveries.
+-- the same statement (merchant_events_append), so no crash can fall between the event and its
+-- deliveries.
 --   COMPLETED                 checkout.completed, and booking.confirmed or codes.delivered
 --   REFUNDED                  checkout.refunded
 --   CANCELLED_AFTER_PURCHASE  booking.cancelled, with the refund amount and the reason
@@ -10,10 +11,8 @@
 -- RESCHEDULING or RESCHEDULE_REVERTING) changed nothing a merchant sees: no event.
 CREATE OR REPLACE FUNCTION checkouts_merchant_events() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    types  text[];
-    t      text;
-    ev_id  uuid;
-    ev_at  timestamptz;
+    types text[];
+    t     text;
 BEGIN
     IF NEW.state = 'COMPLETED' AND OLD.state = 'RESCHEDULE_CONFIRMING' THEN
         types := ARRAY['booking.rescheduled'];
@@ -29,19 +28,8 @@ BEGIN
     ELSE
         RETURN NULL;
     END IF;
-    IF NEW.merchant_id IS NULL THEN  -- impossible past HELD (checkouts_held_has_merchant)
-        RETURN NULL;
-    END IF;
     FOREACH t IN ARRAY types LOOP
-        ev_id := gen_random_uuid();
-        ev_at := clock_timestamp();
-        INSERT INTO merchant_events (merchant_id, id, type, checkout_id, payload, created_at)
-        VALUES (NEW.merchant_id, ev_id, t, NEW.id, jsonb_build_object(
-            'id', ev_id,
-            'type', t,
-            'created', to_char(ev_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-            'merchant_id', NEW.merchant_id,
-            'data', jsonb_build_object('checkout', jsonb_strip_nulls(jsonb_build_object(
+        PERFORM merchant_events_append(NEW.merchant_id, t, NEW.id, jsonb_build_object('checkout', jsonb_strip_nulls(jsonb_build_object(
                 'id', NEW.id,
                 'kind', NEW.kind,
                 'state', NEW.state,
@@ -64,14 +52,7 @@ BEGIN
                     'amount_minor', OLD.amount_minor, 'currency_code', NEW.currency) END,
                 'rescheduled_by', CASE WHEN t = 'booking.rescheduled' THEN NEW.rescheduled_by END,
                 'difference_payment_id', CASE WHEN t = 'booking.rescheduled' THEN NEW.reschedule_payment_id END,
-                'create_time', to_char(NEW.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))))),
-            ev_at);
-        INSERT INTO webhook_deliveries (merchant_id, endpoint_id, event_id, next_attempt_at, give_up_at, created_at)
-        SELECT NEW.merchant_id, w.id, ev_id, ev_at, ev_at + interval '3 days', ev_at
-        FROM webhook_endpoints w
-        WHERE w.merchant_id = NEW.merchant_id AND t = ANY (w.events);
+                'create_time', to_char(NEW.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))));
     END LOOP;
-    -- Wakes the delivery workers of every replica at commit (polling is the safety net).
-    PERFORM pg_notify('cuty_merchant_events', NEW.merchant_id);
     RETURN NULL;
 END $$;

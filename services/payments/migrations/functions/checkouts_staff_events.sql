@@ -1,6 +1,5 @@
 -- The outbox writer of what staff do with a booking (docs/webhooks-out.md), in the statement that
--- does it, fanned out to the merchant's subscribed endpoints in the same statement (as
--- checkouts_merchant_events):
+-- does it (merchant_events_append: the event and its deliveries, as checkouts_merchant_events):
 --   a staff-made checkout held (PENDING -> HELD)   booking.created_by_staff, with how it is paid
 --   venue_status unpaid -> paid                     booking.paid_at_venue, with method, amount, reference
 --   no_show_at set                                  booking.no_show
@@ -8,9 +7,7 @@
 --                                                   with the fee, its payment and (declined) why
 CREATE OR REPLACE FUNCTION checkouts_staff_events() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    t      text;
-    ev_id  uuid;
-    ev_at  timestamptz;
+    t text;
 BEGIN
     IF NEW.state = 'HELD' AND OLD.state = 'PENDING' AND NEW.created_by IS NOT NULL THEN
         t := 'booking.created_by_staff';
@@ -23,18 +20,7 @@ BEGIN
     ELSE
         RETURN NULL;
     END IF;
-    IF NEW.merchant_id IS NULL THEN  -- impossible past HELD (checkouts_held_has_merchant)
-        RETURN NULL;
-    END IF;
-    ev_id := gen_random_uuid();
-    ev_at := clock_timestamp();
-    INSERT INTO merchant_events (merchant_id, id, type, checkout_id, payload, created_at)
-    VALUES (NEW.merchant_id, ev_id, t, NEW.id, jsonb_build_object(
-        'id', ev_id,
-        'type', t,
-        'created', to_char(ev_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'merchant_id', NEW.merchant_id,
-        'data', jsonb_build_object('checkout', jsonb_strip_nulls(jsonb_build_object(
+    PERFORM merchant_events_append(NEW.merchant_id, t, NEW.id, jsonb_build_object('checkout', jsonb_strip_nulls(jsonb_build_object(
             'id', NEW.id,
             'kind', NEW.kind,
             'state', NEW.state,
@@ -58,12 +44,6 @@ BEGIN
                 'status', NEW.no_show_fee_status,
                 'payment_id', NEW.no_show_fee_payment_id,
                 'failure', NEW.no_show_fee_failure)) END,
-            'create_time', to_char(NEW.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))))),
-        ev_at);
-    INSERT INTO webhook_deliveries (merchant_id, endpoint_id, event_id, next_attempt_at, give_up_at, created_at)
-    SELECT NEW.merchant_id, w.id, ev_id, ev_at, ev_at + interval '3 days', ev_at
-    FROM webhook_endpoints w
-    WHERE w.merchant_id = NEW.merchant_id AND t = ANY (w.events);
-    PERFORM pg_notify('cuty_merchant_events', NEW.merchant_id);
+            'create_time', to_char(NEW.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))));
     RETURN NULL;
 END $$;

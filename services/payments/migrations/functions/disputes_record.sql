@@ -21,8 +21,6 @@ DECLARE
                                       THEN to_timestamp((obj #>> '{evidence_details,submitted_at}')::float8) END;
     rank_of jsonb := '{"needs_response": 1, "under_review": 2, "won": 3, "lost": 3}';
     t text;
-    ev_id uuid;
-    ev_at timestamptz;
 BEGIN
     SELECT p.id, p.merchant_id, p.checkout_id INTO pay FROM payments p
      WHERE p.psp_intent_id = obj->>'payment_intent' OR p.id = p_payment_hint
@@ -80,23 +78,11 @@ BEGIN
     FOREACH t IN ARRAY ARRAY[CASE WHEN before IS NULL THEN 'payment.disputed' END,
                              CASE WHEN d.status IN ('won', 'lost') THEN 'payment.dispute_closed' END] LOOP
         CONTINUE WHEN t IS NULL;
-        ev_id := gen_random_uuid();
-        ev_at := clock_timestamp();
-        INSERT INTO merchant_events (merchant_id, id, type, checkout_id, payload, created_at)
-        VALUES (d.merchant_id, ev_id, t, d.checkout_id, jsonb_build_object(
-            'id', ev_id, 'type', t,
-            'created', to_char(ev_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-            'merchant_id', d.merchant_id,
-            'data', jsonb_build_object('dispute', jsonb_strip_nulls(jsonb_build_object(
+        PERFORM merchant_events_append(d.merchant_id, t, d.checkout_id, jsonb_build_object('dispute', jsonb_strip_nulls(jsonb_build_object(
                 'id', d.id, 'psp_dispute_id', d.psp_dispute_id, 'payment_id', d.payment_id,
                 'checkout_id', d.checkout_id, 'status', d.status, 'reason', nullif(d.reason, ''),
                 'amount', jsonb_build_object('amount_minor', d.amount_minor, 'currency_code', d.currency),
-                'evidence_due_by', to_char(d.evidence_due_by AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'))))),
-            ev_at);
-        INSERT INTO webhook_deliveries (merchant_id, endpoint_id, event_id, next_attempt_at, give_up_at, created_at)
-        SELECT d.merchant_id, w.id, ev_id, ev_at, ev_at + interval '3 days', ev_at
-        FROM webhook_endpoints w WHERE w.merchant_id = d.merchant_id AND t = ANY (w.events);
+                'evidence_due_by', to_char(d.evidence_due_by AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')))));
     END LOOP;
-    PERFORM pg_notify('cuty_merchant_events', d.merchant_id);
     RETURN QUERY SELECT 'processed'::text, d.id, d.status, true, before;
 END $$;

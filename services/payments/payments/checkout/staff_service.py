@@ -108,12 +108,8 @@ class StaffBookings:
             slot_id = await booking.service_slot(
                 canonical_uuid("service_id", request.service_id), request.start_time,
                 canonical_uuid("resource_id", request.resource_id) if request.resource_id else "")
-        # The slot must be the caller's merchant's: another's is NOT_FOUND, as a missing one. The
-        # orchestrator reads it as itself (users reach a service only from the gateway); a slot's
-        # merchant never changes, so this read decides nothing that could move.
-        slot = await booking.get_slot(slot_id)
-        if slot.merchant_id != merchant:
-            raise errors.NotFound(f"slot {slot_id} not found", field="slot_id")
+        # The checkout is the caller's merchant's from the start; a slot of another merchant is
+        # NOT_FOUND, as a missing one, once the hold's answer names the slot's merchant (steps._hold).
         customer_id = await self._customer(caller, merchant, req)
         who = _who(caller)
         h = request_hash("staff-create", slot_id, customer_id, req.settle, str(req.link_ttl_seconds or 0))

@@ -85,10 +85,17 @@ class Steps:
 
     # -- one method per Step ----------------------------------------------------------------------
     async def _hold(self, saga: Saga, payment, status) -> Outcome:
+        holds = self.holds.of(saga)
         try:
-            held = await self._remote(Step.HOLD, self.holds.of(saga).hold(saga))
+            held = await self._remote(Step.HOLD, holds.hold(saga))
         except Rejected as rej:
             return Outcome(Move(domain.REJECTED, reason=rej.error.reason), raise_after=rej)
+        if saga.merchant_id is not None and held.merchant_id != saga.merchant_id:
+            # A staff-made checkout is its staff's merchant's from the start (the hold's answer names
+            # the slot's): another merchant's slot does not exist for them. The hold goes back at
+            # once, and they are answered as for a missing slot.
+            await holds.release(saga, held.hold_id)
+            raise Refused(errors.NotFound(f"slot {saga.slot_id} not found", field="slot_id"))
         return Outcome(Move(domain.HELD), repo.Fields(held=held))
 
     async def _pay(self, saga: Saga, payment, status) -> Outcome:

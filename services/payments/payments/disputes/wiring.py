@@ -8,11 +8,12 @@ from cutylib.tls import CODEPOOL
 
 from .evidence import EvidenceWorker
 from .inbox import DisputeInbox
+from .poller import DisputePoller
 
 
 def register(server, pool, core, inbox, *, workers: bool = True, codepool_stub=None) -> DisputeInbox:
-    """`inbox`: the WebhookInbox, which hands charge.dispute.* events to the DisputeInbox; the
-    evidence worker asks the code pool for its part of an order's evidence (GetOrderEvidence)."""
+    """`inbox`: the WebhookInbox, which hands charge.dispute.* events to the DisputeInbox, as the
+    poller does with the disputes the PSP lists (a webhook lost); the evidence worker asks the code pool for its part of an order's evidence (GetOrderEvidence)."""
     disputes = DisputeInbox(pool, core.metrics)
     inbox.disputes = disputes
     if workers:
@@ -23,4 +24,6 @@ def register(server, pool, core, inbox, *, workers: bool = True, codepool_stub=N
         worker = EvidenceWorker(pool, core.psp, codepool_stub, core.worker_id,
                                 lease_seconds=float(core.settings.lease_seconds), inbox=disputes)
         server.add_background(worker.run)
+        # What a lost webhook did not bring, asked of the PSP's list API (the same recording path).
+        server.add_background(DisputePoller(pool, core.psp, disputes, worker_id=core.worker_id).run)
     return disputes

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
+import time
 
 import asyncpg
 
@@ -51,6 +53,8 @@ async def _run(args) -> int:
             rows = await stuck(pool, args.older_than, args.limit)
             print(_dump(rows) if args.json else render_stuck(rows, args.older_than))
             return 0
+        if args.command == "audit":
+            return await _audit(pool, args)
         by = clean_name(args.by)
         try:
             if args.command == "retry":
@@ -75,6 +79,82 @@ async def _run(args) -> int:
             return 2
     finally:
         await pool.close()
+
+
+async def _audit(pool, args) -> int:
+    """Check [since, until) now and print what is found (--recorded: print what the periodic job
+    recorded for the windows ending after `since`); exit 0 when nothing, 3 when something."""
+    from datetime import timedelta
+
+    from .. import audit
+
+    since = audit.utc(args.since)
+    if args.recorded:
+        found = await audit.recorded(pool, since, args.limit)
+    else:
+        settings = audit.AuditSettings.from_env()
+        now = await pool.fetchval("SELECT clock_timestamp()")
+        until = audit.utc(args.until) if args.until else now - timedelta(seconds=settings.settle_seconds
+                                                                           if args.settle is None else args.settle)
+        checked, took = await audit_now(pool, since, until, settings)
+        print(f"audited {len(checked)} window(s) of [{since.isoformat()}, {until.isoformat()}): "
+              f"{sum(c.checkouts for c in checked)} checkouts, {sum(c.charges for c in checked)} PSP charges, "
+              f"{sum(c.holds for c in checked)} confirmed holds, {sum(c.orders for c in checked)} delivered orders "
+              f"in {took:.2f}s", file=sys.stderr)
+        if args.timings:
+            for c in checked:
+                print(f"  window {c.start.isoformat()}: {c.checkouts} checkouts, seconds {c.timings}", file=sys.stderr)
+        found = [{"kind": f.kind, "subject": f.subject, "checkout_id": f.checkout_id, "payment_id": f.payment_id,
+                  "psp_id": f.psp_id, "other_id": f.other_id, "merchant_id": f.merchant_id, "detail": f.detail,
+                  "window_start": c.start, "window_end": c.end} for c in checked for f in c.findings][:args.limit]
+    if args.json:
+        print(_dump(found))
+    else:
+        for f in found:
+            ids = " ".join(f"{k}={f[k]}" for k in ("checkout_id", "payment_id", "psp_id", "other_id", "merchant_id")
+                           if f[k])
+            print(f"{f['kind']:24} {f['subject']}  {ids}  ({f['detail']})")
+        print(f"{len(found)} finding(s)", file=sys.stderr)
+    return 3 if found else 0
+
+
+async def audit_now(pool, since, until, settings):
+    """The auditor's checks over [since, until) from this process, as the payments identity (its
+    certificate: `system` at booking and the code pool): (the windows checked, seconds taken)."""
+    async with pod_auditor(pool, settings) as auditor:
+        t0 = time.perf_counter()
+        checked = await auditor.audit_range(since, until)
+        return checked, time.perf_counter() - t0
+
+
+@contextlib.asynccontextmanager
+async def pod_auditor(pool, settings):
+    """An Auditor with channels to booking and the code pool as the payments identity, and a PSP
+    client, closed on exit."""
+    from cuty.booking.v1 import booking_pb2_grpc
+    from cuty.codepool.v1 import codepool_pb2_grpc
+    from cutylib.config import grpc_addr_for
+    from cutylib.grpc_client import create_channel
+    from cutylib.tls import BOOKING, CODEPOOL, PAYMENTS, Transport
+
+    from .. import audit
+    from ..psp import PspClient
+
+    transport = Transport.from_env(PAYMENTS)
+    psp = PspClient(_psp_url(), timeout=30.0)
+    async with create_channel(grpc_addr_for("booking"), BOOKING, transport, deadline_seconds=60) as bch, \
+            create_channel(grpc_addr_for("codepool"), CODEPOOL, transport, deadline_seconds=60) as cch:
+        try:
+            yield audit.Auditor(pool, booking_pb2_grpc.BookingServiceStub(bch),
+                                codepool_pb2_grpc.CodePoolServiceStub(cch), psp, settings=settings)
+        finally:
+            await psp.aclose()
+
+
+def _psp_url() -> str:
+    from cutylib.config import Settings
+
+    return Settings().psp_url
 
 
 def main(argv: list[str]) -> int:
@@ -104,6 +184,17 @@ def main(argv: list[str]) -> int:
     rf.add_argument("--force", action="store_true", help="also when the checkout is not refunding "
                                                          "(e.g. a completed booking given back as a goodwill refund)")
     rf.add_argument("--addr", default=addr, help=f"payments gRPC address (default {addr})")
+    au = sub.add_parser("audit", help="check that payments, booking, the code pool and the PSP agree from a time "
+                                      "on, and print the offending ids (exit 3 when there are any)")
+    au.add_argument("--since", required=True, help="RFC 3339 instant (or a date) the check starts at")
+    au.add_argument("--until", default="", help="where it ends (default: now minus the settle time)")
+    au.add_argument("--settle", type=float, default=None, metavar="SECONDS",
+                    help="leave out checkouts younger than this (default CUTY_AUDIT_SETTLE_SECONDS, 900)")
+    au.add_argument("--recorded", action="store_true", help="print what the periodic auditor recorded for the "
+                                                            "windows ending after --since; check nothing")
+    au.add_argument("--limit", type=int, default=1000)
+    au.add_argument("--timings", action="store_true", help="print where each window's time went")
+    au.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
         return asyncio.run(_run(args))

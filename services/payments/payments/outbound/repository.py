@@ -38,17 +38,33 @@ GET_ENDPOINT = "SELECT merchant_id, id, url, events, created_at FROM webhook_end
 DELETE_ENDPOINT = "DELETE FROM webhook_endpoints WHERE merchant_id = $1 AND id = $2 RETURNING id"
 
 # The delivery log of one endpoint, newest first; $3 = 0: the first page, else before that seq.
-LIST_DELIVERIES = """
-SELECT d.*, e.type AS event_type,
+# Deliveries finished long ago are in the histories (migration 0140, merchant_events_move): both
+# are read, each through its log index, and merged; an attempt log is read from where its delivery is.
+_DELIVERY_COLUMNS = ("d.merchant_id, d.id, d.seq, d.endpoint_id, d.event_id, d.state, d.attempts, d.next_attempt_at, "
+                     "d.lease_owner, d.lease_until, d.give_up_at, d.delivered_at, d.created_at")
+_LOG_OF = """
+    (SELECT {columns}, e.type AS event_type, {moved} AS moved
+       FROM {deliveries} d JOIN {events} e ON e.merchant_id = d.merchant_id AND e.id = d.event_id
+      WHERE d.merchant_id = $1 AND d.endpoint_id = $2 AND ($3::bigint = 0 OR d.seq < $3)
+      ORDER BY d.seq DESC LIMIT $4)"""
+_ATTEMPTS_OF = """
+                 SELECT a.attempt, a.started_at, a.http_status, a.error, a.duration_ms FROM {attempts} a
+                  WHERE {moved} AND a.merchant_id = d.merchant_id AND a.delivery_id = d.id"""
+LIST_DELIVERIES = f"""
+WITH d AS ({_LOG_OF.format(columns=_DELIVERY_COLUMNS, moved="false", deliveries="webhook_deliveries",
+                           events="merchant_events")}
+    UNION ALL{_LOG_OF.format(columns=_DELIVERY_COLUMNS, moved="true", deliveries="webhook_deliveries_history",
+                             events="merchant_events_history")}
+    ORDER BY seq DESC LIMIT $4
+)
+SELECT d.*,
        COALESCE((SELECT jsonb_agg(jsonb_build_object(
                     'attempt', a.attempt, 'started_at', a.started_at, 'http_status', a.http_status,
                     'error', a.error, 'duration_ms', a.duration_ms) ORDER BY a.attempt)
-                 FROM webhook_attempts a WHERE a.merchant_id = d.merchant_id AND a.delivery_id = d.id),
+                 FROM ({_ATTEMPTS_OF.format(attempts="webhook_attempts", moved="NOT d.moved")}
+                 UNION ALL{_ATTEMPTS_OF.format(attempts="webhook_attempts_history", moved="d.moved")}) a),
                 '[]'::jsonb) AS attempt_log
-FROM webhook_deliveries d
-JOIN merchant_events e ON e.merchant_id = d.merchant_id AND e.id = d.event_id
-WHERE d.merchant_id = $1 AND d.endpoint_id = $2 AND ($3::bigint = 0 OR d.seq < $3)
-ORDER BY d.seq DESC LIMIT $4
+FROM d ORDER BY d.seq DESC
 """
 GET_DELIVERY = """
 SELECT d.*, e.type AS event_type, '[]'::jsonb AS attempt_log

@@ -1,0 +1,296 @@
+"""Invariant auditor benchmark (`make bench-audit`): how long the auditor takes to check a day of a
+busy platform, and what it costs checkout throughput while it runs.
+
+The stack is the deployed one (real processes, mutual TLS, bench/checkout.py's Side) with its own
+periodic auditor off. A day is seeded at BENCH_SCALE of 1,000,000 checkouts (default 0.03: 30,000):
+each charge is captured at the PSP simulator through its API (so its list API answers from the
+real ledger), then the matching rows are written in SQL into the three databases (growth_fill.py's
+merchants and chairs: half bookings with a confirmed hold, half code purchases with a delivered
+order). The seeded day is compressed into the minutes its charges took; the auditor's window is
+scaled so that each holds what a 10-minute window of a 1,000,000-a-day platform holds (7,000
+checkouts), with its slack a fifth of a window (2 of 10 minutes, as deployed).
+
+1. `python -m payments ops audit --since --until` over the day, as the payments pod runs it (its
+   identity, the digests over gRPC, the PSP's list API): the time it reports for the audit itself,
+   and the extrapolation to 1,000,000 checkouts (linear: the windows are the production size). It
+   must report nothing (the seeded day is consistent). Beside it, the raw statement: the payments
+   side's read of the day's checkouts and payments alone, in the same run.
+2. Checkout throughput (BENCH_CONCURRENCY buyers, codes and bookings alternately, BENCH_SECONDS per
+   round) without the auditor, with it keeping pace with the buyers (another process, as a payments
+   replica: it audits as many checkouts a second as the buyers make, in windows of 2 s of sales, so
+   its work is spread as a replica's is over its 10-minute windows), and with it flat out (auditing
+   the day again and again: catching up), alternated in BENCH_ROUNDS rounds; the ratios with /
+   without (target >= 0.95).
+
+All processes share this machine: only the ratios within one run mean much.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from _common import Run, bench_postgres, closed_loop, merged, report
+
+import asyncpg
+
+import checkout as checkout_bench
+from growth_fill import CHAIRS, MERCH, replica
+from cutylib.testing.procs import as_service_role
+from payments.psp import PspClient
+
+SCALE = float(os.environ.get("BENCH_SCALE", "0.03"))
+SECONDS = float(os.environ.get("BENCH_SECONDS", "6"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
+PER_WINDOW = 7000  # a 10-minute window of a platform selling 1,000,000 a day
+DAY = 1_000_000
+SEED_CONCURRENCY = 64
+
+# Checkout n of the day (the arrays: id, its creation, its PSP intent, n): even n a booking (hold
+# md5('hold' || id), on chair n % CHAIRS at its own hour), odd n a code purchase (order = the
+# checkout id, one code); the merchant is the chair's (growth_fill.MERCH).
+DAY_ROWS = f"""
+FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::int[]) AS c (id, at, intent, n),
+     LATERAL (SELECT {MERCH.format(r=f'(c.n % {CHAIRS})')} AS m,
+                     CASE WHEN c.n % 2 = 0 THEN 'booking' ELSE 'codes' END AS kind,
+                     CASE WHEN c.n % 2 = 0 THEN 75000 ELSE 2500 END AS amount) x
+"""
+FILL_CHECKOUTS = f"""
+INSERT INTO checkouts (id, customer_id, kind, state, slot_id, product_id, quantity, hold_id, order_id, amount_minor,
+                       currency, expire_time, payment_key, payment_id, payment_method, created_at, updated_at,
+                       merchant_id, salon_id, free_cancellation_hours, cancellation_fee_percent, start_time)
+SELECT c.id, 'cust-' || c.n, x.kind, 'COMPLETED', CASE WHEN x.kind = 'booking' THEN md5('slot' || c.id)::uuid END,
+       CASE WHEN x.kind = 'codes' THEN md5('product' || x.m)::uuid END, 1,
+       CASE WHEN x.kind = 'booking' THEN md5('hold' || c.id)::uuid::text END,
+       CASE WHEN x.kind = 'codes' THEN c.id END, x.amount, 'TRY', c.at + interval '10 minutes',
+       md5('key' || c.id)::uuid, md5('pay' || c.id)::uuid, 'pm_card_ok', c.at, c.at + interval '2 seconds', x.m,
+       CASE WHEN x.kind = 'booking' THEN md5('salon-' || x.m)::uuid END,
+       CASE WHEN x.kind = 'booking' THEN 24 END, CASE WHEN x.kind = 'booking' THEN 0 END,
+       CASE WHEN x.kind = 'booking' THEN c.at + interval '3 days' END
+{DAY_ROWS}"""
+FILL_PAYMENTS = f"""
+INSERT INTO payments (id, checkout_id, customer_id, status, version, psp_intent_id, amount_minor, currency,
+                      payment_method, idempotency_key, created_at, updated_at, merchant_id)
+SELECT md5('pay' || c.id)::uuid, c.id, 'cust-' || c.n, 'succeeded', 3, c.intent, x.amount, 'TRY', 'pm_card_ok',
+       md5('key' || c.id)::uuid::text, c.at, c.at + interval '1 second', x.m
+{DAY_ROWS}"""
+FILL_HOLDS = f"""
+INSERT INTO holds (id, slot_id, salon_id, resource_id, customer_id, request_id, status, start_time, end_time,
+                   price_minor, currency, expires_at, payment_ref, created_at, updated_at, merchant_id)
+SELECT md5('hold' || c.id)::uuid, md5('slot' || c.id)::uuid, md5('salon-' || x.m)::uuid,
+       md5('res' || (c.n % {CHAIRS}))::uuid, 'cust-' || c.n, 'req-' || c.id, 'confirmed', t.s, t.s + interval '1 hour',
+       75000, 'TRY', c.at + interval '10 minutes', md5('pay' || c.id)::uuid::text, c.at + interval '5 milliseconds',
+       c.at + interval '1 second', x.m
+{DAY_ROWS}, LATERAL (SELECT $5::timestamptz + make_interval(hours => c.n / {CHAIRS}) AS s) t
+WHERE x.kind = 'booking'"""
+FILL_RESERVATIONS = f"""
+INSERT INTO reservations (merchant_id, order_id, order_item_id, product_id, customer_id, quantity, unit_price_minor,
+                          currency, status, reserved_at, expires_at, delivered_at, payment_transaction_id)
+SELECT x.m, c.id::text, c.id::text || '/1', md5('product' || x.m)::uuid, 'cust-' || c.n, 1, 2500, 'TRY', 'delivered',
+       c.at + interval '5 milliseconds', c.at + interval '15 minutes', c.at + interval '1 second',
+       md5('pay' || c.id)::uuid::text
+{DAY_ROWS} WHERE x.kind = 'codes'"""
+FILL_DELIVERIES = f"""
+INSERT INTO deliveries (merchant_id, order_id, order_item_id, product_id, customer_id, code_id, status, reserved_at,
+                        delivered_at)
+SELECT x.m, c.id::text, c.id::text || '/1', md5('product' || x.m)::uuid, 'cust-' || c.n, md5('code' || c.id)::uuid,
+       'delivered', c.at + interval '5 milliseconds', c.at + interval '1 second'
+{DAY_ROWS} WHERE x.kind = 'codes'"""
+RAW = """
+SELECT c.id, c.kind, c.state, c.quantity, c.hold_id, c.order_id, c.payment_id, p.status, p.psp_intent_id,
+       p.amount_minor, p.refund_settled_minor
+FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id WHERE c.created_at >= $1 AND c.created_at < $2"""
+
+
+async def seed_psp(psp_url: str, n: int) -> list[tuple[str, float, int]]:
+    """n captured charges, made through the simulator's API: (intent id, a time just before it, n)."""
+    psp = PspClient(psp_url, timeout=30, retries=2, max_connections=SEED_CONCURRENCY)
+    made: list[tuple[str, float, int]] = []
+    counter = iter(range(n))
+
+    async def worker():
+        for i in counter:
+            at = time.time()
+            intent = await psp.create_intent(str(uuid.uuid4()), {
+                "amount": 75000 if i % 2 == 0 else 2500, "currency": "TRY",
+                # captured a moment later, with no webhook: payments is not the subject here
+                "payment_method": "pm_card_no_webhook"})
+            made.append((intent["id"], at, i))
+    try:
+        await asyncio.gather(*(worker() for _ in range(SEED_CONCURRENCY)))
+    finally:
+        await psp.aclose()
+    return sorted(made, key=lambda m: m[1])
+
+
+async def seed_dbs(dbs: dict[str, str], made: list[tuple[str, float, int]]) -> None:
+    ids = [uuid.uuid4() for _ in made]
+    ats = [datetime.fromtimestamp(at - 0.002, timezone.utc) for _, at, _ in made]
+    arrays = (ids, ats, [m[0] for m in made], [m[2] for m in made])
+    far = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0) + timedelta(days=400)
+    for svc, statements in (("payments", [(FILL_CHECKOUTS,), (FILL_PAYMENTS,)]), ("booking", [(FILL_HOLDS, far)]),
+                            ("codepool", [(FILL_RESERVATIONS,), (FILL_DELIVERIES,)])):
+        conn = await asyncpg.connect(dbs[svc])
+        try:
+            await replica(conn)
+            for sql, *extra in statements:
+                await conn.execute(sql, *arrays, *extra)
+            await conn.execute("ANALYZE")
+        finally:
+            await conn.close()
+
+
+def audit_env(side, window: float) -> dict[str, str]:
+    env = as_service_role("payments", dict(side.stack.procs["payments-0"].env))
+    env.update(CUTY_AUDIT_WINDOW_SECONDS=repr(window), CUTY_AUDIT_SLACK_SECONDS=repr(window / 5),
+               CUTY_LOG_LEVEL="WARNING")
+    return env
+
+
+def run_audit(env: dict[str, str], since: datetime, until: datetime) -> tuple[float, str, int]:
+    """`ops audit` over [since, until): (the seconds it reports for the audit, its summary line, exit code)."""
+    out = subprocess.run([sys.executable, "-m", "payments", "ops", "audit", "--since", since.isoformat(),
+                          "--until", until.isoformat(), "--timings"], env=env, capture_output=True, text=True,
+                         timeout=3600)
+    lines = out.stderr.splitlines()
+    summary = "\n".join(line for line in lines if line.startswith(("audited ", "  window"))) or out.stderr[-500:]
+    head = summary.splitlines()[0]
+    took = float(head.rsplit(" in ", 1)[1].rstrip("s")) if " in " in head else float("nan")
+    return took, summary, out.returncode
+
+
+async def main() -> None:
+    n = max(2000, int(DAY * SCALE))
+    server = bench_postgres()
+    work = tempfile.mkdtemp(prefix="cuty-bench-audit-")
+    checkout_bench.ENV["CUTY_AUDIT_INTERVAL_SECONDS"] = 0  # the stack's own auditor off: the bench runs it
+    side = checkout_bench.Side(server, work, secure=True)
+    results = []
+    try:
+        slots = CONCURRENCY * 400
+        await side.start(slots, 2)
+        t0 = time.perf_counter()
+        made = await seed_psp(side.stack.psp_url, n)
+        seeded_for = time.perf_counter() - t0
+        await seed_dbs(side.dbs, made)
+        since = datetime.fromtimestamp(made[0][1] - 1, timezone.utc)
+        until = datetime.fromtimestamp(made[-1][1] + 1, timezone.utc)
+        window = max(0.05, (until - since).total_seconds() * PER_WINDOW / n)
+        print(f"seeded {n:,} checkouts (PSP charges in {seeded_for:.0f}s); audit window {window:.2f}s "
+              f"(~{PER_WINDOW} checkouts, as 10 minutes at 1,000,000 a day)", file=sys.stderr)
+        env = audit_env(side, window)
+
+        # 1. The day, audited: the figure at this scale and its extrapolation.
+        # Twice: the first pays a fresh process's costs (connections, TLS, first compiles, cold
+        # caches), the second is what a running replica pays; the extrapolation is from the second.
+        cold, summary, _ = await asyncio.to_thread(run_audit, env, since, until)
+        print(summary, file=sys.stderr)
+        took, summary, code = await asyncio.to_thread(run_audit, env, since, until)
+        print(summary, file=sys.stderr)
+        pool = await asyncpg.create_pool(side.dbs["payments"], min_size=1, max_size=2)
+        t = time.perf_counter()
+        raw_rows = len(await pool.fetch(RAW, since, until))
+        raw = time.perf_counter() - t
+        await pool.close()
+        extrapolated = took * DAY / n
+        results.append(Run(ops=n, seconds=took, latencies_ms=[took * 1000]).result(
+            f"audit a day: {n:,} checkouts (exit {code}: {'clean' if code == 0 else 'FINDINGS'})", 1,
+            notes="ops_per_s = checkouts audited per second; limit: the raw read of the day's checkouts",
+            seconds=round(took, 2), first_run_seconds=round(cold, 2), extrapolated_1m_checkouts_s=round(extrapolated, 1),
+            target_s=60,
+            raw_statement_s=round(raw, 3), raw_rows=raw_rows))
+        results[-1].limit_ops_per_s = round(raw_rows / raw, 1) if raw else None
+        results[-1].ratio_to_limit = round((n / took) / (raw_rows / raw), 3) if raw and took else None
+
+        # 2. Checkout throughput without the auditor, with it keeping pace with the buyers (as a
+        # replica does at this rate of sales: each checkout audited once), and with it flat out
+        # (catching up a day), alternated in rounds.
+        variants = ("without", "keeping pace", "flat out")
+        runs = {v: [] for v in variants}
+        audited = {v: 0 for v in variants}
+        warm = [checkout_bench.buyer(kind, "one-call", side, side.products[0], []) for kind in ("booking", "codes")]
+        pace = (await closed_loop(lambda i: warm[i % 2](i), concurrency=CONCURRENCY, duration=3)).ops_per_s
+        for rnd in range(ROUNDS):
+            for variant in (variants if rnd % 2 == 0 else variants[::-1]):
+                auditor = None
+                if variant != "without":  # another process, as a payments replica runs it
+                    loop_env = dict(env)
+                    if variant == "keeping pace":  # small windows (2 s of sales each): its work spread evenly
+                        loop_env["CUTY_AUDIT_WINDOW_SECONDS"] = repr(max(0.01, window * pace * 2 / PER_WINDOW))
+                        loop_env["CUTY_AUDIT_SLACK_SECONDS"] = repr(window / 5)
+                    auditor = subprocess.Popen([sys.executable, __file__, "--loop", since.isoformat(), until.isoformat(),
+                                                repr(pace if variant == "keeping pace" else 0.0)],
+                                               env=loop_env, stdout=subprocess.PIPE, text=True)
+                    # measured once it is auditing, not while it starts (imports, connections)
+                    ready = await asyncio.to_thread(auditor.stdout.readline)
+                    assert ready.startswith("ready"), ready
+                buyers = [checkout_bench.buyer(kind, "one-call", side, side.products[1], [])
+                          for kind in ("booking", "codes")]
+
+                async def purchase(i: int) -> None:
+                    await buyers[i % 2](i)
+                run = await closed_loop(purchase, concurrency=CONCURRENCY, duration=SECONDS)
+                runs[variant].append(run)
+                if variant == "without":
+                    pace = run.ops_per_s or pace
+                if auditor is not None:
+                    auditor.kill()  # mid-audit: it only reads
+                    out, _ = auditor.communicate(timeout=30)
+                    audited[variant] += sum(int(line.split()[1]) for line in out.splitlines()
+                                            if line.startswith("audited "))
+        without = merged(runs["without"])
+        results.append(without.result("checkouts (codes and bookings, one-call), no auditor", CONCURRENCY))
+        for variant in variants[1:]:
+            r = merged(runs[variant])
+            results.append(r.result(f"checkouts, the auditor {variant}", CONCURRENCY, limit=without,
+                                    notes="ratio: with / without the auditor (target >= 0.95)",
+                                    checkouts_audited_per_s=round(audited[variant] / r.seconds, 1)))
+        report("audit", results)
+        print(f"\nauditor: {n:,} checkouts in {took:.2f}s (first run {cold:.2f}s) -> 1,000,000 in ~{extrapolated:.0f}s "
+              f"(target 60s); "
+              f"raw read of the day's checkouts {raw:.3f}s")
+        for variant in variants[1:]:
+            print(f"checkout throughput with the auditor {variant} / without: "
+                  f"{merged(runs[variant]).ops_per_s / without.ops_per_s:.3f} (target >= 0.95)")
+    finally:
+        await side.stop()
+        server.close()
+
+
+async def audit_loop(since: str, until: str, pace: float) -> None:
+    """`--loop`: audit [since, until) window by window, again and again until killed (the 'with'
+    rounds); with `pace` > 0 at most that many checkouts a second (sleeping between windows), as a
+    replica keeping up with a platform selling that many; 0: flat out (catching up)."""
+    from payments.audit import AuditSettings, utc
+    from payments.ops.cli import _connect, pod_auditor
+
+    pool = await _connect()
+    settings = AuditSettings.from_env()
+    a, b = utc(since), utc(until)
+    step = timedelta(seconds=settings.window_seconds)
+    async with pod_auditor(pool, settings) as auditor:
+        await auditor.audit_range(a, min(a + step, b))  # connections up, first compiles done
+        print("ready", flush=True)
+        while True:
+            t = a
+            while t < b:
+                t0 = time.perf_counter()
+                (checked,) = await auditor.audit_range(t, min(t + step, b))
+                took = time.perf_counter() - t0
+                print(f"audited {checked.checkouts} checkouts in {took:.2f}s", flush=True)
+                if pace > 0:
+                    await asyncio.sleep(max(0.0, checked.checkouts / pace - took))
+                t += step
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--loop"]:
+        asyncio.run(audit_loop(sys.argv[2], sys.argv[3], float(sys.argv[4])))
+    else:
+        asyncio.run(main())

@@ -1,0 +1,559 @@
+"""The invariant auditor (docs/payments.md, "The invariant auditor"): a periodic job that proves, one
+time window after another, that payments, booking, the code pool and the PSP agree. The three
+databases share no transaction, so this is the standing check that they ended up telling one story.
+
+It reads payments' own database, and the others' facts only through their system-only digests
+(booking `DigestHolds`, the code pool `DigestDeliveries`) and the PSP's list API (charges and
+refunds of a window): no service reads another's database. A window [a, b) is the checkouts
+created in it; the digests and the PSP's lists are read for [a, b + slack) (what a checkout of the
+window made a little later), and an id found on one side only gets a second look by id before it is
+reported (a reschedule's hold made days later, a charge captured late, a fact whose checkout was
+created in an earlier window).
+
+The invariants, and the finding each violation records (table audit_findings, unique per kind and
+offending id):
+- every captured charge is a payment of ours (`psp_charge_unknown`) whose checkout ended sold
+  (COMPLETED or after) or refunded (`payment_unresolved`), and a sold checkout's payment was
+  captured (`charge_missing`);
+- what the PSP kept of a charge equals what the payment says was kept: captured minus refunds
+  settled (`amount_mismatch`); every refund the PSP made is one of ours (`psp_refund_unknown`);
+- every completed booking checkout has its hold confirmed with its payment (`hold_not_confirmed`),
+  and every confirmed hold belongs to a sold checkout (`hold_without_checkout`);
+- every completed code checkout has exactly its quantity of codes delivered, replacements counted
+  (delivered + revoked - replaced = quantity: `codes_count_mismatch`), and every delivered order
+  is a sold checkout (`codes_without_checkout`);
+- no code is delivered twice (`code_delivered_twice`).
+
+One replica runs it at a time (cutylib.metrics.LeaseLeader, lease `audit`); it audits the windows
+after its watermark (audit_watermarks 'invariants') that ended at least CUTY_AUDIT_SETTLE_SECONDS
+ago (by then a checkout is terminal), at most CUTY_AUDIT_MAX_WINDOWS per round, and advances the
+watermark with a conditional UPDATE. Every loop is bounded: pages of a window (MAX_PAGES), second
+looks per window (MAX_SECOND_LOOKS; more fail the window, which is tried again next round and shows
+as lag), windows per round.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable
+
+import grpc
+
+from cuty.booking.v1 import booking_pb2
+from cuty.codepool.v1 import codepool_pb2
+from cutylib.config import env_float, env_int
+from cutylib.db import reports
+from cutylib.metrics import LeaseLeader
+from cutylib.periodic import TRANSIENT, periodic
+from cutylib.psp import PspError, PspUnavailable
+from cutylib.telemetry import quiet
+from cutylib.timestamps import from_timestamp, to_timestamp
+
+log = logging.getLogger(__name__)
+
+KINDS = ("psp_charge_unknown", "payment_unresolved", "charge_missing", "amount_mismatch", "psp_refund_unknown",
+         "hold_not_confirmed", "hold_without_checkout", "codes_count_mismatch", "codes_without_checkout",
+         "code_delivered_twice")
+WATERMARK = "invariants"
+LEASE = "audit"
+PAGE = 5000  # digest and checkout pages (the digests' maximum)
+PSP_PAGE = 1000  # the PSP list API's maximum
+MAX_PAGES = 400  # per source and window: 2,000,000 checkouts, far beyond a window of a busy day
+MAX_SECOND_LOOKS = 2000  # per window; more fail the window (tried again next round)
+SECOND_LOOK_CONCURRENCY = 16
+# Windows audited together: one's checks overlap another's reads (the digests and the PSP answer
+# from other processes).
+WINDOWS_AT_ONCE = 2
+# Where a checkout stands once the purchase went through (the goods are the buyer's, or were until
+# a cancel after purchase refunded them).
+SOLD = frozenset({"COMPLETED", "CANCELLED_AFTER_PURCHASE", "RESCHEDULING", "RESCHEDULE_CONFIRMING",
+                  "RESCHEDULE_REVERTING"})
+CAPTURED = frozenset({"succeeded", "partially_refunded", "refunded"})
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    window_seconds: float = 600.0      # CUTY_AUDIT_WINDOW_SECONDS
+    slack_seconds: float = 120.0       # CUTY_AUDIT_SLACK_SECONDS: facts made this long after their window
+    settle_seconds: float = 900.0      # CUTY_AUDIT_SETTLE_SECONDS: a window is audited this long after it ended
+    interval_seconds: float = 60.0     # CUTY_AUDIT_INTERVAL_SECONDS (0: the job does not run)
+    max_windows: int = 12              # CUTY_AUDIT_MAX_WINDOWS: per round
+    start_back_seconds: float = 86400.0  # CUTY_AUDIT_START_BACK_SECONDS: the first watermark, before now
+
+    @classmethod
+    def from_env(cls) -> "AuditSettings":
+        d = cls()
+        s = cls(window_seconds=env_float("CUTY_AUDIT_WINDOW_SECONDS", d.window_seconds),
+                slack_seconds=env_float("CUTY_AUDIT_SLACK_SECONDS", d.slack_seconds),
+                settle_seconds=env_float("CUTY_AUDIT_SETTLE_SECONDS", d.settle_seconds),
+                interval_seconds=env_float("CUTY_AUDIT_INTERVAL_SECONDS", d.interval_seconds),
+                max_windows=env_int("CUTY_AUDIT_MAX_WINDOWS", d.max_windows),
+                start_back_seconds=env_float("CUTY_AUDIT_START_BACK_SECONDS", d.start_back_seconds))
+        if not 0 < s.window_seconds <= 86400 - s.slack_seconds or s.slack_seconds < 0 or s.settle_seconds < 0 \
+                or s.interval_seconds < 0 or s.max_windows < 1 or s.start_back_seconds < 0:
+            raise ValueError("CUTY_AUDIT_*: window 0 < w and w + slack <= 1 day, slack, settle, interval and "
+                             "start back >= 0, max windows >= 1")
+        return s
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    subject: str  # the offending id
+    detail: str = ""
+    checkout_id: str | None = None
+    payment_id: str | None = None
+    psp_id: str | None = None
+    other_id: str | None = None
+    merchant_id: str | None = None
+
+
+class WindowNotAudited(Exception):
+    """A window that could not be checked whole this round (too many second looks, a source away)."""
+
+
+@dataclass
+class Checked:
+    """What one window's audit saw and found."""
+    start: datetime
+    end: datetime
+    checkouts: int = 0
+    holds: int = 0
+    orders: int = 0
+    charges: int = 0
+    refunds: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    new: int = 0  # findings not recorded before
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per source read, and the checks
+
+
+CHECKOUTS = """
+SELECT c.id, c.kind, c.state, c.quantity, c.hold_id, c.order_id, c.payment_id, c.payment_key, c.merchant_id,
+       c.created_at, p.status AS pay_status, p.psp_intent_id, p.amount_minor AS pay_amount,
+       p.refund_settled_minor, p.currency
+FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
+WHERE c.created_at >= $1 AND c.created_at < $2 AND ($3::timestamptz IS NULL OR (c.created_at, c.id) > ($3, $4::uuid))
+ORDER BY c.created_at, c.id
+LIMIT $5"""
+# Second looks in payments' own database (by primary or unique keys).
+PAYMENTS_BY_INTENT = """
+SELECT p.id, p.status, p.psp_intent_id, p.amount_minor, p.refund_settled_minor, p.merchant_id, p.checkout_id,
+       c.state AS checkout_state
+FROM payments p LEFT JOIN checkouts c ON c.id = p.checkout_id
+WHERE p.psp_intent_id = ANY($1::text[])"""
+CHECKOUTS_BY_ID = "SELECT id, state, hold_id, kind FROM checkouts WHERE id = ANY($1::uuid[])"
+CHECKOUTS_BY_REF = """
+SELECT c.id, c.state, c.hold_id, p.id::text AS ref FROM payments p JOIN checkouts c ON c.id = p.checkout_id
+WHERE p.id = ANY($1::uuid[])
+UNION ALL
+SELECT c.id, c.state, c.hold_id, c.payment_key::text FROM checkouts c
+WHERE (c.merchant_id, c.payment_key) IN (SELECT * FROM unnest($2::text[], $1::uuid[]))"""
+OUR_REFUNDS = """
+SELECT psp_refund_id FROM refunds WHERE psp_refund_id = ANY($1::text[])
+UNION SELECT psp_refund_id FROM payments WHERE psp_refund_id = ANY($1::text[])"""
+RECORD = """
+INSERT INTO audit_findings (kind, subject, checkout_id, payment_id, psp_id, other_id, of_merchant, detail,
+                            window_start, window_end)
+SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::uuid[], $5::text[], $6::text[], $7::text[], $8::text[],
+                     $9::timestamptz[], $10::timestamptz[])
+ON CONFLICT (kind, subject) DO NOTHING
+RETURNING kind"""
+WATERMARK_READ = "SELECT watermark FROM audit_watermarks WHERE name = $1"
+WATERMARK_INIT = """
+INSERT INTO audit_watermarks (name, watermark) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"""
+# Only from the value this round read: a replica that lost its lease cannot move it back or skip.
+WATERMARK_ADVANCE = """
+UPDATE audit_watermarks SET watermark = $3, updated_at = clock_timestamp() WHERE name = $1 AND watermark = $2"""
+
+
+def _uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _epoch(t: datetime) -> float:
+    return t.timestamp()
+
+
+def payment_ref(row) -> str:
+    """What a checkout confirmed its hold / delivery with (checkout/domain.py `payment_ref`)."""
+    return str(row["payment_id"] or row["payment_key"] or "")
+
+
+class Auditor:
+    """`booking`, `codepool`: the gRPC stubs (called as payments, `system`); `psp`: the PSP client."""
+
+    def __init__(self, pool, booking, codepool, psp, metrics=None, *, settings: AuditSettings | None = None,
+                 worker_id: str = "", deadline_seconds: float = 30.0):
+        self.pool, self.booking, self.codepool, self.psp = pool, booking, codepool, psp
+        self.metrics = metrics
+        self.settings = settings or AuditSettings.from_env()
+        self.deadline = deadline_seconds
+        self.leader = LeaseLeader(pool, LEASE, ttl=max(3 * self.settings.interval_seconds, 120.0),
+                                  holder=worker_id or None)
+
+    # -- the periodic job -----------------------------------------------------------------------
+    async def run(self) -> None:
+        if self.settings.interval_seconds <= 0:
+            return
+        try:
+            await periodic(self.round, self.settings.interval_seconds, what="invariant audit", log=log,
+                           retry_on=TRANSIENT + (grpc.aio.AioRpcError, PspUnavailable, PspError, WindowNotAudited))
+        finally:
+            await self.leader.resign()
+
+    async def round(self) -> list[Checked]:
+        """The windows due after the watermark (at most max_windows), if this replica leads; audited
+        WINDOWS_AT_ONCE at a time, the watermark advanced past each in order."""
+        if not await self.leader.elect():
+            return []
+        s = self.settings
+        now = await self.pool.fetchval("SELECT clock_timestamp()")
+        await self.pool.execute(WATERMARK_INIT, WATERMARK, now - timedelta(seconds=s.start_back_seconds))
+        done: list[Checked] = []
+        step = timedelta(seconds=s.window_seconds)
+        due_by = now - timedelta(seconds=s.settle_seconds)
+        with quiet():  # a standing job: no trace per round
+            mark = await self.pool.fetchval(WATERMARK_READ, WATERMARK)
+            while len(done) < s.max_windows:
+                starts = [mark + i * step for i in range(min(WINDOWS_AT_ONCE, s.max_windows - len(done)))
+                          if mark + (i + 1) * step <= due_by]
+                if not starts:
+                    break
+                for checked in await asyncio.gather(*(self.audit_window(a, a + step) for a in starts)):
+                    if await self.pool.execute(WATERMARK_ADVANCE, WATERMARK, mark, checked.end) != "UPDATE 1":
+                        return done  # another replica advanced it meanwhile (this one's lease had lapsed)
+                    done.append(checked)
+                    mark = checked.end
+        return done
+
+    async def audit_range(self, since: datetime, until: datetime) -> list[Checked]:
+        """Every window of [since, until), WINDOWS_AT_ONCE at a time, nothing recorded, the
+        watermark untouched (`ops audit --since`: the periodic job records, counts and alerts; an
+        operator's check only shows)."""
+        step = timedelta(seconds=self.settings.window_seconds)
+        starts = [since + i * step for i in range(int((until - since) / step) + 1) if since + i * step < until]
+        out: list[Checked] = []
+        for i in range(0, len(starts), WINDOWS_AT_ONCE):
+            out += await asyncio.gather(*(self.audit_window(a, min(a + step, until), record=False)
+                                          for a in starts[i:i + WINDOWS_AT_ONCE]))
+        return out
+
+    # -- one window -----------------------------------------------------------------------------
+    async def audit_window(self, a: datetime, b: datetime, *, record: bool = True) -> Checked:
+        t0 = time.perf_counter()
+        wide = b + timedelta(seconds=self.settings.slack_seconds)
+        timings: dict[str, float] = {}
+
+        async def timed(what: str, read):
+            t = time.perf_counter()
+            try:
+                return await read
+            finally:
+                timings[what] = round(time.perf_counter() - t, 3)
+        checkouts, holds, (orders, duplicates), charges, refunds = await asyncio.gather(
+            timed("checkouts", self._checkouts(a, b)), timed("holds", self._holds(a, wide)),
+            timed("orders", self._orders(a, wide)), timed("charges", self._charges(a, wide)),
+            timed("refunds", self._psp_list(self.psp.list_refunds, a, b)))
+        t_read = time.perf_counter()
+        checked = Checked(a, b, len(checkouts), len(holds), len(orders), len(charges), len(refunds),
+                          timings=timings)
+        f = checked.findings
+        looks = _Looks()
+        by_intent = {c["psp_intent_id"]: c for c in checkouts if c["psp_intent_id"]}
+        f += await self._money(checkouts, charges, by_intent, a, b, looks)
+        f += await self._refunds(refunds)
+        f += await self._bookings(checkouts, holds, a, b, looks)
+        f += await self._codes(checkouts, orders, duplicates, a, b)
+        timings["checks"] = round(time.perf_counter() - t_read, 3)
+        if not record:
+            return checked
+        checked.new = await self._record(f, a, b)
+        if self.metrics is not None:
+            self.metrics.audit_checkouts.inc(checked.checkouts)
+            self.metrics.audit_window_seconds.observe(time.perf_counter() - t0)
+        log.log(logging.WARNING if f else logging.INFO, "window audited", extra={
+            "start": a.isoformat(), "end": b.isoformat(), "checkouts": checked.checkouts, "findings": len(f),
+            "new_findings": checked.new, "seconds": timings})
+        return checked
+
+    async def _checkouts(self, a: datetime, b: datetime) -> list:
+        rows: list = []
+        at = last = None
+        for _ in range(MAX_PAGES):
+            page = await reports(self.pool).fetch(CHECKOUTS, a, b, at, last, PAGE)  # not the saga's connections
+            rows += page
+            if len(page) < PAGE:
+                return rows
+            at, last = page[-1]["created_at"], page[-1]["id"]
+        raise WindowNotAudited(f"more than {MAX_PAGES * PAGE} checkouts in [{a}, {b}): shorten CUTY_AUDIT_WINDOW_SECONDS")
+
+    async def _digest(self, call, request, items: str) -> tuple[list, list]:
+        out, extra = [], []
+        for _ in range(MAX_PAGES):
+            answer = await call(request)
+            out += getattr(answer, items)
+            if items == "orders":
+                extra += answer.duplicates
+            if not answer.next_page_token:
+                return out, extra
+            request.page_token = answer.next_page_token
+        raise WindowNotAudited(f"{items}: more than {MAX_PAGES} pages in one window")
+
+    async def _holds(self, a: datetime, b: datetime) -> list:
+        req = booking_pb2.DigestHoldsRequest(start_time=to_timestamp(a), end_time=to_timestamp(b), page_size=PAGE)
+        return (await self._digest(lambda r: self.booking.DigestHolds(r, timeout=self.deadline), req, "holds"))[0]
+
+    async def _orders(self, a: datetime, b: datetime) -> tuple[list, list]:
+        req = codepool_pb2.DigestDeliveriesRequest(start_time=to_timestamp(a), end_time=to_timestamp(b),
+                                                   page_size=PAGE)
+        return await self._digest(lambda r: self.codepool.DigestDeliveries(r, timeout=self.deadline), req, "orders")
+
+    async def _psp_list(self, call, a: datetime, b: datetime) -> list[dict]:
+        out: list[dict] = []
+        after = ""
+        for _ in range(MAX_PAGES):
+            page = await call(_epoch(a), _epoch(b), starting_after=after, limit=PSP_PAGE)
+            out += page["data"]
+            if not page.get("has_more") or not page["data"]:
+                return out
+            after = page["data"][-1]["id"]
+        raise WindowNotAudited(f"PSP list: more than {MAX_PAGES} pages in one window")
+
+    async def _charges(self, a: datetime, b: datetime) -> list[dict]:
+        return await self._psp_list(self.psp.list_charges, a, b)
+
+    # -- money: charges, payments, checkouts ----------------------------------------------------
+    async def _money(self, checkouts, charges, by_intent, a, b, looks: "_Looks") -> list[Finding]:
+        out: list[Finding] = []
+        charge_of = {c["payment_intent"]: c for c in charges}
+        # Charges whose payment is not among the window's checkouts: their payment, by intent.
+        unknown = [c["payment_intent"] for c in charges if c["payment_intent"] not in by_intent
+                   and _epoch(a) <= c["created"] < _epoch(b)]
+        found = {}
+        if unknown:
+            looks.take(len(unknown))
+            found = {r["psp_intent_id"]: r for r in await self.pool.fetch(PAYMENTS_BY_INTENT, unknown)}
+        for intent in unknown:
+            ch, p = charge_of[intent], found.get(intent)
+            if p is None:
+                out.append(Finding("psp_charge_unknown", ch["id"], f"captured {ch['amount']} {ch['currency']}, "
+                                   "no payment of ours has this intent", psp_id=intent))
+                continue
+            out += self._charge_vs_payment(ch, p["id"], p["status"], p["amount_minor"], p["refund_settled_minor"],
+                                           p["checkout_id"], p["checkout_state"], p["merchant_id"])
+        # The window's checkouts: each captured payment against its charge.
+        missing = []
+        for c in checkouts:
+            if c["psp_intent_id"] is None or c["pay_status"] not in CAPTURED and c["psp_intent_id"] not in charge_of:
+                continue
+            ch = charge_of.get(c["psp_intent_id"])
+            if ch is None:
+                missing.append(c)
+                continue
+            out += self._charge_vs_payment(ch, c["payment_id"], c["pay_status"], c["pay_amount"],
+                                           c["refund_settled_minor"], c["id"], c["state"], c["merchant_id"])
+        if missing:  # captured outside [a, b + slack), or never: ask the PSP about each
+            looks.take(len(missing))
+            intents = await looks.each(missing, lambda c: self._intent(c["psp_intent_id"]))
+            for c, intent in zip(missing, intents):
+                if intent is None or intent.get("status") != "succeeded":
+                    out.append(Finding("charge_missing", str(c["payment_id"]),
+                                       f"payment {c['pay_status']} but the PSP has no captured charge "
+                                       f"({(intent or {}).get('status', 'no intent')})", checkout_id=str(c["id"]),
+                                       payment_id=str(c["payment_id"]), psp_id=c["psp_intent_id"],
+                                       merchant_id=c["merchant_id"]))
+                    continue
+                ch = {"id": "ch_" + intent["id"].split("_", 1)[-1], "payment_intent": intent["id"],
+                      "amount": intent["amount"], "amount_refunded": intent.get("amount_refunded", 0),
+                      "currency": intent["currency"]}
+                out += self._charge_vs_payment(ch, c["payment_id"], c["pay_status"], c["pay_amount"],
+                                               c["refund_settled_minor"], c["id"], c["state"], c["merchant_id"])
+        return out
+
+    @staticmethod
+    def _charge_vs_payment(ch, payment_id, status, amount, refund_settled, checkout_id, checkout_state,
+                           merchant_id) -> list[Finding]:
+        ids = dict(checkout_id=str(checkout_id) if checkout_id else None, payment_id=str(payment_id),
+                   psp_id=ch["payment_intent"], merchant_id=merchant_id)
+        out = []
+        kept_psp = ch["amount"] - ch.get("amount_refunded", 0)
+        if status not in CAPTURED:
+            out.append(Finding("payment_unresolved", str(payment_id), f"the PSP captured {ch['amount']} "
+                               f"{ch['currency']} but the payment is {status}", **ids))
+        elif kept_psp != amount - refund_settled:
+            out.append(Finding("amount_mismatch", str(payment_id), f"the PSP kept {kept_psp}, the payment says "
+                               f"{amount - refund_settled} ({amount} captured, {refund_settled} refunded)", **ids))
+        if status in CAPTURED and refund_settled == 0 and checkout_state not in SOLD:
+            out.append(Finding("payment_unresolved", str(payment_id), f"captured, nothing refunded, and the "
+                               f"checkout is {checkout_state or 'missing'}", **ids))
+        return out
+
+    async def _intent(self, intent_id: str) -> dict | None:
+        try:
+            return await self.psp.get_intent(intent_id)
+        except PspError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def _refunds(self, refunds: list[dict]) -> list[Finding]:
+        if not refunds:
+            return []
+        ours = {r["psp_refund_id"] for r in await self.pool.fetch(OUR_REFUNDS, [r["id"] for r in refunds])}
+        return [Finding("psp_refund_unknown", r["id"], f"the PSP refunded {r['amount']} {r['currency']} that no "
+                        "refund of ours records", psp_id=r["payment_intent"]) for r in refunds if r["id"] not in ours]
+
+    # -- bookings --------------------------------------------------------------------------------
+    async def _bookings(self, checkouts, holds, a, b, looks: "_Looks") -> list[Finding]:
+        out: list[Finding] = []
+        hold_of = {h.hold_id: h for h in holds}
+        completed = [c for c in checkouts if c["kind"] == "booking" and c["state"] == "COMPLETED" and c["hold_id"]]
+        missing = [c for c in completed if c["hold_id"] not in hold_of]
+        if missing:  # made outside [a, b + slack) (a reschedule's hold): ask booking about each
+            looks.take(len(missing))
+            got = await looks.each(missing, lambda c: self._hold(c["hold_id"]))
+            for c, h in zip(missing, got):
+                if h is not None:
+                    hold_of[c["hold_id"]] = h
+        for c in completed:
+            h = hold_of.get(c["hold_id"])
+            why = ("no such hold" if h is None else
+                   f"the hold is {booking_pb2.HoldStatus.Name(h.status)}" if h.status != booking_pb2.HOLD_STATUS_CONFIRMED
+                   else f"confirmed with {h.payment_ref!r}, not the checkout's {payment_ref(c)!r}"
+                   if h.payment_ref != payment_ref(c) else None)
+            if why:
+                out.append(Finding("hold_not_confirmed", str(c["id"]), f"completed booking: {why}",
+                                   checkout_id=str(c["id"]), payment_id=str(c["payment_id"] or "") or None,
+                                   other_id=c["hold_id"], merchant_id=c["merchant_id"]))
+        # Each confirmed hold of [a, b) belongs to a sold checkout with that hold.
+        mine = {c["hold_id"]: c for c in checkouts if c["hold_id"]}
+        lone = [h for h in holds if h.status == booking_pb2.HOLD_STATUS_CONFIRMED and not h.cancelled
+                and a <= from_timestamp(h.create_time) < b
+                and not (h.hold_id in mine and mine[h.hold_id]["state"] in SOLD)]
+        if lone:
+            refs = [_uuid(h.payment_ref) for h in lone]
+            looks.take(len(lone))
+            rows = await self.pool.fetch(CHECKOUTS_BY_REF, [r for r in refs if r],
+                                         [h.merchant_id for h, r in zip(lone, refs) if r])
+            by_ref = {(r["ref"], str(r["hold_id"])): r for r in rows}
+            for h in lone:
+                c = by_ref.get((h.payment_ref, h.hold_id))
+                if c is None or c["state"] not in SOLD:
+                    out.append(Finding("hold_without_checkout", h.hold_id, "confirmed hold, " + (
+                        "no checkout holds it with that payment" if c is None else f"its checkout is {c['state']}"),
+                        checkout_id=str(c["id"]) if c else None, other_id=h.payment_ref, merchant_id=h.merchant_id))
+        return out
+
+    async def _hold(self, hold_id: str):
+        try:
+            return await self.booking.GetHold(booking_pb2.GetHoldRequest(hold_id=hold_id), timeout=self.deadline)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+    # -- codes -----------------------------------------------------------------------------------
+    async def _codes(self, checkouts, orders, duplicates, a, b) -> list[Finding]:
+        out: list[Finding] = []
+        order_of = {o.order_id: o for o in orders}
+        for c in checkouts:
+            if c["kind"] != "codes" or c["state"] != "COMPLETED":
+                continue
+            o = order_of.get(str(c["order_id"] or c["id"]))
+            counted = None if o is None else o.delivered + o.revoked - o.replaced
+            if counted != c["quantity"]:
+                out.append(Finding("codes_count_mismatch", str(c["id"]), (
+                    f"completed, quantity {c['quantity']}, no delivered order" if o is None else
+                    f"quantity {c['quantity']}, delivered {o.delivered} + revoked {o.revoked} - replaced "
+                    f"{o.replaced} = {counted}"), checkout_id=str(c["id"]), payment_id=str(c["payment_id"] or "") or None,
+                    merchant_id=c["merchant_id"]))
+        mine = {str(c["order_id"] or c["id"]): c for c in checkouts if c["kind"] == "codes"}
+        lone = [o for o in orders if a <= from_timestamp(o.reserve_time) < b
+                and not (o.order_id in mine and mine[o.order_id]["state"] in SOLD)]
+        if lone:
+            rows = await self.pool.fetch(CHECKOUTS_BY_ID, [u for u in (_uuid(o.order_id) for o in lone) if u])
+            state_of = {str(r["id"]): r["state"] for r in rows}
+            for o in lone:
+                state = state_of.get(o.order_id)
+                if state not in SOLD:
+                    out.append(Finding("codes_without_checkout", o.order_id, f"{o.delivered} code(s) delivered, " + (
+                        "no checkout of that id" if state is None else f"its checkout is {state}"),
+                        checkout_id=o.order_id if state else None, merchant_id=o.merchant_id))
+        for d in duplicates:
+            out.append(Finding("code_delivered_twice", d.code_id, "delivered to orders " + ", ".join(d.order_ids),
+                               other_id=",".join(d.order_ids)[:300], merchant_id=d.merchant_id))
+        return out
+
+    # -- findings --------------------------------------------------------------------------------
+    async def _record(self, findings: list[Finding], a: datetime, b: datetime) -> int:
+        if not findings:
+            return 0
+        cols = list(zip(*[(f.kind, f.subject[:300], _uuid(f.checkout_id), _uuid(f.payment_id), f.psp_id,
+                           f.other_id, f.merchant_id, f.detail[:2000], a, b) for f in findings]))
+        added = await self.pool.fetch(RECORD, *[list(c) for c in cols])
+        if self.metrics is not None:
+            for r in added:
+                self.metrics.audit_findings.labels(r["kind"]).inc()
+        return len(added)
+
+
+class _Looks:
+    """The second looks of one window: counted against MAX_SECOND_LOOKS, run a few at a time."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.gate = asyncio.Semaphore(SECOND_LOOK_CONCURRENCY)
+
+    def take(self, n: int) -> None:
+        self.taken += n
+        if self.taken > MAX_SECOND_LOOKS:
+            raise WindowNotAudited(f"more than {MAX_SECOND_LOOKS} second looks in one window")
+
+    async def each(self, items: Iterable, fn) -> list:
+        async def one(x):
+            async with self.gate:
+                return await fn(x)
+        return await asyncio.gather(*(one(x) for x in items))
+
+
+async def recorded(pool, since: datetime, limit: int = 1000) -> list[dict]:
+    """The findings of windows that ended after `since`, oldest first (`ops audit`)."""
+    rows = await pool.fetch("SELECT kind, subject, checkout_id, payment_id, psp_id, other_id, "
+                            "of_merchant AS merchant_id, detail, window_start, window_end, found_at "
+                            "FROM audit_findings WHERE window_end > $1 ORDER BY window_end, id LIMIT $2", since, limit)
+    return [dict(r) for r in rows]
+
+
+def utc(value: str) -> datetime:
+    """An RFC 3339 instant (a date alone: its midnight, UTC)."""
+    t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def register(server, pool, core, *, booking_stub=None, codepool_stub=None) -> Auditor:
+    """The auditor as a background job of the payments server (payments/bootstrap.py), with its own
+    channels to booking and the code pool (payments' identity: `system`)."""
+    from cuty.booking.v1 import booking_pb2_grpc
+    from cuty.codepool.v1 import codepool_pb2_grpc
+    from cutylib.config import grpc_addr_for
+    from cutylib.grpc_client import create_channel
+    from cutylib.tls import BOOKING, CODEPOOL
+
+    for name, target in (("booking", BOOKING), ("codepool", CODEPOOL)):
+        if (booking_stub if name == "booking" else codepool_stub) is None:
+            channel = create_channel(grpc_addr_for(name), target, server.transport, deadline_seconds=30.0)
+            server.on_stop(channel.close)
+            if name == "booking":
+                booking_stub = booking_pb2_grpc.BookingServiceStub(channel)
+            else:
+                codepool_stub = codepool_pb2_grpc.CodePoolServiceStub(channel)
+    auditor = Auditor(pool, booking_stub, codepool_stub, core.psp, core.metrics, worker_id=core.worker_id)
+    server.add_background(auditor.run)
+    return auditor

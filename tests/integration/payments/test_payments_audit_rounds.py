@@ -1,0 +1,129 @@
+"""The invariant auditor's rounds on the payments database (payments/audit.py): one replica at a
+time (the lease), every window after the watermark audited once and in order, and a replica whose
+lease was taken over cannot move the watermark back. The other services' digests and the PSP are
+stand-ins answering empty windows (their own tests cover them); each call is counted."""
+import asyncio
+from datetime import timedelta
+
+import pytest_asyncio
+
+from cuty.booking.v1 import booking_pb2
+from cuty.codepool.v1 import codepool_pb2
+from cutylib.timestamps import from_timestamp
+from payments.audit import LEASE, WATERMARK, AuditSettings, Auditor
+
+
+class EmptyWorld:
+    """Booking, the code pool and the PSP with nothing in any window; remembers the windows asked."""
+
+    def __init__(self):
+        self.windows: list[tuple] = []
+
+    async def DigestHolds(self, request, timeout=None):
+        self.windows.append((from_timestamp(request.start_time), from_timestamp(request.end_time)))
+        await asyncio.sleep(0.01)
+        return booking_pb2.DigestHoldsResponse()
+
+    async def DigestDeliveries(self, request, timeout=None):
+        return codepool_pb2.DigestDeliveriesResponse()
+
+    async def list_charges(self, gte, lt, **kw):
+        return {"data": [], "has_more": False}
+
+    list_refunds = list_charges
+
+
+SETTINGS = AuditSettings(window_seconds=60, slack_seconds=10, settle_seconds=30, interval_seconds=1,
+                         max_windows=5, start_back_seconds=600)
+
+
+@pytest_asyncio.fixture
+async def clean(payments_pool):
+    async def wipe():
+        await payments_pool.execute("DELETE FROM audit_watermarks WHERE name = $1", WATERMARK)
+        await payments_pool.execute("DELETE FROM metrics_leases WHERE name = $1", LEASE)
+    await wipe()
+    yield
+    await wipe()
+
+
+def auditor(pool, world, name):
+    return Auditor(pool, world, world, world, settings=SETTINGS, worker_id=name)
+
+
+async def test_replicas_audit_each_window_once_in_order(payments_pool, clean):
+    world = EmptyWorld()
+    a, b = auditor(payments_pool, world, "replica-a"), auditor(payments_pool, world, "replica-b")
+    rounds = await asyncio.gather(a.round(), b.round())
+    assert sorted(len(r) for r in rounds) == [0, 5]  # one leads, the other does nothing
+    (done,) = [r for r in rounds if r]
+    assert all(x.end == y.start for x, y in zip(done, done[1:]))  # consecutive, no gap, no overlap
+    mark = await payments_pool.fetchval("SELECT watermark FROM audit_watermarks WHERE name = $1", WATERMARK)
+    assert mark == done[-1].end
+    # the leader's next round carries on from there; the other still does nothing
+    leader = a if rounds[0] else b
+    other = b if leader is a else a
+    more = await leader.round()
+    assert more and more[0].start == mark and await other.round() == []
+    asked = [w[0] for w in world.windows]
+    assert len(asked) == len(set(asked)) == len(done) + len(more), asked  # no window asked twice
+    # windows end at least the settle time ago: the last one ends before now - settle
+    now = await payments_pool.fetchval("SELECT clock_timestamp()")
+    assert more[-1].end <= now - timedelta(seconds=SETTINGS.settle_seconds)
+
+
+async def test_a_replica_whose_lease_was_taken_over_cannot_move_the_watermark(payments_pool, clean):
+    world = EmptyWorld()
+    stale = auditor(payments_pool, world, "stale")
+    await stale.round()
+    mark = await payments_pool.fetchval("SELECT watermark FROM audit_watermarks WHERE name = $1", WATERMARK)
+    # another replica takes the lease over (the stale one stalled past it) and moves on
+    await payments_pool.execute("UPDATE metrics_leases SET expires_at = clock_timestamp() - interval '1 second' "
+                                "WHERE name = $1", LEASE)
+    fresh = auditor(payments_pool, world, "fresh")
+    assert await fresh.round()
+    moved = await payments_pool.fetchval("SELECT watermark FROM audit_watermarks WHERE name = $1", WATERMARK)
+    assert moved > mark
+    # the stale replica, resuming a window it had started from the old watermark, is fenced
+    assert await payments_pool.execute("UPDATE audit_watermarks SET watermark = $3 WHERE name = $1 AND watermark = $2",
+                                       WATERMARK, mark, mark + timedelta(seconds=60)) == "UPDATE 0"
+    assert await stale.round() == []  # and it no longer leads
+    assert await payments_pool.fetchval("SELECT watermark FROM audit_watermarks WHERE name = $1", WATERMARK) == moved
+
+
+async def test_the_second_looks_find_a_payment_and_its_checkout_by_each_key(scratch_db):
+    """The statements of the second looks (a charge's payment, a hold's checkout by its payment or
+    its payment attempt key, an order's checkout), on rows of the real schema (a database of its
+    own: a completed checkout is never deleted)."""
+    import pathlib
+    import uuid
+
+    from cutylib.db import create_pool, migrate
+    from payments import audit
+
+    await migrate(scratch_db, pathlib.Path(__file__).resolve().parents[3] / "services/payments/migrations")
+    payments_pool = await create_pool(scratch_db, min_size=1, max_size=2)
+
+    checkout, payment, key = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    intent = "pi_" + uuid.uuid4().hex
+    await payments_pool.execute(
+        "INSERT INTO checkouts (id, customer_id, kind, state, slot_id, hold_id, amount_minor, currency, expire_time, "
+        "payment_key, payment_id, payment_method, merchant_id, salon_id, free_cancellation_hours, "
+        "cancellation_fee_percent, start_time) VALUES ($1, 'cust-audit', 'booking', 'COMPLETED', $4, 'h-1', 100, 'TRY', "
+        "clock_timestamp(), $2, $3, 'pm_card_ok', 'merchant-audit', $4, 24, 0, clock_timestamp() + interval '1 day')",
+        checkout, key, payment, uuid.uuid4())
+    await payments_pool.execute(
+        "INSERT INTO payments (id, checkout_id, status, psp_intent_id, amount_minor, currency, payment_method, "
+        "idempotency_key, merchant_id) VALUES ($1, $2, 'created', $3, 100, 'TRY', 'pm_card_ok', $4, 'merchant-audit')",
+        payment, checkout, intent, str(key))
+    try:
+        (p,) = await payments_pool.fetch(audit.PAYMENTS_BY_INTENT, [intent, "pi_none"])
+        assert (p["id"], p["checkout_id"], p["checkout_state"]) == (payment, checkout, "COMPLETED")
+        by_ref = await payments_pool.fetch(audit.CHECKOUTS_BY_REF, [payment, key], ["merchant-audit"] * 2)
+        assert sorted(r["ref"] for r in by_ref) == sorted([str(payment), str(key)])
+        assert {r["id"] for r in by_ref} == {checkout} and {r["hold_id"] for r in by_ref} == {"h-1"}
+        (c,) = await payments_pool.fetch(audit.CHECKOUTS_BY_ID, [checkout, uuid.uuid4()])
+        assert c["state"] == "COMPLETED"
+        assert await payments_pool.fetch(audit.OUR_REFUNDS, ["re_none"]) == []
+    finally:
+        await payments_pool.close()
