@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from .config import env_float, env_int, env_str
 from .db import ALL_MERCHANTS, UnitOfWork
 from .periodic import periodic
+from .telemetry import quiet
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,10 @@ class Retention:
         return moved
 
     async def round(self) -> Round:
+        with quiet():  # a standing job: no trace per round
+            return await self._round()
+
+    async def _round(self) -> Round:
         done = Round([], [], [], [], {})
         # Partitions first, so a row moved into a history always finds its partition.
         for t in self.tables:

@@ -23,6 +23,7 @@ import asyncpg
 from cutylib import crash, errors
 from cutylib.psp import PspUnavailable
 from cutylib.periodic import periodic
+from cutylib.telemetry import quiet
 
 from ..domain import OFF_SESSION_CHARGE
 from .domain import Saga
@@ -117,7 +118,8 @@ class NoShowFees:
     async def run_once(self) -> int:
         """One worker round: the due fees whose time came (a charger that died, an outcome unknown)."""
         owner = f"{self.worker_id}:{secrets.token_hex(4)}"
-        rows = await self.pool.fetch(CLAIM_DUE, owner, self.lease_seconds, BATCH)
+        with quiet():  # polling starts no trace; a fee found due is charged under its own
+            rows = await self.pool.fetch(CLAIM_DUE, owner, self.lease_seconds, BATCH)
         for row in rows:
             await self._charge(Saga.from_row(row), owner, row["no_show_fee_attempts"])
         return len(rows)

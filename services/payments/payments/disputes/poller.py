@@ -75,6 +75,10 @@ class DisputePoller:
 
     async def round(self) -> int:
         """Disputes applied this round (those the webhooks had not brought count too: no change)."""
+        with quiet():  # a poll: no trace per round (the election's statements included)
+            return await self._round()
+
+    async def _round(self) -> int:
         if not await self.leader.elect():
             return 0
         now = await self.pool.fetchval("SELECT clock_timestamp()")
