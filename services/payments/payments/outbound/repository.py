@@ -66,11 +66,6 @@ SELECT d.*,
                 '[]'::jsonb) AS attempt_log
 FROM d ORDER BY d.seq DESC
 """
-GET_DELIVERY = """
-SELECT d.*, e.type AS event_type, '[]'::jsonb AS attempt_log
-FROM webhook_deliveries d JOIN merchant_events e ON e.merchant_id = d.merchant_id AND e.id = d.event_id
-WHERE d.merchant_id = $1 AND d.endpoint_id = $2 AND d.id = $3
-"""
 # Manual redelivery: due now, with a fresh retry window, unless an attempt is in flight (its lease
 # still runs: two POSTs of one delivery at the same time are what the lease rules out) or the
 # endpoint has had $5 redeliveries this minute already. The count is on the endpoint row, in the
