@@ -83,6 +83,9 @@ class AuditSettings:
     interval_seconds: float = 60.0     # CUTY_AUDIT_INTERVAL_SECONDS (0: the job does not run)
     max_windows: int = 12              # CUTY_AUDIT_MAX_WINDOWS: per round
     start_back_seconds: float = 86400.0  # CUTY_AUDIT_START_BACK_SECONDS: the first watermark, before now
+    # CUTY_AUDIT_DUTY_CYCLE: the share of wall time the job may spend auditing when it has windows
+    # to catch up (after a batch that took t seconds it rests t * (1 - d) / d; 1: no rest).
+    duty_cycle: float = 0.1
 
     @classmethod
     def from_env(cls) -> "AuditSettings":
@@ -92,11 +95,13 @@ class AuditSettings:
                 settle_seconds=env_float("CUTY_AUDIT_SETTLE_SECONDS", d.settle_seconds),
                 interval_seconds=env_float("CUTY_AUDIT_INTERVAL_SECONDS", d.interval_seconds),
                 max_windows=env_int("CUTY_AUDIT_MAX_WINDOWS", d.max_windows),
-                start_back_seconds=env_float("CUTY_AUDIT_START_BACK_SECONDS", d.start_back_seconds))
+                start_back_seconds=env_float("CUTY_AUDIT_START_BACK_SECONDS", d.start_back_seconds),
+                duty_cycle=env_float("CUTY_AUDIT_DUTY_CYCLE", d.duty_cycle))
         if not 0 < s.window_seconds <= 86400 - s.slack_seconds or s.slack_seconds < 0 or s.settle_seconds < 0 \
-                or s.interval_seconds < 0 or s.max_windows < 1 or s.start_back_seconds < 0:
+                or s.interval_seconds < 0 or s.max_windows < 1 or s.start_back_seconds < 0 \
+                or not 0 < s.duty_cycle <= 1:
             raise ValueError("CUTY_AUDIT_*: window 0 < w and w + slack <= 1 day, slack, settle, interval and "
-                             "start back >= 0, max windows >= 1")
+                             "start back >= 0, max windows >= 1, 0 < duty cycle <= 1")
         return s
 
 
@@ -110,6 +115,26 @@ class Finding:
     psp_id: str | None = None
     other_id: str | None = None
     merchant_id: str | None = None
+
+
+class DutyCycle:
+    """The auditor's bound on its own share of the machine while it catches up a backlog: after work
+    that took t seconds it is free again t * (1 - duty) / duty seconds later, so it works at most
+    `duty` of the wall time (the digests, the PSP's lists and the databases it reads from included,
+    as their work is proportional to its). Kept across rounds: a round that begins right after a
+    long one still rests first. Keeping pace with the sales (one window a window's time) it never
+    waits."""
+
+    def __init__(self, duty: float, clock=time.monotonic) -> None:
+        self.duty, self.clock = duty, clock
+        self.free_at = 0.0
+
+    def worked(self, seconds: float) -> None:
+        self.free_at = max(self.free_at, self.clock() + seconds * (1.0 - self.duty) / self.duty)
+
+    def wait(self) -> float:
+        """Seconds to rest before the next batch of windows."""
+        return max(0.0, self.free_at - self.clock())
 
 
 class WindowNotAudited(Exception):
@@ -197,6 +222,7 @@ class Auditor:
         self.deadline = deadline_seconds
         self.leader = LeaseLeader(pool, LEASE, ttl=max(3 * self.settings.interval_seconds, 120.0),
                                   holder=worker_id or None)
+        self.duty = DutyCycle(self.settings.duty_cycle)
 
     # -- the periodic job -----------------------------------------------------------------------
     async def run(self) -> None:
@@ -223,6 +249,7 @@ class Auditor:
         done: list[Checked] = []
         step = timedelta(seconds=s.window_seconds)
         due_by = now - timedelta(seconds=s.settle_seconds)
+        began = time.monotonic()
         with quiet():  # a standing job: no trace per round
             mark = await self.pool.fetchval(WATERMARK_READ, WATERMARK)
             while len(done) < s.max_windows:
@@ -230,23 +257,39 @@ class Auditor:
                           if mark + (i + 1) * step <= due_by]
                 if not starts:
                     break
-                for checked in await asyncio.gather(*(self.audit_window(a, a + step) for a in starts)):
+                rest = self.duty.wait()
+                if rest and time.monotonic() - began + rest > self.leader.ttl / 2:
+                    break  # the lease is renewed at each round's election: the next round goes on
+                for checked in await self._batch(starts, step, rest=rest):
                     if await self.pool.execute(WATERMARK_ADVANCE, WATERMARK, mark, checked.end) != "UPDATE 1":
                         return done  # another replica advanced it meanwhile (this one's lease had lapsed)
                     done.append(checked)
                     mark = checked.end
         return done
 
-    async def audit_range(self, since: datetime, until: datetime) -> list[Checked]:
+    async def _batch(self, starts: list[datetime], step: timedelta, *, until: datetime | None = None,
+                     record: bool = True, rest: float | None = None) -> list[Checked]:
+        """Windows audited together, after the duty cycle's rest; their time counted against it."""
+        rest = self.duty.wait() if rest is None else rest
+        if rest:
+            await asyncio.sleep(rest)
+        t = time.monotonic()
+        try:
+            return await _gather_all([self.audit_window(a, min(a + step, until or a + step), record=record)
+                                      for a in starts])
+        finally:
+            self.duty.worked(time.monotonic() - t)
+
+    async def audit_range(self, since: datetime, until: datetime, *, paced: bool = False) -> list[Checked]:
         """Every window of [since, until), WINDOWS_AT_ONCE at a time, nothing recorded, the
         watermark untouched (`ops audit --since`: the periodic job records, counts and alerts; an
-        operator's check only shows)."""
+        operator's check only shows). Flat out unless `paced` (then under the duty cycle, as the job)."""
         step = timedelta(seconds=self.settings.window_seconds)
         starts = [since + i * step for i in range(int((until - since) / step) + 1) if since + i * step < until]
         out: list[Checked] = []
         for i in range(0, len(starts), WINDOWS_AT_ONCE):
-            out += await asyncio.gather(*(self.audit_window(a, min(a + step, until), record=False)
-                                          for a in starts[i:i + WINDOWS_AT_ONCE]))
+            out += await self._batch(starts[i:i + WINDOWS_AT_ONCE], step, until=until, record=False,
+                                     rest=None if paced else 0.0)
         return out
 
     # -- one window -----------------------------------------------------------------------------
@@ -261,10 +304,10 @@ class Auditor:
                 return await read
             finally:
                 timings[what] = round(time.perf_counter() - t, 3)
-        checkouts, holds, (orders, duplicates), charges, refunds = await asyncio.gather(
+        checkouts, holds, (orders, duplicates), charges, refunds = await _gather_all([
             timed("checkouts", self._checkouts(a, b)), timed("holds", self._holds(a, wide)),
             timed("orders", self._orders(a, wide)), timed("charges", self._charges(a, wide)),
-            timed("refunds", self._psp_list(self.psp.list_refunds, a, b)))
+            timed("refunds", self._psp_list(self.psp.list_refunds, a, b))])
         t_read = time.perf_counter()
         checked = Checked(a, b, len(checkouts), len(holds), len(orders), len(charges), len(refunds),
                           timings=timings)
@@ -508,6 +551,20 @@ class Auditor:
         return len(added)
 
 
+async def _gather_all(aws: list) -> list:
+    """asyncio.gather whose parts are all finished when it returns or raises: one that fails (or a
+    cancel) cancels the others and waits for them, so nothing is left running or never awaited
+    (gather alone leaves the rest running, and coroutines it never started unawaited)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 class _Looks:
     """The second looks of one window: counted against MAX_SECOND_LOOKS, run a few at a time."""
 
@@ -524,7 +581,7 @@ class _Looks:
         async def one(x):
             async with self.gate:
                 return await fn(x)
-        return await asyncio.gather(*(one(x) for x in items))
+        return await _gather_all([one(x) for x in items])
 
 
 async def recorded(pool, since: datetime, limit: int = 1000) -> list[dict]:

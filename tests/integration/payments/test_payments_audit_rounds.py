@@ -3,6 +3,8 @@ time (the lease), every window after the watermark audited once and in order, an
 lease was taken over cannot move the watermark back. The other services' digests and the PSP are
 stand-ins answering empty windows (their own tests cover them); each call is counted."""
 import asyncio
+import dataclasses
+import time
 from datetime import timedelta
 
 import pytest_asyncio
@@ -16,12 +18,15 @@ from payments.audit import LEASE, WATERMARK, AuditSettings, Auditor
 class EmptyWorld:
     """Booking, the code pool and the PSP with nothing in any window; remembers the windows asked."""
 
-    def __init__(self):
+    def __init__(self, takes: float = 0.01):
         self.windows: list[tuple] = []
+        self.asked_at: list[float] = []  # time.monotonic() of each DigestHolds
+        self.takes = takes
 
     async def DigestHolds(self, request, timeout=None):
         self.windows.append((from_timestamp(request.start_time), from_timestamp(request.end_time)))
-        await asyncio.sleep(0.01)
+        self.asked_at.append(time.monotonic())
+        await asyncio.sleep(self.takes)
         return booking_pb2.DigestHoldsResponse()
 
     async def DigestDeliveries(self, request, timeout=None):
@@ -47,8 +52,8 @@ async def clean(payments_pool):
     await wipe()
 
 
-def auditor(pool, world, name):
-    return Auditor(pool, world, world, world, settings=SETTINGS, worker_id=name)
+def auditor(pool, world, name, settings=SETTINGS):
+    return Auditor(pool, world, world, world, settings=settings, worker_id=name)
 
 
 async def test_replicas_audit_each_window_once_in_order(payments_pool, clean):
@@ -89,6 +94,26 @@ async def test_a_replica_whose_lease_was_taken_over_cannot_move_the_watermark(pa
                                        WATERMARK, mark, mark + timedelta(seconds=60)) == "UPDATE 0"
     assert await stale.round() == []  # and it no longer leads
     assert await payments_pool.fetchval("SELECT watermark FROM audit_watermarks WHERE name = $1", WATERMARK) == moved
+
+
+async def test_catching_up_the_job_rests_between_batches_by_its_duty_cycle(payments_pool, clean):
+    world = EmptyWorld(takes=0.1)
+    job = auditor(payments_pool, world, "catching-up", dataclasses.replace(SETTINGS, duty_cycle=0.25))
+    done = await job.round()
+    assert len(done) == 5  # every due window of the round, in batches of 2, 2 and 1
+    first, second, third = world.asked_at[0], world.asked_at[2], world.asked_at[4]
+    # each batch took at least 0.1 s, so the next began at least 0.1 + 3 * 0.1 s after it
+    assert second - first >= 0.4 and third - second >= 0.4
+
+
+async def test_a_rest_longer_than_half_the_lease_ends_the_round_and_the_next_goes_on(payments_pool, clean):
+    world = EmptyWorld()
+    job = auditor(payments_pool, world, "resting")
+    job.duty.free_at = time.monotonic() + job.leader.ttl  # a long batch just ended
+    assert await job.round() == []  # it keeps its lease (renewed at each round) rather than sleep past it
+    assert world.windows == []
+    job.duty.free_at = 0.0  # rested
+    assert len(await job.round()) == SETTINGS.max_windows
 
 
 async def test_the_second_looks_find_a_payment_and_its_checkout_by_each_key(scratch_db):
