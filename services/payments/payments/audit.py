@@ -298,16 +298,18 @@ class Auditor:
         wide = b + timedelta(seconds=self.settings.slack_seconds)
         timings: dict[str, float] = {}
 
-        async def timed(what: str, read):
+        async def timed(what: str, read, *args):
+            # the read is started here, not before: a part cancelled before it ran leaves no
+            # coroutine never awaited
             t = time.perf_counter()
             try:
-                return await read
+                return await read(*args)
             finally:
                 timings[what] = round(time.perf_counter() - t, 3)
         checkouts, holds, (orders, duplicates), charges, refunds = await _gather_all([
-            timed("checkouts", self._checkouts(a, b)), timed("holds", self._holds(a, wide)),
-            timed("orders", self._orders(a, wide)), timed("charges", self._charges(a, wide)),
-            timed("refunds", self._psp_list(self.psp.list_refunds, a, b))])
+            timed("checkouts", self._checkouts, a, b), timed("holds", self._holds, a, wide),
+            timed("orders", self._orders, a, wide), timed("charges", self._charges, a, wide),
+            timed("refunds", self._psp_list, self.psp.list_refunds, a, b)])
         t_read = time.perf_counter()
         checked = Checked(a, b, len(checkouts), len(holds), len(orders), len(charges), len(refunds),
                           timings=timings)

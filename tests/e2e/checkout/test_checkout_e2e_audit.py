@@ -135,7 +135,8 @@ async def test_clean_purchases_report_nothing_and_each_drift_is_reported(shop):
 
     # The periodic job, switched on: it records each violation once and counts it.
     proc = shop.stack.procs["payments-0"]
-    proc.env.update(CUTY_AUDIT_INTERVAL_SECONDS="0.5", CUTY_AUDIT_SETTLE_SECONDS="0")
+    # flat out (no duty-cycle rest): 120 windows to catch up, and this is about what it records
+    proc.env.update(CUTY_AUDIT_INTERVAL_SECONDS="0.5", CUTY_AUDIT_SETTLE_SECONDS="0", CUTY_AUDIT_DUTY_CYCLE="1")
     await shop.stack.restart("payments-0")
 
     async def recorded():
