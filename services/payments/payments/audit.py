@@ -586,6 +586,17 @@ class _Looks:
         return await _gather_all([one(x) for x in items])
 
 
+def distinct(checked: list[Checked]) -> list[tuple[Checked, Finding]]:
+    """Each violation of audited windows once, with the first window that found it, as the job
+    records it (unique per kind and offending id): windows overlap by the slack, so a fact near an
+    edge (a code sold twice to orders of two windows) can be seen by both."""
+    first: dict[tuple[str, str], tuple[Checked, Finding]] = {}
+    for c in checked:
+        for f in c.findings:
+            first.setdefault((f.kind, f.subject), (c, f))
+    return list(first.values())
+
+
 async def recorded(pool, since: datetime, limit: int = 1000) -> list[dict]:
     """The findings of windows that ended after `since`, oldest first (`ops audit`)."""
     rows = await pool.fetch("SELECT kind, subject, checkout_id, payment_id, psp_id, other_id, "

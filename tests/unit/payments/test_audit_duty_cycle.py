@@ -1,5 +1,6 @@
 """The invariant auditor's duty cycle (payments/audit.py DutyCycle): catching up a backlog, it works
-at most its share of the wall time, resting after each batch in proportion to the batch."""
+at most its share of the wall time, resting after each batch in proportion to the batch; and the
+findings of overlapping windows, listed once each (`ops audit`)."""
 import pytest
 
 from payments.audit import AuditSettings, DutyCycle
@@ -51,3 +52,18 @@ def test_the_duty_cycle_is_read_from_the_environment(monkeypatch):
     assert AuditSettings.from_env().duty_cycle == 0.5
     monkeypatch.delenv("CUTY_AUDIT_DUTY_CYCLE")
     assert AuditSettings.from_env().duty_cycle == 0.1
+
+
+def test_a_violation_seen_by_two_overlapping_windows_is_listed_once_with_the_first():
+    from datetime import datetime, timedelta, timezone
+
+    from payments.audit import Checked, Finding, distinct
+
+    t = datetime(2026, 12, 3, tzinfo=timezone.utc)
+    twice = Finding("code_delivered_twice", "code-1", other_id="order-a,order-b")
+    w1 = Checked(t, t + timedelta(minutes=10), findings=[twice, Finding("codes_count_mismatch", "checkout-1")])
+    w2 = Checked(t + timedelta(minutes=10), t + timedelta(minutes=20),
+                 findings=[twice, Finding("codes_count_mismatch", "checkout-2")])
+    assert [(c.start, f.kind, f.subject) for c, f in distinct([w1, w2])] == [
+        (w1.start, "code_delivered_twice", "code-1"), (w1.start, "codes_count_mismatch", "checkout-1"),
+        (w2.start, "codes_count_mismatch", "checkout-2")]
