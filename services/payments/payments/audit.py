@@ -309,7 +309,7 @@ class Auditor:
         checkouts, holds, (orders, duplicates), charges, refunds = await _gather_all([
             timed("checkouts", self._checkouts, a, b), timed("holds", self._holds, a, wide),
             timed("orders", self._orders, a, wide), timed("charges", self._charges, a, wide),
-            timed("refunds", self._psp_list, self.psp.list_refunds, a, b)])
+            timed("refunds", self._refunds_of, a, b)])
         t_read = time.perf_counter()
         checked = Checked(a, b, len(checkouts), len(holds), len(orders), len(charges), len(refunds),
                           timings=timings)
@@ -377,6 +377,9 @@ class Auditor:
 
     async def _charges(self, a: datetime, b: datetime) -> list[dict]:
         return await self._psp_list(self.psp.list_charges, a, b)
+
+    async def _refunds_of(self, a: datetime, b: datetime) -> list[dict]:
+        return await self._psp_list(self.psp.list_refunds, a, b)
 
     # -- money: charges, payments, checkouts ----------------------------------------------------
     async def _money(self, checkouts, charges, by_intent, a, b, looks: "_Looks") -> list[Finding]:
