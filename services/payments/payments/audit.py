@@ -27,7 +27,8 @@ offending id):
 One replica runs it at a time (cutylib.metrics.LeaseLeader, lease `audit`); it audits the windows
 after its watermark (audit_watermarks 'invariants') that ended at least CUTY_AUDIT_SETTLE_SECONDS
 ago (by then a checkout is terminal), at most CUTY_AUDIT_MAX_WINDOWS per round, and advances the
-watermark with a conditional UPDATE. Every loop is bounded: pages of a window (MAX_PAGES), second
+watermark with a conditional UPDATE. Catching up a backlog, it works at most CUTY_AUDIT_DUTY_CYCLE
+of the wall time (DutyCycle), so the buyers keep the machine. Every loop is bounded: pages of a window (MAX_PAGES), second
 looks per window (MAX_SECOND_LOOKS; more fail the window, which is tried again next round and shows
 as lag), windows per round.
 """
@@ -556,17 +557,20 @@ class Auditor:
         return len(added)
 
 
+CANCEL_GRACE_SECONDS = 5.0
+
+
 async def _gather_all(aws: list) -> list:
-    """asyncio.gather whose parts are all finished when it returns or raises: one that fails (or a
-    cancel) cancels the others and waits for them, so nothing is left running or never awaited
-    (gather alone leaves the rest running, and coroutines it never started unawaited)."""
+    """asyncio.gather that leaves nothing running behind it: when one part fails (or the whole is
+    cancelled) the others are cancelled and given CANCEL_GRACE_SECONDS to finish (gather alone
+    leaves them running, reading a window nobody will check)."""
     tasks = [asyncio.ensure_future(a) for a in aws]
     try:
         return await asyncio.gather(*tasks)
     except BaseException:
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.wait(tasks, timeout=CANCEL_GRACE_SECONDS)
         raise
 
 
