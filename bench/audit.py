@@ -179,7 +179,11 @@ async def main() -> None:
     side = checkout_bench.Side(server, work, secure=True)
     results = []
     try:
-        slots = CONCURRENCY * 400
+        # slots and codes for every round's buyers (up to 100 checkouts a second, half of each
+        # kind, and a margin): buyers that ran out would fail fast and void the ratios
+        need = int(100 * (3 + ROUNDS * (3 * SECONDS + max(SECONDS, PACE_SECONDS))))
+        checkout_bench.SLOTS_PER_RUN = max(checkout_bench.SLOTS_PER_RUN, need)
+        slots = max(CONCURRENCY * 400, need)
         await side.start(slots, 2)
         t0 = time.perf_counter()
         made = await seed_psp(side.stack.psp_url, n)
