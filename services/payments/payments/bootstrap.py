@@ -15,6 +15,7 @@ from cutylib.retention import Retention
 
 from . import audit, signature
 from .checkout import wiring
+from .checkout.settings import CheckoutOptions
 from .claims import wiring as claims
 from .disputes import wiring as disputes
 from .outbound import wiring as outbound
@@ -48,13 +49,22 @@ async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
 MERCHANT_EVENTS_MOVE_AFTER_DAYS = 30
 OUTBOUND_HISTORY_RETENTION_DAYS = 400
 OUTBOUND_HISTORIES = ("merchant_events_history", "webhook_deliveries_history", "webhook_attempts_history")
+# The checkout API's Idempotency-Keys live a day (CUTY_IDEMPOTENCY_TTL_SECONDS) in day partitions,
+# made a week ahead, and leave whole 2 days after their day (CUTY_CHECKOUT_IDEMPOTENCY_KEYS_RETENTION_DAYS,
+# never below the keys' lifetime): a dead key's row stays at most 3 days.
+IDEMPOTENCY_KEYS_RETENTION_DAYS = 2
+IDEMPOTENCY_KEYS_PARTITION_DAYS = 1
+IDEMPOTENCY_KEYS_AHEAD = 7
 
 
 def payments_retention(pool: asyncpg.Pool) -> Retention:
     """Payments' retention job: the timeline's partitions, finished outbound events moved into
-    their histories and the histories' partitions."""
+    their histories and the histories' partitions, the idempotency keys' day partitions."""
     tables = [retention.table("payment_events", PAYMENT_EVENTS_RETENTION_DAYS)]
     tables += [retention.table(t, OUTBOUND_HISTORY_RETENTION_DAYS, "outbound_history") for t in OUTBOUND_HISTORIES]
+    tables.append(retention.table(
+        "checkout_idempotency_keys", IDEMPOTENCY_KEYS_RETENTION_DAYS, width_days=IDEMPOTENCY_KEYS_PARTITION_DAYS,
+        ahead=IDEMPOTENCY_KEYS_AHEAD, at_least_days=CheckoutOptions().idempotency_ttl_seconds / 86400))
     return Retention(pool, tables, retention.archive_dir(),
                      [retention.move("merchant_events", "merchant_events_move", MERCHANT_EVENTS_MOVE_AFTER_DAYS)])
 
