@@ -1,7 +1,9 @@
-"""The checkout API's Idempotency-Keys in day partitions (docs/checkout.md, "Idempotency-Key"), on a
-database of their own: the migration keeps the keys there were (their answers still replayed), a
-key has one live use across partitions even when requests race, a key used again after it expired
-is a new request, and dead keys leave a partition at a time, past their retention, never row by row."""
+"""The key tables in time partitions, on a database of their own: the checkout API's
+Idempotency-Keys by day (docs/checkout.md, "Idempotency-Key") and the PSP's webhook events by week
+(docs/payments.md, "Webhooks"). The migrations keep the rows there were (a key's answer still
+replayed, an event's redelivery still a duplicate), a key has one live use and an event id one row
+across partitions even when requests race, a key used again after it expired is a new request, and
+rows leave a partition at a time, past their retention, never row by row."""
 from __future__ import annotations
 
 import asyncio
@@ -26,7 +28,10 @@ from payments.checkout.idempotency import IdempotencyStore, Replay, request_hash
 REPO = pathlib.Path(__file__).resolve().parents[3]
 MIGRATIONS = REPO / "services" / "payments" / "migrations"
 CONVERSION = "0190_idempotency_keys_partitioned.sql"
+EVENTS_CONVERSION = "0191_psp_events_partitioned.sql"
 TABLE = "checkout_idempotency_keys"
+EVENTS = "psp_events"
+STORE_EVENT = "SELECT psp_events_store($1, 'payment_intent.succeeded', NULL, '{}'::jsonb, $2, 5)"
 # The request's first write, as the checkout API's are (idempotency.begin_with): here it writes
 # nothing, and holds the key's statement open a moment so racing requests overlap.
 FIRST = ("first AS (SELECT pg_sleep(0.02) AS slept FROM began)", ())
@@ -48,17 +53,17 @@ async def use(keys: IdempotencyStore, customer: str, key: str, req: str, answer:
         return (e.reason, None)
 
 
-async def partitions(owner) -> dict[str, tuple]:
+async def partitions(owner, table: str = TABLE) -> dict[str, tuple]:
     return {r["partition"]: (r["lower"], r["upper"]) for r in
-            await owner.fetch("SELECT * FROM cuty_partition_bounds($1)", TABLE)}
+            await owner.fetch("SELECT * FROM cuty_partition_bounds($1)", table)}
 
 
 @pytest_asyncio.fixture
 async def db(pg, tmp_path):
-    """A payments database migrated up to the conversion, with keys in the old table, then converted:
-    (owner connection, service pool, the keys written before)."""
+    """A payments database migrated up to the conversions, with keys and PSP events in the old tables,
+    then converted: (owner connection, service pool, the keys written before)."""
     before = tmp_path / "migrations"
-    shutil.copytree(MIGRATIONS, before, ignore=shutil.ignore_patterns(CONVERSION))
+    shutil.copytree(MIGRATIONS, before, ignore=shutil.ignore_patterns(CONVERSION, EVENTS_CONVERSION))
     dsn = with_database(pg.dsn, f"payments_keys_{uuid.uuid4().hex[:10]}")
     await migrate(dsn, before)
     owner = await asyncpg.connect(dsn)
@@ -72,7 +77,15 @@ async def db(pg, tmp_path):
             None if name == "running" else b"stored " + name.encode(), None if name == "running" else False,
             dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5) if name == "running" else None,
             dt.timedelta(days=2) if name == "dead" else dt.timedelta(hours=1))
-    assert await migrate(dsn, MIGRATIONS) == [CONVERSION.removesuffix(".sql")]
+    # Events of before: handled a month ago, handled today, and one still to be handled.
+    for name, status, age in (("evt_month", "processed", "29 days"), ("evt_today", "ignored", "1 hour"),
+                              ("evt_due", "received", "1 minute")):
+        await owner.execute(
+            "INSERT INTO psp_events (event_id, type, payload, status, received_at, processed_at, next_attempt_at) "
+            "VALUES ($1, 'payment_intent.succeeded', '{}'::jsonb, $2, clock_timestamp() - $3::text::interval, "
+            "CASE WHEN $2 <> 'received' THEN clock_timestamp() END, CASE WHEN $2 = 'received' THEN clock_timestamp() END)",
+            name, status, age)
+    assert await migrate(dsn, MIGRATIONS) == [CONVERSION.removesuffix(".sql"), EVENTS_CONVERSION.removesuffix(".sql")]
     pool = await create_payments_pool(await service_dsn(pg.dsn, "payments", dsn),
                                       dataclasses.replace(Settings(), db_pool_min=2, db_pool_max=12))
     yield owner, pool, old
@@ -173,3 +186,38 @@ async def test_dead_keys_leave_by_partition_past_their_retention(db, tmp_path, m
         payments_retention(pool)
     monkeypatch.setenv("CUTY_CHECKOUT_IDEMPOTENCY_KEYS_RETENTION_DAYS", "0")
     assert [t.retention_days for t in payments_retention(pool).tables if t.name == TABLE] == [0]
+
+
+async def test_psp_events_are_kept_by_week_and_an_event_id_is_stored_once(db, tmp_path):
+    owner, pool, _ = db
+    parts = await partitions(owner, EVENTS)
+    legacy = parts.pop(f"{EVENTS}_legacy")
+    assert legacy[0] is None and legacy[1] > dt.datetime.now(dt.timezone.utc)
+    assert all(hi - lo == dt.timedelta(days=7) for lo, hi in parts.values())
+    assert await owner.fetchval(f"SELECT count(*) FROM ONLY {EVENTS}_legacy") == 3
+    # The event still due is found by the retry worker's claim, as before the conversion.
+    from payments.webhooks import CLAIM_PSP_EVENTS
+    assert [r["event_id"] for r in await pool.fetch(CLAIM_PSP_EVENTS, 10, 5.0)] == ["evt_due"]
+
+    # A redelivery of an event of before is a duplicate; a new event is stored once, however many
+    # deliveries of it race.
+    assert await pool.fetchval(STORE_EVENT, "evt_month", "processed") is False
+    stored = await asyncio.gather(*(pool.fetchval(STORE_EVENT, "evt_new", "processed") for _ in range(16)))
+    assert stored.count(True) == 1
+    assert await owner.fetchval(f"SELECT count(*) FROM {EVENTS} WHERE event_id = 'evt_new'") == 1
+    # An id stored in another partition (its primary key holds received_at) is the same event.
+    later = max(hi for _, hi in parts.values()) - dt.timedelta(days=1)
+    await owner.execute(f"INSERT INTO {EVENTS} (event_id, type, payload, status, received_at, processed_at) "
+                        "VALUES ('evt_elsewhere', 't', '{}', 'processed', $1, $1)", later)
+    assert await pool.fetchval(STORE_EVENT, "evt_elsewhere", "processed") is False
+    assert await owner.fetchval(f"SELECT count(*) FROM {EVENTS} WHERE event_id = 'evt_elsewhere'") == 1
+
+    # Past the retention the legacy week leaves whole, archived; the later partition stays.
+    assert await pool.fetchval("SELECT array_agg(p) FROM cuty_partitions_detach($1, $2, 1000) p",
+                               EVENTS, legacy[1]) == [f"{EVENTS}_legacy"]
+    job = payments_retention(pool)
+    done = await Retention(pool, [t for t in job.tables if t.name == EVENTS], tmp_path).round()
+    assert done.dropped == [f"{EVENTS}_legacy"]
+    assert len((tmp_path / EVENTS / f"{EVENTS}_legacy.csv").read_text().splitlines()) == 1 + 4
+    assert [r["event_id"] for r in await owner.fetch(f"SELECT event_id FROM {EVENTS}")] == ["evt_elsewhere"]
+    assert [t.retention_days for t in job.tables if t.name == EVENTS] == [30]
