@@ -26,4 +26,4 @@ ALTER TABLE checkout_idempotency_keys ADD CONSTRAINT checkout_idempotency_keys_p
 -- customer only, so it is found through its own index, one probe per partition.
 CREATE INDEX checkout_idempotency_keys_by_key ON checkout_idempotency_keys (key);
 
-SELECT cuty_partition_adopt('checkout_idempotency_keys', 'checkout_idempotency_keys_legacy', 1, 7);
+SELECT cuty_partition_adopt('checkout_idempotency_keys', 'checkout_idempotency_keys_legacy', 1, 3);

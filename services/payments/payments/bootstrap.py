@@ -50,11 +50,11 @@ MERCHANT_EVENTS_MOVE_AFTER_DAYS = 30
 OUTBOUND_HISTORY_RETENTION_DAYS = 400
 OUTBOUND_HISTORIES = ("merchant_events_history", "webhook_deliveries_history", "webhook_attempts_history")
 # The checkout API's Idempotency-Keys live a day (CUTY_IDEMPOTENCY_TTL_SECONDS) in day partitions,
-# made a week ahead, and leave whole 2 days after their day (CUTY_CHECKOUT_IDEMPOTENCY_KEYS_RETENTION_DAYS,
+# made 3 days ahead, and leave whole 2 days after their day (CUTY_CHECKOUT_IDEMPOTENCY_KEYS_RETENTION_DAYS,
 # never below the keys' lifetime): a dead key's row stays at most 3 days.
 IDEMPOTENCY_KEYS_RETENTION_DAYS = 2
 IDEMPOTENCY_KEYS_PARTITION_DAYS = 1
-IDEMPOTENCY_KEYS_AHEAD = 7
+IDEMPOTENCY_KEYS_AHEAD = 3
 # The PSP's webhook events, deduplicated on their ids, in week partitions (4 made ahead), kept 30
 # days after their week (CUTY_PSP_EVENT_RETENTION_DAYS): a redelivery comes within minutes (older
 # ones fail the signature's tolerance), and the on-call story reads a payment's events for a month.
