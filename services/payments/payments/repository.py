@@ -130,12 +130,16 @@ LIMIT $4
 # reschedule to a dearer slot charged a second one): the purchase's first, then by time; what is
 # left of each, and what an earlier attempt of this cancel asked of it ($2: the purchase's refund
 # key; $3: the prefix of the others', completed by the payment id).
+# A no-show fee's own payment (off_session 'charge') is no part of what a cancel gives back: the fee
+# is for the no-show, and staff refund it only by asking for that payment's refund themselves
+# (IssueRefund; docs/checkout.md, "No-show fee").
 CAPTURED_PAYMENTS = """
 SELECT p.id::text AS id, p.amount_minor - p.refunded_minor AS left_minor, r.requested_minor AS asked_minor
 FROM payments p
 LEFT JOIN refunds r ON r.merchant_id = p.merchant_id AND r.payment_id = p.id
      AND r.key = CASE WHEN p.id = $4::uuid THEN $2::text ELSE $3::text || p.id::text END
 WHERE p.checkout_id = $1 AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+  AND p.off_session IS DISTINCT FROM 'charge'
 ORDER BY p.id = $4::uuid DESC, p.created_at, p.id
 """
 

@@ -170,3 +170,52 @@ async def test_an_accepted_fee_is_charged_off_session_once_and_a_declined_one_sa
     finally:
         await db.close()
     assert ("no_show_fee", "charged") in [(e["source"], e["to_status"]) for e in timeline]
+
+
+async def test_a_staff_cancel_after_a_no_show_keeps_the_fee_unless_staff_refund_it(http, auth, fresh_key, stack,
+                                                                                  until_state):
+    """The fee is for not coming: cancelling the booking afterwards gives back what is left of the
+    purchase, never the fee's own payment, even when the purchase alone no longer covers the
+    booking's price; staff refund the fee only by asking for that payment's refund themselves."""
+    salon = await _salon_with_fee(http, auth)
+    (slot,) = await _slots_starting_in(http, auth, salon, 6, 1)
+    customer = auth("customer", f"customer-{uuid.uuid4().hex[:8]}")
+    bought = await _buy(http, customer, fresh_key, slot["id"], "pm_card_ok", FEE)
+    start = dt.datetime.fromisoformat(slot["startTime"].replace("Z", "+00:00"))
+    await asyncio.sleep(max(0.0, (start - dt.datetime.now(dt.timezone.utc)).total_seconds()) + 0.5)
+    staff = auth("staff")
+    r = await http.post(f"/v1/checkouts/{bought['id']}:markNoShow", json={}, headers=staff)
+    assert r.status_code == 200, r.text
+    fee = (await _fee_decided(http, bought["id"], staff))["noShowFee"]
+    assert fee["status"] == "charged", fee
+    # The salon gave part of the purchase back already: what is left of it (65000) is less than the
+    # price (75000), so a cancel that counted the fee's payment would take the rest from the fee.
+    purchase = bought["payment"]["id"]
+    r = await http.post(f"/v1/payments/{purchase}:refund", headers={**staff, **fresh_key()},
+                        json={"amount": _money(10000), "reason": "the colour was not as asked"})
+    assert r.status_code == 200, r.text
+
+    r = await http.post(f"/v1/checkouts/{bought['id']}:cancel", headers=staff,
+                        json={"reason": "the customer called: they will not come again"})
+    assert r.status_code == 200, r.text
+    out = await until_state(bought["id"], staff, {"CANCELLED_AFTER_PURCHASE"})
+    assert out["refundAmount"] == _money(PRICE - 10000), out
+    assert out["payment"]["status"] == "PAYMENT_STATUS_REFUNDED"
+    # The fee stays charged, its payment untouched, at the PSP too.
+    assert out["noShowFee"]["status"] == "charged" and out["noShowFee"]["paymentId"] == fee["paymentId"]
+    db = await asyncpg.connect(with_database(stack.state()["database_url"], "cuty_payments"))
+    try:
+        fee_payment = await db.fetchrow("SELECT status, refunded_minor, psp_intent_id FROM payments WHERE id = $1",
+                                        uuid.UUID(fee["paymentId"]))
+    finally:
+        await db.close()
+    assert (fee_payment["status"], fee_payment["refunded_minor"]) == ("succeeded", 0)
+    ledger = await _ledger(stack)
+    assert not [x for x in ledger["refunds"] if x["intent_id"] == fee_payment["psp_intent_id"]]
+
+    # Asked for explicitly, the fee is refunded like any payment.
+    r = await http.post(f"/v1/payments/{fee['paymentId']}:refund", headers={**staff, **fresh_key()},
+                        json={"reason": "waived: a family emergency"})
+    assert r.status_code == 200 and r.json()["amount"] == _money(FEE), r.text
+    ledger = await _ledger(stack)
+    assert [x["amount"] for x in ledger["refunds"] if x["intent_id"] == fee_payment["psp_intent_id"]] == [FEE]

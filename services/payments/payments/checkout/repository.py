@@ -239,9 +239,11 @@ WITH upd AS (
                  ELSE COALESCE(c.amount_minor, 0)
                       * (100 - COALESCE(c.cancellation_fee_percent, {DEFAULT_FEE_PERCENT})) / 100 END,
             -- what is left of every captured payment of the checkout: the purchase's and the price
-            -- increases of its reschedules
+            -- increases of its reschedules; never a no-show fee's (off_session 'charge'), which a
+            -- cancel does not give back (CAPTURED_PAYMENTS)
             COALESCE((SELECT sum(p.amount_minor - p.refunded_minor) FROM payments p
-                      WHERE p.checkout_id = c.id AND p.status IN ('succeeded', 'partially_refunded', 'refunded')), 0)),
+                      WHERE p.checkout_id = c.id AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+                        AND p.off_session IS DISTINCT FROM 'charge'), 0)),
         cancelled_by = $8, cancel_reason = $9,
         failure_reason = CASE WHEN $2::text IS NULL THEN 'cancelled-by-staff' ELSE 'cancelled-by-customer' END,
         lease_owner = $4,
