@@ -178,7 +178,7 @@ async def test_a_staff_cancel_after_a_no_show_keeps_the_fee_unless_staff_refund_
     purchase, never the fee's own payment, even when the purchase alone no longer covers the
     booking's price; staff refund the fee only by asking for that payment's refund themselves."""
     salon = await _salon_with_fee(http, auth)
-    (slot,) = await _slots_starting_in(http, auth, salon, 6, 1)
+    (slot,) = await _slots_starting_in(http, auth, salon, 8, 1)
     customer = auth("customer", f"customer-{uuid.uuid4().hex[:8]}")
     bought = await _buy(http, customer, fresh_key, slot["id"], "pm_card_ok", FEE)
     start = dt.datetime.fromisoformat(slot["startTime"].replace("Z", "+00:00"))
@@ -229,7 +229,7 @@ async def test_a_payment_link_offers_the_fee_on_the_psp_page_and_only_an_accepte
     own acceptance is, and charged once off-session on the card they presented when staff mark a
     no-show; a customer who pays without accepting is never charged a fee."""
     salon = await _salon_with_fee(http, auth)
-    accepting, refusing = await _slots_starting_in(http, auth, salon, 10, 2)
+    accepting, refusing = await _slots_starting_in(http, auth, salon, 15, 2)
     staff = auth("staff")
     links = {}
     for name, slot in (("accepting", accepting), ("refusing", refusing)):
