@@ -110,6 +110,7 @@ class Outcome:
         self.arrivals = 0                # buyers started
         self.polls = 0                   # GETs of a checkout whose answer was not final yet
         self.retries = 0                 # requests a buyer sent again after a Retry-After
+        self.requests = 0                # HTTP requests sent (what the load generator's CPU is spent on)
         self.statuses: dict[str, int] = {}
         # How each visit ended, by the call it ended at: "completed", "refused at create",
         # "refused at pay", "gave up at create|pay|poll", "error at ...".
@@ -135,6 +136,7 @@ async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http
     async def call(method: str, path: str, headers: dict[str, str], payload: bytes = b"") -> tuple[int, bytes]:
         for _ in range(100):  # bounded: patience ends it long before
             t = time.perf_counter()
+            out.requests += 1
             status, raw = await conn.request(method, path, headers, payload)
             if status not in (429, 503):
                 break
@@ -497,6 +499,10 @@ def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, of
                "refused": len(refused), "refusal_p99_ms": round(percentile(refused, 0.99), 1),
                "gave_up": out.gave_up, "failed": out.failed, "polls": out.polls, "answers": out.statuses,
                "visits_ended": dict(sorted(out.ends.items())), "buyer": BUYER, "retries": out.retries, "cpu": cpu}
+    if cpu and out.requests:
+        # The load generator's own cost: it shares the cores with what it measures.
+        r.extra["client_cpu_us_per_request"] = round(1e6 * cpu["cpu_s"]["client"] / out.requests)
+    r.extra["requests"] = out.requests
     efficiency = per_cpu(out, cpu)
     if efficiency is not None:
         r.extra["checkouts_per_platform_cpu_s"] = round(efficiency, 2)
