@@ -1,7 +1,8 @@
 """Flash-sale load at the edge, through the real gateway in front of a service that is slow (its
-calls wait until the test lets them go): past the concurrency limit refusals come at once, as
-`503 overloaded` with Retry-After, without waiting for the busy service; purchases already under
-way are still admitted; admitted requests complete. Request-Timeout bounds a call's deadline."""
+calls wait until the test lets them go): past the concurrency limit refusals come after a short
+bounded wait for a freed place, as `503 overloaded` with Retry-After, without waiting for the busy
+service; purchases already under way are still admitted; admitted requests complete.
+Request-Timeout bounds a call's deadline."""
 import asyncio
 import uuid
 
