@@ -111,6 +111,7 @@ class Outcome:
         self.polls = 0                   # GETs of a checkout whose answer was not final yet
         self.retries = 0                 # requests a buyer sent again after a Retry-After
         self.requests = 0                # HTTP requests sent (what the load generator's CPU is spent on)
+        self.refusals: dict[str, int] = {}  # each 429 / 503 answer by status, problem type and call
         self.statuses: dict[str, int] = {}
         # How each visit ended, by the call it ended at: "completed", "refused at create",
         # "refused at pay", "gave up at create|pay|poll", "error at ...".
@@ -141,6 +142,11 @@ async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http
             if status not in (429, 503):
                 break
             out.refusal_ms.append((time.perf_counter() - t) * 1000)
+            try:  # which refusal: the gateway's limit (overloaded), a rate limit, a service's
+                kind = f"{status} {json.loads(raw).get('type', '?')} at {stage}"
+            except ValueError:
+                kind = f"{status} ? at {stage}"
+            out.refusals[kind] = out.refusals.get(kind, 0) + 1
             wait = conn.retry_after if conn.retry_after is not None else 1.0
             if BUYER != "retry" or time.perf_counter() - t0 + wait >= PATIENCE:
                 break
@@ -498,7 +504,7 @@ def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, of
                "arrivals_per_s": round(out.arrivals / seconds, 1), "completed": len(ok),
                "refused": len(refused), "refusal_p99_ms": round(percentile(refused, 0.99), 1),
                "gave_up": out.gave_up, "failed": out.failed, "polls": out.polls, "answers": out.statuses,
-               "visits_ended": dict(sorted(out.ends.items())), "buyer": BUYER, "retries": out.retries, "cpu": cpu}
+               "visits_ended": dict(sorted(out.ends.items())), "refusals": dict(sorted(out.refusals.items())), "buyer": BUYER, "retries": out.retries, "cpu": cpu}
     if cpu and out.requests:
         # The load generator's own cost: it shares the cores with what it measures.
         r.extra["client_cpu_us_per_request"] = round(1e6 * cpu["cpu_s"]["client"] / out.requests)
