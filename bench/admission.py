@@ -5,9 +5,12 @@ model backend of fixed capacity, with the short wait for a freed place and witho
 wall-clock goodput moves by more between runs of the same code than between policies. This
 isolates the policy: the gateway's real `AdmissionControl` (its settings' defaults; the AIMD limit
 included) admits each call, and the backend is a model with CORES workers served first come first
-served, a new checkout's call costing CREATE_MS and its pay PAY_MS of a worker (asyncio sleeps:
-the model takes almost no CPU, so other work on the machine barely moves it). Its capacity is
-CORES / (CREATE_MS + PAY_MS) checkouts a second.
+served, a new checkout's call costing on average CREATE_MS and its pay PAY_MS of a worker
+(exponentially distributed, seeded: real calls' times vary, and bursts of slow ones are what fills
+the limit at an offered load equal to capacity; asyncio sleeps:
+in virtual time: the event loop jumps to its next timer whenever nothing is ready, so other work on
+the machine does not move the figures and a run is repeatable). Its capacity is CORES /
+(CREATE_MS + PAY_MS) checkouts a second.
 
 Buyers as in `make bench-overload`: 16 closed-loop buyers measure capacity; then open-loop Poisson
 arrivals at BENCH_LOADS x capacity for BENCH_LOAD_SECONDS; each buyer creates (new work, NORMAL),
@@ -19,14 +22,15 @@ up). The same defaults decide in the gateway; what this cannot show is the platf
 serving refusals and its CPU per checkout under load (bench-overload, bench-refusal).
 
 BENCH_CORES (2), BENCH_CREATE_MS (10), BENCH_PAY_MS (15), BENCH_LOADS ("1,2,3,5"),
-BENCH_LOAD_SECONDS (15), BENCH_CAP_SECONDS (8), BENCH_PATIENCE (10).
+BENCH_LOAD_SECONDS (20), BENCH_CAP_SECONDS (10), BENCH_PATIENCE (10): the model's milliseconds and
+the levels' seconds are virtual.
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import random
-import time
+import sys
 
 from _common import Result, percentile, report
 
@@ -38,12 +42,35 @@ CORES = int(os.environ.get("BENCH_CORES", "2"))
 CREATE_S = float(os.environ.get("BENCH_CREATE_MS", "10")) / 1000
 PAY_S = float(os.environ.get("BENCH_PAY_MS", "15")) / 1000
 LOADS = [float(x) for x in os.environ.get("BENCH_LOADS", "1,2,3,5").split(",")]
-LOAD_SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "15"))
-CAP_SECONDS = float(os.environ.get("BENCH_CAP_SECONDS", "8"))
+LOAD_SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "20"))
+CAP_SECONDS = float(os.environ.get("BENCH_CAP_SECONDS", "10"))
 PATIENCE = float(os.environ.get("BENCH_PATIENCE", "10"))
 CAP_BUYERS = 16
 REFUSED_PAUSE = 0.05  # a closed-loop buyer's pause after a refusal, as in bench-overload
 BUDGET = 10.0  # a call's deadline, as a route's
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock jumps to its next timer whenever no callback is ready: sleeps and
+    timeouts take no wall time, and the model's timing does not depend on the machine's load."""
+
+    def __init__(self):
+        super().__init__()
+        self._virtual = 0.0
+
+    def time(self) -> float:
+        return self._virtual
+
+    def _run_once(self) -> None:
+        if not self._ready:
+            pending = [h.when() for h in self._scheduled if not h.cancelled()]
+            if pending and min(pending) > self._virtual:
+                self._virtual = min(pending)
+        super()._run_once()
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def control(policy: str) -> AdmissionControl:
@@ -55,7 +82,7 @@ def control(policy: str) -> AdmissionControl:
                             queue_seconds=s.queue_seconds if queue else 0.0,
                             queue_target_seconds=s.queue_target_seconds if queue else 0.0,
                             critical_queue_seconds=s.critical_queue_seconds if queue else 0.0,
-                            queue_max=s.queue_max if queue else 0)
+                            queue_max=s.queue_max if queue else 0, clock=now)
 
 
 class Platform:
@@ -64,11 +91,12 @@ class Platform:
     def __init__(self, policy: str):
         self.adm = control(policy)
         self.workers = asyncio.Semaphore(CORES)
+        self.rng = random.Random(11)
 
     async def call(self, route: str, criticality: str, work: float) -> bool:
         """False: refused for load. The call runs to its end even when its buyer has left (the
         platform keeps working for them), as a call the gateway has sent does."""
-        t = time.perf_counter()
+        t = now()
         if not await self.adm.acquire(criticality, BUDGET):
             return False
         return await asyncio.shield(self._run(route, work, t))
@@ -77,7 +105,7 @@ class Platform:
         started = self.adm.clock()
         try:
             async with self.workers:
-                await asyncio.sleep(work)
+                await asyncio.sleep(self.rng.expovariate(1 / work))
         finally:
             self.adm.release(route, started, OK)
         return True
@@ -96,15 +124,15 @@ class Outcome:
 
 async def buy(p: Platform, out: Outcome) -> str:
     out.arrivals += 1
-    t0 = time.perf_counter()
+    t0 = now()
     stage = "create"
 
     async def flow() -> str:
         nonlocal stage
         for stage, route, criticality, work in (("create", "create", NORMAL, CREATE_S), ("pay", "pay", CRITICAL, PAY_S)):
-            t = time.perf_counter()
+            t = now()
             if not await p.call(route, criticality, work):
-                out.refusal_ms.append((time.perf_counter() - t) * 1000)
+                out.refusal_ms.append((now() - t) * 1000)
                 return f"refused at {stage}"
         return "completed"
 
@@ -114,32 +142,32 @@ async def buy(p: Platform, out: Outcome) -> str:
         how = f"gave up at {stage}"
     out.end(how)
     if how == "completed":
-        out.ok.append((time.perf_counter() - t0) * 1000)
+        out.ok.append((now() - t0) * 1000)
     return how
 
 
 async def capacity(p: Platform, seconds: float) -> tuple[float, Outcome]:
     out = Outcome()
-    stop = time.perf_counter() + seconds
+    stop = now() + seconds
 
     async def worker():
-        while time.perf_counter() < stop:
+        while now() < stop:
             if (await buy(p, out)).startswith("refused"):
                 await asyncio.sleep(REFUSED_PAUSE)
-    t0 = time.perf_counter()
+    t0 = now()
     await asyncio.gather(*(worker() for _ in range(CAP_BUYERS)))
-    return len(out.ok) / (time.perf_counter() - t0), out
+    return len(out.ok) / (now() - t0), out
 
 
 async def open_loop(p: Platform, rate: float, seconds: float, seed: int) -> Outcome:
     out, tasks = Outcome(), set()
     rng = random.Random(seed)
-    t0 = at = time.perf_counter()
+    t0 = at = now()
     while True:
         at += rng.expovariate(rate)
         if at - t0 >= seconds:
             break
-        if (delay := at - time.perf_counter()) > 0:
+        if (delay := at - now()) > 0:
             await asyncio.sleep(delay)
         t = asyncio.create_task(buy(p, out))
         tasks.add(t)
@@ -186,4 +214,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(), loop_factory=VirtualTimeLoop) if sys.version_info >= (3, 12) else \
+        VirtualTimeLoop().run_until_complete(main())
