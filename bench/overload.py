@@ -19,6 +19,15 @@ BENCH_KINDS="codes,booking", BENCH_LOADS="1,2,3,5", BENCH_LOAD_SECONDS (20), BEN
 BENCH_PATIENCE (10), BENCH_ONE_CALL=1 (create-and-pay in one request), BENCH_HOT_BUYERS (1000; 0 = skip),
 BENCH_CLIENT_NICE (0): the load generator (this process) lowers its own priority by this much once
 the services run, so that on a machine it shares with them it takes CPU only when they leave some.
+BENCH_BUYER ("leave"): a refused buyer leaves at once; "retry": waits the answer's Retry-After and
+sends the same request again with the same idempotency key while their patience lasts (as
+cuty-client does), counted once by how the visit ended.
+
+Per level, where the buyers went: how each visit ended (completed; refused at create or at pay;
+gave up at create, pay or poll), each refusal by status, problem type and call, and after settling
+what became of the checkouts whose buyers left (COMPLETED: charged after the buyer had gone; HELD:
+never paid, its codes or slot locked until the hold expires). The refusal p99 is of each 429/503
+answer alone. The load generator's CPU per request is reported beside it.
 
 The load generator runs on the same cores as everything it measures. Each level therefore reports
 where the machine's CPU went while it ran: seconds per process (the services, Postgres, this client)
