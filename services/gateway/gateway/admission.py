@@ -28,7 +28,7 @@ buyers the platform could have served a moment later (at an offered load equal t
 third of them). A request that finds its share in use waits for a freed place, at most
 `queue_seconds` (new work and reads) or `critical_queue_seconds` (a purchase under way, which is
 refused only when not even that wait frees a place), and at most `queue_max` requests wait at
-once. A freed place goes to the oldest waiter of the highest criticality whose share allows it.
+once (new work and reads at most half of them). A freed place goes to the oldest waiter of the highest criticality whose share allows it.
 As CoDel does, a queue that has not been empty for QUEUE_INTERVAL is standing (sustained overload,
 not a burst): new work then waits at most `queue_target_seconds`, so its refusal stays quick.
 
@@ -129,7 +129,8 @@ class AdmissionControl:
         if self.admit(criticality):
             return True
         wait = min(self.max_wait(criticality), budget)
-        if wait <= 0 or self.queued >= self.queue_max:
+        # New work and reads may fill half the queue: the rest stays for purchases under way.
+        if wait <= 0 or self.queued >= (self.queue_max if criticality == CRITICAL else self.queue_max // 2):
             return False
         if not self.queued:
             self._empty_since = self.clock()

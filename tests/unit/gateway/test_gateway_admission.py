@@ -284,15 +284,21 @@ async def test_a_purchase_under_way_waits_longer_than_new_work_before_a_refusal(
 
 
 async def test_at_most_queue_max_wait_and_the_rest_are_refused_at_once():
-    c = queued(queue_max=2)
-    fill(c)
+    """New work may fill half the queue; the other half stays for purchases under way."""
+    c = queued(queue_max=4)
+    fill(c, CRITICAL)
     waiting = [asyncio.create_task(c.acquire(NORMAL, 30.0)) for _ in range(2)]
     await asyncio.sleep(0.01)
     t0 = time.perf_counter()
     assert await c.acquire(NORMAL, 30.0) is False
     assert time.perf_counter() - t0 < 0.05
-    c.release("r", c.clock())
-    c.release("r", c.clock())
+    pays = [asyncio.create_task(c.acquire(CRITICAL, 30.0)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    assert c.queued == 4
+    assert await c.acquire(CRITICAL, 30.0) is False  # the queue is full
+    for _ in range(6):
+        c.release("r", c.clock())
+    assert await asyncio.gather(*pays) == [True, True]
     assert await asyncio.gather(*waiting) == [True, True]
 
 
