@@ -18,6 +18,9 @@ checkout (from /proc), printed after the table. All processes and Postgres share
 
 BENCH_SECONDS (default 8) sets each measured run's length; BENCH_CONCURRENCY="16,64";
 BENCH_KINDS="booking,codes"; BENCH_FLOWS="two-call,one-call"; BENCH_ROUNDS (default 2).
+BENCH_STATEMENTS=1: the bench's cluster runs with pg_stat_statements (restarted with it preloaded;
+it costs some CPU, so the CPU figures of such a run are not the reference), and every flow's
+statements are printed per checkout: calls and mean ms by database and statement.
 BENCH_VIA=gateway: the deployed side's buyers go through the HTTP gateway, as real buyers do (its
 CPU counted with the rest; JSON over HTTP/1.1 keep-alive, a customer token each; the gateway's
 admission control and rate limits off, so that both flows do all their work): two-call is then two
@@ -64,6 +67,7 @@ FLOWS = os.environ.get("BENCH_FLOWS", "two-call,one-call").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 SLOTS_PER_RUN = int(os.environ.get("BENCH_SLOTS", "3000"))
 VIA = os.environ.get("BENCH_VIA", "grpc")
+STATEMENTS = os.environ.get("BENCH_STATEMENTS") == "1"
 GATEWAY_ENV = {"CUTY_GATEWAY_CONCURRENCY_MAX": 0, "CUTY_GATEWAY_ACCESS_LOG": "0",
                "CUTY_GATEWAY_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_RATE_BURST": 1_000_000,
                "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_ADDRESS_RATE_BURST": 1_000_000}
@@ -161,6 +165,7 @@ class Side:
 async def main() -> None:
     server = bench_postgres()
     work = tempfile.mkdtemp(prefix="cuty-bench-checkout-")
+    stmts = await Statements.start(server) if STATEMENTS else None
     sides = [Side(server, work, secure=True), Side(server, work, secure=False)]
     try:
         t0 = time.perf_counter()
@@ -178,14 +183,19 @@ async def main() -> None:
                 secure, plain = sides
                 # mTLS, as deployed: the flows alternated in rounds, so drift of the machine hits both.
                 measured = {flow: [] for flow in FLOWS}
+                statements_of = {flow: {} for flow in FLOWS}
                 cpu_of = {flow: {} for flow in FLOWS}
                 done_of = {flow: [] for flow in FLOWS}
                 products = {flow: secure.products.pop() for flow in FLOWS}
                 for rnd in range(ROUNDS):
                     for flow in (FLOWS if rnd % 2 == 0 else FLOWS[::-1]):
                         spy = pyspy(secure.stack.procs["payments-0"].proc.pid, work, f"{kind}-{conc}-{flow}-{rnd}")
+                        if stmts is not None:
+                            await stmts.reset()
                         run, cpu = await measure(secure, server, buyer(kind, flow, secure, products[flow],
                                                                        done_of[flow]), conc, SECONDS / ROUNDS)
+                        if stmts is not None:
+                            await stmts.take(secure.dbs, statements_of[flow])
                         if spy is not None:
                             print(spy.summary(), file=sys.stderr)
                         measured[flow].append(run)
@@ -204,6 +214,8 @@ async def main() -> None:
                                               steps_p50_ms=profile, cpu_ms_per_checkout=per_op))
                     profiles.append((f"{kind}/{flow}/mTLS", conc, profile, per_op))
                 flows.append((kind, conc, per_flow))
+                if stmts is not None:
+                    Statements.print(kind, conc, {f: (statements_of[f], per_flow[f][0].ops) for f in FLOWS})
                 # Plaintext gRPC beside it (the two-call flow): the ratio is what mTLS costs.
                 done: list[str] = []
                 run, cpu = await measure(plain, server, buyer(kind, "two-call", plain, plain.products.pop(), done),
@@ -224,6 +236,8 @@ async def main() -> None:
     finally:
         for side in sides:
             await side.stop()
+        if stmts is not None:
+            await stmts.close()
         server.close()
 
 
@@ -331,6 +345,52 @@ class pyspy:
         return "\n".join(lines)
 
 
+class Statements:
+    """pg_stat_statements over the measured runs (BENCH_STATEMENTS=1): what each flow asks of each
+    database per checkout, by statement (calls and mean execution ms)."""
+
+    @classmethod
+    async def start(cls, server) -> "Statements":
+        conn = await asyncpg.connect(server.dsn)
+        await conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        await conn.close()
+        server.cluster.stop()
+        server.cluster.start()
+        self = cls()
+        self.conn = await asyncpg.connect(server.dsn)
+        await self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        return self
+
+    async def reset(self) -> None:
+        await self.conn.execute("SELECT pg_stat_statements_reset()")
+
+    async def take(self, dbs: dict[str, str], into: dict) -> None:
+        """Adds the statements run since the reset in the side's databases to `into`."""
+        names = {d.rsplit("/", 1)[1].split("?")[0]: svc for svc, d in dbs.items()}
+        for r in await self.conn.fetch(
+                "SELECT d.datname, s.query, s.calls, s.total_exec_time FROM pg_stat_statements s "
+                "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = ANY($1::text[])", list(names)):
+            key = (names[r["datname"]], " ".join(r["query"].split())[:110])
+            calls, ms = into.get(key, (0, 0.0))
+            into[key] = (calls + r["calls"], ms + r["total_exec_time"])
+
+    @staticmethod
+    def print(kind: str, conc: int, by_flow: dict[str, tuple[dict, int]]) -> None:
+        print(f"\nstatements per checkout, {kind} @{conc} (pg_stat_statements; calls, mean ms; >= 0.05 calls):")
+        for flow, (stats, ops) in by_flow.items():
+            per_db: dict[str, float] = {}
+            for (db, _), (calls, _ms) in stats.items():
+                per_db[db] = per_db.get(db, 0.0) + calls / max(1, ops)
+            print(f"  {flow}: {ops} checkouts; statements per checkout "
+                  + ", ".join(f"{db} {n:.2f}" for db, n in sorted(per_db.items())))
+            for (db, query), (calls, ms) in sorted(stats.items(), key=lambda kv: (kv[0][0], -kv[1][0])):
+                if calls / max(1, ops) >= 0.05:
+                    print(f"    {db:9} {calls / max(1, ops):5.2f} x {ms / max(1, calls):6.3f} ms  {query}")
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+
 ADMIN = user("bench-admin", "admin")
 
 
@@ -417,10 +477,12 @@ async def step_profile(pool, checkout_ids: list[str]) -> dict[str, float]:
         at = {}
         for e in events:
             at[(e["source"], e["from_status"], e["to_status"])] = e["created_at"]
-            if e["note"].startswith(("hold ", "confirm ")):
-                add(e["note"].split()[0], float(e["note"].split()[1].removesuffix("ms")))
+            took = e["note"].rpartition("; ")[2]  # "[what happened; ]<step> <ms>ms"
+            if took.startswith(("hold ", "confirm ")):
+                add(took.split()[0], float(took.split()[1].removesuffix("ms")))
         try:
-            charging = at[("saga", "HELD", "CHARGING")]
+            # A one-call checkout records its hold with its payment's start (PENDING -> CHARGING).
+            charging = at.get(("saga", "HELD", "CHARGING")) or at[("saga", "PENDING", "CHARGING")]
             created = at[("sync", None, "created")]
             succeeded = at[("sync", "created", "succeeded")]
             confirming = at[("saga", "CHARGING", "CONFIRMING")]
