@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -399,7 +400,10 @@ class Statements:
         for r in await self.conn.fetch(
                 "SELECT d.datname, s.query, s.calls, s.total_exec_time FROM pg_stat_statements s "
                 "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = ANY($1::text[])", list(names)):
-            key = (names[r["datname"]], " ".join(r["query"].split())[:110])
+            # One statement may have several entries (its constants shown as $n in one, as written in
+            # another: e.g. another role or a nested level); their texts agree once constants are `?`.
+            text = re.sub(r"\$\d+|'[^']*'|\b\d+\b", "?", " ".join(r["query"].split()))
+            key = (names[r["datname"]], text[:110])
             calls, ms = into.get(key, (0, 0.0))
             into[key] = (calls + r["calls"], ms + r["total_exec_time"])
 
