@@ -16,8 +16,8 @@ from cutylib.metrics import Metrics
 # `$1` rows of the index stock_summary_nearest and the one row of stock_totals, whatever the catalogue.
 STOCK_BY_PRODUCT = """
 WITH shown AS (
-    SELECT product_id::text, available, reserved, delivered, quarantined, revoked FROM stock_summary
-    ORDER BY (available + reserved + delivered) = 0, available, product_id
+    SELECT s.product_id::text, s.available, s.reserved, s.delivered, s.quarantined, s.revoked FROM stock_summary s
+    ORDER BY (s.available + s.reserved + s.delivered) = 0, s.available, s.product_id
     LIMIT $1
 )
 SELECT product_id, available, reserved, delivered, quarantined, revoked FROM shown

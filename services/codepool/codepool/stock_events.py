@@ -28,8 +28,8 @@ log = logging.getLogger("codepool.stock_events")
 RECHECK_SECONDS_DEFAULT = 5.0
 # Products per round transaction (CUTY_STOCK_ROUND_PRODUCTS), and rounds per run at most: a run
 # summing more (the first after the upgrade: every product once) leaves the rest to the next.
-ROUND_PRODUCTS_DEFAULT = 100
-ROUNDS_PER_RUN = 50
+ROUND_PRODUCTS_DEFAULT = 50
+ROUNDS_PER_RUN = 100
 
 LIST_AFTER = """
 SELECT seq, merchant_id, id, type, payload, created_at, order_id FROM stock_events
