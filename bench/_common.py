@@ -49,6 +49,7 @@ class Run:
     seconds: float
     latencies_ms: list[float]
     errors: int = 0
+    cpu_s: float = 0.0  # CPU seconds of the measured server process during the run (in_turns' pids)
 
     @property
     def ops_per_s(self) -> float:
@@ -139,13 +140,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def in_turns(variants: dict[str, Callable[[int], tuple[Callable[[int], Awaitable[object]], int]]], *,
-                   rounds: int, concurrency: int, pids: dict[str, int] | None = None
-                   ) -> tuple[dict[str, list[Run]], dict[str, float]]:
+async def in_turns(variants: dict[str, Callable[[int], tuple[Callable[[int], Awaitable[object]], int | None]]], *,
+                   rounds: int, concurrency: int, pids: dict[str, int] | None = None,
+                   duration: float | None = None) -> tuple[dict[str, list[Run]], dict[str, float]]:
     """The variants take turns in `rounds` short rounds, so that load from anything else on the
     machine falls on all of them alike: in round r, each variant's `variants[name](r)` gives the
-    op and how many to run (one closed loop of `concurrency`). Returns each variant's runs and the
-    CPU seconds its server process (`pids[name]`, where given) spent in them."""
+    op and how many to run (one closed loop of `concurrency`), or with `duration`, the op alone
+    (None for the count) run for that many seconds. Returns each variant's runs (each with the CPU
+    seconds its server process, `pids[name]` where given, spent in it) and those CPU seconds summed."""
     runs: dict[str, list[Run]] = {name: [] for name in variants}
     cpu = {name: 0.0 for name in variants}
     pids = pids or {}
@@ -154,9 +156,11 @@ async def in_turns(variants: dict[str, Callable[[int], tuple[Callable[[int], Awa
             op, total = round_of(r)
             pid = pids.get(name)
             cpu0 = cpu_seconds(pid) if pid else 0.0
-            runs[name].append(await closed_loop(op, concurrency=concurrency, total=total))
+            run = await closed_loop(op, concurrency=concurrency, total=total, duration=duration)
             if pid:
-                cpu[name] += cpu_seconds(pid) - cpu0
+                run.cpu_s = cpu_seconds(pid) - cpu0
+                cpu[name] += run.cpu_s
+            runs[name].append(run)
     return runs, cpu
 
 
