@@ -209,6 +209,7 @@ class Http:
     def __init__(self, port: int):
         self.port = port
         self.reader = self.writer = None
+        self.retry_after: float | None = None  # the last answer's Retry-After, seconds
 
     async def request(self, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, bytes]:
         if self.writer is None or self.reader.at_eof():  # (re)connect, as any keep-alive client does
@@ -219,7 +220,7 @@ class Http:
         status_line = await self.reader.readline()
         if not status_line:
             raise ConnectionResetError(f"{method} {path}: the server closed the connection without answering")
-        length, close = 0, False
+        length, close, self.retry_after = 0, False, None
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
             name = name.strip().lower()
@@ -227,6 +228,8 @@ class Http:
                 length = int(value)
             elif name == b"connection" and value.strip().lower() == b"close":
                 close = True
+            elif name == b"retry-after":
+                self.retry_after = float(value)
         answer = int(status_line.split()[1]), await self.reader.readexactly(length)
         if close:  # the server closes after this answer (e.g. one given before the body was read)
             self.close()
