@@ -26,6 +26,15 @@ os.environ["CUTY_DATA_DIR"] = tempfile.mkdtemp(prefix="cuty-test-data-")
 atexit.register(shutil.rmtree, os.environ["CUTY_DATA_DIR"], True)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Parallel workers (`make test`, pytest-xdist with --dist loadfile or loadgroup) take a test
+    file whole: its module-scoped stacks start once, and its tests may rely on running in order.
+    A file marked `spread` (independent, long tests) may be taken apart across workers."""
+    for item in items:
+        if item.get_closest_marker("spread") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session")
 def pg():
     server = start_test_postgres()
