@@ -49,6 +49,7 @@ class Run:
     seconds: float
     latencies_ms: list[float]
     errors: int = 0
+    cpu_s: float = 0.0  # CPU seconds of the measured server process during the run (in_turns' pids)
 
     @property
     def ops_per_s(self) -> float:
@@ -139,13 +140,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def in_turns(variants: dict[str, Callable[[int], tuple[Callable[[int], Awaitable[object]], int]]], *,
-                   rounds: int, concurrency: int, pids: dict[str, int] | None = None
-                   ) -> tuple[dict[str, list[Run]], dict[str, float]]:
+async def in_turns(variants: dict[str, Callable[[int], tuple[Callable[[int], Awaitable[object]], int | None]]], *,
+                   rounds: int, concurrency: int, pids: dict[str, int] | None = None,
+                   duration: float | None = None) -> tuple[dict[str, list[Run]], dict[str, float]]:
     """The variants take turns in `rounds` short rounds, so that load from anything else on the
     machine falls on all of them alike: in round r, each variant's `variants[name](r)` gives the
-    op and how many to run (one closed loop of `concurrency`). Returns each variant's runs and the
-    CPU seconds its server process (`pids[name]`, where given) spent in them."""
+    op and how many to run (one closed loop of `concurrency`), or with `duration`, the op alone
+    (None for the count) run for that many seconds. Returns each variant's runs (each with the CPU
+    seconds its server process, `pids[name]` where given, spent in it) and those CPU seconds summed."""
     runs: dict[str, list[Run]] = {name: [] for name in variants}
     cpu = {name: 0.0 for name in variants}
     pids = pids or {}
@@ -154,9 +156,11 @@ async def in_turns(variants: dict[str, Callable[[int], tuple[Callable[[int], Awa
             op, total = round_of(r)
             pid = pids.get(name)
             cpu0 = cpu_seconds(pid) if pid else 0.0
-            runs[name].append(await closed_loop(op, concurrency=concurrency, total=total))
+            run = await closed_loop(op, concurrency=concurrency, total=total, duration=duration)
             if pid:
-                cpu[name] += cpu_seconds(pid) - cpu0
+                run.cpu_s = cpu_seconds(pid) - cpu0
+                cpu[name] += run.cpu_s
+            runs[name].append(run)
     return runs, cpu
 
 
@@ -205,6 +209,7 @@ class Http:
     def __init__(self, port: int):
         self.port = port
         self.reader = self.writer = None
+        self.retry_after: float | None = None  # the last answer's Retry-After, seconds
 
     async def request(self, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, bytes]:
         if self.writer is None or self.reader.at_eof():  # (re)connect, as any keep-alive client does
@@ -215,7 +220,7 @@ class Http:
         status_line = await self.reader.readline()
         if not status_line:
             raise ConnectionResetError(f"{method} {path}: the server closed the connection without answering")
-        length, close = 0, False
+        length, close, self.retry_after = 0, False, None
         while (line := await self.reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
             name = name.strip().lower()
@@ -223,6 +228,8 @@ class Http:
                 length = int(value)
             elif name == b"connection" and value.strip().lower() == b"close":
                 close = True
+            elif name == b"retry-after":
+                self.retry_after = float(value)
         answer = int(status_line.split()[1]), await self.reader.readexactly(length)
         if close:  # the server closes after this answer (e.g. one given before the body was read)
             self.close()

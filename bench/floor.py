@@ -27,7 +27,7 @@ import tempfile
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import bench_postgres, closed_loop, cpu_seconds, report
+from _common import bench_postgres, closed_loop, in_turns, report
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16").split(",")[0])
@@ -104,7 +104,9 @@ class NoStatements:
     """The variant without the database: each statement answers a made-up row at once."""
 
     async def fetchrow(self, sql: str, *args):
-        return {"id": args[0], "hold_id": "h", "amount_minor": 2500, "currency": "EUR", "version": 1}
+        # a hold id the peer's ConfirmHold accepts (its request's rules say a UUID)
+        return {"id": args[0], "hold_id": "00000000-0000-4000-8000-000000000001", "amount_minor": 2500,
+                "currency": "EUR", "version": 1}
 
     async def execute(self, sql: str, *args) -> str:
         return "OK"
@@ -248,14 +250,17 @@ async def main() -> None:
             warm = await closed_loop(checkout, concurrency=CONCURRENCY, total=200)  # connections, caches
             if warm.errors:
                 await checkout(0)  # raises the error the checkouts fail with
+        runs, _ = await in_turns({name: (lambda r, checkout=checkout: (checkout, None))
+                                  for name, (_, checkout, _) in variants.items()},
+                                 rounds=ROUNDS, concurrency=CONCURRENCY, duration=SECONDS,
+                                 pids={name: proc.pid for name, (proc, _, _) in variants.items()})
         results, cpu = [], {name: [] for name in variants}
         for r in range(ROUNDS):
-            for name, (proc, checkout, calls) in variants.items():  # alternated, round after round
-                cpu0 = cpu_seconds(proc.pid)
-                run = await closed_loop(checkout, concurrency=CONCURRENCY, duration=SECONDS)
+            for name, (_, _, calls) in variants.items():
+                run = runs[name][r]
                 if run.errors:
                     raise RuntimeError(f"{run.errors} checkouts failed; see {work}")
-                ms = round(1000 * (cpu_seconds(proc.pid) - cpu0) / max(1, run.ops), 2)
+                ms = round(1000 * run.cpu_s / max(1, run.ops), 2)
                 cpu[name].append(ms)
                 results.append(run.result(f"{name} (round {r + 1})", CONCURRENCY, notes=calls,
                                           orchestrator_cpu_ms_per_checkout=ms))

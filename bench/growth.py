@@ -263,7 +263,6 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
 STACK_ENV = {
     # The periodic work runs every few seconds instead of minutes, so the measured rounds see it.
     "CUTY_SWEEP_INTERVAL_SECONDS": 2,
-    "CUTY_PSP_EVENT_PURGE_INTERVAL_SECONDS": 5,
     "CUTY_RETENTION_INTERVAL_SECONDS": 5,
 }
 # Every statement the services ran, per database (the extension is loaded by `statements_on`).
@@ -483,13 +482,12 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
     """The reads' and the periodic statements' plans on one platform's databases, as the services run
     them (their roles; the reads for merchant-test, the periodic work for every merchant)."""
     from booking.repository import LIST_BOOKINGS, SWEEP_EXPIRED
-    from payments.checkout import idempotency
+    from payments.bootstrap import payments_retention
     from payments.checkout.repository import CLAIM_DUE, ListQuery, list_statement
     from payments.checkout.metrics import NON_TERMINAL, SAGAS_BY_STATE
     from payments.metrics import NON_TERMINAL_PAYMENTS
     from payments.outbound.repository import GAUGES
     from payments.repository import TIMELINE
-    from payments.webhooks import PURGE_PSP_EVENTS
 
     plans = []
     m = "merchant-test"
@@ -512,9 +510,25 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
         plans.append(await explain(conn, f"[{name}] payments gauge", NON_TERMINAL_PAYMENTS, 60.0))
         plans.append(await explain(conn, f"[{name}] sagas gauge", SAGAS_BY_STATE, list(NON_TERMINAL)))
         plans.append(await explain(conn, f"[{name}] outbound gauges", GAUGES))
-        plans.append(await explain_rolled_back(conn, f"[{name}] idempotency keys purge", idempotency.PURGE_EXPIRED,
-                                               500))
-        plans.append(await explain_rolled_back(conn, f"[{name}] PSP events purge", PURGE_PSP_EVENTS, 30.0, 500))
+        # The key tables leave by partition (cutylib.retention): the oldest one (here the legacy
+        # partition holding every grown row) detached and dropped, rolled back; and the statements
+        # that keep a key unique across the partitions, on the hot path.
+        for table in ("checkout_idempotency_keys", "psp_events"):
+            plans.append(await explain_rolled_back(
+                conn, f"[{name}] retention, {table}: its oldest partition leaves (detach + drop)",
+                "SELECT cuty_partition_drop($1, p) FROM cuty_partitions_detach($1, "
+                "(SELECT min(upper) FROM cuty_partition_bounds($1)), $2) p", table, retention.LOCK_TIMEOUT_MS))
+            plans.append(await explain_rolled_back(
+                conn, f"[{name}] retention, {table}: partitions ahead", "SELECT cuty_partitions_ahead($1, $2, $3)",
+                table, *next((t.width_days, t.ahead) for t in payments_retention(None).tables if t.name == table)))
+        plans.append(await explain_rolled_back(
+            conn, f"[{name}] hot path: an Idempotency-Key's first use (checkout_key_begin, across partitions)",
+            "SELECT * FROM checkout_key_begin('cust-7', 'create', $1, '\\x00', gen_random_uuid(), 30, 86400)",
+            uuid.uuid4().hex))
+        plans.append(await explain_rolled_back(
+            conn, f"[{name}] hot path: a PSP event stored once (psp_events_store, across partitions)",
+            "SELECT psp_events_store($1, 'payment_intent.succeeded', NULL, '{}', 'processed', 5)",
+            "evt_" + uuid.uuid4().hex))
         plans.append(await explain_rolled_back(
             conn, f"[{name}] outbound mover, a batch (nothing finished 30 days ago left)",
             "SELECT merchant_events_move($1, clock_timestamp() - interval '30 days')", MOVE_BATCH))
@@ -568,7 +582,7 @@ PERIODIC_MS = 100.0
 HOT_PATHS = ("booking purchase", "code purchase", "HoldSlot", "ReserveCodes")
 READS = ("GetStock", "ListCodes", "ListCheckouts", "a salon's day", "a payment's timeline")
 PERIODIC = ("sweeper", "gauge", "recheck", "purge", "claim", "mover", "_move")
-PERIODIC_PLANS = ("saga workers' claim", "gauge", "purge", "sweeper", "mover")
+PERIODIC_PLANS = ("saga workers' claim", "gauge", "purge", "sweeper", "mover", "retention")
 
 
 def plan_figures(plans: list[str]) -> dict[str, tuple[float, int]]:

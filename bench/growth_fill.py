@@ -11,7 +11,8 @@ At scale 1.0 (the sizes a year of sales gives):
   a merchant event for every fifth COMPLETED one (900,000) and its webhook delivery;
 - 10,000,000 codes: 5,000,000 of one product of `merchant-test` (90 % sold: delivered, each with
   its reservation, delivery and audit entry), and 5,000 for each shop's product;
-- a day of idempotency keys (the rest have been purged after their day).
+- the idempotency keys of the last 3 days (their retention: older day partitions have left) and
+  the PSP's webhook events of the last 37 days (two per payment; older weeks have left).
 
 Rows are written with session_replication_role = replica (no row triggers, no foreign-key checks:
 the generated rows are consistent by construction, and the per-row triggers would turn minutes
@@ -19,6 +20,7 @@ into hours); CHECK and exclusion constraints and every index apply as usual.
 """
 from __future__ import annotations
 
+import datetime as dt
 import os
 import time
 import uuid
@@ -283,7 +285,7 @@ SELECT x.m, md5('dl' || g)::uuid, md5('ep' || substr(x.m, 6))::uuid, md5('ev' ||
 {CHECKOUT_OF}
 WHERE g % 5 = 0 AND x.state = 'COMPLETED' AND x.m <> 'merchant-test'
 """
-# The keys of the last day (older ones have been purged): $3 now minus a day, $4 the day's count.
+# The keys of the last days (older partitions have left): $3 the first day's start, $4 a day's count.
 FILL_KEYS = f"""
 INSERT INTO checkout_idempotency_keys (customer_id, operation, key, request_hash, resource_id, state, response,
                                        response_is_error, created_at, expires_at)
@@ -292,11 +294,23 @@ SELECT 'cust-' || (g % {CUSTOMERS}), 'create', 'k-' || g, sha256(g::text::bytea)
 FROM generate_series($1::bigint, $2::bigint) g,
      LATERAL (SELECT $3::timestamptz + interval '1 day' * (g::float8 / $4) AS at) t
 """
+# The PSP's events of the payments made since $1 (the retention's weeks), two each, handled.
+FILL_PSP_EVENTS = """
+INSERT INTO psp_events (event_id, type, payment_id, payload, status, attempts, received_at, processed_at)
+SELECT 'evt_' || p.id || '_' || k, CASE k WHEN 1 THEN 'payment_intent.processing' ELSE 'payment_intent.succeeded' END,
+       p.id, jsonb_build_object('id', 'evt_' || p.id || '_' || k), 'processed', 1,
+       p.created_at + make_interval(secs => k), p.created_at + make_interval(secs => k)
+FROM payments p, generate_series(1, 2) k
+WHERE p.created_at >= $1
+"""
+KEY_DAYS = 3
+PSP_EVENT_DAYS = 37
 
 
 async def fill_payments(dsn: str, scale: float, big_product: uuid.UUID, year_ago, day_ago) -> dict:
     n = sizes(scale)["checkouts"]
-    keys = max(1, n // 365)
+    per_day = max(1, n // 365)
+    keys = per_day * KEY_DAYS
     conn = await asyncpg.connect(dsn)
     try:
         await replica(conn)
@@ -306,11 +320,14 @@ async def fill_payments(dsn: str, scale: float, big_product: uuid.UUID, year_ago
         await chunks(conn, "merchant events", n, FILL_MERCHANT_EVENTS, year_ago, n, big_product)
         await conn.execute(FILL_ENDPOINTS)
         await chunks(conn, "webhook deliveries", n, FILL_DELIVERIES_OUT, year_ago, n, big_product)
-        await chunks(conn, "idempotency keys (a day)", keys, FILL_KEYS, day_ago, keys)
+        await chunks(conn, f"idempotency keys ({KEY_DAYS} days)", keys, FILL_KEYS,
+                     day_ago - dt.timedelta(days=KEY_DAYS - 1), per_day)
+        await conn.execute(FILL_PSP_EVENTS, day_ago - dt.timedelta(days=PSP_EVENT_DAYS - 1))
         counts = await conn.fetchrow(
             "SELECT (SELECT count(*) FROM payment_events) AS payment_events, "
             "(SELECT count(*) FROM merchant_events) AS merchant_events, "
-            "(SELECT count(*) FROM webhook_deliveries) AS webhook_deliveries")
+            "(SELECT count(*) FROM webhook_deliveries) AS webhook_deliveries, "
+            "(SELECT count(*) FROM psp_events) AS psp_events")
     finally:
         await conn.close()
     return {"checkouts": n, "payments": n, **dict(counts), "idempotency_keys": keys}

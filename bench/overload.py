@@ -19,6 +19,15 @@ BENCH_KINDS="codes,booking", BENCH_LOADS="1,2,3,5", BENCH_LOAD_SECONDS (20), BEN
 BENCH_PATIENCE (10), BENCH_ONE_CALL=1 (create-and-pay in one request), BENCH_HOT_BUYERS (1000; 0 = skip),
 BENCH_CLIENT_NICE (0): the load generator (this process) lowers its own priority by this much once
 the services run, so that on a machine it shares with them it takes CPU only when they leave some.
+BENCH_BUYER ("leave"): a refused buyer leaves at once; "retry": waits the answer's Retry-After and
+sends the same request again with the same idempotency key while their patience lasts (as
+cuty-client does), counted once by how the visit ended.
+
+Per level, where the buyers went: how each visit ended (completed; refused at create or at pay;
+gave up at create, pay or poll), each refusal by status, problem type and call, and after settling
+what became of the checkouts whose buyers left (COMPLETED: charged after the buyer had gone; HELD:
+never paid, its codes or slot locked until the hold expires). The refusal p99 is of each 429/503
+answer alone. The load generator's CPU per request is reported beside it.
 
 The load generator runs on the same cores as everything it measures. Each level therefore reports
 where the machine's CPU went while it ran: seconds per process (the services, Postgres, this client)
@@ -69,6 +78,7 @@ PATIENCE = float(os.environ.get("BENCH_PATIENCE", "10"))
 ONE_CALL = os.environ.get("BENCH_ONE_CALL", "0") == "1"
 HOT_BUYERS = int(os.environ.get("BENCH_HOT_BUYERS", "1000"))
 CLIENT_NICE = int(os.environ.get("BENCH_CLIENT_NICE", "0"))
+BUYER = os.environ.get("BENCH_BUYER", "leave")
 REFUSED_PAUSE = 0.05  # a closed-loop buyer's pause after a refusal
 CAP_BUYERS = 16
 MAX_IN_FLIGHT = 4000  # open connections at once (the client's own bound; far above any level's need)
@@ -102,37 +112,76 @@ class Buyers:
 class Outcome:
     def __init__(self):
         self.ok: list[float] = []        # ms, COMPLETED within patience
-        self.refused: list[float] = []   # ms, 429 / 503 answers
+        self.refused: list[float] = []   # ms, visits that ended with a 429 / 503 answer
+        self.refusal_ms: list[float] = []  # ms of every 429 / 503 answer (a retrying buyer's too)
         self.failed = 0                  # other answers (a declined or failed checkout)
         self.gave_up = 0                 # patience ran out
         self.arrivals = 0                # buyers started
         self.polls = 0                   # GETs of a checkout whose answer was not final yet
+        self.retries = 0                 # requests a buyer sent again after a Retry-After
+        self.requests = 0                # HTTP requests sent (what the load generator's CPU is spent on)
+        self.refusals: dict[str, int] = {}  # each 429 / 503 answer by status, problem type and call
         self.statuses: dict[str, int] = {}
+        # How each visit ended, by the call it ended at: "completed", "refused at create",
+        # "refused at pay", "gave up at create|pay|poll", "error at ...".
+        self.ends: dict[str, int] = {}
+        self.left_ids: list[str] = []  # checkouts whose buyer left before seeing them final
+
+    def end(self, how: str) -> None:
+        self.ends[how] = self.ends.get(how, 0) + 1
 
 
 async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http]) -> str:
-    """One buyer's visit; returns how it ended (a final state, an HTTP status, or "gave-up")."""
+    """One buyer's visit; returns how it ended (a final state, an HTTP status, or "gave-up").
+
+    BENCH_BUYER "leave" (default): a refused buyer leaves at once. "retry": a refused buyer waits
+    the answer's Retry-After and sends the same request again with the same idempotency key (as
+    cuty-client does) while their patience lasts; a buyer is counted once, by how they ended."""
     out.arrivals += 1
     conn = conns.pop() if conns else Http(port)
     t0 = time.perf_counter()
     auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    stage, checkout_id = "create", None
+
+    async def call(method: str, path: str, headers: dict[str, str], payload: bytes = b"") -> tuple[int, bytes]:
+        for _ in range(100):  # bounded: patience ends it long before
+            t = time.perf_counter()
+            out.requests += 1
+            status, raw = await conn.request(method, path, headers, payload)
+            if status not in (429, 503):
+                break
+            out.refusal_ms.append((time.perf_counter() - t) * 1000)
+            try:  # which refusal: the gateway's limit (overloaded), a rate limit, a service's
+                kind = f"{status} {json.loads(raw).get('type', '?')} at {stage}"
+            except ValueError:
+                kind = f"{status} ? at {stage}"
+            out.refusals[kind] = out.refusals.get(kind, 0) + 1
+            wait = conn.retry_after if conn.retry_after is not None else 1.0
+            if BUYER != "retry" or time.perf_counter() - t0 + wait >= PATIENCE:
+                break
+            out.retries += 1
+            await asyncio.sleep(wait)
+        return status, raw
 
     async def flow() -> str:
-        status, raw = await conn.request("POST", "/v1/checkouts", {**auth, "Idempotency-Key": uuid.uuid4().hex}, body)
+        nonlocal stage, checkout_id
+        status, raw = await call("POST", "/v1/checkouts", {**auth, "Idempotency-Key": uuid.uuid4().hex}, body)
         if status != 200:
             return str(status)
         co = json.loads(raw)
+        checkout_id = co["id"]
         if not ONE_CALL:
-            status, raw = await conn.request("POST", f"/v1/checkouts/{co['id']}:pay",
-                                             {**auth, "Idempotency-Key": uuid.uuid4().hex},
-                                             b'{"paymentMethod":"pm_card_ok"}')
+            stage = "pay"
+            status, raw = await call("POST", f"/v1/checkouts/{co['id']}:pay",
+                                     {**auth, "Idempotency-Key": uuid.uuid4().hex}, b'{"paymentMethod":"pm_card_ok"}')
             if status != 200:
                 return str(status)
             co = json.loads(raw)
+        stage = "poll"
         while (state := co["state"].removeprefix("CHECKOUT_STATE_")) not in FINAL:
             await asyncio.sleep(0.1)  # only when the inline confirm was deferred
             out.polls += 1
-            status, raw = await conn.request("GET", f"/v1/checkouts/{co['id']}", auth)
+            status, raw = await call("GET", f"/v1/checkouts/{co['id']}", auth)
             if status != 200:
                 return str(status)
             co = json.loads(raw)
@@ -142,20 +191,29 @@ async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http
         result = await asyncio.wait_for(flow(), PATIENCE)
     except asyncio.TimeoutError:
         out.gave_up += 1
+        out.end(f"gave up at {stage}")
+        if checkout_id:
+            out.left_ids.append(checkout_id)
         conn.close()  # the tab is closed: its connection goes with it
         return "gave-up"
     except (OSError, asyncio.IncompleteReadError, ValueError):
         out.failed += 1
+        out.end(f"error at {stage}")
         conn.close()
         return "error"
     ms = (time.perf_counter() - t0) * 1000
     out.statuses[result] = out.statuses.get(result, 0) + 1
     if result == "COMPLETED":
         out.ok.append(ms)
+        out.end("completed")
     elif result in ("429", "503"):
         out.refused.append(ms)
+        out.end(f"refused at {stage}")
+        if checkout_id:  # a held checkout its buyer could not pay
+            out.left_ids.append(checkout_id)
     else:
         out.failed += 1
+        out.end(f"{result} at {stage}")
     conns.append(conn)
     return result
 
@@ -293,7 +351,7 @@ async def hot_slot(stack: Stack, buyers: Buyers, n: int) -> Result:
     return r
 
 
-async def settle(stack: Stack, timeout: float = 180) -> dict:
+async def settle(stack: Stack, left: list[Result] | None = None, timeout: float = 180) -> dict:
     """Waits until no checkout is left in a state where money may still move, then compares the
     money. A HELD checkout (its buyer never paid: refused, or gone) moves no money; it ends EXPIRED
     at its hold's expiry, minutes later, and is counted, not waited for."""
@@ -310,6 +368,12 @@ async def settle(stack: Stack, timeout: float = 180) -> dict:
         completed, kept = await conn.fetchrow(
             "SELECT count(*), coalesce(sum(amount_minor), 0) FROM checkouts WHERE state = 'COMPLETED'")
         by_state = dict(await conn.fetch("SELECT state, count(*) FROM checkouts GROUP BY state"))
+        for r in left or ():
+            # What became of the checkouts whose buyers left (gave up, or were refused at pay):
+            # COMPLETED = sold after the buyer had gone (charged; a buyer who tries again pays
+            # twice); HELD = never paid, its codes or slot locked until the hold expires.
+            r.extra["left_checkouts"] = dict(await conn.fetch(
+                "SELECT state, count(*) FROM checkouts WHERE id = ANY($1::uuid[]) GROUP BY state", r.extra.pop("_left")))
     finally:
         await conn.close()
     ledger = await stack.psp_ledger()
@@ -440,7 +504,7 @@ def per_cpu(out: Outcome, cpu: dict | None) -> float | None:
 
 def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, offered: float | None,
         cpu: dict | None = None, capacity_per_cpu: float | None = None) -> Result:
-    ok, refused = sorted(out.ok), sorted(out.refused)
+    ok, refused = sorted(out.ok), sorted(out.refusal_ms)
     goodput = len(ok) / seconds
     r = Result(f"{kind} {label}", CAP_BUYERS if offered is None else 0, round(goodput, 1),
                round(percentile(ok, 0.5), 1), round(percentile(ok, 0.99), 1), round(ok[-1] if ok else 0.0, 1),
@@ -448,14 +512,20 @@ def row(kind: str, label: str, out: Outcome, seconds: float, capacity: float, of
     r.extra = {"offered_per_s": round(offered, 1) if offered else None,
                "arrivals_per_s": round(out.arrivals / seconds, 1), "completed": len(ok),
                "refused": len(refused), "refusal_p99_ms": round(percentile(refused, 0.99), 1),
-               "gave_up": out.gave_up, "failed": out.failed, "polls": out.polls, "answers": out.statuses, "cpu": cpu}
+               "gave_up": out.gave_up, "failed": out.failed, "polls": out.polls, "answers": out.statuses,
+               "visits_ended": dict(sorted(out.ends.items())), "refusals": dict(sorted(out.refusals.items())), "buyer": BUYER, "retries": out.retries, "cpu": cpu}
+    if cpu and out.requests:
+        # The load generator's own cost: it shares the cores with what it measures.
+        r.extra["client_cpu_us_per_request"] = round(1e6 * cpu["cpu_s"]["client"] / out.requests)
+    r.extra["requests"] = out.requests
     efficiency = per_cpu(out, cpu)
     if efficiency is not None:
         r.extra["checkouts_per_platform_cpu_s"] = round(efficiency, 2)
         if capacity_per_cpu:
             r.extra["per_cpu_vs_capacity"] = round(efficiency / capacity_per_cpu, 3)
-    r.notes = (f"goodput {r.ratio_to_limit:.2f} of capacity; refused {len(refused)} (p99 "
-               f"{r.extra['refusal_p99_ms']} ms); gave up {out.gave_up}" if offered else "capacity (closed loop)")
+    ends = ", ".join(f"{k} {v}" for k, v in sorted(out.ends.items()))
+    r.notes = (f"goodput {r.ratio_to_limit:.2f} of capacity; {out.arrivals} buyers: {ends}; refusal p99 "
+               f"{r.extra['refusal_p99_ms']} ms" if offered else f"capacity (closed loop); {ends}")
     if cpu:
         r.notes += (f"; per platform CPU-s {r.extra.get('per_cpu_vs_capacity', 1.0):.2f} of capacity's; "
                     f"other work took {cpu['other_work_share']:.0%} of the machine")
@@ -498,11 +568,12 @@ async def main() -> None:
                 results[-1].extra["admission"] = limits.report()
                 results[-1].extra["client_loop_lag_p99_ms"] = lag.report()
                 results[-1].extra["payments"] = counters.report()
+                results[-1].extra["_left"] = out.left_ids
                 await asyncio.sleep(2)  # the backlog of the level before drains
         if HOT_BUYERS:
             print(f"hot slot: {HOT_BUYERS} buyers at once ...", flush=True)
             results.append(await hot_slot(stack, Buyers(HOT_BUYERS), HOT_BUYERS))
-        money = await settle(stack)
+        money = await settle(stack, [r for r in results if "_left" in r.extra])
         print(f"settled: {money}", flush=True)
         results.append(Result("money after settling", 0, 0, 0, 0, 0,
                               notes="exact" if money["money_exact"] else "MISMATCH", extra=money))

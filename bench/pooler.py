@@ -23,7 +23,7 @@ import tempfile
 import time
 import uuid
 
-from _common import bench_postgres, closed_loop, merged, report  # puts services and generated code on sys.path
+from _common import bench_postgres, closed_loop, in_turns, merged, report  # puts services and generated code on sys.path
 
 import asyncpg
 
@@ -131,14 +131,16 @@ async def main() -> None:
         version = subprocess.run([shutil.which("pgbouncer"), "--version"], capture_output=True, text=True).stdout.split("\n")[0]
         print(f"{version}: asyncpg's cached prepared statements through it {prepared}")
         names, chunk = list(pools), N // ROUNDS
-        runs = {n: [] for n in names}
         for k, n in enumerate(names):  # warm up
             await closed_loop(taker(pools[n], slots[k * 500:(k + 1) * 500], f"w{k}"), concurrency=IN_FLIGHT, total=500)
         rest = slots[1500:]
-        for r in range(ROUNDS):
-            for k, n in enumerate(names):
+
+        def turns(k: int, n: str):
+            def round_of(r: int):
                 part = rest[(k * ROUNDS + r) * chunk:(k * ROUNDS + r + 1) * chunk]
-                runs[n].append(await closed_loop(taker(pools[n], part, f"{k}-{r}"), concurrency=IN_FLIGHT, total=chunk))
+                return taker(pools[n], part, f"{k}-{r}"), chunk
+            return round_of
+        runs, _ = await in_turns({n: turns(k, n) for k, n in enumerate(names)}, rounds=ROUNDS, concurrency=IN_FLIGHT)
         direct = merged(runs[names[0]])
         results = [direct.result(f"booking_take_hold, {names[0]}", IN_FLIGHT, notes=f"{CONNECTIONS} connections")]
         for n in names[1:]:

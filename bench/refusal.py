@@ -6,7 +6,9 @@ transcoded (docs/gateway.md). This calls the gateway's ASGI application directly
 its concurrency limit full, for BENCH_REFUSALS `POST /v1/checkouts` requests, each with a token
 never seen before (every buyer of a flash sale is new to the verifier's cache) and a body; it
 reports the process CPU per refusal and where it goes (cProfile, top functions, with BENCH_PROFILE=1).
-The HTTP server's own parsing (uvicorn) is not included there.
+The HTTP server's own parsing (uvicorn) is not included there. Both measure the refusal itself:
+the gateway's short wait for a freed place (admission.py) is set to 0 here, since a held place
+never frees and each refusal would otherwise be timed by the wait.
 
 End to end (BENCH_E2E=1, the default): the deployed gateway process (uvicorn, the real stack) with
 a concurrency limit of one, held by a call to a frozen service (SIGSTOP), refuses BENCH_E2E_REFUSALS
@@ -75,7 +77,7 @@ async def main() -> None:
     owners = {r.owner for r in load_routes()}
     settings = GatewaySettings(port=0, host="127.0.0.1", jwt_secret=DEV_JWT_SECRET, access_log=False,
                                backends={o: "127.0.0.1:9" for o in owners},  # never called
-                               concurrency_min=1, concurrency_max=1, concurrency_initial=1,
+                               concurrency_min=1, concurrency_max=1, concurrency_initial=1, queue_seconds=0.0,
                                address_rate_per_second=1e9, address_rate_burst=1e9)
     app = Gateway(settings)
     app.admission.in_flight = app.admission.cap("critical")  # full: every new checkout is refused
@@ -114,6 +116,7 @@ async def end_to_end() -> list[Result]:
         "CUTY_LOG_LEVEL": "WARNING", "CUTY_PSP_LOG_LEVEL": "WARNING", "CUTY_GATEWAY_ACCESS_LOG": "0",
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01",
         "CUTY_GATEWAY_CONCURRENCY_MIN": 1, "CUTY_GATEWAY_CONCURRENCY_MAX": 1, "CUTY_GATEWAY_CONCURRENCY_INITIAL": 1,
+        "CUTY_GATEWAY_QUEUE_SECONDS": 0,
         "CUTY_GATEWAY_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_RATE_BURST": 1_000_000,
         "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_ADDRESS_RATE_BURST": 1_000_000})
     print("end to end: starting postgres, the services and the gateway ...", flush=True)

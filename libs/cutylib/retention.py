@@ -1,11 +1,12 @@
 """Retention of the append-only, time-partitioned tables (docs/architecture.md, "Retention").
 
 Each such table is PARTITIONED BY RANGE on its time column, in partitions PARTITION_DAYS wide
-(the database functions libs/cutylib/migrations/functions/cuty_partition*.sql). One job per
+(a table may choose narrower ones: the idempotency keys, kept days, not months, use a day; the
+database functions libs/cutylib/migrations/functions/cuty_partition*.sql). One job per
 service (`Retention.run`, on cutylib.periodic), every CUTY_RETENTION_INTERVAL_SECONDS:
 
-1. creates the partitions ahead (the current one and PARTITIONS_AHEAD more), so an insert always
-   finds its partition (cuty_partitions_ahead);
+1. creates the partitions ahead (the current one and PARTITIONS_AHEAD more, or the table's own
+   count), so an insert always finds its partition (cuty_partitions_ahead);
 2. detaches the partitions whose rows are all older than the table's retention,
    CUTY_<TABLE>_RETENTION_DAYS (0: kept forever), whole: no row is deleted, so the append-only
    triggers stay as they are (cuty_partitions_detach);
@@ -25,6 +26,12 @@ and deletes them from the live table in one transaction, and the live table's de
 (cuty_delete_moved) refuses to let a row out that the history does not hold. The history then
 leaves whole past its retention like any partitioned table above, and reads inside the retention
 look in both.
+
+Key tables (idempotency keys, the PSP's event ids) are partitioned themselves, by the time the key
+was first used: their rows change only during the key's lifetime, which the retention must exceed
+(`table(..., at_least_days=)`), so a partition leaves once every key in it is dead. A partitioned
+table's unique keys must hold the partition key, so the uniqueness of a key across partitions is
+kept by the table's own insert function (under the key's advisory lock); see each table's docs.
 
 Every statement is bounded: the DETACH waits at most LOCK_TIMEOUT_MS for its lock (a round that
 cannot get it skips and the next retries), and a round touches at most the table's partitions.
@@ -56,19 +63,27 @@ MOVE_LIMIT = 100_000
 
 @dataclass(frozen=True)
 class Table:
-    """A partitioned table and how long its rows are kept (0: forever)."""
+    """A partitioned table and how long its rows are kept (0: forever), in partitions `width_days`
+    wide, `ahead` of them made ahead of the current one."""
     name: str
     retention_days: int
+    width_days: int = PARTITION_DAYS
+    ahead: int = PARTITIONS_AHEAD
 
 
-def table(name: str, default_days: int, setting: str | None = None) -> Table:
+def table(name: str, default_days: int, setting: str | None = None, *, width_days: int = PARTITION_DAYS,
+          ahead: int = PARTITIONS_AHEAD, at_least_days: float = 0) -> Table:
     """`name` with its retention from CUTY_<SETTING>_RETENTION_DAYS (`setting` defaults to the name;
-    tables that leave together share one), default `default_days`."""
+    tables that leave together share one), default `default_days`. `at_least_days`: the shortest
+    retention the table's readers allow (a key table: its keys' lifetime), refused below it."""
     var = f"CUTY_{(setting or name).upper()}_RETENTION_DAYS"
     days = env_int(var, default_days)
     if days < 0:
         raise ValueError(f"{var} must be >= 0 (0: kept forever)")
-    return Table(name, days)
+    if 0 < days < at_least_days:
+        raise ValueError(f"{var} must be 0 (kept forever) or at least {at_least_days:g} days, "
+                         f"the lifetime of the rows it keeps")
+    return Table(name, days, width_days, ahead)
 
 
 @dataclass(frozen=True)
@@ -145,7 +160,7 @@ class Retention:
         for t in self.tables:
             done.created += await self.pool.fetchval(
                 "SELECT coalesce(array_agg(p), '{}') FROM cuty_partitions_ahead($1, $2, $3) p",
-                t.name, PARTITION_DAYS, PARTITIONS_AHEAD)
+                t.name, t.width_days, t.ahead)
         for m in self.moves:
             done.moved[m.name] = await self.move(m)
         for t in self.tables:

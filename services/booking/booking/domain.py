@@ -302,11 +302,6 @@ def require_agenda_reader(caller: Principal) -> None:
     caller.require_role(*AGENDA_ROLES)
 
 
-def may_act_on(caller: Principal, customer_id: str) -> bool:
-    """Customers see and change only their own holds (others' read as NOT_FOUND)."""
-    return caller.role != "customer" or caller.subject == customer_id
-
-
 # --- wall clocks ---------------------------------------------------------------------------------
 
 def local_time(instant: datetime, tz: str) -> str:

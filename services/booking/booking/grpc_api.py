@@ -195,26 +195,28 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
         hold_id = parse_uuid("hold_id", request.hold_id)
         payment_ref = domain.require_key("payment_ref", request.payment_ref)
         principal.current().require_role("system")  # finishing a purchase: the saga, never a user
-        return hold_pb(await self.service.confirm_hold(principal.current(), hold_id, payment_ref))
+        return hold_pb(await self.service.confirm_hold(hold_id, payment_ref))
 
     async def ReleaseHold(self, request: pb.ReleaseHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         hold_id = parse_uuid("hold_id", request.hold_id)
         principal.current().require_role("system")  # releasing: the saga, never a user
-        return hold_pb(await self.service.release_hold(principal.current(), hold_id))
+        return hold_pb(await self.service.release_hold(hold_id))
 
     async def CancelBooking(self, request: pb.CancelBookingRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         hold_id = parse_uuid("hold_id", request.hold_id)
         payment_ref = domain.require_key("payment_ref", request.payment_ref)
         principal.current().require_role("system")  # cancelling a purchase: the saga, never a user
-        return hold_pb(await self.service.cancel_booking(principal.current(), hold_id, payment_ref))
+        return hold_pb(await self.service.cancel_booking(hold_id, payment_ref))
 
     async def ExtendHold(self, request: pb.ExtendHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         hold_id = parse_uuid("hold_id", request.hold_id)
-        return hold_pb(await self.service.extend_hold(principal.current(), hold_id, request.seconds))
+        principal.current().require_role("system")  # the saga extends its hold, never a user
+        return hold_pb(await self.service.extend_hold(hold_id, request.seconds))
 
     async def GetHold(self, request: pb.GetHoldRequest, context: grpc.aio.ServicerContext) -> pb.Hold:
         hold_id = parse_uuid("hold_id", request.hold_id)
-        return hold_pb(await self.service.get_hold(principal.current(), hold_id))
+        principal.current().require_role("system")  # the saga reads its hold, never a user
+        return hold_pb(await self.service.get_hold(hold_id))
 
     async def DigestHolds(self, request: pb.DigestHoldsRequest,
                           context: grpc.aio.ServicerContext) -> pb.DigestHoldsResponse:

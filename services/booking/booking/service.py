@@ -236,8 +236,7 @@ class BookingService:
         metrics.REGISTRY.hold_conflicts.labels("yes" if alternatives else "no").inc()
         metrics.REGISTRY.alternatives_offered.inc(len(alternatives or ()))
 
-    async def confirm_hold(self, caller: Principal, hold_id: uuid.UUID, payment_ref: str) -> Hold:
-        await self._check_owner(caller, hold_id)
+    async def confirm_hold(self, hold_id: uuid.UUID, payment_ref: str) -> Hold:
         outcome, hold = await self.holds.confirm(hold_id, payment_ref, self.settings.confirm_cutoff_seconds)
         set_span_attributes(hold_id=str(hold_id))
         if outcome == "confirmed":
@@ -265,30 +264,28 @@ class BookingService:
                                      reason="hold-confirmed-by-other-payment")
         raise RuntimeError(f"booking_confirm_hold returned an unknown outcome {outcome!r}")
 
-    async def release_hold(self, caller: Principal, hold_id: uuid.UUID) -> Hold:
-        await self._check_owner(caller, hold_id)
+    async def release_hold(self, hold_id: uuid.UUID) -> Hold:
         set_span_attributes(hold_id=str(hold_id))
         released = await self.holds.release(hold_id)
         if released is not None:
             self.taken.freed(str(released.resource_id))  # here at once; other replicas by NOTIFY
             return released
         # Nothing live to release: released or expired already is success (idempotent).
-        hold = await self._get(hold_id)
+        hold = await self.get_hold(hold_id)
         if hold.status == domain.CONFIRMED:
             raise FailedPrecondition(f"hold {hold_id} is confirmed; a booking is not released", reason="hold-confirmed")
         return hold
 
-    async def cancel_booking(self, caller: Principal, hold_id: uuid.UUID, payment_ref: str) -> Hold:
+    async def cancel_booking(self, hold_id: uuid.UUID, payment_ref: str) -> Hold:
         """A booking cancelled after purchase (the saga's CANCELLING step): the confirmed
         hold of `payment_ref` is released, so its time is bookable again. Idempotent: a repeat
         answers the cancelled hold. The refund is the saga's, never booking's."""
-        await self._check_owner(caller, hold_id)
         set_span_attributes(hold_id=str(hold_id))
         cancelled = await self.holds.cancel_booking(hold_id, payment_ref)
         if cancelled is not None:
             self.taken.freed(str(cancelled.resource_id))
             return cancelled
-        hold = await self._get(hold_id)
+        hold = await self.get_hold(hold_id)
         if hold.status == domain.RELEASED and hold.cancelled_payment_ref == payment_ref:
             return hold  # cancelled already: the same answer
         if hold.status == domain.CONFIRMED:
@@ -297,14 +294,13 @@ class BookingService:
         raise FailedPrecondition(f"hold {hold_id} is {hold.status}, not a confirmed booking",
                                  reason=f"hold-{hold.status}")
 
-    async def extend_hold(self, caller: Principal, hold_id: uuid.UUID, seconds: int) -> Hold:
+    async def extend_hold(self, hold_id: uuid.UUID, seconds: int) -> Hold:
         seconds = domain.extension_seconds(seconds, self.settings.hold_max_extension_seconds)
-        await self._check_owner(caller, hold_id)
         set_span_attributes(hold_id=str(hold_id))
         extended = await self.holds.extend(hold_id, seconds)
         if extended is not None:
             return extended
-        hold = await self._get(hold_id)
+        hold = await self.get_hold(hold_id)
         if hold.status == domain.HELD and hold.extended:
             return hold  # a retry of the one extension: no second one, same answer
         if hold.status == domain.EXPIRED:
@@ -312,25 +308,13 @@ class BookingService:
         raise FailedPrecondition(f"hold {hold_id} is {hold.status}, only a held hold can be extended",
                                  reason=f"hold-{hold.status}")
 
-    async def get_hold(self, caller: Principal, hold_id: uuid.UUID) -> Hold:
-        async with self._reading(caller) as (_, holds, merchant):
-            hold = await holds.get(hold_id, merchant)
-        if hold is None or not domain.may_act_on(caller, hold.customer_id):
-            raise NotFound(f"hold {hold_id} not found")
-        return hold
-
-    async def _get(self, hold_id: uuid.UUID) -> Hold:
+    async def get_hold(self, hold_id: uuid.UUID) -> Hold:
+        """Any merchant's hold: the hold RPCs are the saga's alone, called as `system` (no route
+        brings a user to them, grpc_api.SYSTEM_RPCS)."""
         hold = await self.holds.get(hold_id)
         if hold is None:
             raise NotFound(f"hold {hold_id} not found")
         return hold
-
-    async def _check_owner(self, caller: Principal, hold_id: uuid.UUID) -> None:
-        """Customers act only on their own holds, a merchant's users only on its holds. Reading
-        first is safe here: a hold's customer and merchant never change, so nothing can slip in
-        between this check and the write."""
-        if caller.role == "customer" or caller.role in tenancy.MERCHANT_ROLES:
-            await self.get_hold(caller, hold_id)
 
 
 class ScheduleService:

@@ -22,15 +22,27 @@ Criticality (policy.LOAD): new work (NORMAL) may use NORMAL_SHARE of the limit, 
 asked again (SHEDDABLE) SHEDDABLE_SHARE, so they are refused first; the work that finishes a
 purchase already started (CRITICAL) may use all of it plus CRITICAL_HEADROOM.
 
+A short, bounded wait instead of an instant refusal (`acquire`): arrivals come in bursts, and a
+place frees every few milliseconds at capacity, so refusing whoever finds the places taken loses
+buyers the platform could have served a moment later (at an offered load equal to capacity, a
+third of them). A request that finds its share in use waits for a freed place, at most
+`queue_seconds` (new work and reads) or `critical_queue_seconds` (a purchase under way, which is
+refused only when not even that wait frees a place), and at most `queue_max` requests wait at
+once (new work and reads at most half of them). A freed place goes to the oldest waiter of the highest criticality whose share allows it.
+As CoDel does, a queue that has not been empty for QUEUE_INTERVAL is standing (sustained overload,
+not a burst): new work then waits at most `queue_target_seconds`, so its refusal stays quick.
+
 One instance per gateway process, used from its event loop only (no locks); every table in it is
 bounded (one baseline per route).
 """
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import time
 import weakref
+from collections import deque
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
@@ -43,6 +55,8 @@ BACKOFF = 0.8
 NORMAL_SHARE = 0.75
 SHEDDABLE_SHARE = 0.5
 CRITICAL_HEADROOM = 0.1
+# A queue of waiters not empty for this long is standing (CoDel's interval).
+QUEUE_INTERVAL = 0.1
 # Retry-After of a refusal, whole seconds, drawn in this range so that refused clients do not all
 # come back in the same second.
 RETRY_AFTER = (1, 3)
@@ -54,7 +68,8 @@ OK, OVERLOAD, TIMEOUT = 0, 1, 2
 
 class AdmissionControl:
     def __init__(self, *, min_limit: int, max_limit: int, initial_limit: int, tolerance: float,
-                 target_seconds: float, clock=time.monotonic):
+                 target_seconds: float, queue_seconds: float = 0.0, queue_target_seconds: float = 0.0,
+                 critical_queue_seconds: float = 0.0, queue_max: int = 0, clock=time.monotonic):
         # max_limit 0 turns admission control off: every call is admitted.
         self.enabled = max_limit > 0
         self.min_limit = max(1, min_limit)
@@ -71,6 +86,12 @@ class AdmissionControl:
         self._window_start = now
         self._last_cut = -math.inf
         self._samples = self._slow = self._peak = 0
+        self.queue_seconds, self.queue_target = queue_seconds, min(queue_target_seconds, queue_seconds)
+        self.critical_queue_seconds, self.queue_max = critical_queue_seconds, queue_max
+        # Waiters per criticality, oldest first; each is answered True (a place) or False.
+        self._waiting: dict[str, deque[asyncio.Future]] = {CRITICAL: deque(), NORMAL: deque(), SHEDDABLE: deque()}
+        self.queued = 0
+        self._empty_since = now  # when the queue was last empty
         _LIVE.add(self)
 
     def _set_limit(self, limit: int) -> None:
@@ -94,14 +115,80 @@ class AdmissionControl:
             self._peak = self.in_flight
         return True
 
+    def max_wait(self, criticality: str) -> float:
+        """How long a request of this criticality may wait for a place now (0: refuse at once)."""
+        if criticality == CRITICAL:
+            return self.critical_queue_seconds
+        if self.queued and self.clock() - self._empty_since >= QUEUE_INTERVAL:
+            return self.queue_target  # a standing queue: sustained overload
+        return self.queue_seconds
+
+    async def acquire(self, criticality: str, budget: float) -> bool:
+        """`admit`, or else wait for a freed place, at most `max_wait` and `budget` seconds; True:
+        the call may start, and `release` (or `cancel`) must follow it. False: refuse it now."""
+        if self.admit(criticality):
+            return True
+        wait = min(self.max_wait(criticality), budget)
+        # New work and reads may fill half the queue: the rest stays for purchases under way.
+        if wait <= 0 or self.queued >= (self.queue_max if criticality == CRITICAL else self.queue_max // 2):
+            return False
+        if not self.queued:
+            self._empty_since = self.clock()
+        fut = asyncio.get_running_loop().create_future()
+        waiters = self._waiting.get(criticality, self._waiting[SHEDDABLE])
+        waiters.append(fut)
+        self.queued += 1
+        timer = fut.get_loop().call_later(wait, self._expire, fut, waiters)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # The client left while waiting: a place handed over in the meantime is given back.
+            if fut.done() and not fut.cancelled() and fut.result():
+                self.cancel()
+            else:
+                self._unqueue(fut, waiters)
+            raise
+        finally:
+            timer.cancel()
+
+    def _expire(self, fut: asyncio.Future, waiters: deque) -> None:
+        if not fut.done():
+            self._unqueue(fut, waiters)
+            fut.set_result(False)
+
+    def _unqueue(self, fut: asyncio.Future, waiters: deque) -> None:
+        try:
+            waiters.remove(fut)  # at most queue_max long
+        except ValueError:
+            return
+        self._dequeued()
+
+    def _dequeued(self) -> None:
+        self.queued -= 1
+        if not self.queued:
+            self._empty_since = self.clock()
+
+    def _free_place(self) -> None:
+        """A place is given up: it passes to the first waiter whose share allows it, else it is free."""
+        if self.queued:
+            for criticality in (CRITICAL, NORMAL, SHEDDABLE):
+                waiters = self._waiting[criticality]
+                while waiters and self.in_flight - 1 < self._caps[criticality]:
+                    fut = waiters.popleft()
+                    self._dequeued()
+                    if not fut.done():  # (one cancelled with its client is skipped)
+                        fut.set_result(True)  # in_flight unchanged: the place is the waiter's now
+                        return
+        self.in_flight -= 1
+
     def cancel(self) -> None:
         """The end of an admitted request that never called a backend (refused by a later check:
         its token, its body): its place is given back, and it is no latency sample."""
-        self.in_flight -= 1
+        self._free_place()
 
     def release(self, route: str, started: float, outcome: int = OK) -> None:
         """The end of an admitted call of `route` that started at `started` (this clock)."""
-        self.in_flight -= 1
+        self._free_place()
         if not self.enabled:
             return
         now = self.clock()

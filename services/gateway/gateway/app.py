@@ -98,7 +98,9 @@ class Gateway:
         self._ip_hop = -1 if s.client_ip_hop == "last" else 0
         self.admission = AdmissionControl(min_limit=s.concurrency_min, max_limit=s.concurrency_max,
                                           initial_limit=s.concurrency_initial, tolerance=s.latency_tolerance,
-                                          target_seconds=s.latency_target_seconds)
+                                          target_seconds=s.latency_target_seconds, queue_seconds=s.queue_seconds,
+                                          queue_target_seconds=s.queue_target_seconds,
+                                          critical_queue_seconds=s.critical_queue_seconds, queue_max=s.queue_max)
         # rpc -> (criticality, the longest its call may take: a client's Request-Timeout is capped by it)
         self.load: dict[str, tuple[str, float]] = {}
         for r in self.routes:
@@ -313,7 +315,7 @@ class Gateway:
         An admitted request that fails a later check (401, 403, 400, 413, 504) gives its place
         back unmeasured; one that reaches the call gives it back in `release` after it."""
         criticality, budget, since = self._budget(route, headers, t0)
-        self._admit(route, criticality)
+        await self._admit(route, criticality, budget)
         try:
             request, metadata = await self._prepare(route, bound, query, headers, receive)
             timeout = self._time_left(route, criticality, budget, since)
@@ -391,10 +393,11 @@ class Gateway:
             return criticality, longest, None
         return criticality, min(longest, _request_timeout(raw)), t0
 
-    def _admit(self, route: Route, criticality: str) -> None:
-        """A place for the request among the backend calls in flight, or the request refused now:
-        503 `overloaded` when its criticality's share of the concurrency limit is in use."""
-        if not self.admission.admit(criticality):
+    async def _admit(self, route: Route, criticality: str, budget: float) -> None:
+        """A place for the request among the backend calls in flight, or the request refused:
+        503 `overloaded` when its criticality's share of the concurrency limit is in use and no
+        place frees within its short wait (admission.py)."""
+        if not await self.admission.acquire(criticality, budget):
             access_log.shed(route.template.source, criticality, "overloaded")
             raise problems.overloaded("the platform is at capacity and serves purchases already under way first; "
                                       "nothing was done, retry after Retry-After", admission.retry_after())

@@ -50,6 +50,13 @@ class GatewaySettings:
     concurrency_initial: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_INITIAL", 100)
     latency_tolerance: float = env_field(env_float, "CUTY_GATEWAY_LATENCY_TOLERANCE", 2.0)
     latency_target_seconds: float = env_field(env_float, "CUTY_GATEWAY_LATENCY_TARGET_SECONDS", 0.1)
+    # A request that finds its share of the limit in use waits for a freed place at most this long
+    # (new work and reads; the target when the queue is standing; a purchase under way), and at
+    # most queue_max wait at once; 0 seconds: refused at once.
+    queue_seconds: float = env_field(env_float, "CUTY_GATEWAY_QUEUE_SECONDS", 0.02)
+    queue_target_seconds: float = env_field(env_float, "CUTY_GATEWAY_QUEUE_TARGET_SECONDS", 0.005)
+    critical_queue_seconds: float = env_field(env_float, "CUTY_GATEWAY_CRITICAL_QUEUE_SECONDS", 1.0)
+    queue_max: int = env_field(env_int, "CUTY_GATEWAY_QUEUE_MAX", 200)
     health_timeout_seconds: float = env_field(env_float, "CUTY_GATEWAY_HEALTH_TIMEOUT_SECONDS", 1.0)
     # JWT clock skew tolerated between the issuer and this host (exp, iat, nbf).
     jwt_leeway_seconds: float = env_field(env_float, "CUTY_JWT_LEEWAY_SECONDS", 30.0)

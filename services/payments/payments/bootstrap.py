@@ -15,6 +15,7 @@ from cutylib.retention import Retention
 
 from . import audit, signature
 from .checkout import wiring
+from .checkout.settings import CheckoutOptions
 from .claims import wiring as claims
 from .disputes import wiring as disputes
 from .outbound import wiring as outbound
@@ -48,13 +49,30 @@ async def create_payments_pool(dsn: str, settings: Settings) -> asyncpg.Pool:
 MERCHANT_EVENTS_MOVE_AFTER_DAYS = 30
 OUTBOUND_HISTORY_RETENTION_DAYS = 400
 OUTBOUND_HISTORIES = ("merchant_events_history", "webhook_deliveries_history", "webhook_attempts_history")
+# The checkout API's Idempotency-Keys live a day (CUTY_IDEMPOTENCY_TTL_SECONDS) in day partitions,
+# made 3 days ahead, and leave whole 2 days after their day (CUTY_CHECKOUT_IDEMPOTENCY_KEYS_RETENTION_DAYS,
+# never below the keys' lifetime): a dead key's row stays at most 3 days.
+IDEMPOTENCY_KEYS_RETENTION_DAYS = 2
+IDEMPOTENCY_KEYS_PARTITION_DAYS = 1
+IDEMPOTENCY_KEYS_AHEAD = 3
+# The PSP's webhook events, deduplicated on their ids, in week partitions (4 made ahead), kept 30
+# days after their week (CUTY_PSP_EVENT_RETENTION_DAYS): a redelivery comes within minutes (older
+# ones fail the signature's tolerance), and the on-call story reads a payment's events for a month.
+PSP_EVENTS_RETENTION_DAYS = 30
+PSP_EVENTS_PARTITION_DAYS = 7
+PSP_EVENTS_AHEAD = 4
 
 
 def payments_retention(pool: asyncpg.Pool) -> Retention:
     """Payments' retention job: the timeline's partitions, finished outbound events moved into
-    their histories and the histories' partitions."""
+    their histories and the histories' partitions, the idempotency keys' and PSP events' partitions."""
     tables = [retention.table("payment_events", PAYMENT_EVENTS_RETENTION_DAYS)]
     tables += [retention.table(t, OUTBOUND_HISTORY_RETENTION_DAYS, "outbound_history") for t in OUTBOUND_HISTORIES]
+    tables.append(retention.table(
+        "checkout_idempotency_keys", IDEMPOTENCY_KEYS_RETENTION_DAYS, width_days=IDEMPOTENCY_KEYS_PARTITION_DAYS,
+        ahead=IDEMPOTENCY_KEYS_AHEAD, at_least_days=CheckoutOptions().idempotency_ttl_seconds / 86400))
+    tables.append(retention.table("psp_events", PSP_EVENTS_RETENTION_DAYS, "psp_event", width_days=PSP_EVENTS_PARTITION_DAYS,
+                                  ahead=PSP_EVENTS_AHEAD, at_least_days=1))
     return Retention(pool, tables, retention.archive_dir(),
                      [retention.move("merchant_events", "merchant_events_move", MERCHANT_EVENTS_MOVE_AFTER_DAYS)])
 
@@ -80,10 +98,10 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server.add_service(SERVICE, CALLERS, system=SYSTEM_RPCS, roles=USER_ROLES)
     if workers:
         server.add_background(inbox.run_retries)
-        server.add_background(inbox.run_purge)
         server.add_background(Reconciler(core).run)
-        # The timeline's partitions and the outbound histories': made ahead, detached (and archived)
-        # past their retention; finished outbound events moved into their histories first.
+        # The timeline's, the outbound histories', the idempotency keys' and the PSP events'
+        # partitions: made ahead, detached (and archived) past their retention; finished outbound
+        # events moved into their histories first.
         server.add_background(payments_retention(pool).run)
         # One replica (the advisory-lock leader) exports the gauges read from the database.
         server.add_background(lambda: refresh_periodically(

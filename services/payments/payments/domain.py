@@ -148,16 +148,21 @@ def observation_of(obj: dict[str, Any] | None) -> Observation:
 
 
 def intent_body(*, payment_id: str, checkout_id: str | None, amount_minor: int, currency: str,
-                payment_method: str, off_session: str | None = None, psp_customer: str | None = None) -> dict[str, Any]:
+                payment_method: str, off_session: str | None = None, psp_customer: str | None = None,
+                consent_minor: int | None = None) -> dict[str, Any]:
     """The PSP create body, built only from our own row so a replay with the same Idempotency-Key
     (reconciliation after a timeout) is byte-for-byte the same request and never a 422."""
     metadata = {"payment_id": payment_id}
     if checkout_id:
         metadata["checkout_id"] = checkout_id
     if payment_method == HOSTED_PAGE:
-        # A payment link: no card yet; the customer presents one on the PSP's hosted page.
-        return {"amount": amount_minor, "currency": currency, "payment_method_collection": HOSTED_PAGE,
+        # A payment link: no card yet; the customer presents one on the PSP's hosted page, which
+        # also asks their consent to the booking's no-show fee when the link offers one.
+        body = {"amount": amount_minor, "currency": currency, "payment_method_collection": HOSTED_PAGE,
                 "metadata": metadata}
+        if consent_minor is not None:
+            body["off_session_consent"] = {"amount": consent_minor}
+        return body
     body = {"amount": amount_minor, "currency": currency, "payment_method": payment_method, "metadata": metadata}
     if off_session == OFF_SESSION_SETUP:
         body["setup_future_usage"] = "off_session"  # the customer accepted a later off-session charge

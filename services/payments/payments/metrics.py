@@ -17,7 +17,6 @@ LEASE_TAKEOVERS = "cuty_payments_lease_takeovers_total"
 RECONCILED_PAYMENTS = "cuty_payments_reconciled_total"
 WEBHOOKS = "cuty_payments_webhooks_total"
 FINALIZE = "cuty_payments_finalize_total"
-PSP_EVENTS_PURGED = "cuty_payments_psp_events_purged_total"
 AUDIT_FINDINGS = "cuty_payments_audit_findings_total"
 AUDIT_LAG = """
 SELECT coalesce(extract(epoch FROM clock_timestamp() - max(watermark)), 0) FROM audit_watermarks WHERE name = 'invariants'
@@ -45,7 +44,6 @@ class PaymentsMetrics(CheckoutMetrics):
         self.webhooks = c(WEBHOOKS, "PSP webhook deliveries by event type and outcome", ["type", "outcome"])
         self.webhook_lag = h("cuty_payments_webhook_lag_seconds",
                              "From the PSP event's creation to its change applied to the payment", buckets=LAG_BUCKETS)
-        self.psp_events_purged = c(PSP_EVENTS_PURGED, "Handled PSP events purged after CUTY_PSP_EVENT_RETENTION_DAYS")
         # status: needs_response (opened) | under_review | won | lost; a lost one is alerted on
         # (DisputeLost; docs/payments.md, "Disputes").
         self.disputes = c("cuty_payments_disputes_total", "Disputes of captured payments, by the status they reached",

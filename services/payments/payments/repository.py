@@ -14,7 +14,7 @@ from .views import CapturedPayment, PaymentView, RefundView, TimelineEvent
 PAYMENT_COLUMNS = """id, checkout_id, customer_id, status, version, lease_owner, lease_until, psp_intent_id,
     psp_refund_id, amount_minor, currency, payment_method, idempotency_key, redirect_url, client_secret,
     failure_reason, reconcile_at, created_at, updated_at, merchant_id, refunded_minor, refund_settled_minor,
-    off_session, psp_customer"""
+    off_session, psp_customer, consent_minor"""
 
 GET_PAYMENT = f"SELECT {PAYMENT_COLUMNS} FROM payments WHERE id = $1"
 # A user's read: $2 is the caller's merchant (staff, admin) or NULL (any merchant), so
@@ -30,8 +30,8 @@ GET_BY_INTENT_SEEN_BY = (f"SELECT {PAYMENT_COLUMNS} FROM payments "
 INSERT_PAYMENT = f"""
 WITH ins AS (
     INSERT INTO payments (id, checkout_id, customer_id, amount_minor, currency, payment_method, idempotency_key,
-                          reconcile_at, merchant_id, off_session, psp_customer)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp() + make_interval(secs => $8::float8), $10, $11, $12)
+                          reconcile_at, merchant_id, off_session, psp_customer, consent_minor)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp() + make_interval(secs => $8::float8), $10, $11, $12, $13)
     ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
     RETURNING {PAYMENT_COLUMNS}
 ), ev AS (
@@ -130,12 +130,16 @@ LIMIT $4
 # reschedule to a dearer slot charged a second one): the purchase's first, then by time; what is
 # left of each, and what an earlier attempt of this cancel asked of it ($2: the purchase's refund
 # key; $3: the prefix of the others', completed by the payment id).
+# A no-show fee's own payment (off_session 'charge') is no part of what a cancel gives back: the fee
+# is for the no-show, and staff refund it only by asking for that payment's refund themselves
+# (IssueRefund; docs/checkout.md, "No-show fee").
 CAPTURED_PAYMENTS = """
 SELECT p.id::text AS id, p.amount_minor - p.refunded_minor AS left_minor, r.requested_minor AS asked_minor
 FROM payments p
 LEFT JOIN refunds r ON r.merchant_id = p.merchant_id AND r.payment_id = p.id
      AND r.key = CASE WHEN p.id = $4::uuid THEN $2::text ELSE $3::text || p.id::text END
 WHERE p.checkout_id = $1 AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+  AND p.off_session IS DISTINCT FROM 'charge'
 ORDER BY p.id = $4::uuid DESC, p.created_at, p.id
 """
 
@@ -310,12 +314,12 @@ class Payments:
     async def insert(self, payment_id: uuid.UUID, checkout_id: uuid.UUID | None, customer_id: str, amount_minor: int,
                      currency: str, payment_method: str, idempotency_key: str, reconcile_after_seconds: float,
                      trace_id: str, merchant_id: str, off_session: str | None = None,
-                     psp_customer: str | None = None) -> PaymentView | None:
+                     psp_customer: str | None = None, consent_minor: int | None = None) -> PaymentView | None:
         """The new payment and its "created" event; None when the key was used before."""
         return _payment(await self.db.fetchrow(INSERT_PAYMENT, payment_id, checkout_id, customer_id, amount_minor,
                                                currency, payment_method, idempotency_key,
                                                float(reconcile_after_seconds), trace_id, merchant_id, off_session,
-                                               psp_customer))
+                                               psp_customer, consent_minor))
 
     async def write(self, read: PaymentView, observed: str, intent_id: str | None, redirect_url: str | None,
                     client_secret: str | None, failure_reason: str | None, psp_refund_id: str | None, source: str,

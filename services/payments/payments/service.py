@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from datetime import datetime, timezone
 from typing import Any
 
 import asyncpg
@@ -90,11 +91,13 @@ class PaymentsCore(RefundCases):
     async def create_and_charge(self, *, checkout_id: str | None, amount_minor: int, currency: str,
                                 payment_method: str, idempotency_key: str, customer_id: str,
                                 merchant_id: str, off_session: str | None = None,
-                                psp_customer: str | None = None) -> PaymentView:
+                                psp_customer: str | None = None, consent_minor: int | None = None) -> PaymentView:
         """Create the payment (idempotently on `idempotency_key`, also the PSP's Idempotency-Key) and
         charge it. A PSP timeout leaves it non-terminal (`created`) for reconciliation. `off_session`
         'setup': the PSP saves the card for one later charge; 'charge': charge the card saved for
-        `psp_customer` (`payment_method` its saved id) without the customer."""
+        `psp_customer` (`payment_method` its saved id) without the customer. `consent_minor`: a
+        payment link's ('setup' on the hosted page): the PSP's page asks the customer's consent to
+        that later charge and saves the card only if they give it."""
         require(bool(idempotency_key), "idempotency_key", "idempotency_key must not be empty")
         require_amount("amount.amount_minor", amount_minor, positive=True)
         require_currency("amount.currency_code", currency)
@@ -107,12 +110,13 @@ class PaymentsCore(RefundCases):
         # The payment and its "created" event: one statement, so one implicit transaction.
         payment = await self.rows.insert(payment_id, checkout, customer_id or "", amount_minor, currency,
                                          payment_method, idempotency_key, self.settings.reconcile_after_seconds,
-                                         current_trace_id(), merchant_id, off_session, psp_customer)
+                                         current_trace_id(), merchant_id, off_session, psp_customer, consent_minor)
         if payment is None:  # the key was used before: same request -> first answer, other request -> refused
             payment = await self.rows.by_key(merchant_id, idempotency_key)
-            asked = (_str(checkout), customer_id or "", amount_minor, currency, payment_method, off_session)
+            asked = (_str(checkout), customer_id or "", amount_minor, currency, payment_method, off_session,
+                     consent_minor)
             had = (payment.checkout_id, payment.customer_id, payment.amount_minor, payment.currency,
-                   payment.payment_method, payment.off_session)
+                   payment.payment_method, payment.off_session, payment.consent_minor)
             if asked != had:
                 raise FailedPrecondition(f"idempotency key {idempotency_key!r} was used for a different payment",
                                          reason="idempotency-key-reused")
@@ -138,8 +142,21 @@ class PaymentsCore(RefundCases):
         body = domain.intent_body(payment_id=payment.id, checkout_id=payment.checkout_id,
                                   amount_minor=payment.amount_minor, currency=payment.currency,
                                   payment_method=payment.payment_method, off_session=payment.off_session,
-                                  psp_customer=payment.psp_customer)
+                                  psp_customer=payment.psp_customer, consent_minor=payment.consent_minor)
         return await self.psp.create_intent(payment.idempotency_key, body)
+
+    async def consent_accepted_at(self, payment_id: str) -> datetime | None:
+        """When the customer consented, on a payment link's hosted page, to the later off-session
+        charge it asked about (exactly the payment's `consent_minor`), asked of the PSP; None when
+        nothing was asked or they did not consent. PspUnavailable: not known now."""
+        view = await self.get(payment_id)
+        if view.consent_minor is None or not view.psp_intent_id:
+            return None
+        consent = (await self.psp.get_intent(view.psp_intent_id)).get("off_session_consent")
+        if not isinstance(consent, dict) or consent.get("accepted") is not True \
+                or consent.get("amount") != view.consent_minor or not isinstance(consent.get("accepted_at"), int):
+            return None
+        return datetime.fromtimestamp(consent["accepted_at"], timezone.utc)
 
     async def saved_card(self, payment_id: str) -> tuple[str, str] | None:
         """(the PSP's customer, the saved payment method) of a captured purchase whose card was saved

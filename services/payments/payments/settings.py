@@ -29,7 +29,4 @@ class PaymentsOptions:
     # Test hook (tests/e2e/payments/test_lease_fencing.py): a leased worker waits this long between
     # reading the version and writing, so a test can SIGSTOP it there. Never set in production.
     test_pause_after_lease_ms: int = env_field(env_int, "CUTY_TEST_PAUSE_AFTER_LEASE_MS", 0)
-    # Handled webhook events are kept this long, then purged.
-    psp_event_retention_days: float = env_field(env_float, "CUTY_PSP_EVENT_RETENTION_DAYS", 30.0)
-    psp_event_purge_interval_seconds: float = env_field(env_float, "CUTY_PSP_EVENT_PURGE_INTERVAL_SECONDS", 3600.0)
     webhook_tolerance_seconds: int = 300

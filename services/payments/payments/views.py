@@ -44,6 +44,9 @@ class PaymentView:
     # charged off-session on the card saved for psp_customer (a no-show fee). None: neither.
     off_session: str | None = None
     psp_customer: str | None = None
+    # A payment link's: the later off-session charge its hosted page asks the customer's consent
+    # to (the booking's no-show fee); the card is saved only if they consent. None: none asked.
+    consent_minor: int | None = None
 
     def __post_init__(self) -> None:
         # Whoever builds a view (a row, a test, the saga), a payment that does not wait for the
@@ -67,6 +70,7 @@ class PaymentView:
             merchant_id=row["merchant_id"], refunded_minor=row["refunded_minor"],
             refund_settled_minor=row["refund_settled_minor"], idempotency_key=row["idempotency_key"],
             off_session=row.get("off_session"), psp_customer=row.get("psp_customer"),
+            consent_minor=row.get("consent_minor"),
         )
 
     def to_proto(self) -> payments_pb2.Payment:

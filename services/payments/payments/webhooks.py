@@ -37,18 +37,15 @@ WITH p AS (
     WHERE id = $1 OR psp_intent_id = $2 OR idempotency_key = $3
     ORDER BY (id = $1) DESC NULLS LAST LIMIT 1
 ), ins AS (
-    INSERT INTO psp_events (event_id, type, payment_id, payload, status, next_attempt_at, processed_at)
-    SELECT $4::text, $5::text, p.id, $6::jsonb, s.status,
-           CASE WHEN s.status = 'received' THEN clock_timestamp() + make_interval(secs => $8::float8) END,
-           CASE WHEN s.status IN ('processed', 'ignored') THEN clock_timestamp() END
+    -- Stored unless its id is (psp_events_store: one row per event id across the partitions).
+    SELECT s.status, p.id AS payment_id
     FROM (SELECT 1) one
     LEFT JOIN p ON true
     CROSS JOIN LATERAL (SELECT CASE
         WHEN p.id IS NULL OR $7::text IS NULL THEN 'ignored'
         WHEN p.status = ANY($9::text[]) AND p.psp_intent_id = $2 THEN 'processed'
         ELSE 'received' END AS status) s
-    ON CONFLICT (event_id) DO NOTHING
-    RETURNING status, payment_id
+    WHERE psp_events_store($4::text, $5::text, p.id, $6::jsonb, s.status, $8::float8)
 )
 -- The checkout's traceparent: the handling links to the trace of the purchase it belongs to.
 SELECT status, payment_id, (SELECT c.traceparent FROM checkouts c, p WHERE c.id = p.checkout_id) AS traceparent
@@ -64,16 +61,6 @@ UPDATE psp_events SET
                            THEN clock_timestamp() + make_interval(secs => $3::float8) END,
     last_error = $4
 WHERE event_id = $1 AND status IN ('received', 'deferred')
-"""
-
-# Handled events past the retention period, oldest first, a batch at a time.
-PURGE_PSP_EVENTS = """
-DELETE FROM psp_events WHERE event_id IN (
-    SELECT event_id FROM psp_events
-    WHERE status IN ('processed', 'ignored')
-      AND processed_at < clock_timestamp() - make_interval(secs => $1::float8 * 86400)
-    ORDER BY processed_at
-    LIMIT $2)
 """
 
 # Claiming pushes next_attempt_at forward: the row is invisible to other replicas until then.
@@ -261,33 +248,6 @@ class WebhookInbox:
 
     async def _mark(self, event_id: str, status: str, delay: float, error: str) -> None:
         await self.pool.execute(MARK_PSP_EVENT, event_id, status, delay, error)
-
-    async def purge_processed(self) -> int:
-        """Delete events handled more than CUTY_PSP_EVENT_RETENTION_DAYS ago, in batches; how many.
-        Safe for deduplication: a delivery older than the signature tolerance (5 minutes) is refused
-        before it is looked up, and finalize ignores a status the payment already has."""
-        total = 0
-        while True:
-            done = await self.pool.execute(PURGE_PSP_EVENTS, float(self.options.psp_event_retention_days),
-                                           self.options.batch_size * 10)
-            n = int(done.split()[-1])
-            total += n
-            if n < self.options.batch_size * 10:
-                break
-        if total:
-            self.metrics.psp_events_purged.inc(total)
-            log.info("processed webhook events purged", extra={"purged": total,
-                                                                "retention_days": self.options.psp_event_retention_days})
-        return total
-
-    async def run_purge(self) -> None:
-        """Worker: purge processed events every CUTY_PSP_EVENT_PURGE_INTERVAL_SECONDS."""
-        while True:
-            try:
-                await self.purge_processed()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
-                log.warning("webhook event purge failed; trying again next round", exc_info=True)
-            await asyncio.sleep(self.options.psp_event_purge_interval_seconds)
 
     async def run_retries(self) -> None:
         """Worker: finish deferred events and events whose inline handling died."""

@@ -76,10 +76,17 @@ async def hosted_page(request: Request) -> HTMLResponse:
     intent = _psp(request).hosted_intent(request.path_params["intent_id"])
     options = "".join(f'<option value="{html.escape(pm)}">{html.escape(pm)}</option>' for pm in SCENARIOS)
     amount = f"{intent.amount} {html.escape(intent.currency)} (minor units)"
+    consent = ""
+    if intent.off_session_consent:  # a later off-session charge the merchant asks consent to (a no-show fee)
+        fee = intent.off_session_consent["amount"]
+        consent = (f'<p><label><input type="checkbox" name="accept_off_session_amount" value="{fee}"> '
+                   f"I accept that if I do not come, this card may be charged {fee} "
+                   f"{html.escape(intent.currency)} (minor units) once, without asking me again "
+                   "(the merchant's no-show fee).</label></p>")
     body = (f"<!doctype html><title>Pay {amount}</title><h1>Pay {amount}</h1>"
             f"<p>Status: {html.escape(intent.status)}</p>"
             f'<form method="post"><label>Card <select name="payment_method">{options}</select></label>'
-            '<button type="submit">Pay</button></form>')
+            f'{consent}<button type="submit">Pay</button></form>')
     return HTMLResponse(body)
 
 
@@ -94,7 +101,14 @@ async def pay_on_page(request: Request) -> JSONResponse:
         body = {k: v[0] for k, v in urllib.parse.parse_qs(raw.decode("utf-8", "replace")).items()}
     if "payment_method" not in body:
         raise invalid("parameter_missing", "payment_method is required", "payment_method")
-    return JSONResponse(await _psp(request).pay_on_page(request.path_params["intent_id"], body["payment_method"]))
+    accept = body.get("accept_off_session_amount")
+    if isinstance(accept, str):  # the form's checkbox sends the amount as text
+        accept = int(accept) if accept.isascii() and accept.isdigit() and len(accept) <= 18 else accept
+    if accept is not None and (isinstance(accept, bool) or not isinstance(accept, int) or accept <= 0):
+        raise invalid("parameter_invalid_integer", "accept_off_session_amount must be the positive amount the "
+                                                   f"page names, got {accept!r}", "accept_off_session_amount")
+    return JSONResponse(await _psp(request).pay_on_page(request.path_params["intent_id"], body["payment_method"],
+                                                        accept))
 
 
 async def create_refund(request: Request) -> JSONResponse:

@@ -16,7 +16,7 @@ from .state import (
     Intent, Refund, Store, fingerprint, new_id,
 )
 from .validation import (
-    ApiError, check_fields, invalid, require_key, require_payment_method, validate_intent, validate_refund,
+    OFF_SESSION, ApiError, check_fields, invalid, require_key, require_payment_method, validate_intent, validate_refund,
 )
 from .webhooks import Event, WebhookDispatcher
 
@@ -125,6 +125,9 @@ class Psp:
             idempotency_key=key, status=PROCESSING,
             client_secret=f"{intent_id}_secret_{secrets.token_urlsafe(16)}", traceparent=traceparent,
             hosted=not params["payment_method"], setup_future_usage=params["setup_future_usage"],
+            off_session_consent=None if params.get("off_session_consent") is None else {
+                "amount": params["off_session_consent"], "currency": params["currency"], "accepted": False,
+                "accepted_at": None},
         )
         self.store.intents[intent_id] = intent
         self.store.remember_key("create", key, fp, intent_id)
@@ -253,20 +256,37 @@ class Psp:
                            f"payment_intent {intent_id!r} has no hosted payment page", param="id")
         return intent
 
-    async def pay_on_page(self, intent_id: str, payment_method: Any) -> dict[str, Any]:
+    async def pay_on_page(self, intent_id: str, payment_method: Any, accept_amount: int | None = None) -> dict[str, Any]:
         """The customer presents a card on the hosted page of an intent created without one (a
         payment link): the card's scenario then runs as if it had come with the create. Visiting
-        again with the same card answers the intent as it is; an intent paid, failed or canceled
-        (the link expired) cannot be paid again (409)."""
+        again with the same card (and the same answer to the page's consent) answers the intent as
+        it is; an intent paid, failed or canceled (the link expired) cannot be paid again (409).
+
+        `accept_amount`: the customer consents to the later off-session charge the page asks about
+        (`off_session_consent`), naming exactly its amount; another amount, or a consent the page
+        does not ask for, is refused (409 `off_session_consent_changed`) and changes nothing. Only
+        then is the card saved (setup_future_usage), and the consent recorded with its time."""
         payment_method = require_payment_method(payment_method)
         intent = self.hosted_intent(intent_id)
+        consent = intent.off_session_consent
         if intent.payment_method:
-            if intent.payment_method == payment_method:
+            accepted = consent["amount"] if consent and consent["accepted"] else None
+            if intent.payment_method == payment_method and accepted == accept_amount:
                 return intent.snapshot()
             raise ApiError(409, "invalid_request_error", "payment_intent_unexpected_state",
-                           "this payment_intent already has a payment method", payment_intent=intent.snapshot())
+                           "this payment_intent already has a payment method"
+                           + (" and the customer's answer to its consent" if consent else ""),
+                           payment_intent=intent.snapshot())
         if intent.status != REQUIRES_ACTION:
             raise self._unexpected_state(intent, "pay on the hosted page")
+        if accept_amount is not None and (consent is None or accept_amount != consent["amount"]):
+            asked = f"{consent['amount']} {consent['currency']}" if consent else "none"
+            raise ApiError(409, "invalid_request_error", "off_session_consent_changed",
+                           f"the page asks consent to an off-session charge of {asked}, not {accept_amount}: "
+                           "read the page again and accept what it names", param="accept_off_session_amount")
+        if accept_amount is not None:
+            consent.update(accepted=True, accepted_at=int(time.time()))
+            intent.setup_future_usage = OFF_SESSION  # the capture saves the card for that charge
         intent.payment_method = payment_method
         intent.next_action = None
         scenario = scenario_of(payment_method)

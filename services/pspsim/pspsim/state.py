@@ -58,6 +58,10 @@ class Intent:
     customer: str | None = None
     saved_payment_method: str | None = None
     off_session: bool = False
+    # A hosted page that asks the customer to consent to one later off-session charge of at most
+    # `amount` (a merchant's no-show fee): {"amount", "currency", "accepted", "accepted_at"}. Only
+    # an accepted consent saves the card (setup_future_usage is set when the customer accepts).
+    off_session_consent: dict[str, Any] | None = None
 
     def snapshot(self, **override: Any) -> dict[str, Any]:
         out = {
@@ -79,6 +83,7 @@ class Intent:
             "customer": self.customer,
             "saved_payment_method": self.saved_payment_method,
             "off_session": self.off_session,
+            "off_session_consent": self.off_session_consent,
         }
         out.update(override)
         return copy.deepcopy(out)

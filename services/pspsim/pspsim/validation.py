@@ -70,7 +70,7 @@ def validate_intent(body: dict[str, Any]) -> dict[str, Any]:
     """A create: a test payment method, or none with `payment_method_collection: "hosted_page"` (the
     customer presents one on the hosted page: a payment link)."""
     check_fields(body, {"amount", "currency", "payment_method", "payment_method_collection", "metadata",
-                        "setup_future_usage", "off_session", "customer"})
+                        "setup_future_usage", "off_session", "customer", "off_session_consent"})
     setup = body.get("setup_future_usage")
     if setup is not None and setup != OFF_SESSION:
         raise invalid("parameter_invalid", f"setup_future_usage must be {OFF_SESSION!r}, got {setup!r}",
@@ -97,13 +97,38 @@ def validate_intent(body: dict[str, Any]) -> dict[str, Any]:
     if not (isinstance(currency, str) and len(currency) == 3 and currency.isascii() and currency.isalpha()):
         raise invalid("parameter_invalid", f"currency must be a 3-letter ISO 4217 code, got {currency!r}", "currency")
     pm = "" if collection else require_payment_method(body["payment_method"])
+    amount = _positive_int(body["amount"], "amount")
     return {
-        "amount": _positive_int(body["amount"], "amount"),
+        "amount": amount,
         "currency": currency.upper(),
         "payment_method": pm,
         "metadata": _metadata(body.get("metadata")),
         "setup_future_usage": setup,
+        "off_session_consent": _consent(body.get("off_session_consent"), collection, setup, amount),
     }
+
+
+def _consent(value: Any, collection: Any, setup: Any, amount: int) -> int | None:
+    """`off_session_consent: {"amount": N}`: the hosted page asks the customer to consent to one
+    later off-session charge of N (at most the payment's amount, in its currency); the card is saved
+    only if they do. Only with the hosted page, and instead of setup_future_usage (the customer
+    decides there). The amount, or None."""
+    if value is None:
+        return None
+    where = "off_session_consent"
+    if collection != HOSTED_PAGE:
+        raise invalid("parameter_invalid", f"{where} is asked on the hosted page: give payment_method_collection "
+                                           f"{HOSTED_PAGE!r}", where)
+    if setup is not None:
+        raise invalid("parameter_invalid", f"{where} saves the card only if the customer consents: "
+                                           "not with setup_future_usage", where)
+    if not isinstance(value, dict) or set(value) != {"amount"}:
+        raise invalid("parameter_invalid", f"{where} must be an object with 'amount' alone", where)
+    consent = _positive_int(value["amount"], f"{where}.amount")
+    if consent > amount:
+        raise invalid("parameter_invalid", f"{where}.amount must be at most the payment's amount ({amount})",
+                      f"{where}.amount")
+    return consent
 
 
 def _validate_off_session(body: dict[str, Any], setup: Any) -> dict[str, Any]:

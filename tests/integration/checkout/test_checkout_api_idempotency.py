@@ -206,9 +206,8 @@ async def test_expired_key_may_be_used_afresh(make_harness):
     await wait_for(lambda: h.pool.fetchval(expired, key), timeout=5, message="the key to expire")
     b = await api.CreateCheckout(pb.CreateCheckoutRequest(slot_id=h.booking.add_slot()), metadata=md("c", key))
     assert a.id != b.id
-    await wait_for(lambda: h.pool.fetchval(expired, key), timeout=5, message="the key to expire again")
-    assert await h.service.keys.purge_expired() >= 1
-    assert await h.pool.fetchval("SELECT count(*) FROM checkout_idempotency_keys WHERE key = $1", key) == 0
+    # A new use beside the dead one (which leaves with its day's partition, never row by row).
+    assert await h.pool.fetchval("SELECT count(*) FROM checkout_idempotency_keys WHERE key = $1", key) == 2
 
 
 async def test_a_retried_pay_whose_first_attempt_died_answers_the_saga_state(harness, api):

@@ -9,11 +9,15 @@ import subprocess
 import sys
 import uuid
 
+import asyncpg
 import grpc
 import pytest
+import pytest_asyncio
 
 from codepool.incident import look_up
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
+from cutylib.config import with_database
+from cutylib.db import migrate
 from cutylib.testing.ids import new_id
 from cutylib.testing.procs import PYTHONPATH, REPO
 from cutylib.testing.trust import channel_as
@@ -143,14 +147,32 @@ async def test_order_evidence_is_for_the_orchestrator_alone(stub, cp_server, cp_
     assert len(await lookups_audited(cp_pool, second.code_ids[0], "frank")) == 1
 
 
+@pytest_asyncio.fixture(scope="module")
+async def plans_pool(pg):
+    """The code pool's schema in a database of its own, never written or analyzed: the plans below
+    then depend on the statements and the indexes alone, not on what the session's other tests left
+    in the shared database (their rows and the statistics autovacuum took of them)."""
+    name = "cuty_codepool_plans_" + uuid.uuid4().hex[:8]
+    dsn = with_database(pg.dsn, name)
+    await migrate(dsn, REPO / "services" / "codepool" / "migrations")
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    yield pool
+    await pool.close()
+    admin = await asyncpg.connect(pg.dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
 @pytest.mark.parametrize("statement, index", [("DELIVERIES", "deliveries_by_code"), ("TRAIL", "audit_log_by_code"),
                                               ("FIND_BY_HASH", "Index Only Scan using codes_merchant_product_code_hash_key")])
-async def test_the_story_reads_through_its_indexes(cp_pool, statement, index):
+async def test_the_story_reads_through_its_indexes(plans_pool, statement, index):
     """A code's history is found by index on tables that grow with every sale (migrations 0080, 0081),
     and the products holding a value by an index-only probe each."""
     import codepool.incident as incident
 
-    async with cp_pool.acquire() as conn, conn.transaction():
+    async with plans_pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL enable_seqscan = off")
         args = {"DELIVERIES": ("m", uuid.uuid4(), 10), "TRAIL": ("m", uuid.uuid4(), ["o"], 10),
                 "FIND_BY_HASH": (b"h" * 32, 10)}[statement]

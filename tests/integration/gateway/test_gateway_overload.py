@@ -1,7 +1,8 @@
 """Flash-sale load at the edge, through the real gateway in front of a service that is slow (its
-calls wait until the test lets them go): past the concurrency limit refusals come at once, as
-`503 overloaded` with Retry-After, without waiting for the busy service; purchases already under
-way are still admitted; admitted requests complete. Request-Timeout bounds a call's deadline."""
+calls wait until the test lets them go): past the concurrency limit refusals come after a short
+bounded wait for a freed place, as `503 overloaded` with Retry-After, without waiting for the busy
+service; purchases already under way are still admitted; admitted requests complete.
+Request-Timeout bounds a call's deadline."""
 import asyncio
 import uuid
 
@@ -220,3 +221,24 @@ async def test_refusals_for_load_keep_the_connection_open(start_gateway, script,
             writer.close()
         gate.open.set()
         assert [r.status_code for r in await asyncio.gather(*admitted)] == [200, 200, 200]
+
+
+async def test_a_request_past_the_limit_waits_briefly_for_a_freed_place_instead_of_a_refusal(
+        start_gateway, fake, script, gate, bearer):
+    """A burst that finds the places taken is served when places free within its short wait
+    (CUTY_GATEWAY_QUEUE_SECONDS); one that finds no place free in time is refused as before."""
+    g = await start_gateway(concurrency_min=4, concurrency_max=4, concurrency_initial=4, queue_seconds=10.0)
+    script("CreateCheckout", gate)
+    async with httpx.AsyncClient(base_url=g.url, timeout=30) as c:
+        admitted = [asyncio.create_task(create(c, bearer("customer", sub=f"early-{i}"))) for i in range(3)]
+        await gate.until_waiting(3)
+        late = [asyncio.create_task(create(c, bearer("customer", sub=f"late-{i}"))) for i in range(2)]
+        for _ in range(1000):
+            if g.app.admission.queued == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert g.app.admission.queued == 2 and gate.waiting == 3 and not any(t.done() for t in late)
+        gate.open.set()  # the first calls end: their places pass to the waiting requests
+        answers = await asyncio.gather(*admitted, *late)
+    assert [r.status_code for r in answers] == [200] * 5
+    assert g.app.admission.in_flight == 0 and g.app.admission.queued == 0

@@ -10,7 +10,7 @@ from cuty.payments.v1 import payments_pb2 as pb
 from cutylib.grpc_errors import bad_field, error_reason
 from cutylib.testing.ids import new_id
 from cutylib.testing.procs import wait_for
-from payments import metrics as m, signature
+from payments import signature
 
 from payments_events import PREVIOUS_SECRET, WEBHOOK_SECRET, event, signed
 from cutylib.testing.trust import TEST_MERCHANT
@@ -215,7 +215,7 @@ async def test_event_left_received_by_a_crashed_handler_is_finished_by_the_retry
     assert (await stored(payments_pool, evt_id))["attempts"] == 1
 
 
-# -- No secrets at rest in psp_events; handled events are purged -----------------
+# -- No secrets at rest in psp_events -------------------------------------------
 
 async def test_stored_events_keep_no_client_secret_or_redirect(payments_server, payments_pool, core, fake_psp):
     p = await three_ds(core)
@@ -230,24 +230,3 @@ async def test_stored_events_keep_no_client_secret_or_redirect(payments_server, 
     # the customer still gets the action from the payment while it is needed
     assert (await core.get(p.id)).client_secret == intent["client_secret"]
 
-
-async def test_handled_events_are_purged_after_the_retention_period(payments_pool, core):
-    from payments.webhooks import WebhookInbox
-
-    ids = {name: f"evt_{name}_{new_id()}" for name in ("old", "recent", "old_unhandled", "old_ignored")}
-    rows = [(ids["old"], "processed", "31 days"), (ids["recent"], "processed", "29 days"),
-            (ids["old_unhandled"], "received", None), (ids["old_ignored"], "ignored", "40 days")]
-    for event_id, status, age in rows:
-        await payments_pool.execute(
-            "INSERT INTO psp_events (event_id, type, payload, status, received_at, processed_at, next_attempt_at) "
-            "VALUES ($1, 'payment_intent.succeeded', '{}'::jsonb, $2, clock_timestamp() - interval '60 days', "
-            "clock_timestamp() - $3::text::interval, CASE WHEN $2 = 'received' THEN clock_timestamp() "
-            "+ interval '1 hour' END)", event_id, status, age or "0 days")
-    await payments_pool.execute("UPDATE psp_events SET processed_at = NULL WHERE event_id = $1", ids["old_unhandled"])
-    inbox = WebhookInbox(core, [WEBHOOK_SECRET])
-    assert inbox.options.psp_event_retention_days == 30
-    purged = await inbox.purge_processed()
-    left = {r["event_id"] for r in await payments_pool.fetch("SELECT event_id FROM psp_events WHERE event_id = ANY($1)",
-                                                              list(ids.values()))}
-    assert left == {ids["recent"], ids["old_unhandled"]} and purged >= 2
-    assert core.metrics.value(m.PSP_EVENTS_PURGED) >= 2

@@ -116,3 +116,36 @@ async def test_a_no_show_fee_is_charged_only_as_accepted(payments_dsn):
                 "'charge')")
     finally:
         await conn.close()
+
+
+async def test_a_payment_links_customer_accepts_exactly_its_offer(payments_dsn):
+    """Migration 0230_link_no_show_fee: a no-show fee is offered by a payment link only, and what
+    its customer accepts is that offer, never another amount; the link's payment asks consent to a
+    later off-session charge on the hosted page only, never above its own amount."""
+    conn = await asyncpg.connect(payments_dsn)
+    try:
+        link = await conn.fetchval(
+            "INSERT INTO checkouts (id, customer_id, kind, slot_id, settle, created_by, link_ttl_seconds, "
+            "no_show_fee_offered_minor) VALUES (gen_random_uuid(), 'guest:x', 'booking', gen_random_uuid(), 'link', "
+            "'staff:s', 600, 300) RETURNING id")
+        with pytest.raises(asyncpg.CheckViolationError):  # not the offer
+            await conn.execute("UPDATE checkouts SET no_show_fee_minor = 299, no_show_fee_accepted_at = now() "
+                               "WHERE id = $1", link)
+        await conn.execute("UPDATE checkouts SET no_show_fee_minor = 300, no_show_fee_accepted_at = now() WHERE id = $1",
+                           link)
+        for settle in ("'venue', 'staff:s', NULL, 'unpaid'", "NULL, NULL, NULL, NULL"):  # no link, no offer
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute(
+                    "INSERT INTO checkouts (id, customer_id, kind, slot_id, settle, created_by, link_ttl_seconds, "
+                    f"venue_status, no_show_fee_offered_minor) VALUES (gen_random_uuid(), 'c', 'booking', "
+                    f"gen_random_uuid(), {settle}, 300)")
+        payment = ("INSERT INTO payments (id, amount_minor, currency, payment_method, idempotency_key, merchant_id, "
+                   "off_session, consent_minor) VALUES (gen_random_uuid(), 1000, 'TRY', $1, 'k-' || gen_random_uuid(), "
+                   "'m', $2, $3)")
+        await conn.execute(payment, "hosted_page", "setup", 300)
+        for method, off_session, consent in (("pm_card_ok", "setup", 300), ("hosted_page", None, 300),
+                                             ("hosted_page", "setup", 1001), ("hosted_page", "setup", 0)):
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute(payment, method, off_session, consent)
+    finally:
+        await conn.close()

@@ -161,12 +161,6 @@ def test_only_admins_and_internal_callers_run_admin_calls():
             domain.require_admin(Principal("u", role))
 
 
-def test_who_may_act_on_a_customers_hold():
-    alice = Principal("alice", "customer")
-    assert domain.may_act_on(alice, "alice") and not domain.may_act_on(alice, "bob")
-    assert domain.may_act_on(SYSTEM, "bob") and domain.may_act_on(Principal("s", "staff"), "bob")
-
-
 def test_local_time_carries_the_offset_of_that_instant():
     assert domain.local_time(datetime(2027, 3, 14, 7, 0, tzinfo=timezone.utc), NY) == "2027-03-14T03:00:00-04:00"
     assert domain.local_time(datetime(2027, 3, 14, 6, 59, tzinfo=timezone.utc), NY) == "2027-03-14T01:59:00-05:00"

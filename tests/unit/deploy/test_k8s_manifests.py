@@ -25,7 +25,8 @@ pytestmark = pytest.mark.spread
 REPO = pathlib.Path(__file__).resolve().parents[3]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = ("dev", "prod")
-COMPONENTS = ("prometheus-operator", "grafana-dashboards", "tracing", "approver-policy")
+COMPONENTS = ("prometheus-operator", "grafana-dashboards", "tracing", "approver-policy", "internal-client",
+              "internal-client/approver-policy")
 KUBERNETES_VERSION = "1.32.0"
 SERVICES = ("gateway", "booking", "codepool", "payments")
 GRPC_BACKENDS = ("booking", "codepool", "payments")
@@ -694,3 +695,75 @@ def test_the_schema_check_bites_on_policies():
               "metadata": {"name": "x"}, "spec": {"selector": {"issuerRef": {}}, "allowed": {"commonNames": {}}}}
     with pytest.raises(jsonschema.ValidationError, match="commonNames"):
         jsonschema.validate(policy, crd_schemas()[("policy.cert-manager.io/v1alpha1", "CertificateRequestPolicy")])
+
+
+# --- an internal client of the public gRPC API (components/internal-client) -----------------------
+
+CLIENT = {"app": "pos"}
+PUBLIC_GRPC = {("booking", 50051), ("codepool", 50052), ("payments", 50053)}
+
+
+def pods_and_ports(objects) -> list[tuple[str, dict, int, str | None]]:
+    """Every pod of the rendering (Deployments, Jobs, the database instances) with every port it
+    serves: (name, its labels, port, the port's name)."""
+    out = []
+    for kind in ("Deployment", "Job"):
+        for name, o in by_kind(objects, kind, "cuty").items():
+            labels = o["spec"]["template"]["metadata"]["labels"]
+            out += [(name, labels, p["containerPort"], p.get("name")) for c in containers(o) for p in c.get("ports", [])]
+    for cluster in by_kind(objects, "Cluster", "cuty"):
+        out += [(cluster, {"cnpg.io/cluster": cluster}, port, None) for port in (5432, 8000, 9187)]
+    return out
+
+
+def test_an_internal_client_reaches_exactly_the_public_services_grpc_ports():
+    for overlay in OVERLAYS:
+        objects = render(overlay, ("approver-policy", "internal-client", "internal-client/approver-policy"))
+        reached = {(name, port) for name, labels, port, port_name in pods_and_ports(objects)
+                   if egress_allowed(objects, "cuty", CLIENT, "cuty", labels, port)
+                   and admitted(objects, labels, port, port_name, "cuty", CLIENT)}
+        assert reached == PUBLIC_GRPC, overlay
+        # nothing outside the cluster and no other namespace: its egress names pods of cuty only
+        for policy in by_kind(objects, "NetworkPolicy", "cuty").values():
+            spec = policy["spec"]
+            if "Egress" in spec["policyTypes"] and selects(spec["podSelector"], CLIENT) and spec["podSelector"]:
+                assert all(set(peer) == {"podSelector"} for rule in spec["egress"] for peer in rule["to"])
+        # nothing reaches the client
+        assert not any(admitted(objects, CLIENT, port, None, ns, labels) for port in (50051, 8080, 443)
+                       for ns, labels in (("cuty", {"app": "gateway"}), ("cuty", {"app": "payments"}), PROMETHEUS))
+        # the services' own callers are as before
+        for svc, port in PUBLIC_GRPC:
+            assert admitted(objects, {"app": svc}, port, "grpc", "cuty", {"app": "gateway"})
+        # without the component no policy lets the client in
+        plain = render(overlay)
+        assert not any(admitted(plain, {"app": svc}, port, "grpc", "cuty", CLIENT) for svc, port in PUBLIC_GRPC)
+
+
+def test_an_internal_client_is_registered_with_the_three_services_and_has_its_own_certificate():
+    from cutylib import clients
+
+    objects = render("prod", ("approver-policy", "internal-client", "internal-client/approver-policy"))
+    (config,) = [m for name, m in by_kind(objects, "ConfigMap", "cuty").items() if name.startswith("cuty-internal-clients-")]
+    registered = clients.parse(json.loads(config["data"]["clients.json"]))  # what the services accept at start
+    assert set(registered) == {"pos"}
+    for name, d in by_kind(objects, "Deployment", "cuty").items():
+        pod = d["spec"]["template"]["spec"]
+        (c,) = containers(d)
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        mounts = {v["name"]: v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+        if name in GRPC_BACKENDS:
+            (mount,) = [m for m in c["volumeMounts"] if mounts.get(m["name"]) == config["metadata"]["name"]]
+            assert env["CUTY_INTERNAL_CLIENTS"] == mount["mountPath"] + "/clients.json", name
+            assert "CUTY_TLS_CA" in env  # the rest of the env list is kept
+        else:
+            assert "CUTY_INTERNAL_CLIENTS" not in env and config["metadata"]["name"] not in mounts.values(), name
+    # issued as a service's certificate is, by the same Issuer, named as the registration says,
+    # for client authentication alone; approved by its own policy only, used by cert-manager only
+    certs, policies = by_kind(objects, "Certificate"), by_kind(objects, "CertificateRequestPolicy")
+    cert = certs["pos-tls"]["spec"]
+    assert cert["issuerRef"] == certs["booking-tls"]["spec"]["issuerRef"]
+    assert cert["commonName"] == "pos" and cert["dnsNames"] == ["pos"] and "server auth" not in cert["usages"]
+    assert {p for p, pol in policies.items() if permits(pol, certs["pos-tls"])} == {"cuty-pos"}
+    assert not permits(policies["cuty-pos"], certs["booking-tls"])
+    (role,) = by_kind(objects, "ClusterRole").values()
+    assert set(role["rules"][0]["resourceNames"]) == {f"cuty-{svc}" for svc in SERVICES} | {"cuty-pos"}

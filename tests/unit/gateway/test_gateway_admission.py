@@ -1,6 +1,8 @@
 """Admission control (admission.py) on a fake clock, the criticality table, Request-Timeout parsing
 and the client address the rate limit is keyed by."""
+import asyncio
 import math
+import time
 
 import pytest
 
@@ -218,3 +220,119 @@ def test_bounds_are_sane():
     c = control(Clock(), min_limit=0, max_limit=5, initial=50)
     assert (c.min_limit, c.max_limit, c.limit) == (1, 5, 5)
     assert math.isinf(control(Clock(), max_limit=0).cap(CRITICAL))
+
+
+# The short wait for a freed place (acquire) ------------------------------------------------------
+def queued(clock=None, *, limit=4, wait=0.2, target=0.01, critical=1.0, queue_max=10) -> AdmissionControl:
+    return AdmissionControl(min_limit=limit, max_limit=limit, initial_limit=limit, tolerance=2.0, target_seconds=0.05,
+                            queue_seconds=wait, queue_target_seconds=target, critical_queue_seconds=critical,
+                            queue_max=queue_max, clock=clock or Clock())
+
+
+def fill(c: AdmissionControl, criticality=NORMAL) -> None:
+    while c.admit(criticality):
+        pass
+
+
+async def test_a_request_finding_its_share_in_use_gets_a_place_freed_within_its_wait():
+    c = queued(limit=4)  # new work: 3 places
+    fill(c)
+    waiter = asyncio.create_task(c.acquire(NORMAL, 30.0))
+    await asyncio.sleep(0.01)
+    assert not waiter.done() and c.queued == 1
+    c.release("r", c.clock())  # the freed place passes to the waiter, not to a newcomer
+    assert c.in_flight == 3 and not c.admit(NORMAL)
+    assert await waiter is True
+    assert c.queued == 0
+
+
+async def test_a_request_is_refused_when_no_place_frees_within_its_wait_or_its_budget():
+    c = queued(wait=0.05)
+    fill(c)
+    t0 = time.perf_counter()
+    assert await c.acquire(NORMAL, 30.0) is False
+    assert 0.04 <= time.perf_counter() - t0 < 1.0
+    t0 = time.perf_counter()
+    assert await c.acquire(NORMAL, 0.0) is False  # no time left in the request's budget: no wait
+    assert time.perf_counter() - t0 < 0.04
+    assert c.queued == 0 and c.in_flight == 3
+
+
+async def test_a_freed_place_goes_to_a_purchase_under_way_before_older_new_work():
+    c = queued(limit=4)
+    fill(c, CRITICAL)  # every place, the headroom included
+    new = asyncio.create_task(c.acquire(NORMAL, 30.0))
+    await asyncio.sleep(0.01)
+    pay = asyncio.create_task(c.acquire(CRITICAL, 30.0))
+    await asyncio.sleep(0.01)
+    c.release("r", c.clock())
+    assert await pay is True
+    assert not new.done()
+    for _ in range(3):  # new work gets a place only once its share (3 of 5 in flight) allows it
+        c.release("r", c.clock())
+    assert await new is True and c.in_flight == 3
+
+
+async def test_a_purchase_under_way_waits_longer_than_new_work_before_a_refusal():
+    c = queued(wait=0.02, critical=5.0)
+    fill(c, CRITICAL)
+    pay = asyncio.create_task(c.acquire(CRITICAL, 30.0))
+    assert await c.acquire(NORMAL, 30.0) is False  # refused after its 20 ms
+    assert not pay.done()
+    c.release("r", c.clock())
+    assert await pay is True
+
+
+async def test_at_most_queue_max_wait_and_the_rest_are_refused_at_once():
+    """New work may fill half the queue; the other half stays for purchases under way."""
+    c = queued(queue_max=4)
+    fill(c, CRITICAL)
+    waiting = [asyncio.create_task(c.acquire(NORMAL, 30.0)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    t0 = time.perf_counter()
+    assert await c.acquire(NORMAL, 30.0) is False
+    assert time.perf_counter() - t0 < 0.05
+    pays = [asyncio.create_task(c.acquire(CRITICAL, 30.0)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    assert c.queued == 4
+    assert await c.acquire(CRITICAL, 30.0) is False  # the queue is full
+    for _ in range(6):
+        c.release("r", c.clock())
+    assert await asyncio.gather(*pays) == [True, True]
+    assert await asyncio.gather(*waiting) == [True, True]
+
+
+async def test_a_standing_queue_shortens_the_wait_of_new_work_but_not_of_purchases():
+    clock = Clock()
+    c = queued(clock, wait=0.2, target=0.01)
+    fill(c, CRITICAL)
+    assert c.max_wait(NORMAL) == 0.2
+    pay = asyncio.create_task(c.acquire(CRITICAL, 30.0))
+    await asyncio.sleep(0.01)
+    clock.now += admission.QUEUE_INTERVAL  # the queue has not been empty for an interval
+    assert c.max_wait(NORMAL) == 0.01 and c.max_wait(CRITICAL) == 1.0
+    c.release("r", c.clock())
+    assert await pay is True and c.queued == 0
+    assert c.max_wait(NORMAL) == 0.2  # empty again: a burst may wait
+
+
+async def test_a_client_leaving_while_it_waits_loses_no_place():
+    c = queued(limit=4)
+    fill(c)
+    gone = asyncio.create_task(c.acquire(NORMAL, 30.0))
+    stays = asyncio.create_task(c.acquire(NORMAL, 30.0))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert c.queued == 1
+    c.release("r", c.clock())
+    assert await stays is True and c.in_flight == 3
+    # handed a place, then cancelled before it ran: the place is given back
+    late = asyncio.create_task(c.acquire(NORMAL, 30.0))
+    await asyncio.sleep(0.01)
+    c.release("r", c.clock())
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert c.in_flight == 2 and c.queued == 0

@@ -143,6 +143,69 @@ async def test_a_hosted_page_refuses_what_it_should(client):
     assert (r.status_code, r.json()["error"]["param"]) == (400, "payment_method")
 
 
+def create_hosted_with_consent(client, key, consent=150):
+    body = {"amount": 750, "currency": "TRY", "payment_method_collection": "hosted_page",
+            "off_session_consent": {"amount": consent}}
+    return client.post("/v1/payment_intents", json=body, headers={"Idempotency-Key": key})
+
+
+async def test_a_hosted_page_asks_consent_to_a_later_off_session_charge_and_saves_the_card_only_if_given(client):
+    """A payment link of a booking with a no-show fee: the page names the fee; the customer who
+    ticks it consents to exactly that amount (the card is saved for one off-session charge, the
+    consent recorded with its time); another amount is refused and changes nothing; a customer
+    who does not tick it pays, and nothing is saved."""
+    intent = (await create_hosted_with_consent(client, "kc1")).json()
+    assert intent["off_session_consent"] == {"amount": 150, "currency": "TRY", "accepted": False, "accepted_at": None}
+    assert intent["setup_future_usage"] is None
+    path = f"/pay/{intent['id']}"
+    page = (await client.get(path)).text
+    assert 'name="accept_off_session_amount" value="150"' in page and "150 TRY" in page
+    for wrong in ({"accept_off_session_amount": 100}, {"accept_off_session_amount": "151"}):
+        r = await client.post(path, json={"payment_method": "pm_card_ok", **wrong})
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "off_session_consent_changed"), r.text
+    r = await client.post(path, json={"payment_method": "pm_card_ok", "accept_off_session_amount": -1})
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "accept_off_session_amount")
+    seen = (await client.get(f"/v1/payment_intents/{intent['id']}")).json()
+    assert seen["status"] == "requires_action" and seen["payment_method"] is None  # nothing changed
+    paid = await client.post(path, content="payment_method=pm_card_ok&accept_off_session_amount=150",
+                             headers={"content-type": "application/x-www-form-urlencoded"})
+    assert paid.status_code == 200, paid.text
+    paid = paid.json()
+    assert paid["status"] == "succeeded" and paid["saved_payment_method"] and paid["customer"]
+    assert paid["off_session_consent"]["accepted"] and paid["off_session_consent"]["accepted_at"]
+    # the same visit again answers the same; the same card without the consent is another answer
+    again = await client.post(path, json={"payment_method": "pm_card_ok", "accept_off_session_amount": 150})
+    assert again.status_code == 200 and again.json() == paid
+    assert (await client.post(path, json={"payment_method": "pm_card_ok"})).status_code == 409
+    # the saved card takes that one off-session charge
+    r = await client.post("/v1/payment_intents", headers={"Idempotency-Key": "fee-1"}, json={
+        "amount": 150, "currency": "TRY", "payment_method": paid["saved_payment_method"], "off_session": True,
+        "customer": paid["customer"]})
+    assert r.status_code == 200 and r.json()["status"] == "succeeded", r.text
+
+    declined = (await create_hosted_with_consent(client, "kc2")).json()
+    r = await client.post(f"/pay/{declined['id']}", json={"payment_method": "pm_card_ok"})
+    assert r.status_code == 200 and r.json()["status"] == "succeeded"
+    assert r.json()["saved_payment_method"] is None and not r.json()["off_session_consent"]["accepted"]
+    # a page that asks nothing takes no consent
+    plain = (await create_hosted(client, key="kc3")).json()
+    r = await client.post(f"/pay/{plain['id']}", json={"payment_method": "pm_card_ok", "accept_off_session_amount": 150})
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "off_session_consent_changed")
+
+
+async def test_a_consent_is_asked_on_the_hosted_page_only_and_never_above_the_amount(client):
+    for i, body in enumerate((
+            {"amount": 750, "currency": "TRY", "payment_method": "pm_card_ok", "off_session_consent": {"amount": 1}},
+            {"amount": 750, "currency": "TRY", "payment_method_collection": "hosted_page",
+             "setup_future_usage": "off_session", "off_session_consent": {"amount": 1}},
+            {"amount": 750, "currency": "TRY", "payment_method_collection": "hosted_page",
+             "off_session_consent": {"amount": 751}},
+            {"amount": 750, "currency": "TRY", "payment_method_collection": "hosted_page",
+             "off_session_consent": {"amount": 1, "currency": "EUR"}})):
+        r = await client.post("/v1/payment_intents", json=body, headers={"Idempotency-Key": f"bad-{i}"})
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("off_session_consent"), r.text
+
+
 async def test_a_declined_card_on_the_hosted_page_fails_the_intent(client):
     intent = (await create_hosted(client)).json()
     r = await client.post(f"/pay/{intent['id']}", json={"payment_method": "pm_card_declined"})

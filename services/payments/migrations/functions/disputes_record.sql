@@ -25,12 +25,9 @@ BEGIN
     SELECT p.id, p.merchant_id, p.checkout_id INTO pay FROM payments p
      WHERE p.psp_intent_id = obj->>'payment_intent' OR p.id = p_payment_hint
      ORDER BY (p.psp_intent_id = obj->>'payment_intent') DESC NULLS LAST LIMIT 1;
-    INSERT INTO psp_events (event_id, type, payment_id, payload, status, processed_at)
-    VALUES (p_event_id, p_type, pay.id, p_payload,
-            CASE WHEN pay.id IS NULL OR NOT rank_of ? coalesce(new_status, '') THEN 'ignored' ELSE 'processed' END,
-            clock_timestamp())
-    ON CONFLICT (event_id) DO NOTHING;
-    IF NOT FOUND THEN
+    IF NOT psp_events_store(p_event_id, p_type, pay.id, p_payload,
+                            CASE WHEN pay.id IS NULL OR NOT rank_of ? coalesce(new_status, '') THEN 'ignored'
+                                 ELSE 'processed' END, 0) THEN
         RETURN QUERY SELECT 'duplicate'::text, NULL::uuid, NULL::text, false, NULL::text;
         RETURN;
     END IF;

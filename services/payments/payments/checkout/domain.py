@@ -243,6 +243,9 @@ class Saga:
     no_show_fee_status: str | None = None
     no_show_fee_payment_id: str | None = None
     no_show_fee_failure: str | None = None
+    # A payment link's offer of the fee (the slot's when staff made the link): its hosted page asks
+    # the customer to accept exactly this, and an accepted offer becomes no_show_fee_minor.
+    no_show_fee_offered_minor: int | None = None
     # The local monotonic clock when the row was read, to tell how far the database clock has
     # moved since read_at (db_now) without asking it again.
     read_mono: float = field(default_factory=time.monotonic, compare=False, repr=False)
@@ -277,6 +280,7 @@ class Saga:
             no_show_fee_minor=row.get("no_show_fee_minor"), no_show_fee_accepted_at=row.get("no_show_fee_accepted_at"),
             no_show_fee_status=row.get("no_show_fee_status"), no_show_fee_payment_id=s(row.get("no_show_fee_payment_id")),
             no_show_fee_failure=row.get("no_show_fee_failure"),
+            no_show_fee_offered_minor=row.get("no_show_fee_offered_minor"),
         )
 
     @property

@@ -1,9 +1,11 @@
 """Idempotency-Key handling of the checkout API (docs/architecture.md, invariant 7; saleor's pattern).
 
-The key is a row UNIQUE on (customer, operation, key). The first request inserts it `in_flight`
+A key is one live row per (customer, operation, key). The first request inserts it `in_flight`
 with a hash of the request; when it ends it stores its serialized answer, which replays return byte
-for byte. The database decides every race: two requests with one key meet on the primary key, and
-an abandoned `in_flight` row (its process died) is taken over by one conditional upsert.
+for byte. The database decides every race: two requests with one key meet on the key's advisory
+lock in `checkout_key_begin`, and an abandoned `in_flight` row (its process died) is taken over by
+one conditional update there. The rows live in day partitions that leave whole once past
+CUTY_CHECKOUT_IDEMPOTENCY_KEYS_RETENTION_DAYS (cutylib.retention); nothing deletes dead keys row by row.
 
     async with store.claim(customer, "create", key, request_hash, first) as claim:  # or Replay
         claim.finish(answer)
@@ -35,26 +37,14 @@ MAX_KEY_LENGTH = 255
 # so the request runs once, through the same statements as any other ("one write path").
 SERVER_KEY_PREFIX = "server:"
 
-# Insert, or take over a row that expired (24 h: the key may be used afresh) or whose in-flight
-# request died (locked_until passed) with the same request. Returns nothing when the key belongs
-# to a live request or already has an answer; the caller then reads the row to say which.
+# Insert the key's row, or take over an in-flight one whose request died (locked_until passed) with
+# the same request; a key whose row expired (24 h) is used afresh, as a new row. Returns nothing when
+# the key belongs to a live request or already has an answer; the caller then reads the row to say
+# which. The table is partitioned by day (its primary key holds created_at), so one live row per key
+# across the partitions is the function's to keep (migrations/functions/checkout_key_begin.sql).
 BEGIN = """
-INSERT INTO checkout_idempotency_keys AS k
-    (customer_id, operation, key, request_hash, resource_id, state, locked_until, expires_at)
-VALUES ($1, $2, $3, $4, $5, 'in_flight',
-        clock_timestamp() + make_interval(secs => $6::float8),
-        clock_timestamp() + make_interval(secs => $7::float8))
-ON CONFLICT (customer_id, operation, key) DO UPDATE SET
-    request_hash = EXCLUDED.request_hash,
-    resource_id = CASE WHEN k.expires_at <= clock_timestamp() THEN EXCLUDED.resource_id ELSE k.resource_id END,
-    state = 'in_flight', response = NULL, response_is_error = NULL,
-    locked_until = EXCLUDED.locked_until,
-    runs = CASE WHEN k.expires_at <= clock_timestamp() THEN 1 ELSE k.runs + 1 END,
-    created_at = CASE WHEN k.expires_at <= clock_timestamp() THEN clock_timestamp() ELSE k.created_at END,
-    expires_at = CASE WHEN k.expires_at <= clock_timestamp() THEN EXCLUDED.expires_at ELSE k.expires_at END
-WHERE k.expires_at <= clock_timestamp()
-   OR (k.state = 'in_flight' AND k.locked_until <= clock_timestamp() AND k.request_hash = EXCLUDED.request_hash)
-RETURNING resource_id, runs > 1 AS resumed
+SELECT key_resource_id AS resource_id, key_resumed AS resumed, key_created_at AS created_at
+FROM checkout_key_begin($1, $2, $3, $4, $5, $6::float8, $7::float8)
 """
 
 
@@ -63,28 +53,22 @@ SELECT request_hash, state, response, response_is_error FROM checkout_idempotenc
 WHERE customer_id = $1 AND operation = $2 AND key = $3 AND expires_at > clock_timestamp()
 """
 
+# The statements of a request after its BEGIN name its row whole ($4: its created_at, the partition key).
 FINISH = """
-UPDATE checkout_idempotency_keys SET state = 'done', response = $4, response_is_error = $5, locked_until = NULL
-WHERE customer_id = $1 AND operation = $2 AND key = $3 AND state = 'in_flight'
+UPDATE checkout_idempotency_keys SET state = 'done', response = $5, response_is_error = $6, locked_until = NULL
+WHERE customer_id = $1 AND operation = $2 AND key = $3 AND created_at = $4 AND state = 'in_flight'
 """
 
 # Bad input changed nothing, so it leaves no key behind either: the same key may be used again.
 ABANDON = """
 DELETE FROM checkout_idempotency_keys
-WHERE customer_id = $1 AND operation = $2 AND key = $3 AND state = 'in_flight'
+WHERE customer_id = $1 AND operation = $2 AND key = $3 AND created_at = $4 AND state = 'in_flight'
 """
 
 # The request failed without an answer (a dependency down): let the client's retry resume now.
 UNLOCK = """
 UPDATE checkout_idempotency_keys SET locked_until = clock_timestamp()
-WHERE customer_id = $1 AND operation = $2 AND key = $3 AND state = 'in_flight'
-"""
-
-PURGE_EXPIRED = """
-DELETE FROM checkout_idempotency_keys
-WHERE (customer_id, operation, key) IN (
-    SELECT customer_id, operation, key FROM checkout_idempotency_keys
-    WHERE expires_at < clock_timestamp() ORDER BY expires_at LIMIT $1)
+WHERE customer_id = $1 AND operation = $2 AND key = $3 AND created_at = $4 AND state = 'in_flight'
 """
 
 
@@ -120,6 +104,7 @@ class Claim:
     resource_id: str              # the checkout the key names (CreateCheckout's new one)
     resumed: bool                 # an earlier request with this key died; this one takes over
     row: Any                      # what the request's first write returned
+    created_at: Any = None        # the key row's partition key: names the row in FINISH / UNLOCK
     answer: Any = None
 
     def finish(self, answer: Any) -> None:
@@ -161,36 +146,36 @@ class IdempotencyStore:
         else:
             key = f"{SERVER_KEY_PREFIX}{uuid.uuid4()}"
         claim = Claim(*await self._begin(customer, operation, key, req_hash, first))
+        row = (customer, operation, key, claim.created_at)
         try:
             yield claim
         except errors.DomainError as exc:
             if getattr(exc, "recorded", False):
-                await self.pool.execute(FINISH, customer, operation, key,
-                                        _status_bytes(exc), True)
+                await self.pool.execute(FINISH, *row, _status_bytes(exc), True)
             elif isinstance(exc, (errors.Unavailable, errors.Aborted, errors.DeadlineExceeded)):
-                await self.pool.execute(UNLOCK, customer, operation, key)
+                await self.pool.execute(UNLOCK, *row)
             else:
-                await self.pool.execute(ABANDON, customer, operation, key)
+                await self.pool.execute(ABANDON, *row)
             raise
         except BaseException:
             try:
-                await self.pool.execute(UNLOCK, customer, operation, key)
+                await self.pool.execute(UNLOCK, *row)
             except Exception:  # noqa: BLE001 - the row's own lock expiry frees it anyway
                 log.warning("could not unlock idempotency key", exc_info=True)
             raise
         if claim.answer is None:
-            await self.pool.execute(UNLOCK, customer, operation, key)
+            await self.pool.execute(UNLOCK, *row)
             raise RuntimeError(f"a {operation} request ended without finishing its Idempotency-Key")
-        await self.pool.execute(FINISH, customer, operation, key, self.encode(claim.answer), False)
+        await self.pool.execute(FINISH, *row, self.encode(claim.answer), False)
 
     async def _begin(self, customer: str, operation: str, key: str, req_hash: bytes,
-                     first: tuple[str, tuple]) -> tuple[str, bool, Any]:
+                     first: tuple[str, tuple]) -> tuple[str, bool, Any, Any]:
         args = (customer, operation, key, req_hash, uuid.uuid4(), self.lease_seconds, self.ttl_seconds)
         statement = begin_with(first[0])
         for _ in range(3):  # the row may expire or be freed between our two statements
             began = await self.pool.fetchrow(statement, *args, *first[1])
             if began is not None:
-                return str(began["key_resource_id"]), began["key_resumed"], began
+                return str(began["key_resource_id"]), began["key_resumed"], began, began["key_created_at"]
             row = await self.pool.fetchrow(EXISTING, customer, operation, key)
             if row is None:
                 continue
@@ -207,10 +192,6 @@ class IdempotencyStore:
             row = await self.pool.fetchrow(EXISTING, customer, operation, key)
             if row is not None:
                 _answer_of(row, operation, key, req_hash)
-
-    async def purge_expired(self, limit: int = 500) -> int:
-        done = await self.pool.execute(PURGE_EXPIRED, limit)
-        return int(done.split()[-1])
 
 
 def _answer_of(row, operation: str, key: str, req_hash: bytes) -> None:
@@ -231,7 +212,8 @@ def begin_with(first: str) -> str:
     at $8. The statement answers the key's columns and the first write's row (NULLs when it wrote
     nothing). The one place a statement is composed from parts."""
     return (f"WITH began AS ({BEGIN.strip()}), {first.strip()}\n"
-            "SELECT began.resource_id AS key_resource_id, began.resumed AS key_resumed, first.*\n"
+            "SELECT began.resource_id AS key_resource_id, began.resumed AS key_resumed,\n"
+            "       began.created_at AS key_created_at, first.*\n"
             "FROM began LEFT JOIN first ON true")
 
 

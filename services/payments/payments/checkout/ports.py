@@ -8,6 +8,7 @@ refund key of (checkout, step)), so a step repeated after a crash asks the same 
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Protocol
 
 from ..views import CapturedPayment, PaymentView, RefundView
@@ -25,9 +26,13 @@ class Payments(Protocol):
     async def create_and_charge(self, *, checkout_id: str | None, amount_minor: int, currency: str,
                                 payment_method: str, idempotency_key: str, customer_id: str,
                                 merchant_id: str, off_session: str | None = None,
-                                psp_customer: str | None = None) -> PaymentView:
+                                psp_customer: str | None = None, consent_minor: int | None = None) -> PaymentView:
         """Create the payment once per key and charge it; a PSP timeout leaves it non-terminal.
-        `off_session` 'setup' saves the card for one later charge, 'charge' is that charge."""
+        `off_session` 'setup' saves the card for one later charge, 'charge' is that charge;
+        `consent_minor`: a payment link's page asks the customer's consent to that charge first."""
+
+    async def consent_accepted_at(self, payment_id: str) -> datetime | None:
+        """When the customer consented on a link's hosted page to the charge it asked about, else None."""
 
     async def saved_card(self, payment_id: str) -> tuple[str, str] | None:
         """(PSP customer, saved payment method) of a captured purchase that saved its card, else None."""

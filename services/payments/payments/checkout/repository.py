@@ -126,6 +126,13 @@ WITH upd AS (
         payment_id = COALESCE(payment_id, $11::uuid),
         -- a one-call checkout's PAY step starts the payment attempt (PayCheckout: START_CHARGING)
         payment_key = COALESCE(payment_key, $28::uuid),
+        -- a payment link's offered no-show fee, accepted on the PSP's page at $29 (never twice,
+        -- never another amount: CHECK checkouts_link_fee_is_the_offer)
+        no_show_fee_minor = CASE WHEN $29::timestamptz IS NOT NULL AND no_show_fee_minor IS NULL
+                                 THEN no_show_fee_offered_minor ELSE no_show_fee_minor END,
+        no_show_fee_accepted_at = CASE WHEN $29::timestamptz IS NOT NULL AND no_show_fee_minor IS NULL
+                                       AND no_show_fee_offered_minor IS NOT NULL
+                                       THEN $29::timestamptz ELSE no_show_fee_accepted_at END,
         merchant_id = COALESCE(merchant_id, $18),
         salon_id = COALESCE(salon_id, $19::uuid),
         free_cancellation_hours = COALESCE(free_cancellation_hours, $20::int),
@@ -239,9 +246,11 @@ WITH upd AS (
                  ELSE COALESCE(c.amount_minor, 0)
                       * (100 - COALESCE(c.cancellation_fee_percent, {DEFAULT_FEE_PERCENT})) / 100 END,
             -- what is left of every captured payment of the checkout: the purchase's and the price
-            -- increases of its reschedules
+            -- increases of its reschedules; never a no-show fee's (off_session 'charge'), which a
+            -- cancel does not give back (CAPTURED_PAYMENTS)
             COALESCE((SELECT sum(p.amount_minor - p.refunded_minor) FROM payments p
-                      WHERE p.checkout_id = c.id AND p.status IN ('succeeded', 'partially_refunded', 'refunded')), 0)),
+                      WHERE p.checkout_id = c.id AND p.status IN ('succeeded', 'partially_refunded', 'refunded')
+                        AND p.off_session IS DISTINCT FROM 'charge'), 0)),
         cancelled_by = $8, cancel_reason = $9,
         failure_reason = CASE WHEN $2::text IS NULL THEN 'cancelled-by-staff' ELSE 'cancelled-by-customer' END,
         lease_owner = $4,
@@ -515,6 +524,8 @@ class Fields:
     payment_key: str | None = None  # a one-call checkout's payment attempt, set by its PAY step
     failure_reason: str = ""
     reschedule: Learned | None = None  # what a reschedule's steps learn
+    # A payment link's customer accepted its offered no-show fee on the PSP's page, at this time.
+    no_show_fee_accepted_at: datetime | None = None
 
     @property
     def expires(self):
@@ -598,7 +609,8 @@ class Sagas:
             h.currency, fields.expires, fields.extended, fields.payment_id, fields.failure_reason,
             saga.state, current_trace_id(), note, release, wake_at, h.merchant_id, h.salon_id,
             h.free_cancellation_hours, h.cancellation_fee_percent, h.start_time,
-            r.hold_id, r.amount_minor, r.start_time, r.expire_time, r.payment_id, fields.payment_key))
+            r.hold_id, r.amount_minor, r.start_time, r.expire_time, r.payment_id, fields.payment_key,
+            fields.no_show_fee_accepted_at))
 
     async def start_cancel(self, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
         return saga_of(await self.db.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,

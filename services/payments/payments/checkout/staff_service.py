@@ -33,14 +33,16 @@ _RETURNING = "RETURNING *, clock_timestamp() AS db_now"
 # CreateStaffCheckout's first write, in its Idempotency-Key's statement (idempotency.begin_with):
 # the PENDING row of a booking for the named customer, with how it is paid and who made it, and
 # its merchant already (the staff's: the slot was found among theirs; the hold's must be the same).
+# $17: a link's offer of the slot's no-show fee (NULL: none).
 INSERT_STAFF_PENDING = f"""
 first AS (
     INSERT INTO checkouts (id, customer_id, kind, slot_id, quantity, lease_owner, lease_until, next_run_at,
-                           traceparent, settle, created_by, link_ttl_seconds, venue_status, merchant_id)
+                           traceparent, settle, created_by, link_ttl_seconds, venue_status, merchant_id,
+                           no_show_fee_offered_minor)
     SELECT began.resource_id, $8::text, 'booking', $9::uuid, 1, $10::text,
            clock_timestamp() + make_interval(secs => $11::float8),
            clock_timestamp() + make_interval(secs => $11::float8), $12::text, $13::text, $14::text, $15::int,
-           CASE WHEN $13::text = 'venue' THEN 'unpaid' END, $16::text
+           CASE WHEN $13::text = 'venue' THEN 'unpaid' END, $16::text, $17::bigint
     FROM began
     ON CONFLICT (id) DO NOTHING
     {_RETURNING}
@@ -115,10 +117,21 @@ class StaffBookings:
         h = request_hash("staff-create", slot_id, customer_id, req.settle, str(req.link_ttl_seconds or 0))
         owner = new_owner("staff-create")
         first = (INSERT_STAFF_PENDING, (customer_id, slot_id, owner, self.checkouts.lease_seconds,
-                                        current_traceparent(), req.settle, who, req.link_ttl_seconds, merchant))
+                                        current_traceparent(), req.settle, who, req.link_ttl_seconds, merchant,
+                                        await self._offered_fee(slot_id) if req.settle == "link" else None))
         async with self.checkouts.keys.claim(who, "staff-create", key, h, first) as claim:  # or Replay
             claim.finish(await self.checkouts._create(claim.resource_id, owner, claim.row))
         return self.for_staff(views.checkout_pb(claim.answer))
+
+    async def _offered_fee(self, slot_id: str) -> int | None:
+        """What a payment link offers its customer to accept: the no-show fee the slot names now
+        (the salon's policy), which its hosted page shows; staff never choose or accept it. None:
+        the slot names none (or is not found: the hold then answers that)."""
+        try:
+            slot = await self.checkouts.holds.booking.get_slot(slot_id)
+        except errors.NotFound:
+            return None
+        return slot.no_show_fee.amount_minor if slot.HasField("no_show_fee") else None
 
     async def _customer(self, caller: Principal, merchant: str, req: staffbook.StaffRequest) -> str:
         """The checkout's customer: the id given (a guest id must be one of this merchant's guests),

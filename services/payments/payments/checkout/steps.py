@@ -50,6 +50,11 @@ def _link_method(saga: Saga) -> str | None:
     return HOSTED_PAGE if saga.settle == "link" else None
 
 
+def _link_offer(saga: Saga) -> int | None:
+    """The no-show fee a payment link offers its customer (None: not a link, or no fee)."""
+    return saga.no_show_fee_offered_minor if saga.settle == "link" else None
+
+
 class Steps:
     def __init__(self, holds: Inventory, payments: Payments, metrics: CheckoutMetrics, options: CheckoutOptions):
         self.holds = holds
@@ -135,8 +140,11 @@ class Steps:
                 checkout_id=saga.id, amount_minor=saga.amount_minor, currency=saga.currency,
                 payment_method=saga.payment_method or _link_method(saga), idempotency_key=saga.payment_key,
                 customer_id=saga.customer_id, merchant_id=saga.merchant_id,
-                # A no-show fee accepted at purchase: the PSP saves the card for that one charge.
-                off_session=OFF_SESSION_SETUP if saga.no_show_fee_minor is not None else None))
+                # A no-show fee accepted at purchase: the PSP saves the card for that one charge. A
+                # payment link's offer: its hosted page asks the customer, and saves it if they accept.
+                off_session=OFF_SESSION_SETUP if saga.no_show_fee_minor is not None
+                or _link_offer(saga) is not None else None,
+                consent_minor=_link_offer(saga)))
         except (errors.InvalidArgument, errors.FailedPrecondition) as refused:
             # Refused before reaching the PSP (e.g. a zero amount): nothing was charged, and
             # retrying cannot help.
@@ -148,12 +156,21 @@ class Steps:
         return Outcome(domain.route_payment(saga, status, saga.read_at, self.options.expiry_grace_seconds))
 
     async def _confirm(self, saga: Saga, payment, status) -> Outcome:
+        # A payment link's customer may have accepted its no-show fee on the PSP's page: recorded
+        # with the move to COMPLETED, as a customer's own acceptance is with their purchase.
+        accepted_at = None
+        if _link_offer(saga) is not None and saga.no_show_fee_minor is None and saga.payment_id:
+            accepted_at = await self._remote(Step.CONFIRM, self.payments.consent_accepted_at(saga.payment_id))
         try:
             await self._remote(Step.CONFIRM, self.holds.of(saga).confirm(saga))
         except HoldLost as lost:
             log.warning("hold lost before confirm; refunding", extra={"checkout_id": saga.id, "detail": str(lost)})
             return Outcome(Move(domain.REFUNDING, reason="hold-lost"))
-        return Outcome(Move(domain.COMPLETED))
+        if accepted_at is None:
+            return Outcome(Move(domain.COMPLETED))
+        return Outcome(Move(domain.COMPLETED), repo.Fields(no_show_fee_accepted_at=accepted_at),
+                       note=f"no-show fee {saga.no_show_fee_offered_minor} {saga.currency} minor units accepted "
+                            "on the payment page")
 
     async def _cancel_payment(self, saga: Saga, payment, status) -> Outcome:
         payment = await self._remote(Step.CANCEL_PAYMENT, self.payments.cancel(saga.payment_id))

@@ -53,7 +53,7 @@ def build(settings, pool, core: PaymentsCore, *, options: CheckoutOptions | None
     fees = NoShowFees(pool, core, f"no-show-fee:{core.worker_id}", lease_seconds=lease,
                       retry_seconds=options.retry_cap_seconds, poll_seconds=options.poll_seconds)
     service.staff = StaffBookings(service, options.link_ttl_seconds, fees)
-    worker = SagaWorker(pool, engine, keys, options, lease, f"saga:{core.worker_id}")
+    worker = SagaWorker(pool, engine, options, lease, f"saga:{core.worker_id}")
     return service, engine, worker, channels
 
 

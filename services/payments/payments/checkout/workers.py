@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 
 import asyncpg
 
@@ -23,22 +22,18 @@ from cutylib.telemetry import quiet
 
 from . import repository as repo
 from .engine import TRANSIENT, Engine
-from .idempotency import IdempotencyStore
 from .remote import Refused, Rejected
 from .settings import CheckoutOptions
 
 log = logging.getLogger(__name__)
 
-PURGE_EVERY_SECONDS = 300.0
-
 
 class SagaWorker:
-    def __init__(self, pool: asyncpg.Pool, engine: Engine, keys: IdempotencyStore, options: CheckoutOptions,
+    def __init__(self, pool: asyncpg.Pool, engine: Engine, options: CheckoutOptions,
                  lease_seconds: float, worker_id: str):
         self.pool = pool
         self.sagas = repo.Sagas(pool)
         self.engine = engine
-        self.keys = keys
         self.options = options
         self.lease_seconds = lease_seconds
         self.worker_id = worker_id
@@ -51,16 +46,11 @@ class SagaWorker:
         listener = asyncio.create_task(listen(self.pool, repo.WAKE_CHANNEL, self._notified,
                                               on_listening=self._listening))
         try:
-            next_purge = time.monotonic()
             while True:
                 # Cleared before claiming: a NOTIFY that lands while we claim keeps it set, so the
                 # wait below returns at once instead of sleeping through that wake-up.
                 self._wake.clear()
                 claimed = await self.claim_and_start()
-                if time.monotonic() >= next_purge:
-                    next_purge = time.monotonic() + PURGE_EVERY_SECONDS
-                    with contextlib.suppress(*TRANSIENT), quiet():
-                        await self.keys.purge_expired()
                 if claimed < self.options.batch_size:
                     # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the cancellation
                     # that stops the worker when a wake-up lands at the same moment.
