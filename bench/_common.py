@@ -142,24 +142,30 @@ def cpu_seconds(pid: int) -> float:
 
 async def in_turns(variants: dict[str, Callable[[int], tuple[Callable[[int], Awaitable[object]], int | None]]], *,
                    rounds: int, concurrency: int, pids: dict[str, int] | None = None,
-                   duration: float | None = None) -> tuple[dict[str, list[Run]], dict[str, float]]:
+                   duration: float | None = None,
+                   db_pids: list[int] | None = None) -> tuple[dict[str, list[Run]], dict[str, float]]:
     """The variants take turns in `rounds` short rounds, so that load from anything else on the
     machine falls on all of them alike: in round r, each variant's `variants[name](r)` gives the
     op and how many to run (one closed loop of `concurrency`), or with `duration`, the op alone
     (None for the count) run for that many seconds. Returns each variant's runs (each with the CPU
-    seconds its server process, `pids[name]` where given, spent in it) and those CPU seconds summed."""
+    seconds its server process, `pids[name]` where given, spent in it) and those CPU seconds summed;
+    with `db_pids` (database backends), also the CPU seconds those spent, as
+    `cpu[name + " (database)"]`."""
     runs: dict[str, list[Run]] = {name: [] for name in variants}
-    cpu = {name: 0.0 for name in variants}
+    cpu = {name: 0.0 for name in variants} | {f"{name} (database)": 0.0 for name in variants if db_pids}
     pids = pids or {}
     for r in range(rounds):
         for name, round_of in variants.items():
             op, total = round_of(r)
             pid = pids.get(name)
             cpu0 = cpu_seconds(pid) if pid else 0.0
+            db0 = sum(cpu_seconds(p) for p in db_pids or ())
             run = await closed_loop(op, concurrency=concurrency, total=total, duration=duration)
             if pid:
                 run.cpu_s = cpu_seconds(pid) - cpu0
                 cpu[name] += run.cpu_s
+            if db_pids:
+                cpu[f"{name} (database)"] += sum(cpu_seconds(p) for p in db_pids) - db0
             runs[name].append(run)
     return runs, cpu
 

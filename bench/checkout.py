@@ -18,6 +18,16 @@ checkout (from /proc), printed after the table. All processes and Postgres share
 
 BENCH_SECONDS (default 8) sets each measured run's length; BENCH_CONCURRENCY="16,64";
 BENCH_KINDS="booking,codes"; BENCH_FLOWS="two-call,one-call"; BENCH_ROUNDS (default 2).
+The stack's own background work (workers' polls, listeners, Postgres' housekeeping, the idle
+plaintext stack beside it) costs CPU every second whatever the buyers do; counted per checkout it
+weighs more on whichever flow happened to complete fewer checkouts a second (on a loaded machine,
+by a factor). So every measured run is preceded by an idle window (BENCH_IDLE_SECONDS, default 1 s,
+after 0.5 s for the previous run's tail to settle) whose CPU rate, times the run's length, is the
+run's background: the table prints CPU per checkout as measured (`raw`) and net of it (`net`), and
+both ratios.
+BENCH_STATEMENTS=1: the bench's cluster runs with pg_stat_statements (restarted with it preloaded;
+it costs some CPU, so the CPU figures of such a run are not the reference), and every flow's
+statements are printed per checkout: calls and mean ms by database and statement.
 BENCH_VIA=gateway: the deployed side's buyers go through the HTTP gateway, as real buyers do (its
 CPU counted with the rest; JSON over HTTP/1.1 keep-alive, a customer token each; the gateway's
 admission control and rate limits off, so that both flows do all their work): two-call is then two
@@ -28,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -64,6 +75,8 @@ FLOWS = os.environ.get("BENCH_FLOWS", "two-call,one-call").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 SLOTS_PER_RUN = int(os.environ.get("BENCH_SLOTS", "3000"))
 VIA = os.environ.get("BENCH_VIA", "grpc")
+STATEMENTS = os.environ.get("BENCH_STATEMENTS") == "1"
+IDLE_SECONDS = float(os.environ.get("BENCH_IDLE_SECONDS", "1"))
 GATEWAY_ENV = {"CUTY_GATEWAY_CONCURRENCY_MAX": 0, "CUTY_GATEWAY_ACCESS_LOG": "0",
                "CUTY_GATEWAY_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_RATE_BURST": 1_000_000,
                "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_ADDRESS_RATE_BURST": 1_000_000}
@@ -161,6 +174,7 @@ class Side:
 async def main() -> None:
     server = bench_postgres()
     work = tempfile.mkdtemp(prefix="cuty-bench-checkout-")
+    stmts = await Statements.start(server) if STATEMENTS else None
     sides = [Side(server, work, secure=True), Side(server, work, secure=False)]
     try:
         t0 = time.perf_counter()
@@ -178,35 +192,46 @@ async def main() -> None:
                 secure, plain = sides
                 # mTLS, as deployed: the flows alternated in rounds, so drift of the machine hits both.
                 measured = {flow: [] for flow in FLOWS}
+                statements_of = {flow: {} for flow in FLOWS}
                 cpu_of = {flow: {} for flow in FLOWS}
+                idle_of = {flow: {} for flow in FLOWS}
                 done_of = {flow: [] for flow in FLOWS}
                 products = {flow: secure.products.pop() for flow in FLOWS}
                 for rnd in range(ROUNDS):
                     for flow in (FLOWS if rnd % 2 == 0 else FLOWS[::-1]):
                         spy = pyspy(secure.stack.procs["payments-0"].proc.pid, work, f"{kind}-{conc}-{flow}-{rnd}")
-                        run, cpu = await measure(secure, server, buyer(kind, flow, secure, products[flow],
-                                                                       done_of[flow]), conc, SECONDS / ROUNDS)
+                        if stmts is not None:
+                            await stmts.reset()
+                        run, cpu, idle = await measure(secure, server, buyer(kind, flow, secure, products[flow],
+                                                                             done_of[flow]), conc, SECONDS / ROUNDS)
+                        if stmts is not None:
+                            await stmts.take(secure.dbs, statements_of[flow])
                         if spy is not None:
                             print(spy.summary(), file=sys.stderr)
                         measured[flow].append(run)
                         for n, v in cpu.items():
                             cpu_of[flow][n] = cpu_of[flow].get(n, 0.0) + v
+                            idle_of[flow][n] = idle_of[flow].get(n, 0.0) + idle.get(n, 0.0)
                 limit = await direct(kind, conc, secure.booking, secure.codepool, psp, secure.slot_iter,
                                      products[FLOWS[0]])
                 per_flow = {}
                 for flow in FLOWS:
                     run = merged(measured[flow])
                     per_op = per_checkout(cpu_of[flow], run.ops)
+                    net = per_checkout(net_of(cpu_of[flow], idle_of[flow]), run.ops)
                     profile = await step_profile(secure.pay_db, done_of[flow])
-                    per_flow[flow] = (run, per_op)
+                    per_flow[flow] = (run, per_op, net)
                     results.append(run.result(f"{kind} {flow}->COMPLETED ({secure.name}, as deployed)", conc, limit=limit,
                                               notes="limit: the same remote calls without the orchestrator",
-                                              steps_p50_ms=profile, cpu_ms_per_checkout=per_op))
+                                              steps_p50_ms=profile, cpu_ms_per_checkout=per_op,
+                                              cpu_net_ms_per_checkout=net))
                     profiles.append((f"{kind}/{flow}/mTLS", conc, profile, per_op))
                 flows.append((kind, conc, per_flow))
+                if stmts is not None:
+                    Statements.print(kind, conc, {f: (statements_of[f], per_flow[f][0].ops) for f in FLOWS})
                 # Plaintext gRPC beside it (the two-call flow): the ratio is what mTLS costs.
                 done: list[str] = []
-                run, cpu = await measure(plain, server, buyer(kind, "two-call", plain, plain.products.pop(), done),
+                run, cpu, _ = await measure(plain, server, buyer(kind, "two-call", plain, plain.products.pop(), done),
                                          conc, SECONDS)
                 per_op = per_checkout(cpu, run.ops)
                 results.append(run.result(f"{kind} two-call->COMPLETED (plaintext gRPC)", conc,
@@ -224,6 +249,8 @@ async def main() -> None:
     finally:
         for side in sides:
             await side.stop()
+        if stmts is not None:
+            await stmts.close()
         server.close()
 
 
@@ -254,11 +281,24 @@ def buyer(kind: str, flow: str, side: Side, product: str, done: list[str]):
     return purchase
 
 
-async def measure(side: Side, server, purchase, conc: int, seconds: float) -> tuple[Run, dict[str, float]]:
-    """One closed-loop run and the CPU seconds every process (and Postgres, and this client) used in it."""
-    cpu0 = all_cpu(side.stack, server, client="client+relay")
+async def measure(side: Side, server, purchase, conc: int, seconds: float
+                  ) -> tuple[Run, dict[str, float], dict[str, float]]:
+    """One closed-loop run: the CPU seconds every process (and Postgres, and this client) used in
+    it, and what they would have used idle for as long (the rate of an idle window just before)."""
+    await asyncio.sleep(0.5)  # the previous run's tail (its last webhooks) settles
+    idle0, t0 = all_cpu(side.stack, server, client="client+relay"), time.perf_counter()
+    await asyncio.sleep(IDLE_SECONDS)
+    idle1, t1 = all_cpu(side.stack, server, client="client+relay"), time.perf_counter()
     run = await closed_loop(purchase, concurrency=conc, duration=seconds)
-    return run, {n: s - cpu0[n] for n, s in all_cpu(side.stack, server, client="client+relay").items()}
+    cpu2, t2 = all_cpu(side.stack, server, client="client+relay"), time.perf_counter()
+    scale = (t2 - t1) / (t1 - t0)
+    return (run, {n: s - idle1[n] for n, s in cpu2.items()},
+            {n: max(0.0, idle1[n] - idle0.get(n, idle1[n])) * scale for n in cpu2})
+
+
+def net_of(cpu: dict[str, float], idle: dict[str, float]) -> dict[str, float]:
+    """CPU seconds net of the background (never below zero per process)."""
+    return {n: max(0.0, s - idle.get(n, 0.0)) for n, s in cpu.items()}
 
 
 def per_checkout(cpu: dict[str, float], ops: int) -> dict[str, float]:
@@ -268,24 +308,28 @@ def per_checkout(cpu: dict[str, float], ops: int) -> dict[str, float]:
 
 
 def print_flows(flows) -> None:
-    """The flows side by side: throughput, latency, CPU per checkout of all processes, and the ratio
-    of one-call's CPU to two-call's (target <= 0.75)."""
+    """The flows side by side: throughput, latency, CPU per checkout of all processes (as measured,
+    and net of the stack's idle CPU), and the ratio of one-call's CPU to two-call's (target <= 0.75)."""
     if not flows or not {"one-call", "two-call"} <= set(flows[0][2]):
         return
     print(f"\none-call vs two-call ({'via the gateway, ' if VIA == 'gateway' else ''}mTLS, as deployed; "
-          "CPU ms per checkout of all processes):")
+          "CPU ms per checkout of all processes, raw / net of the idle stack's CPU):")
     for kind, conc, per_flow in flows:
-        (one, one_cpu), (two, two_cpu) = per_flow["one-call"], per_flow["two-call"]
+        (_, one_cpu, one_net), (_, two_cpu, two_net) = per_flow["one-call"], per_flow["two-call"]
         rows = []
-        for flow, (run, cpu) in (("two-call", per_flow["two-call"]), ("one-call", per_flow["one-call"])):
+        for flow in ("two-call", "one-call"):
+            run, cpu, net = per_flow[flow]
             lat = sorted(run.latencies_ms)
             rows.append(f"{flow} {run.ops_per_s:.1f}/s p50 {percentile(lat, 0.5):.1f} ms p99 {percentile(lat, 0.99):.1f} ms "
-                        f"cpu {cpu['total']:.2f} ms")
+                        f"cpu {cpu['total']:.2f} / {net['total']:.2f} ms")
         ratio = one_cpu["total"] / two_cpu["total"] if two_cpu["total"] else float("nan")
-        print(f"  {kind:8} @{conc:<3} {' | '.join(rows)} | one/two CPU {ratio:.3f} (target <= 0.75)")
+        net_ratio = one_net["total"] / two_net["total"] if two_net["total"] else float("nan")
+        print(f"  {kind:8} @{conc:<3} {' | '.join(rows)} | one/two CPU raw {ratio:.3f}, net {net_ratio:.3f} "
+              "(target <= 0.75)")
         for n in sorted(set(one_cpu) | set(two_cpu)):
             if n != "total":
-                print(f"  {'':13} {n:14} two-call {two_cpu.get(n, 0):6.2f}  one-call {one_cpu.get(n, 0):6.2f} ms")
+                print(f"  {'':13} {n:14} two-call {two_cpu.get(n, 0):6.2f} / {two_net.get(n, 0):6.2f}  "
+                      f"one-call {one_cpu.get(n, 0):6.2f} / {one_net.get(n, 0):6.2f} ms")
 
 
 class pyspy:
@@ -329,6 +373,55 @@ class pyspy:
         lines += [f"  {g:22} {100 * c / total:5.1f}%" for g, c in groups.most_common()]
         lines += ["  top self time:"] + [f"  {100 * c / total:5.1f}%  {f}" for f, c in own.most_common(top)]
         return "\n".join(lines)
+
+
+class Statements:
+    """pg_stat_statements over the measured runs (BENCH_STATEMENTS=1): what each flow asks of each
+    database per checkout, by statement (calls and mean execution ms)."""
+
+    @classmethod
+    async def start(cls, server) -> "Statements":
+        conn = await asyncpg.connect(server.dsn)
+        await conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        await conn.close()
+        server.cluster.stop()
+        server.cluster.start()
+        self = cls()
+        self.conn = await asyncpg.connect(server.dsn)
+        await self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        return self
+
+    async def reset(self) -> None:
+        await self.conn.execute("SELECT pg_stat_statements_reset()")
+
+    async def take(self, dbs: dict[str, str], into: dict) -> None:
+        """Adds the statements run since the reset in the side's databases to `into`."""
+        names = {d.rsplit("/", 1)[1].split("?")[0]: svc for svc, d in dbs.items()}
+        for r in await self.conn.fetch(
+                "SELECT d.datname, s.query, s.calls, s.total_exec_time FROM pg_stat_statements s "
+                "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = ANY($1::text[])", list(names)):
+            # One statement may have several entries (its constants shown as $n in one, as written in
+            # another: e.g. another role or a nested level); their texts agree once constants are `?`.
+            text = re.sub(r"\$\d+|'[^']*'|\b\d+\b", "?", " ".join(r["query"].split()))
+            key = (names[r["datname"]], text[:110])
+            calls, ms = into.get(key, (0, 0.0))
+            into[key] = (calls + r["calls"], ms + r["total_exec_time"])
+
+    @staticmethod
+    def print(kind: str, conc: int, by_flow: dict[str, tuple[dict, int]]) -> None:
+        print(f"\nstatements per checkout, {kind} @{conc} (pg_stat_statements; calls, mean ms; >= 0.05 calls):")
+        for flow, (stats, ops) in by_flow.items():
+            per_db: dict[str, float] = {}
+            for (db, _), (calls, _ms) in stats.items():
+                per_db[db] = per_db.get(db, 0.0) + calls / max(1, ops)
+            print(f"  {flow}: {ops} checkouts; statements per checkout "
+                  + ", ".join(f"{db} {n:.2f}" for db, n in sorted(per_db.items())))
+            for (db, query), (calls, ms) in sorted(stats.items(), key=lambda kv: (kv[0][0], -kv[1][0])):
+                if calls / max(1, ops) >= 0.05:
+                    print(f"    {db:9} {calls / max(1, ops):5.2f} x {ms / max(1, calls):6.3f} ms  {query}")
+
+    async def close(self) -> None:
+        await self.conn.close()
 
 
 ADMIN = user("bench-admin", "admin")
@@ -417,10 +510,12 @@ async def step_profile(pool, checkout_ids: list[str]) -> dict[str, float]:
         at = {}
         for e in events:
             at[(e["source"], e["from_status"], e["to_status"])] = e["created_at"]
-            if e["note"].startswith(("hold ", "confirm ")):
-                add(e["note"].split()[0], float(e["note"].split()[1].removesuffix("ms")))
+            took = e["note"].rpartition("; ")[2]  # "[what happened; ]<step> <ms>ms"
+            if took.startswith(("hold ", "confirm ")):
+                add(took.split()[0], float(took.split()[1].removesuffix("ms")))
         try:
-            charging = at[("saga", "HELD", "CHARGING")]
+            # A one-call checkout records its hold with its payment's start (PENDING -> CHARGING).
+            charging = at.get(("saga", "HELD", "CHARGING")) or at[("saga", "PENDING", "CHARGING")]
             created = at[("sync", None, "created")]
             succeeded = at[("sync", "created", "succeeded")]
             confirming = at[("saga", "CHARGING", "CONFIRMING")]

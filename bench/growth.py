@@ -10,8 +10,10 @@ BENCH_GROWTH_FAST=1 is a quick try (scale 0.005, one short round).
    product (5 M codes at scale 1, 90 % sold over the year) beside a product of 5,000 codes, rounds
    alternated: ReserveCodes (qty 1 and 10, 8 in flight, each released at once, not timed), a
    statement changing 1,000 codes (counters' trigger on and off), GetStock and the count it
-   replaced, ListCodes pages (first and middle, values decrypted), the reservation sweeper, the
-   stock gauge and the `stock.low` recheck over all products.
+   replaced, ListCodes pages (first and middle, values decrypted), the reservation sweeper (batches
+   of 500 and of its default; releases/s), the stock round (the first, summing every product; with
+   nothing changed; after 1 and 100 products changed), the stock gauge, and the passes over every
+   product's counters they replaced.
 2. The platform (BENCH_GROWTH_PARTS has "stack"): two whole stacks as deployed (mutual TLS, the
    services as their own database roles), one on the grown databases, one on empty ones, rounds
    alternated:
@@ -64,6 +66,7 @@ from codepool import catalog, metrics, repository
 from codepool.domain import ReserveCommand
 from codepool.keys import Keyring
 from codepool.service import ReservationService
+from codepool import stock_events, workers
 from codepool.stock_events import StockEvents
 
 FAST = os.environ.get("BENCH_GROWTH_FAST", "") not in ("", "0")
@@ -76,6 +79,8 @@ os.environ.setdefault("BENCH_SLOTS", str(int(ROUNDS * SECONDS * 500) + 500))
 os.environ.setdefault("BENCH_SECONDS", str(SECONDS))
 
 SMALL_CODES = 5_000
+ROUND_PRODUCTS = stock_events.ROUND_PRODUCTS_DEFAULT
+SWEEP_BATCH = workers.SWEEP_BATCH_DEFAULT
 CUSTOMERS = growth_fill.CUSTOMERS
 IN_FLIGHT = 8
 PAGE = 50
@@ -121,6 +126,33 @@ SELECT p.id, p.merchant_id,
 FROM products p LEFT JOIN codes c ON c.merchant_id = p.merchant_id AND c.product_id = p.id
 WHERE p.id = $1 AND ($2::text IS NULL OR p.merchant_id = $2)
 GROUP BY p.id
+"""
+# The stock gauge and the `stock.low` recheck before the stock rounds: each one pass over every
+# product's counter rows (product_stock, 16 rows per product).
+GAUGE_OVER_COUNTERS = """
+WITH stock AS (
+    SELECT p.id, coalesce(c.available, 0) AS available, coalesce(c.reserved, 0) AS reserved,
+           coalesce(c.delivered, 0) AS delivered, coalesce(c.quarantined, 0) AS quarantined,
+           coalesce(c.revoked, 0) AS revoked
+    FROM products p
+    LEFT JOIN (SELECT merchant_id, product_id, sum(available) AS available, sum(reserved) AS reserved,
+                      sum(delivered) AS delivered, sum(quarantined) AS quarantined, sum(revoked) AS revoked
+               FROM product_stock GROUP BY merchant_id, product_id) c
+           ON c.merchant_id = p.merchant_id AND c.product_id = p.id
+), ranked AS (
+    SELECT *, row_number() OVER (ORDER BY available + reserved + delivered = 0, available, id) AS rank FROM stock
+)
+SELECT CASE WHEN rank <= $1 THEN id::text ELSE 'other' END AS product_id,
+       sum(available)::bigint AS available, sum(reserved)::bigint AS reserved, sum(delivered)::bigint AS delivered,
+       sum(quarantined)::bigint AS quarantined, sum(revoked)::bigint AS revoked
+FROM ranked GROUP BY 1
+"""
+RECHECK_OVER_COUNTERS = """
+SELECT pr.merchant_id, pr.id FROM products pr
+LEFT JOIN (SELECT s.merchant_id, s.product_id, sum(s.available) AS available FROM product_stock s
+           GROUP BY s.merchant_id, s.product_id) st ON st.merchant_id = pr.merchant_id AND st.product_id = pr.id
+WHERE pr.stock_low <> (coalesce(st.available, 0) <= pr.low_stock_threshold)
+ORDER BY pr.id
 """
 COUNTED_GAUGE = """
 SELECT p.id::text AS product_id, s.state, count(c.id) AS n
@@ -188,6 +220,22 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
         run.latencies_ms = latencies
         return run
 
+    async def changed_rounds(n: int, times: int) -> Run:
+        """Rounds, each after `n` products' counter rows changed (marked as a change marks them, not
+        timed); the latencies are the rounds' alone."""
+        latencies: list[float] = []
+
+        async def cycle(i: int) -> None:
+            await conn.execute("UPDATE product_stock SET dirty = true WHERE product_id IN "
+                               "(SELECT id FROM products ORDER BY id LIMIT $1)", n)
+            t0 = time.perf_counter()
+            await StockEvents(pool).recheck()
+            latencies.append((time.perf_counter() - t0) * 1000)
+
+        run = await closed_loop(cycle, concurrency=1, total=times)
+        run.latencies_ms = latencies
+        return run
+
     async def batch(p: Product) -> None:
         async with pool.acquire() as c:
             ids = await c.fetchval("WITH u AS (UPDATE codes SET status = 'reserved' WHERE id IN (SELECT id FROM codes "
@@ -220,22 +268,40 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
                     lambda i, p=p: shop.list_codes(p.staff, p.id, p.middle, PAGE, "bench"),
                     concurrency=1, duration=SECONDS))
             gauge = metrics.CodePoolMetrics(prometheus_client.CollectorRegistry())
-            add("stock gauge refresh (all products)", await timed(lambda: gauge.refresh_stock(pool), 20))
+            # The stock round (codepool_stock_round): the first after the upgrade sums every product
+            # once, in rounds of ROUND_PRODUCTS; then a round costs the products changed since.
+            if "stock round, first (every product)" not in runs:
+                add("stock round, first (every product)", await closed_loop(
+                    lambda i: pool.fetchrow("SELECT * FROM codepool_stock_round($1)", ROUND_PRODUCTS),
+                    concurrency=1, total=-(-await conn.fetchval("SELECT count(*) FROM products") // ROUND_PRODUCTS)))
+            add("stock round, nothing changed", await timed(lambda: StockEvents(pool).recheck(), 20))
+            for n_changed in (1, ROUND_PRODUCTS):
+                add(f"stock round, {n_changed} products changed", await changed_rounds(n_changed, 10))
+            add("stock gauge refresh", await timed(lambda: gauge.refresh_stock(pool), 20))
+            add("stock gauge over every product's counters (before)", await timed(
+                lambda: pool.fetch(GAUGE_OVER_COUNTERS, 50), 20))
+            add("stock.low recheck's pass over every product's counters (before)", await timed(
+                lambda: pool.fetch(RECHECK_OVER_COUNTERS), 20))
             add("stock gauge by count (before)", await timed(lambda: pool.fetch(COUNTED_GAUGE), 3))
-            add("stock.low recheck (all products)", await timed(lambda: StockEvents(pool).recheck(), 20))
-            add("sweeper idle round", await timed(lambda: service.expire_due(500), 50))
+            add("sweeper idle round", await timed(lambda: service.expire_due(SWEEP_BATCH), 50))
         sweeps = {}
-        # The sweeper on 2,000 reservations of each product, made due.
+        # The sweeper on 2,000 reservations of each product, made due: in batches of 500 (before) and
+        # of the sweeper's batch (CUTY_CODE_SWEEP_BATCH's default); releases per second of each.
         for p in (big, small):
-            await closed_loop(lambda i, p=p: reserve(p, 1), concurrency=IN_FLIGHT, total=2000)
-            n = await conn.fetchval("WITH u AS (UPDATE reservations SET expires_at = clock_timestamp() - interval '1 s' "
-                                    "WHERE merchant_id = $1 AND status = 'reserved' RETURNING 1) SELECT count(*) FROM u",
-                                    p.merchant)
-            t0 = time.perf_counter()
-            run = await closed_loop(lambda i: service.expire_due(500), concurrency=1, total=-(-n // 500))
-            sweeps[p.name] = n
-            add(f"sweeper batch of 500, {p.name}", run)
-            print(f"  swept {n:,} {p.name} reservations in {time.perf_counter() - t0:.2f}s", flush=True)
+            for size in (500, SWEEP_BATCH):
+                await closed_loop(lambda i, p=p: reserve(p, 1), concurrency=IN_FLIGHT, total=2000)
+                n = await conn.fetchval("WITH u AS (UPDATE reservations SET expires_at = clock_timestamp() - "
+                                        "interval '1 s' WHERE merchant_id = $1 AND status = 'reserved' RETURNING 1) "
+                                        "SELECT count(*) FROM u", p.merchant)
+                t0 = time.perf_counter()
+                run = await closed_loop(lambda i, size=size: service.expire_due(size), concurrency=1,
+                                        total=-(-n // size))
+                seconds = time.perf_counter() - t0
+                sweeps[f"{p.name}, batches of {size}"] = {"released": n, "seconds": round(seconds, 2),
+                                                          "releases_per_s": round(n / seconds)}
+                add(f"sweeper batch of {size}{'' if size == SWEEP_BATCH else ' (before)'}, {p.name}", run)
+                print(f"  swept {n:,} {p.name} reservations in batches of {size} in {seconds:.2f}s "
+                      f"({n / seconds:,.0f} releases/s)", flush=True)
 
         plans = [await explain(conn, f"GetStock, {p.name}", catalog.STOCK, p.id, p.merchant) for p in (big, small)]
         plans += [await explain(conn, f"GetStock by count (before), {p.name}", COUNTED_STOCK, p.id, p.merchant)
@@ -243,9 +309,10 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
         plans += [await explain(conn, f"ListCodes middle page, {p.name}", catalog.LIST_CODES, p.merchant, p.id,
                                 p.middle, PAGE) for p in (big, small)]
         plans.append(await explain(conn, "stock gauge", metrics.STOCK_BY_PRODUCT, 50))
+        plans.append(await explain(conn, "stock gauge over every product's counters (before)", GAUGE_OVER_COUNTERS, 50))
         plans.append(await explain(conn, "stock gauge by count (before)", COUNTED_GAUGE))
         plans.append(await explain(conn, "OutOfStock's count, big", repository.COUNT_AVAILABLE, big.id))
-        plans.append(await explain(conn, "sweeper claim (idle)", repository.CLAIM_EXPIRED, 500))
+        plans.append(await explain(conn, "sweeper claim (idle)", repository.CLAIM_EXPIRED, SWEEP_BATCH))
         plans.append(await explain(
             conn, "per-customer cap count, a customer with history on the big product",
             "SELECT count(*), coalesce(sum(r.quantity) FILTER (WHERE r.product_id = $2), 0) FROM reservations r "
@@ -550,7 +617,10 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
         plans.append(await explain(conn, f"[{name}] GetStock", catalog.STOCK, uuid.UUID(site.product), m))
         await conn.execute("SELECT set_config('cuty.merchant', '*', false)")
         plans.append(await explain(conn, f"[{name}] stock gauge", metrics.STOCK_BY_PRODUCT, 50))
-        plans.append(await explain_rolled_back(conn, f"[{name}] reservation sweeper", repository.CLAIM_EXPIRED, 500))
+        plans.append(await explain_rolled_back(conn, f"[{name}] stock round", "SELECT * FROM codepool_stock_round($1)",
+                                               ROUND_PRODUCTS))
+        plans.append(await explain_rolled_back(conn, f"[{name}] reservation sweeper", repository.CLAIM_EXPIRED,
+                                               SWEEP_BATCH))
     finally:
         await conn.close()
     return plans
@@ -581,8 +651,8 @@ HOT_RATIO = 0.9
 PERIODIC_MS = 100.0
 HOT_PATHS = ("booking purchase", "code purchase", "HoldSlot", "ReserveCodes")
 READS = ("GetStock", "ListCodes", "ListCheckouts", "a salon's day", "a payment's timeline")
-PERIODIC = ("sweeper", "gauge", "recheck", "purge", "claim", "mover", "_move")
-PERIODIC_PLANS = ("saga workers' claim", "gauge", "purge", "sweeper", "mover", "retention")
+PERIODIC = ("sweeper", "gauge", "recheck", "stock round", "purge", "claim", "mover", "_move")
+PERIODIC_PLANS = ("saga workers' claim", "gauge", "stock round", "purge", "sweeper", "mover", "retention")
 
 
 def plan_figures(plans: list[str]) -> dict[str, tuple[float, int]]:

@@ -199,6 +199,10 @@ async def fill_codepool(dsn: str, scale: float, big_product: uuid.UUID, year_ago
         # Triggers were off: the counters are set from the codes once, as the counters' migration does.
         await conn.execute(RECOUNT)
         await conn.execute("UPDATE products SET stock_low = false")
+        # Every product's summary row, as the stock summary's migration writes them (the stock rounds
+        # then sum each product once: its counter rows are new, so marked changed).
+        await conn.execute("INSERT INTO stock_summary (merchant_id, product_id) SELECT merchant_id, id FROM products "
+                           "ON CONFLICT DO NOTHING")
     finally:
         await conn.close()
     return {"codes": big + per_shop * SHOPS, "big_product_codes": big, "delivered": delivered,

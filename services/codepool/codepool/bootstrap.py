@@ -23,7 +23,7 @@ from .importer import Importer
 from .keys import Keyring, KeyringError
 from .service import ReservationService
 from .stock_events import StockEvents
-from .workers import Sweeper
+from .workers import SWEEP_BATCH_DEFAULT, Sweeper
 
 log = logging.getLogger("codepool")
 
@@ -85,7 +85,8 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     server.add_service(CLAIM_SERVICE, claims_api.CALLERS, system=claims_api.SYSTEM_RPCS, roles=claims_api.USER_ROLES)
     # Before serving, once the database answers (it may be away when the process starts).
     server.on_database_ready(lambda: check_hash_key(pool, keyring))
-    sweeper = Sweeper(reservations, settings.sweep_interval_seconds, batch=env_int("CUTY_CODE_SWEEP_BATCH", 500))
+    sweeper = Sweeper(reservations, settings.sweep_interval_seconds,
+                      batch=env_int("CUTY_CODE_SWEEP_BATCH", SWEEP_BATCH_DEFAULT))
     server.add_background(sweeper.run)
     server.add_background(stock_events.run_recheck)
     # The stock gauges are the database's numbers: one replica exports them. A lease row, not an

@@ -9,26 +9,24 @@ from cutylib.config import env_int
 from cutylib.metrics import Metrics
 
 # The label is bounded: one series per state for each of the `$1` products nearest to running out
-# (fewest available codes first; products never stocked last), and the others summed as
-# product_id="other", so a sum over every series is still the whole stock whatever the number of
-# products (CUTY_METRICS_STOCK_PRODUCTS, 50). Read from the counter rows (product_stock).
+# (fewest available codes first; products never stocked last), and the others as product_id="other"
+# (the whole code pool's stock less the shown ones), so a sum over every series is still the whole
+# stock whatever the number of products (CUTY_METRICS_STOCK_PRODUCTS, 50). Read from the stock
+# round's summary (codepool_stock_round: as of its last round, every CUTY_STOCK_LOW_RECHECK_SECONDS):
+# `$1` rows of the index stock_summary_nearest and the one row of stock_totals, whatever the catalogue.
 STOCK_BY_PRODUCT = """
-WITH stock AS (
-    SELECT p.id, coalesce(c.available, 0) AS available, coalesce(c.reserved, 0) AS reserved,
-           coalesce(c.delivered, 0) AS delivered, coalesce(c.quarantined, 0) AS quarantined,
-           coalesce(c.revoked, 0) AS revoked
-    FROM products p
-    LEFT JOIN (SELECT merchant_id, product_id, sum(available) AS available, sum(reserved) AS reserved,
-                      sum(delivered) AS delivered, sum(quarantined) AS quarantined, sum(revoked) AS revoked
-               FROM product_stock GROUP BY merchant_id, product_id) c
-           ON c.merchant_id = p.merchant_id AND c.product_id = p.id
-), ranked AS (
-    SELECT *, row_number() OVER (ORDER BY available + reserved + delivered = 0, available, id) AS rank FROM stock
+WITH shown AS (
+    SELECT s.product_id::text, s.available, s.reserved, s.delivered, s.quarantined, s.revoked FROM stock_summary s
+    ORDER BY (s.available + s.reserved + s.delivered) = 0, s.available, s.product_id
+    LIMIT $1
 )
-SELECT CASE WHEN rank <= $1 THEN id::text ELSE 'other' END AS product_id,
-       sum(available)::bigint AS available, sum(reserved)::bigint AS reserved, sum(delivered)::bigint AS delivered,
-       sum(quarantined)::bigint AS quarantined, sum(revoked)::bigint AS revoked
-FROM ranked GROUP BY 1
+SELECT product_id, available, reserved, delivered, quarantined, revoked FROM shown
+UNION ALL
+SELECT 'other', (t.available - coalesce(sum(s.available), 0))::bigint,
+       (t.reserved - coalesce(sum(s.reserved), 0))::bigint, (t.delivered - coalesce(sum(s.delivered), 0))::bigint,
+       (t.quarantined - coalesce(sum(s.quarantined), 0))::bigint, (t.revoked - coalesce(sum(s.revoked), 0))::bigint
+FROM stock_totals t LEFT JOIN shown s ON true
+GROUP BY t.available, t.reserved, t.delivered, t.quarantined, t.revoked
 """
 STATES = ("available", "reserved", "delivered", "quarantined", "revoked")
 OTHER = "other"

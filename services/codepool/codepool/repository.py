@@ -140,10 +140,12 @@ WITH r AS (
     UPDATE codes SET status = 'available' FROM d WHERE codes.id = d.code_id AND codes.status = 'reserved'
     RETURNING codes.id
 ), a AS (
+    -- Each reservation's codes grouped once (a lookup in d per reservation made a batch cost its square).
     INSERT INTO audit_log (merchant_id, actor, action, product_id, order_id, code_ids)
     SELECT r.merchant_id, $3, CASE $2 WHEN 'expired' THEN 'expire' ELSE 'release' END, r.product_id, r.order_id,
-           (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM d WHERE d.order_id = r.order_id)
-    FROM r
+           g.code_ids
+    FROM r LEFT JOIN (SELECT d.order_id, array_agg(d.code_id ORDER BY d.code_id) AS code_ids FROM d
+                      GROUP BY d.order_id) g ON g.order_id = r.order_id
 )
 SELECT (SELECT count(*) FROM r) AS reservations, (SELECT count(*) FROM d) AS deliveries,
        (SELECT count(*) FROM c) AS codes

@@ -2,8 +2,9 @@
 
 The events are written by the database, in the statement that changes a product's available stock
 (migrations/functions/codepool_check_stock.sql), or, when two reservations raced past the threshold
-on the lock-free fast path (codepool_stock_changed), by the recheck this module runs every
-CUTY_STOCK_LOW_RECHECK_SECONDS (codepool_stock_recheck). Otherwise it only reads them out, oldest
+on the lock-free fast path (codepool_stock_changed), by the stock round this module runs every
+CUTY_STOCK_LOW_RECHECK_SECONDS (codepool_stock_round: the products whose counters changed since the
+last round, summed for the stock gauge and their flags re-decided). Otherwise it only reads them out, oldest
 first after a cursor, for the orchestrator's relay. `seq` order is commit order (stock_events in
 migrations/0001_baseline.sql says why), so a keyset read never skips an event that commits late.
 """
@@ -16,14 +17,19 @@ from datetime import datetime
 
 import asyncpg
 
-from cutylib.config import env_float
+from cutylib.config import env_float, env_int
 from cutylib.periodic import periodic
 from cutylib.telemetry import quiet
 
 log = logging.getLogger("codepool.stock_events")
 
-# How often the products whose low-stock flag disagrees with their stock are re-decided.
+# How often the stock round runs: the products changed since the last one are summed (the stock
+# gauge's summary) and their low-stock flags re-decided where a race left them wrong.
 RECHECK_SECONDS_DEFAULT = 5.0
+# Products per round transaction (CUTY_STOCK_ROUND_PRODUCTS), and rounds per run at most: a run
+# summing more (the first after the upgrade: every product once) leaves the rest to the next.
+ROUND_PRODUCTS_DEFAULT = 50
+ROUNDS_PER_RUN = 100
 
 LIST_AFTER = """
 SELECT seq, merchant_id, id, type, payload, created_at, order_id FROM stock_events
@@ -55,14 +61,23 @@ class StockEvents:
         """One statement, every merchant's events (the caller is the system's relay)."""
         return [StockEvent.from_row(r) for r in await self.pool.fetch(LIST_AFTER, after_seq, limit)]
 
-    async def recheck(self) -> int:
-        """Re-decide every product whose flag disagrees with its stock (a race on the fast path);
-        how many. One statement: its product locks are held until it commits."""
+    async def recheck(self, products: int | None = None) -> int:
+        """Stock rounds until nothing changed is left (at most ROUNDS_PER_RUN): the products whose
+        counters changed summed, and their flags re-decided where they disagree with the stock (a
+        race on the fast path); how many flags. Each round one statement and transaction of at most
+        `products` products: its locks are held until it commits. Another replica's round running
+        makes this one return at once (it has the same work)."""
+        products = products or env_int("CUTY_STOCK_ROUND_PRODUCTS", ROUND_PRODUCTS_DEFAULT)
+        redecided = 0
         with quiet():  # an idle round starts no trace
-            n = await self.pool.fetchval("SELECT codepool_stock_recheck()")
-        if n:
-            log.info("low-stock flags re-decided", extra={"products": n})
-        return n
+            for _ in range(ROUNDS_PER_RUN):
+                r = await self.pool.fetchrow("SELECT * FROM codepool_stock_round($1)", products)
+                redecided += r["redecided"]
+                if r["summarised"] < products:
+                    break
+        if redecided:
+            log.info("low-stock flags re-decided", extra={"products": redecided})
+        return redecided
 
     async def run_recheck(self, interval: float | None = None) -> None:
         """Background task: recheck every CUTY_STOCK_LOW_RECHECK_SECONDS."""

@@ -11,6 +11,12 @@ from .service import ReservationService
 
 log = logging.getLogger("codepool.sweeper")
 
+# Reservations released per transaction (CUTY_CODE_SWEEP_BATCH). The release is one statement whose
+# cost is its batch (reservations, deliveries, codes with their counters, audit entries): 100 keeps
+# it well under 100 ms on a loaded 2-core machine (500 took 360-390 ms), and the round's loop runs
+# batches back to back, so releases per second stay those of the larger batch (docs/benchmarks.md).
+SWEEP_BATCH_DEFAULT = 100
+
 
 class Sweeper:
     """Every `interval` seconds, expire due reservations in batches until none is left.
@@ -19,7 +25,7 @@ class Sweeper:
     ReservationService.expire_due), so they share the work instead of repeating it.
     """
 
-    def __init__(self, reservations: ReservationService, interval: float, *, batch: int = 500):
+    def __init__(self, reservations: ReservationService, interval: float, *, batch: int = SWEEP_BATCH_DEFAULT):
         self.reservations = reservations
         self.interval = interval
         self.batch = batch

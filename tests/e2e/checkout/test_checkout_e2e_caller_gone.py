@@ -118,3 +118,50 @@ async def test_a_one_call_checkout_whose_orchestrator_died_before_the_charge_is_
 
 async def _order_released(shop, order_id: str) -> bool:
     return await shop.order_status(order_id) in ("released", "expired")
+
+
+@pytest.mark.parametrize("crash_at,left_in", [
+    ("hold:after", "PENDING"),          # the slot held at booking, nothing recorded yet
+    ("recorded:CHARGING", "CHARGING"),  # the hold recorded with the payment's start, no charge yet
+])
+async def test_a_one_call_booking_that_crashed_between_its_hold_and_its_charge_releases_the_slot(
+        shop, crash_at, left_in):
+    """A one-call checkout records its hold with its payment's start (PENDING -> CHARGING, one
+    transition). A crash on either side of that write, before the charge, with the buyer gone by the
+    time a worker carries the saga on: the slot goes back, nothing is charged."""
+    slot = (await shop.new_slots(1))[0]
+    me = f"gone-{uuid.uuid4().hex[:8]}"
+    charges = len((await shop.ledger())["charges"])
+    stack = shop.stack
+    stack.procs["payments-0"].env["CUTY_CRASH_AT"] = crash_at
+    try:
+        await stack.restart("payments-0")
+        proc = stack.procs["payments-0"]
+        key = str(uuid.uuid4())
+
+        async def until_crashed():
+            while proc.proc.poll() is None:
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await shop.api().CreateCheckout(pb.CreateCheckoutRequest(slot_id=slot, payment_method="pm_card_ok"),
+                                                    metadata=md(me, key), timeout=6.0)
+                await asyncio.sleep(0.2)
+
+        await asyncio.wait_for(until_crashed(), timeout=60)
+        assert f'"crash_point": "{crash_at}"' in proc.tail(20000)
+        row = await shop.db["payments"].fetchrow(
+            "SELECT id, state, payment_id, pay_deadline, extract(epoch FROM pay_deadline - clock_timestamp()) AS left_s "
+            "FROM checkouts WHERE customer_id = $1", me)
+        assert (row["state"], row["payment_id"]) == (left_in, None) and row["pay_deadline"] is not None, dict(row)
+        await asyncio.sleep(max(0.0, float(row["left_s"])) + 0.2)  # its deadline passes while nobody runs it
+    finally:
+        stack.procs["payments-0"].env.pop("CUTY_CRASH_AT")
+    await stack.restart("payments-0")
+    checkout_id = str(row["id"])
+    done = await shop.until(checkout_id, timeout=60)
+    assert done.state == pb.CHECKOUT_STATE_FAILED and done.failure_reason == "pay-deadline-passed", done
+    await nothing_charged(shop, checkout_id, charges)
+    await wait_for(lambda: _released(shop, done.hold_id), timeout=30, message="the hold released")
+    # The slot is free again: the next buyer gets it in one call.
+    bought = await shop.api().CreateCheckout(pb.CreateCheckoutRequest(slot_id=slot, payment_method="pm_card_ok"),
+                                             metadata=md(f"next-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())), timeout=10)
+    assert bought.state == pb.CHECKOUT_STATE_COMPLETED, bought

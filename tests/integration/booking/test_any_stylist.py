@@ -234,3 +234,90 @@ async def test_expired_holds_still_marked_held_give_way_on_every_able_resource(b
     assert sorted(statuses.values()) == ["expired", "expired"]  # both able resources' stale holds retired
     for r in s.resource_ids:
         assert await _active(booking_pool, r, start) == (1 if r == taken.resource_id else 0)
+
+
+async def _take_in_open_transaction(pool, slot_id: str):
+    """A buyer's HoldSlot statement run inside a transaction left open: its hold is inserted but not
+    committed (a buyer caught mid-way). Returns (connection, transaction, the resource it took)."""
+    conn = await pool.acquire()
+    tx = conn.transaction()
+    await tx.start()
+    taken = await conn.fetchval("SELECT (hold).resource_id::text FROM booking_take_hold($1, $2, $3, $4, 900, 10, 3, 0)",
+                                new_id(), slot_id, new_id(), new_id())
+    return conn, tx, taken
+
+
+async def test_an_any_stylist_buyer_is_not_kept_waiting_by_another_buyers_unfinished_hold(booking, booking_pool):
+    """Two buyers want the same least booked stylist; the first has inserted its hold but not yet
+    committed. The second is not made to wait for that commit (and then lose it): it takes the
+    next free stylist at once."""
+    s = await service_salon(booking, resources=3)
+    nine, two = await _first_time(booking, s, "09:00"), await _first_time(booking, s, "14:00")
+    quiet = s.resource_ids[2]  # the others have a booking that day, so every buyer wants this one first
+    for r in s.resource_ids[:2]:
+        await _hold(booking, (await service_slot(booking, s, nine, r)).id)
+    slot = await service_slot(booking, s, two)
+    conn, tx, first = await _take_in_open_transaction(booking_pool, slot.id)
+    try:
+        assert first == quiet
+        # it would wait until the transaction ends, which it does not while this runs
+        second = await asyncio.wait_for(_hold(booking, slot.id), timeout=20)
+        assert second.resource_id in s.resource_ids[:2]
+    finally:
+        await tx.rollback()
+        await booking_pool.release(conn)
+    # the rolled back buyer's stylist is free again, and the next buyer takes it
+    third = await _hold(booking, slot.id)
+    assert third.resource_id == quiet
+    for r in (second.resource_id, quiet):
+        assert await _active(booking_pool, r, two) == 1
+
+
+async def test_when_every_free_stylist_is_being_taken_a_buyer_waits_and_gets_one_given_back(booking, booking_pool):
+    """A free stylist is never hidden: with both stylists' holds inserted by buyers not yet
+    committed, a third buyer waits for them (the constraint decides), and takes the stylist whose
+    buyer rolled back."""
+    s = await service_salon(booking, resources=2)
+    start = await _first_time(booking, s)
+    slot = await service_slot(booking, s, start)
+    open_ = [await _take_in_open_transaction(booking_pool, slot.id) for _ in range(2)]
+    assert sorted(t for _, _, t in open_) == sorted(s.resource_ids)
+    (c0, tx0, given_back), (c1, tx1, _) = open_
+    third = asyncio.create_task(_hold(booking, slot.id))
+    try:
+        await asyncio.sleep(0.5)
+        assert not third.done()  # waiting on the constraint, not told "taken"
+    finally:
+        await tx0.rollback()
+        await booking_pool.release(c0)
+        await tx1.commit()
+        await booking_pool.release(c1)
+    assert (await asyncio.wait_for(third, timeout=30)).resource_id == given_back
+    for r in s.resource_ids:
+        assert await _active(booking_pool, r, start) == 1
+
+
+async def test_buyers_of_overlapping_any_stylist_times_never_share_a_stylist(booking, booking_pool):
+    """Real concurrency across starts that overlap (10:00, 10:15, 10:30 of an hour's service on 4
+    stylists: the advisory lock is per start, so only the exclusion constraint keeps them apart),
+    with buyers of stylist 0 by name among them. The database afterwards: no two active holds of
+    one stylist overlap, and every stylist was sold once (each can take one of the three)."""
+    s = await service_salon(booking, resources=4)
+    starts = [await _first_time(booking, s, h) for h in ("10:00", "10:15", "10:30")]
+    slots = [await service_slot(booking, s, t) for t in starts]
+    named = await service_slot(booking, s, starts[1], s.resource_ids[0])
+    calls = [_hold(booking, sl.id) for sl in slots for _ in range(40)] + [_hold(booking, named.id) for _ in range(20)]
+    random.Random(11).shuffle(calls)
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    won = [r for r in results if isinstance(r, pb.Hold)]
+    assert all(isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.ALREADY_EXISTS
+               for e in results if not isinstance(e, pb.Hold))
+    assert sorted(h.resource_id for h in won) == sorted(s.resource_ids)
+    rows = await booking_pool.fetch(
+        "SELECT resource_id::text, during FROM holds WHERE salon_id = $1 AND status IN ('held', 'confirmed')",
+        s.salon_id)
+    assert sorted(r["resource_id"] for r in rows) == sorted(s.resource_ids)
+    assert await booking_pool.fetchval("""
+        SELECT count(*) FROM holds a JOIN holds b ON a.resource_id = b.resource_id AND a.id < b.id AND a.during && b.during
+         WHERE a.salon_id = $1 AND a.status IN ('held', 'confirmed') AND b.status IN ('held', 'confirmed')""",
+        s.salon_id) == 0

@@ -19,8 +19,11 @@ from payments.checkout.domain import validate_create
 
 from test_checkout_api_idempotency import call_raw, md
 
-PURCHASE = [("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "CONFIRMING"), ("CONFIRMING", "COMPLETED")]
-DECLINED = [("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "RELEASING"), ("RELEASING", "FAILED")]
+# A one-call checkout records its hold with its payment's start: one transition, PENDING -> CHARGING.
+PURCHASE = [("PENDING", "CHARGING"), ("CHARGING", "CONFIRMING"), ("CONFIRMING", "COMPLETED")]
+DECLINED = [("PENDING", "CHARGING"), ("CHARGING", "RELEASING"), ("RELEASING", "FAILED")]
+# The two-call flow: held, then paid.
+TWO_CALL_PURCHASE = [("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "CONFIRMING"), ("CONFIRMING", "COMPLETED")]
 
 
 @pytest.fixture
@@ -50,7 +53,7 @@ async def test_one_call_books_a_slot(harness, api):
     hold = h.booking.holds[done.hold_id]
     assert hold["status"] == "confirmed" and hold["payment_ref"] == done.payment.id
     assert list(h.psp.charges.values()) == [1]
-    assert await timeline(h, done.id) == PURCHASE  # the same saga as create, then pay
+    assert await timeline(h, done.id) == PURCHASE  # create's hold and pay's start in one transition
     row = await h.row(done.id)
     assert (row["payment_method"], row["lease_owner"], row["next_run_at"]) == ("pm_card_ok", None, None)
     # What GetCheckout says afterwards is what the call answered.
@@ -148,7 +151,7 @@ async def test_the_two_call_flow_is_unchanged(harness, api):
     paid = await api.PayCheckout(pb.PayCheckoutRequest(checkout_id=held.id, payment_method="pm_card_ok"),
                                  metadata=md(me, str(uuid.uuid4())))
     assert paid.state == pb.CHECKOUT_STATE_COMPLETED and paid.payment.status == PAYMENT_STATUS_SUCCEEDED
-    assert await timeline(h, held.id) == PURCHASE
+    assert await timeline(h, held.id) == TWO_CALL_PURCHASE
     assert list(h.psp.charges.values()) == [1]
 
 

@@ -23,6 +23,7 @@ from cutylib.testing.ids import new_id
 from codepool import metrics
 from codepool.domain import ReserveCommand
 from codepool.service import ReservationService
+from codepool.stock_events import StockEvents
 from codepool_testkit import ADMIN, make_codes, new_product, stock_of, stocked_product
 
 SEED = int(os.environ.get("CUTY_TEST_SEED", "20261202"))
@@ -254,6 +255,7 @@ async def test_the_stock_gauge_reads_the_counters(stub, cp_pool):
         order = "ord-" + new_id()
         await service.reserve(ReserveCommand(order, order + "/1", uuid.UUID(product_id), 1, "cust-" + new_id()), "system")
     await service.deliver(order, "tx-" + new_id(), "system")
+    await StockEvents(cp_pool).recheck()  # the stock round the code pool runs every few seconds
     gauge = metrics.CodePoolMetrics(prometheus_client.CollectorRegistry())
     await gauge.refresh_stock(cp_pool, top=1_000_000)  # every product of the shared database shown
     seen = {state: gauge.value("cuty_codepool_codes", product_id=product_id, state=state)
@@ -269,6 +271,7 @@ async def test_the_stock_gauge_shows_the_products_nearest_to_running_out_and_sum
     await stocked_product(stub, 1)
     await stocked_product(stub, 3)
     await new_product(stub)  # never stocked
+    await StockEvents(cp_pool).recheck()  # the stock round the code pool runs every few seconds
     stocked = {str(r["product_id"]): r["available"] for r in await cp_pool.fetch(
         "SELECT product_id, sum(available) AS available FROM product_stock GROUP BY product_id "
         "HAVING sum(available + reserved + delivered) > 0")}

@@ -209,8 +209,11 @@ async def test_the_recheck_announces_a_crossing_the_fast_path_missed_and_re_arms
     await reserve(stub, low_pid, 4)  # 4 left: announced by the statement
     assert len(await events(cp_pool, low_pid)) == 1
     high_pid = await product(stub, 5, stock=8)  # armed, 8 available
-    # The states a race leaves, written by hand (a products update fires no stock trigger):
+    # The states a race leaves, written by hand (a products update fires no stock trigger): the flag
+    # wrong, and the counter rows the racing statements changed marked for the next round.
     await cp_pool.execute("UPDATE products SET stock_low = NOT stock_low WHERE id = ANY($1::uuid[])",
+                          [uuid.UUID(low_pid), uuid.UUID(high_pid)])
+    await cp_pool.execute("UPDATE product_stock SET dirty = true WHERE product_id = ANY($1::uuid[])",
                           [uuid.UUID(low_pid), uuid.UUID(high_pid)])
     assert await rechecks.recheck() == 2
     assert len(await events(cp_pool, low_pid)) == 2  # announced again: the flag said it was not

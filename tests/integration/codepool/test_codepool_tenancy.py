@@ -20,7 +20,7 @@ from codepool_testkit import ADMIN, STAFF, make_codes, reserve_request, stocked_
 # Every table of the code pool that belongs to a merchant; test_every_merchant_table_has_rls checks
 # the catalogue agrees (a new table with merchant_id must be added here and declared with cuty_tenant_table).
 MERCHANT_TABLES = ("products", "supplier_batches", "codes", "reservations", "deliveries", "payment_transactions",
-                   "code_views", "audit_log", "stock_events", "product_stock", "code_claims")
+                   "code_views", "audit_log", "stock_events", "product_stock", "code_claims", "stock_summary")
 OPERATOR = user("op-1", "operator")
 
 

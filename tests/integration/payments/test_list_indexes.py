@@ -51,3 +51,34 @@ async def test_a_list_of_a_rare_state_reads_only_its_rows(payments_dsn, query):
     finally:
         await tx.rollback()
         await conn.close()
+
+
+async def test_a_page_joins_the_payments_of_its_own_checkouts_only_whatever_the_plan(payments_dsn):
+    """A page of a salon's 2,000 checkouts, planned as the planner may when it expects fewer rows than
+    a page (the matching checkouts read and sorted, forced here): the payments are joined to the
+    page's rows only, not to every checkout of the salon."""
+    conn = await asyncpg.connect(payments_dsn)
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        for (name,) in await conn.fetch("SELECT conname FROM pg_constraint WHERE conrelid = 'checkouts'::regclass "
+                                        "AND contype IN ('c', 'f') AND conname <> 'checkouts_state_check'"):
+            await conn.execute(f'ALTER TABLE checkouts DROP CONSTRAINT "{name}"')
+        salon = await conn.fetchval("SELECT gen_random_uuid()")
+        await conn.execute(
+            "INSERT INTO checkouts (id, customer_id, kind, state, payment_key, payment_id, merchant_id, salon_id, "
+            "created_at) SELECT gen_random_uuid(), 'c-' || (i % 500), 'booking', 'COMPLETED', gen_random_uuid(), "
+            "gen_random_uuid(), $1, $2, clock_timestamp() - make_interval(secs => i) "
+            "FROM generate_series(1, 2000) i", MERCHANT, salon)
+        await conn.execute("ANALYZE checkouts")
+        await conn.execute("SET LOCAL enable_indexscan = off")
+        sql, args = list_statement(ListQuery(merchant_id=MERCHANT, salon_id=salon), None, 51)
+        (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args))
+        joins = [n for n in _nodes(doc["Plan"]) if n["Node Type"] in ("Nested Loop", "Hash Join", "Merge Join")]
+        assert joins
+        for join in joins:  # the checkouts side of the join: the page, not the salon's 2,000
+            assert join["Plans"][0]["Actual Rows"] <= 51, [(n["Node Type"], n["Actual Rows"]) for n in join["Plans"]]
+        assert len(await conn.fetch(sql, *args)) == 51
+    finally:
+        await tx.rollback()
+        await conn.close()

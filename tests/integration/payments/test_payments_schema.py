@@ -94,7 +94,43 @@ async def test_the_saga_trigger_allows_exactly_the_domains_transitions(scratch_d
 
     allowed = await allowed_moves(scratch_db, "checkouts", "state", list(saga_domain.TRANSITIONS),
                                   {"checkouts_state_check", "checkouts_attention_from_check"}, checkout)
-    assert allowed == moves(saga_domain.TRANSITIONS)
+    # The one-call start needs facts besides the state (below); a bare state change is refused.
+    assert allowed == moves(saga_domain.TRANSITIONS) - {saga_domain.ONE_CALL_START}
+
+
+@pytest.mark.parametrize("facts,allowed", [
+    ({}, True),
+    ({"payment_method": None}, False),         # a two-call checkout is held first, then paid
+    ({"settle": "venue", "created_by": "staff-1", "venue_status": "unpaid"}, False),  # a staff-made one keeps
+                                                                                      # its HELD (its merchant event)
+    ({"payment_key": None}, False),            # never without the payment attempt ...
+    ({"amount_minor": None}, False),           # ... nor without the hold
+])
+async def test_a_one_call_checkout_moves_from_pending_to_charging_only_with_its_hold_and_payment(
+        scratch_db, facts, allowed):
+    """PENDING -> CHARGING is a customer's one-call checkout recording its hold with its payment's
+    start; the trigger lets it through only with both written and for that kind of checkout."""
+    await migrate(scratch_db, MIGRATIONS)
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        cid = await conn.fetchval(
+            "INSERT INTO checkouts (id, customer_id, kind, slot_id, payment_method, settle, created_by, venue_status) "
+            "VALUES (gen_random_uuid(), 'c-one', 'booking', gen_random_uuid(), $1, $2, $3, $4) RETURNING id",
+            facts.get("payment_method", "pm_card_ok"), facts.get("settle"), facts.get("created_by"),
+            facts.get("venue_status"))
+        move = conn.execute(
+            "UPDATE checkouts SET state = 'CHARGING', version = version + 1, hold_id = gen_random_uuid(), "
+            "amount_minor = $2, currency = 'TRY', expire_time = now() + interval '10 minutes', merchant_id = 'm-one', "
+            "payment_key = $3 WHERE id = $1",
+            cid, facts.get("amount_minor", 1000), facts.get("payment_key", uuid.uuid4()))
+        if allowed:
+            await move
+            assert await conn.fetchval("SELECT state FROM checkouts WHERE id = $1", cid) == "CHARGING"
+        else:
+            with pytest.raises(asyncpg.CheckViolationError):
+                await move
+    finally:
+        await conn.close()
 
 
 async def test_the_payment_trigger_allows_exactly_the_domains_transitions(scratch_db):

@@ -132,6 +132,15 @@ def test_a_one_call_checkout_is_being_created_until_its_payment_starts():
     assert not d.being_created(saga(d.CHARGING, payment_method="pm_card_ok", payment_key="k"))
 
 
+def test_only_a_customers_one_call_checkout_records_its_hold_with_its_payments_start():
+    assert d.holds_and_pays(saga(d.PENDING, payment_method="pm_card_ok"))
+    assert not d.holds_and_pays(saga(d.PENDING))  # two-call: held, then PayCheckout
+    # Staff-made (a payment link, pay at the venue): HELD first, which their merchant event marks.
+    assert not d.holds_and_pays(saga(d.PENDING, payment_method="pm_card_ok", settle="link", created_by="staff-1"))
+    assert not d.holds_and_pays(saga(d.PENDING, payment_method="pm_card_ok", payment_key="k"))  # already started
+    assert d.can_transition(*d.ONE_CALL_START) and d.ONE_CALL_START == (d.PENDING, d.CHARGING)
+
+
 @pytest.mark.parametrize("slot,product,qty,field", [
     ("", "", 0, "slot_id"),
     ("S", "P", 1, "slot_id"),

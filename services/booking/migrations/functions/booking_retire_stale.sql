@@ -18,6 +18,8 @@ BEGIN
                    AND h.resource_id = p_resource_id
                    AND h.status = 'held'
                    AND h.during && tstzrange(p_start, p_end)
+                   -- the same, leakproof, for the index under RLS (0170_holds_live_times.sql)
+                   AND h.start_time < p_end + interval '240 minutes' AND h.end_time > p_start - interval '240 minutes'
                    AND h.expires_at <= clock_timestamp()
                    AND h.id IS DISTINCT FROM p_except
                  ORDER BY h.id

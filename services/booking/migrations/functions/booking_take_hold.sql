@@ -158,6 +158,9 @@ BEGIN
                                   AND h.resource_id = s.resource_id
                                   AND h.status IN ('held', 'confirmed')
                                   AND h.during && tstzrange(s.start_time, s.end_time)
+                                  -- the same, leakproof, for the index under RLS (0170_holds_live_times.sql)
+                                  AND h.start_time < s.end_time + interval '240 minutes'
+                                  AND h.end_time > s.start_time - interval '240 minutes'
                                   AND (h.status = 'confirmed' OR h.expires_at > db_now)
                                OFFSET 0)
              ORDER BY s.resource_id <> v_slot.resource_id,

@@ -5,9 +5,18 @@
 -- resource is read as free and then written. Fairly: the resource with the fewest live holds and
 -- bookings on the salon's local day first, ties broken by a hash of the new hold's id (so racers
 -- spread over equally loaded resources instead of all trying the same one first).
+-- Racers do not queue behind each other: an INSERT that overlaps another transaction's uncommitted
+-- hold waits for that commit (and then loses), so the pick skips a resource that a concurrent
+-- any-resource hold is taking at this start right now. It takes the first free resource, in the
+-- fair order, whose transaction-scoped advisory lock on (resource, start) it gets without waiting
+-- (pg_try_advisory_xact_lock, a SKIP LOCKED for the exclusion constraint). The lock decides
+-- nothing: the constraint still does (a named hold takes no such lock, and a hold at an overlapping
+-- but different start has another key; either makes the INSERT wait and lose as before). Only
+-- when every free resource is being taken by someone else does it pick without the lock and let
+-- the constraint make it wait, since those racers may yet fail.
 -- A racer whose pick was taken by a concurrent insert (its insert waited, then did nothing) tries
--- again with a fresh snapshot, where that hold is visible: at most once per able resource. NULL
--- when no able resource is free. Expired holds still marked 'held' on the able resources are
+-- again with a fresh snapshot, where that hold is visible: at most once per able resource, plus
+-- once after falling back to waiting. NULL when no able resource is free. Expired holds still marked 'held' on the able resources are
 -- retired first (booking_retire_stale_among), so they never block.
 -- The hold copies the service's price and buffers and the salon's cancellation policy.
 CREATE OR REPLACE FUNCTION booking_take_service_hold(p_hold_id uuid, p_slot slots, p_customer_id text,
@@ -23,6 +32,9 @@ DECLARE
     v_ids   uuid[];
     v_pick  uuid;
     v_id    uuid;
+    v_free  integer;
+    v_wait  boolean := false;
+    v_key   integer;
     v_hold  holds;
 BEGIN
     SELECT s.* INTO v_sv FROM services s WHERE s.merchant_id = p_slot.merchant_id AND s.id = p_slot.service_id;
@@ -48,17 +60,31 @@ BEGIN
     END IF;
     PERFORM booking_retire_stale_among(p_slot.merchant_id, v_ids, lower(v_block), upper(v_block));
 
-    FOR i IN 1 .. array_length(v_ids, 1) LOOP
-        WITH pick AS (
+    -- minutes since the epoch: the second key of the (resource, start) lock
+    v_key := floor(extract(epoch FROM p_slot.start_time) / 60)::integer;
+    FOR i IN 1 .. array_length(v_ids, 1) + 1 LOOP
+        WITH free AS MATERIALIZED (
+            -- the free able resources in the fair order (OFFSET 0: sorted here, before the lock)
             SELECT c.rid FROM unnest(v_ids) c(rid)
              WHERE NOT EXISTS (SELECT 1 FROM holds h
                                 WHERE h.merchant_id = p_slot.merchant_id AND h.resource_id = c.rid
-                                  AND h.status IN ('held', 'confirmed') AND h.during && v_block)
+                                  AND h.status IN ('held', 'confirmed') AND h.during && v_block
+                                  -- the same, leakproof, for the index under RLS (0170_holds_live_times.sql)
+                                  AND h.start_time < upper(v_block) + interval '240 minutes'
+                                  AND h.end_time > lower(v_block) - interval '240 minutes')
              ORDER BY (SELECT count(*) FROM holds h
                         WHERE h.merchant_id = p_slot.merchant_id AND h.resource_id = c.rid
                           AND h.status IN ('held', 'confirmed') AND h.during && v_day
+                          AND h.start_time < upper(v_day) + interval '240 minutes'
+                          AND h.end_time > lower(v_day) - interval '240 minutes'
                           AND (h.status = 'confirmed' OR h.expires_at > clock_timestamp())),
                       hashtext(p_hold_id::text || c.rid::text)
+            OFFSET 0
+        ), pick AS (
+            -- the first of them in that order that nobody is taking at this start right now: the
+            -- lock is tried row by row as the ordered rows come, and LIMIT stops at the first got
+            SELECT f.rid FROM free f
+             WHERE v_wait OR pg_try_advisory_xact_lock(hashtext(f.rid::text), v_key)
              LIMIT 1
         ), ins AS (
             INSERT INTO holds (id, merchant_id, slot_id, salon_id, resource_id, customer_id, request_id,
@@ -73,12 +99,16 @@ BEGIN
             ON CONFLICT DO NOTHING
             RETURNING *
         )
-        SELECT (SELECT pick.rid FROM pick), (SELECT ins.id FROM ins) INTO v_pick, v_id;
+        SELECT (SELECT pick.rid FROM pick), (SELECT ins.id FROM ins), (SELECT count(*) FROM free)
+          INTO v_pick, v_id, v_free;
         IF v_id IS NOT NULL THEN
             SELECT h.* INTO v_hold FROM holds h WHERE h.id = v_id;
             RETURN v_hold;
         END IF;
-        EXIT WHEN v_pick IS NULL;  -- nobody free; else the pick was taken meanwhile: again
+        EXIT WHEN v_free = 0;  -- nobody free
+        -- every free one is being taken by others: wait for the constraint from now on; else the
+        -- pick was taken meanwhile: again, with a fresh snapshot
+        v_wait := v_wait OR v_pick IS NULL;
     END LOOP;
     RETURN NULL;
 END

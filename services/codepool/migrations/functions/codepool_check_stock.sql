@@ -1,7 +1,7 @@
 -- Re-decides one product's low-stock flag (products.stock_low) from its stock as committed plus this
 -- transaction's own changes, and writes the `stock.low` event on the crossing (docs/codepool.md,
 -- "Low stock"). The decision path: the caller holds the product's advisory lock ('codepool.stock:'
--- || product id, taken by codepool_stock_changed or codepool_stock_recheck) after its change and
+-- || product id, taken by codepool_stock_changed or codepool_stock_round) after its change and
 -- until commit, so the deciders of one product run one at a time, and each statement below (a fresh
 -- snapshot: VOLATILE plpgsql in READ COMMITTED) sees what every earlier decider committed. Two
 -- reservations that cross the threshold together therefore write one event: the second sees the

@@ -12,7 +12,8 @@
 -- What the fast path cannot see: reservations of other transactions not committed yet count as
 -- available to it. Two reservations racing past the threshold may both see "above" and both take
 -- the fast path, leaving the flag armed while the stock is low (or, symmetrically, a re-arm racing a
--- reservation may leave it armed too early); codepool_stock_recheck repairs that shortly after.
+-- reservation may leave it armed too early); the next stock round (codepool_stock_round, every few
+-- seconds) repairs that: the statement marked the counter rows it changed.
 -- The products' locks are taken in product id order, so two statements never wait on each other in
 -- a cycle; the events' lock ('codepool.stock_events') is only ever taken after all of them.
 CREATE OR REPLACE FUNCTION codepool_stock_changed(p_changed jsonb) RETURNS void LANGUAGE plpgsql VOLATILE AS $$

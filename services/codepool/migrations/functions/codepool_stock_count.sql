@@ -9,6 +9,8 @@
 -- (product, slot) order, so two statements never wait on each other's counter rows in a cycle. A
 -- slot's first codes create its row (an import); a code can only change or leave after it was
 -- counted, so a missing row with a negative change fails the row's CHECK instead of being lost.
+-- Each row it changes is marked changed (dirty, a new row is born so) for the next stock round
+-- (codepool_stock_round: the gauge's summary and the low-stock repair), in the same row update.
 CREATE OR REPLACE FUNCTION codepool_stock_count(p_merchant_ids text[], p_product_ids uuid[], p_slots smallint[],
                                                 p_statuses text[], p_codes bigint[])
 RETURNS void LANGUAGE plpgsql VOLATILE AS $$
@@ -28,7 +30,7 @@ BEGIN
         CONTINUE WHEN d.available = 0 AND d.reserved = 0 AND d.delivered = 0 AND d.quarantined = 0 AND d.revoked = 0;
         UPDATE product_stock
            SET available = available + d.available, reserved = reserved + d.reserved, delivered = delivered + d.delivered,
-               quarantined = quarantined + d.quarantined, revoked = revoked + d.revoked
+               quarantined = quarantined + d.quarantined, revoked = revoked + d.revoked, dirty = true
          WHERE merchant_id = d.m AND product_id = d.p AND slot = d.s;
         IF NOT FOUND THEN
             INSERT INTO product_stock AS t (merchant_id, product_id, slot, available, reserved, delivered, quarantined,
@@ -37,7 +39,7 @@ BEGIN
             ON CONFLICT (merchant_id, product_id, slot) DO UPDATE
                SET available = t.available + excluded.available, reserved = t.reserved + excluded.reserved,
                    delivered = t.delivered + excluded.delivered, quarantined = t.quarantined + excluded.quarantined,
-                   revoked = t.revoked + excluded.revoked;
+                   revoked = t.revoked + excluded.revoked, dirty = true;
         END IF;
         IF d.available <> 0 THEN
             changed := changed || jsonb_build_object('m', d.m, 'p', d.p);

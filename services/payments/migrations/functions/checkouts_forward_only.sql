@@ -1,7 +1,8 @@
 -- The saga's transition table, as in payments/checkout/domain.py, so a wrong move is refused by
 -- the database whatever code wrote it; a state change must bump the version by exactly one, and the
 -- payment attempt and the payment of a checkout, once set, never change. One reschedule at a time
--- per checkout: it is a state of the row, entered only from COMPLETED.
+-- per checkout: it is a state of the row, entered only from COMPLETED. PENDING -> CHARGING only
+-- with the facts of both moves it stands for (domain.ONE_CALL_START).
 CREATE OR REPLACE FUNCTION checkouts_forward_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.version <> OLD.version AND NEW.version <> OLD.version + 1 THEN
@@ -15,6 +16,11 @@ BEGIN
         END IF;
         IF NOT (
             (OLD.state = 'PENDING' AND NEW.state IN ('HELD', 'REJECTED'))
+            -- a customer's one-call checkout: its hold recorded with its payment's start, never
+            -- without both (the hold's price and expiry, the payment attempt of its own method)
+            OR (OLD.state = 'PENDING' AND NEW.state = 'CHARGING' AND NEW.payment_method IS NOT NULL
+                AND NEW.payment_key IS NOT NULL AND NEW.amount_minor IS NOT NULL AND NEW.expire_time IS NOT NULL
+                AND NEW.settle IS NULL AND NEW.created_by IS NULL)
             OR (OLD.state = 'HELD' AND NEW.state IN ('CHARGING', 'RELEASING'))
             OR (OLD.state = 'CHARGING' AND NEW.state IN ('AWAITING_ACTION', 'CONFIRMING', 'RELEASING'))
             OR (OLD.state = 'AWAITING_ACTION' AND NEW.state IN ('CHARGING', 'CONFIRMING', 'RELEASING'))

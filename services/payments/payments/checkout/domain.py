@@ -64,7 +64,9 @@ RELEASE_OUTCOMES = frozenset({FAILED, EXPIRED, CANCELLED})
 RESCHEDULE_PAYMENT_STATES = frozenset({RESCHEDULING, RESCHEDULE_REVERTING})
 
 TRANSITIONS: dict[str, frozenset[str]] = {
-    PENDING: frozenset({HELD, REJECTED}),
+    # PENDING -> CHARGING: a customer's one-call checkout records its hold with its payment's start
+    # (holds_and_pays); the database allows it only with both written (ONE_CALL_START).
+    PENDING: frozenset({HELD, REJECTED, CHARGING}),
     HELD: frozenset({CHARGING, RELEASING}),
     CHARGING: frozenset({AWAITING_ACTION, CONFIRMING, RELEASING}),
     AWAITING_ACTION: frozenset({CHARGING, CONFIRMING, RELEASING}),
@@ -84,6 +86,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # or a reschedule, which ends COMPLETED again (on the new slot, or unchanged).
     COMPLETED: frozenset({CANCELLING, RESCHEDULING}),
 }
+
+# The one move the database allows only with facts besides the state: a customer's one-call
+# checkout (payment method, no staff, no settle) with its hold (price) and payment attempt written.
+ONE_CALL_START = (PENDING, CHARGING)
 
 # States whose step, failing too long, hands the saga to an operator (NEEDS_ATTENTION) instead of
 # retrying forever: the money is taken or the hold is going back, and only a person can decide.
@@ -405,6 +411,17 @@ def pays_on_create(saga: Saga) -> bool:
     CreateCheckout (or staff made it: a payment link, or pay at the venue), and no payment attempt
     exists (PayCheckout and the PAY step both set one)."""
     return (saga.payment_method is not None or saga.settle is not None) and saga.payment_key is None
+
+
+def holds_and_pays(saga: Saga) -> bool:
+    """A customer's one-call checkout: its hold's outcome is recorded with its payment's start, in
+    one transition (PENDING -> CHARGING), instead of HELD and then the PAY step's HELD -> CHARGING.
+    Nothing else differs: the charge is the next step, under the same pay deadline, and a crash
+    between the hold and the charge leaves a CHARGING saga without a payment, which a worker charges
+    or, once the paying request is gone, releases (Step.ABANDON). Staff-made checkouts (a payment
+    link, pay at the venue) keep their HELD, which their merchant event (booking.created_by_staff) marks."""
+    return saga.payment_method is not None and saga.settle is None and saga.created_by is None \
+        and saga.payment_key is None
 
 
 def being_created(saga: Saga) -> bool:

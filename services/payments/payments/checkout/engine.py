@@ -177,7 +177,7 @@ class Engine:
                     deadline = None  # the charge, and all that follows it, as a worker would
             with deadlines.within(deadline):  # the step's calls get at most the request's time left
                 out = await self.steps.perform(step, saga, payment, status)
-            if step is Step.PAY:
+            if step is Step.PAY or (step is Step.HOLD and out.learned.payment_key is not None):
                 key_checked = True  # its move starts the payment attempt: no payment has that key yet
             payment = out.payment or payment
             learned = _merge(learned, out.learned)

@@ -457,13 +457,17 @@ SELECT upd.* FROM upd LEFT JOIN (SELECT count(*) FROM n) notified ON true
 # the customer's `(customer_id, created_at DESC, id DESC)`, a merchant's `(merchant_id, [salon_id |
 # product_id,] created_at DESC, id DESC)`, the operator's `(created_at DESC, id DESC)`. The payment's
 # status comes with the row (one statement per page, no read per checkout).
+# The page's checkouts first, then their payments: a plan that sorts the matching checkouts (the
+# planner may pick one when it expects fewer rows than a page) joins the page's payments only, not
+# those of every checkout of the salon, product or state (1,249 lookups for a page of 51, measured).
 LIST_CHECKOUTS = """
 SELECT c.*, clock_timestamp() AS db_now, p.status AS payment_status
-  FROM checkouts c
+  FROM (SELECT c.* FROM checkouts c
+         WHERE {where}
+         ORDER BY c.created_at DESC, c.id DESC
+         LIMIT {limit}) c
   LEFT JOIN payments p ON p.id = c.payment_id
- WHERE {where}
  ORDER BY c.created_at DESC, c.id DESC
- LIMIT {limit}
 """
 LIST_FILTERS = {
     "customer_id": "c.customer_id = ${}::text",

@@ -101,6 +101,11 @@ class Steps:
             # once, and they are answered as for a missing slot.
             await holds.release(saga, held.hold_id)
             raise Refused(errors.NotFound(f"slot {saga.slot_id} not found", field="slot_id"))
+        if domain.holds_and_pays(saga):
+            # A one-call checkout: the hold and the payment's start in one transition (the PAY
+            # step's move and note, without a HELD row in between).
+            return Outcome(Move(domain.CHARGING), repo.Fields(held=held, payment_key=domain.payment_attempt_id(saga.id)),
+                           note=f"pay {saga.payment_method}")
         return Outcome(Move(domain.HELD), repo.Fields(held=held))
 
     async def _pay(self, saga: Saga, payment, status) -> Outcome:
