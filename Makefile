@@ -82,17 +82,25 @@ run: gen pg-check
 demo: gen
 	$(PY) -m cutylib.demo
 
+# The suite waits far more than it computes (service processes, PostgreSQL round trips, polls), so
+# it runs on parallel workers (pytest-xdist), each with its own throwaway PostgreSQL, ports and
+# folders (docs/testing.md). A test file goes to one worker whole (tests/conftest.py groups it) so
+# its stack starts once, unless marked `spread`. A shared server (CUTY_TEST_DSN) holds one set of
+# databases: there the suite runs serially.
+TEST_WORKERS ?= $(if $(CUTY_TEST_DSN),0,4)
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+
 test: gen pg-check promtool-check
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PYTEST) tests
 
 test-unit: gen
-	$(PY) -m pytest -q tests/unit
+	$(PYTEST) tests/unit
 
 test-integration: gen pg-check
-	$(PY) -m pytest -q tests/integration
+	$(PYTEST) tests/integration
 
 test-e2e: gen pg-check
-	$(PY) -m pytest -q tests/e2e
+	$(PYTEST) tests/e2e
 
 # Long soak / chaos variants (the short seeded versions run in `make test`).
 soak: gen pg-check

@@ -26,9 +26,39 @@ os.environ["CUTY_DATA_DIR"] = tempfile.mkdtemp(prefix="cuty-test-data-")
 atexit.register(shutil.rmtree, os.environ["CUTY_DATA_DIR"], True)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Parallel workers (`make test`, pytest-xdist with --dist loadfile or loadgroup) take a test
+    file whole: its module-scoped stacks start once, and its tests may rely on running in order.
+    A file marked `spread` (independent, long tests) may be taken apart across workers."""
+    for item in items:
+        if item.get_closest_marker("spread") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+SERVICE_DATABASES = ("booking", "codepool", "payments")
+
+
+def _migrate_services(dsn: str) -> None:
+    """Every service's database on the server of `dsn`, migrated (in a thread: no event loop here)."""
+    import asyncio
+    import concurrent.futures
+
+    async def run() -> None:
+        for service in SERVICE_DATABASES:
+            await migrate(with_database(dsn, f"cuty_{service}"), REPO / "services" / service / "migrations")
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, run()).result()
+
+
 @pytest.fixture(scope="session")
-def pg():
-    server = start_test_postgres()
+def pg(tmp_path_factory):
+    """The session's PostgreSQL. Parallel workers (pytest-xdist) each start a copy of one cluster
+    that the first of them built and migrated (docs/testing.md); a serial run starts its own."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        server = start_test_postgres()
+    else:  # the workers' basetemps are siblings under the run's basetemp
+        server = start_test_postgres(tmp_path_factory.getbasetemp().parent / "pg-template", _migrate_services)
     yield server
     server.close()
 

@@ -45,15 +45,27 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+def _worker_slice(lowest: int, highest: int) -> tuple[int, int]:
+    """The part of [lowest, highest] that is this test worker's own: under pytest-xdist
+    (PYTEST_XDIST_WORKER=gwN of PYTEST_XDIST_WORKER_COUNT) each worker picks from its own slice, so
+    two workers never hand out the same port; the whole range otherwise."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return lowest, highest
+    width = (highest - lowest + 1) // int(count)
+    start = lowest + (int(worker[2:]) % int(count)) * width
+    return start, start + width - 1
+
+
 def free_port() -> int:
     """A port nothing listens on now, for a service about to start. Taken *below* the kernel's
     ephemeral range: a port from bind(0) lies inside it, where every outgoing connection picks its
     source port, so one of the suite's many connections could take it between this check and the
     service's bind (seen: a gateway stack whose backend failed to bind for a whole test run)."""
     low, _ = _ephemeral_range()
-    lowest = 10000 if low > 12000 else 1024
+    lowest, highest = _worker_slice(10000 if low > 12000 else 1024, low - 1)
     for _ in range(500):
-        port = random.randint(lowest, low - 1)
+        port = random.randint(lowest, highest)
         if port in _HANDED_OUT:
             continue
         with socket.socket() as s:

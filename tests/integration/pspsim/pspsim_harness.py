@@ -3,6 +3,7 @@ and an async client. (A uniquely named module, so it never collides with other c
 
 from __future__ import annotations
 
+from cutylib.testing.procs import PYTHONPATH
 from cutylib.testing.procs import wait_for as _wait_for
 import hashlib
 import hmac
@@ -116,8 +117,9 @@ class SimProcess:
     def __init__(self, log_path: Path, **env: str):
         self.log_path = log_path
         full_env = {**os.environ, **FAST_ENV, "CUTY_PSP_PORT": "0", "CUTY_PSP_HOST": "127.0.0.1", **env}
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO / "services" / "pspsim"), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        # The repository's import paths (as every test process gets them), whether or not pytest
+        # was started by make (which exports PYTHONPATH).
+        full_env["PYTHONPATH"] = os.pathsep.join([PYTHONPATH, full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "pspsim"], cwd=REPO, env=full_env,
                                      stdout=self._log, stderr=subprocess.STDOUT)

@@ -146,10 +146,11 @@ def test_only_a_customers_one_call_checkout_records_its_hold_with_its_payments_s
     ("S", "P", 1, "slot_id"),
     ("not-a-uuid", "", 0, "slot_id"),
     ("", "nope", 1, "product_id"),
-    ("", str(uuid.uuid4()), 0, "quantity"),
-    ("", str(uuid.uuid4()), 101, "quantity"),
-    ("", str(uuid.uuid4()), -1, "quantity"),
-    (str(uuid.uuid4()), "", 2, "quantity"),
+    # Fixed ids, not uuid4(): test ids must be the same in every collection (parallel workers).
+    ("", "5b0c3e2a-7f4d-4d8e-9a51-0c2f6b1d9e01", 0, "quantity"),
+    ("", "5b0c3e2a-7f4d-4d8e-9a51-0c2f6b1d9e01", 101, "quantity"),
+    ("", "5b0c3e2a-7f4d-4d8e-9a51-0c2f6b1d9e01", -1, "quantity"),
+    ("0e6a1c7b-2d3f-4b5a-8c9d-1e2f3a4b5c6d", "", 2, "quantity"),
 ])
 def test_validate_create_refuses_bad_input(slot, product, qty, field):
     """The contract's rules (checkout.proto, checked by every server before the handler) and the

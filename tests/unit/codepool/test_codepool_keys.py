@@ -14,6 +14,8 @@ def b64(raw: bytes | None = None) -> str:
 
 
 K1, K2, H = b64(), b64(), b64()
+FRAGMENTS = {"name the active one", "not one of", "32 bytes", "base64", "no hash key", "differ", "twice", "key id",
+             "option", "malformed"}
 
 
 def test_inline_form_with_active_and_hash():
@@ -46,7 +48,7 @@ def test_json_form_and_file_path(tmp_path):
     (f"bad id!:{K1};hash={H}", "key id"),
     (f"k1:{K1};colour=blue;hash={H}", "option"),
     ('{"keys": ', "malformed"),
-])
+], ids=lambda v: v if v in FRAGMENTS else "spec")  # the keys are random: name cases by fragment
 def test_bad_specs_are_refused_without_echoing_keys(spec, fragment):
     with pytest.raises(KeyringError) as e:
         Keyring.parse(spec)

@@ -19,6 +19,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+# Each test renders and validates the manifests on its own: parallel workers may split the file.
+pytestmark = pytest.mark.spread
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = ("dev", "prod")

@@ -113,7 +113,8 @@ def test_valid_token():
     f"Bearer {token(role='system')}", f"Bearer {token(role=None)}", f"Bearer {token(sub=None)}",
     f"Bearer {token(exp=None)}", f"Bearer {token(sub='')}",
     f"Bearer {jwt.encode({'sub': 'u1', 'role': 'admin', 'exp': int(time.time()) + 60}, None, algorithm='none')}",
-])
+], ids=["none", "empty", "basic", "bearer-alone", "not-a-jwt", "expired", "other-secret", "role-system", "no-role",
+        "no-sub", "no-exp", "empty-sub", "alg-none"])  # tokens carry times: fixed ids for every collection
 def test_invalid_tokens_are_401(header):
     with pytest.raises(Problem) as e:
         verify(header)
