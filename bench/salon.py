@@ -30,6 +30,7 @@ from datetime import datetime, timedelta, timezone
 from _common import Result, bench_postgres, closed_loop, in_turns, merged, report
 
 from cutylib.testing.procs import REPO, free_port  # noqa: E402  (after _common put the paths in place)
+from cutylib import heap  # noqa: E402
 from cuty.booking.v1 import booking_pb2 as pb
 from cuty.common.v1 import common_pb2
 from cutylib.config import with_database
@@ -149,6 +150,7 @@ async def availability(clients, server, pool, results: list[Result]) -> None:
 
     for op in (grpc_op, sql_op):
         await closed_loop(op, concurrency=1, total=20)  # warm: plans cached, connections open
+    heap.settle()  # the client's own collector pauses out of its timings, as in the services
     runs = {"grpc": [], "sql": []}
     totals = {le: 0.0 for le in rpc_buckets(server.metrics_port, "GetAvailability")}
     for _ in range(ROUNDS):

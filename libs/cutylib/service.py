@@ -14,6 +14,7 @@ from typing import Awaitable, Callable
 
 import asyncpg
 
+from . import heap
 from .config import SERVICES, Settings, database_url_for, env_bool, env_int, env_str, health_port_for, migration_url_for
 from .dbwatch import DatabaseWatch
 from .db import create_pool, migrate
@@ -53,6 +54,7 @@ async def serve_service(name: str, migrations: pathlib.Path, create_server: Serv
     # Prometheus scrapes a port of its own (CUTY_<SERVICE>_METRICS_PORT), never the gRPC one.
     if metrics_enabled():
         start_metrics_server(name)
+    heap.settle()  # what is built so far lives as long as the process (heap.py)
     await server.run_until_signal()
 
 

@@ -1,12 +1,12 @@
 """`python -m gateway`: HTTP/JSON on CUTY_HTTP_PORT in front of every service's gRPC API."""
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 
 import uvicorn
 
+from cutylib import heap
 from cutylib.config import Settings
 from cutylib.metrics import start_metrics_server
 from cutylib.telemetry import init_telemetry
@@ -24,13 +24,7 @@ def main() -> int:
     Settings.from_env().check_secrets("gateway")  # refuses dev secrets and test hooks under CUTY_ENV=production
     settings = GatewaySettings()
     app = Gateway(settings)
-    # Everything built so far (descriptors, routes, OpenTelemetry, grpc) lives as long as the
-    # process: freeze it out of the cyclic GC so full collections stop rescanning it; they were
-    # tens-of-ms pauses in the p99 (bench/gateway.py). Requests make short-lived dicts: raise the
-    # young-generation threshold so those are collected in fewer, still small, passes.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
+    heap.settle()  # what is built so far lives as long as the process (cutylib/heap.py)
     # Prometheus scrapes a port of its own (CUTY_GATEWAY_METRICS_PORT, 9464), never the public one.
     start_metrics_server("gateway")
     log.info("gateway listening", extra={"port": settings.port, "routes": len(app.routes),
