@@ -189,6 +189,8 @@ DEFAULT_MAX_CONCURRENT_RPCS = 128
 DEFAULT_MAX_STREAMS = 2000
 
 LIVENESS = "liveness"  # a health name that only says the process runs (Kubernetes liveness probes)
+# How long stop() waits for its background workers to end once cancelled (each ends at its next await).
+BACKGROUND_STOP_SECONDS = 10.0
 _OPEN_PREFIXES = tuple(f"/{s}/" for s in _OPEN_SERVICES)
 
 
@@ -487,7 +489,11 @@ class GrpcServer:
             self._watch_task.cancel()
         for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:  # bounded: a worker that ignores its cancellation is named, not waited for forever
+            _, pending = await asyncio.wait(self._tasks, timeout=BACKGROUND_STOP_SECONDS)
+            if pending:
+                log.error("background workers still running after stop", extra={
+                    "service": self.name, "workers": [t.get_name() for t in pending]})
         await self.server.stop(self.grace_seconds)
         if self.health_server is not None:
             await self.health_server.stop(0)

@@ -25,5 +25,11 @@ async def periodic(round_: Callable[[], Awaitable[object]], interval: float, *, 
         try:
             await round_()
         except retry_on as e:
+            # A library may turn the task's cancellation into one of these (grpc's CANCELLED, a
+            # connection closed under a cancelled query): the request stays pending on the task, and
+            # retrying would swallow it, so a server's stop would wait forever.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError() from e
             log.warning("%s failed; retrying next round", what, extra={"error": type(e).__name__, "detail": str(e)})
         await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
