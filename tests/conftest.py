@@ -32,7 +32,16 @@ def pytest_collection_modifyitems(config, items):
     A file marked `spread` (independent, long tests) may be taken apart across workers."""
     for item in items:
         if item.get_closest_marker("spread") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+            item.add_marker(pytest.mark.xdist_group(_group(item.nodeid.split("::")[0])))
+
+
+# Folders whose files share one database on purpose and run on one worker, in file order: the code
+# pool's last file searches every table the folder's earlier files filled for a plaintext code.
+TOGETHER = ("tests/integration/codepool/",)
+
+
+def _group(path: str) -> str:
+    return next((folder for folder in TOGETHER if path.startswith(folder)), path)
 
 
 SERVICE_DATABASES = ("booking", "codepool", "payments")

@@ -20,8 +20,10 @@ from checkout_e2e import name, start_stack
 @pytest_asyncio.fixture(scope="module")
 async def twins(pg, tmp_path_factory):
     s = await start_stack(pg, tmp_path_factory.mktemp("checkout-twins"), replicas=2,
-                          CUTY_HOLD_TTL_SECONDS=2, CUTY_HOLD_MAX_EXTENSION_SECONDS=1,
-                          CUTY_CODE_RESERVATION_TTL_SECONDS=3)
+                          # short enough for the expiry tests, long enough that 24 purchases at
+                          # once on a loaded machine (parallel test workers) pay before it
+                          CUTY_HOLD_TTL_SECONDS=5, CUTY_HOLD_MAX_EXTENSION_SECONDS=1,
+                          CUTY_CODE_RESERVATION_TTL_SECONDS=6)
     yield s
     await s.close()
 
@@ -54,7 +56,7 @@ async def test_unpaid_checkouts_expire_and_give_everything_back(twins):
     waiting = await shop.pay(me, three_ds.id, "pm_card_3ds")
     assert waiting.state == pb.CHECKOUT_STATE_AWAITING_ACTION
     for c in (booked, coded, three_ds):
-        assert (await shop.until(c.id, timeout=15)).state == pb.CHECKOUT_STATE_EXPIRED
+        assert (await shop.until(c.id, timeout=30)).state == pb.CHECKOUT_STATE_EXPIRED
     assert await shop.hold_status(booked.hold_id) in ("released", "expired")
     assert await shop.order_status(coded.id) == "released"
     assert await shop.db["codepool"].fetchval(

@@ -36,7 +36,8 @@ async def test_no_plaintext_in_any_table_or_log(cp_pool, stub, captured_logs, pg
         assert leaks == 0, f"{MARKER} found in {table}.{column}"
         searched += 1
     assert searched >= 20  # the scan covered the code pool's tables, not an empty schema
-    assert await cp_pool.fetchval("SELECT count(*) FROM codes") > 10_000
+    # the folder's earlier files (one worker, file order: tests/conftest.py) left thousands of codes
+    assert await cp_pool.fetchval("SELECT count(*) FROM codes") > 1_000
 
     lines = captured_logs.lines
     assert len(lines) > 100, "log capture saw nothing; the search below would prove nothing"
