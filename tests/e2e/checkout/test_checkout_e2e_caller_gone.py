@@ -67,6 +67,19 @@ async def test_a_pay_held_up_before_the_charge_past_its_deadline_is_never_charge
     assert again.state == pb.CHECKOUT_STATE_HELD
 
 
+async def buy_until_crashed(shop, proc, request, metadata) -> None:
+    """Ask for the one-call checkout with one key, as a buyer's client retries, until the orchestrator
+    process dies at its crash point (each answer an error: the crash, or UNAVAILABLE while it starts);
+    at most 60 s."""
+    async def asking():
+        while proc.proc.poll() is None:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await shop.api().CreateCheckout(request, metadata=metadata, timeout=6.0)
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(asking(), timeout=60)
+
+
 async def _released(shop, hold_id: str) -> bool:
     return await shop.hold_status(hold_id) in ("released", "expired")
 
@@ -86,15 +99,8 @@ async def test_a_one_call_checkout_whose_orchestrator_died_before_the_charge_is_
         # before it listens), as a buyer's client retries.
         key = str(uuid.uuid4())
 
-        async def until_crashed():
-            while proc.proc.poll() is None:
-                with pytest.raises(grpc.aio.AioRpcError):
-                    await shop.api().CreateCheckout(pb.CreateCheckoutRequest(product_id=product, quantity=1,
-                                                                             payment_method="pm_card_ok"),
-                                                    metadata=md(me, key), timeout=6.0)
-                await asyncio.sleep(0.2)
-
-        await asyncio.wait_for(until_crashed(), timeout=60)
+        await buy_until_crashed(shop, proc, pb.CreateCheckoutRequest(product_id=product, quantity=1,
+                                                                      payment_method="pm_card_ok"), md(me, key))
         assert '"crash_point": "charge:before"' in proc.tail(20000)
         row = await shop.db["payments"].fetchrow(
             "SELECT id, state, pay_deadline, extract(epoch FROM pay_deadline - clock_timestamp()) AS left_s "
@@ -139,14 +145,8 @@ async def test_a_one_call_booking_that_crashed_between_its_hold_and_its_charge_r
         proc = stack.procs["payments-0"]
         key = str(uuid.uuid4())
 
-        async def until_crashed():
-            while proc.proc.poll() is None:
-                with pytest.raises(grpc.aio.AioRpcError):
-                    await shop.api().CreateCheckout(pb.CreateCheckoutRequest(slot_id=slot, payment_method="pm_card_ok"),
-                                                    metadata=md(me, key), timeout=6.0)
-                await asyncio.sleep(0.2)
-
-        await asyncio.wait_for(until_crashed(), timeout=60)
+        await buy_until_crashed(shop, proc, pb.CreateCheckoutRequest(slot_id=slot, payment_method="pm_card_ok"),
+                                md(me, key))
         assert f'"crash_point": "{crash_at}"' in proc.tail(20000)
         row = await shop.db["payments"].fetchrow(
             "SELECT id, state, payment_id, pay_deadline, extract(epoch FROM pay_deadline - clock_timestamp()) AS left_s "
