@@ -104,7 +104,7 @@ test-e2e: gen pg-check
 
 # Long soak / chaos variants (the short seeded versions run in `make test`).
 soak: gen pg-check
-	$(PY) -m pytest -q -m slow tests
+	$(PY) -m pytest -q -m slow --timeout=3600 tests
 
 bench: $(BENCHES)
 

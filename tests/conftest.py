@@ -4,10 +4,13 @@ Tests use fresh random ids instead of truncating, so they never depend on each o
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
+import faulthandler
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 
 import asyncpg
@@ -42,6 +45,37 @@ TOGETHER = ("tests/integration/codepool/",)
 
 def _group(path: str) -> str:
     return next((folder for folder in TOGETHER if path.startswith(folder)), path)
+
+
+# Every test runs on the session's one event loop (pyproject: asyncio loop scopes). A task a test
+# left running is cancelled when the session ends, and asyncio waits for it without a bound: one
+# that does not end hangs the whole run after its last test. The session ends them itself, waits
+# this long, names each one it found, and ends the worker (its last test fails) instead of hanging.
+LEFTOVER_TASKS_SECONDS = 30
+
+
+@pytest_asyncio.fixture(scope="session", autouse=True)
+async def _no_task_outlives_the_session():
+    yield
+    me = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    if not left:
+        return
+    for task in left:
+        task.cancel()
+    _, pending = await asyncio.wait(left, timeout=LEFTOVER_TASKS_SECONDS)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    lines = [f"[{worker}] {len(left)} task(s) still running after the last test, {len(pending)} of them "
+             f"still running {LEFTOVER_TASKS_SECONDS} s after being cancelled:"]
+    for task in left:
+        frames = task.get_stack(limit=3)
+        where = " <- ".join(f"{f.f_code.co_name} ({f.f_code.co_filename.rsplit('/', 2)[-1]}:{f.f_lineno})"
+                            for f in reversed(frames))
+        lines.append(f"  {'STUCK ' if task in pending else ''}{task.get_name()}: {task.get_coro()!r} at {where}")
+    print("\n".join(lines), file=sys.__stderr__, flush=True)
+    if pending:
+        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
+        os._exit(70)
 
 
 SERVICE_DATABASES = ("booking", "codepool", "payments")
