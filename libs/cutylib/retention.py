@@ -95,11 +95,16 @@ class Move:
     after_days: float
 
 
-def move(name: str, function: str, default_after_days: float) -> Move:
-    """`name`'s mover with its age from CUTY_<NAME>_MOVE_AFTER_DAYS (default `default_after_days`)."""
-    days = env_float(f"CUTY_{name.upper()}_MOVE_AFTER_DAYS", default_after_days)
+def move(name: str, function: str, default_after_days: float, *, at_least_days: float = 0) -> Move:
+    """`name`'s mover with its age from CUTY_<NAME>_MOVE_AFTER_DAYS (default `default_after_days`).
+    `at_least_days`: the shortest age the live table's writers allow (how long a finished row may
+    still change), refused below it."""
+    var = f"CUTY_{name.upper()}_MOVE_AFTER_DAYS"
+    days = env_float(var, default_after_days)
     if days < 0:
-        raise ValueError(f"CUTY_{name.upper()}_MOVE_AFTER_DAYS must be >= 0")
+        raise ValueError(f"{var} must be >= 0")
+    if days < at_least_days:
+        raise ValueError(f"{var} must be at least {at_least_days:g} days, how long its finished rows may still change")
     if not function.isidentifier():
         raise ValueError(f"{function!r} is not a function name")
     return Move(name, function, days)
@@ -176,7 +181,7 @@ class Retention:
                 await self.pool.execute("SELECT cuty_partition_drop($1, $2)", t.name, name)
                 done.dropped.append(name)
         if done.created or done.dropped or any(done.moved.values()):
-            log.info("retention round", extra={"created": done.created, "dropped": done.dropped, "moved": done.moved,
+            log.info("retention round", extra={"partitions_created": done.created, "dropped": done.dropped, "moved": done.moved,
                                                "archived": [str(p) for p in done.archived]})
         return done
 
