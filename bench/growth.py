@@ -621,6 +621,12 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
                                                ROUND_PRODUCTS))
         plans.append(await explain_rolled_back(conn, f"[{name}] reservation sweeper", repository.CLAIM_EXPIRED,
                                                SWEEP_BATCH))
+        plans.append(await explain_rolled_back(
+            conn, f"[{name}] orders mover, a batch (nothing finished 90 days ago left)",
+            "SELECT reservations_move($1, clock_timestamp() - interval '90 days')", MOVE_BATCH))
+        plans.append(await explain_rolled_back(
+            conn, f"[{name}] orders mover, a batch of the orders finished since (rolled back)",
+            "SELECT reservations_move($1, clock_timestamp())", MOVE_BATCH))
     finally:
         await conn.close()
     return plans
@@ -717,7 +723,8 @@ async def db_sizes(dsns: dict[str, str]) -> dict:
 
 
 # The retention movers (cutylib.retention): service, move function, its age in days.
-MOVERS = (("booking", "holds_move", 7), ("payments", "merchant_events_move", 30))
+MOVERS = (("booking", "holds_move", 7), ("payments", "merchant_events_move", 30),
+          ("codepool", "reservations_move", 90))
 MOVE_BATCH = retention.MOVE_BATCH
 
 
