@@ -298,6 +298,19 @@ async def test_the_movers_statements_walk_partial_indexes_whatever_the_table(db)
                                             "payment_transactions_by_order", "reservations_history")):
             plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql))
             assert index in plan and "Sort" not in plan and "Seq Scan" not in plan, plan
+        # The readers of both: the digest's page merges the two digest indexes in key order; a code's
+        # orders and an order's deliveries are index probes on each side (a partition's copy of the
+        # history's index is named after its columns).
+        now = dt.datetime.now(dt.timezone.utc)
+        for sql, args, indexes in (
+                (digest.ORDERS, (now - dt.timedelta(hours=1), now, None, None, 1001),
+                 ("reservations_digest", "reservations_history_legacy_reserved_at_order_id_idx", "Merge Append")),
+                (incident.DELIVERIES, ("m", uuid.uuid4(), 500),
+                 ("deliveries_by_code", "deliveries_history_legacy_merchant_id_code_id_idx")),
+                (incident.ORDER_CODES, ("m", "o", 51),
+                 ("deliveries_by_order", "deliveries_history_legacy_merchant_id_order_id_idx"))):
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *args))
+            assert all(i in plan for i in indexes) and "Seq Scan" not in plan, plan
 
 
 def test_the_retention_settings_are_refused_below_their_minimums(monkeypatch):
