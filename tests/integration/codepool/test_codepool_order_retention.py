@@ -286,6 +286,12 @@ MOVER_PICKS = (
     "ORDER BY r.released_at LIMIT 500 FOR UPDATE OF r SKIP LOCKED",
     "SELECT * FROM payment_transactions WHERE merchant_id = 'm' AND order_id = 'o'",
     "SELECT * FROM reservations_history WHERE order_id = 'o'",
+    # reservations_move's own statements: the picked orders' children by order, the orders by row id
+    "DELETE FROM deliveries d USING unnest('{m}'::text[], '{o}'::text[]) o (merchant_id, order_id) "
+    "WHERE d.merchant_id = o.merchant_id AND d.order_id = o.order_id",
+    "DELETE FROM payment_transactions t USING unnest('{m}'::text[], '{o}'::text[]) o (merchant_id, order_id) "
+    "WHERE t.merchant_id = o.merchant_id AND t.order_id = o.order_id",
+    "DELETE FROM reservations r WHERE r.ctid = ANY ('{\"(0,1)\"}'::tid[])",
 )
 
 
@@ -295,7 +301,8 @@ async def test_the_movers_statements_walk_partial_indexes_whatever_the_table(db)
     async with db.admin.acquire() as conn:
         await conn.execute("SET enable_seqscan = off")
         for sql, index in zip(MOVER_PICKS, ("reservations_delivered", "reservations_released",
-                                            "payment_transactions_by_order", "reservations_history")):
+                                            "payment_transactions_by_order", "reservations_history",
+                                            "deliveries_by_order", "payment_transactions_by_order", "Tid Scan")):
             plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql))
             assert index in plan and "Sort" not in plan and "Seq Scan" not in plan, plan
         # The readers of both: the digest's page merges the two digest indexes in key order; a code's
