@@ -200,7 +200,7 @@ class ReservationService:
                 if counts["deliveries"] != counts["codes"] or counts["reservations"] != 1:
                     raise InvariantBroken(f"order {order_id}: released {dict(counts)}")
             # a released order that moved into the history answers as it was
-            row = await repo.get_moved(order_id) if "moved_at" in res.keys() else await repo.get(order_id)
+            row = res if "moved_at" in res.keys() else await repo.get(order_id)
             await uow.commit()
         return ReservationView.from_row(row, row["code_ids"])
 
