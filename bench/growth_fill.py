@@ -159,6 +159,12 @@ SELECT 'merchant-test', 'big-' || g, 'big-' || g || '/1', $3, 'cust-' || (g % {C
        'delivered', clock_timestamp(), clock_timestamp()
 FROM generate_series($1::bigint, $2::bigint) g
 """
+# Each delivered order's payment callback (DeliverCodes' transaction id), as the service records it.
+FILL_PAYMENT_TRANSACTIONS = """
+INSERT INTO payment_transactions (merchant_id, transaction_id, order_id, outcome, created_at)
+SELECT 'merchant-test', 'tx-big-' || g, 'big-' || g, 'delivered', clock_timestamp()
+FROM generate_series($1::bigint, $2::bigint) g
+"""
 FILL_AUDIT = f"""
 INSERT INTO audit_log (at, actor, action, product_id, order_id, code_ids, merchant_id)
 SELECT clock_timestamp() - interval '365 days' * (1 - g::float8 / $4), 'cust-' || (g % {CUSTOMERS}), 'deliver', $3,
@@ -194,6 +200,7 @@ async def fill_codepool(dsn: str, scale: float, big_product: uuid.UUID, year_ago
         await chunks(conn, "big product's codes", big, FILL_BIG_CODES, big_product, batch, delivered, big)
         await chunks(conn, "reservations", delivered, FILL_RESERVATIONS, big_product)
         await chunks(conn, "deliveries", delivered, FILL_DELIVERIES, big_product)
+        await chunks(conn, "payment transactions", delivered, FILL_PAYMENT_TRANSACTIONS)
         await chunks(conn, "audit entries", delivered, FILL_AUDIT, big_product, delivered)
         await chunks(conn, "shops' codes", per_shop * SHOPS, FILL_SHOP_CODES, year_ago)
         # Triggers were off: the counters are set from the codes once, as the counters' migration does.

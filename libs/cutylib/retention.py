@@ -89,20 +89,28 @@ def table(name: str, default_days: int, setting: str | None = None, *, width_day
 @dataclass(frozen=True)
 class Move:
     """Finished rows of a live table moved into its history by `function(batch, finished_before)`
-    once finished more than `after_days` ago."""
+    once finished more than `after_days` ago; `batch`, when set, caps the job's batch for this mover
+    (a mover whose unit brings several rows of other tables along takes fewer units a transaction)."""
     name: str
     function: str
     after_days: float
+    batch: int | None = None
 
 
-def move(name: str, function: str, default_after_days: float) -> Move:
-    """`name`'s mover with its age from CUTY_<NAME>_MOVE_AFTER_DAYS (default `default_after_days`)."""
-    days = env_float(f"CUTY_{name.upper()}_MOVE_AFTER_DAYS", default_after_days)
+def move(name: str, function: str, default_after_days: float, *, at_least_days: float = 0,
+         batch: int | None = None) -> Move:
+    """`name`'s mover with its age from CUTY_<NAME>_MOVE_AFTER_DAYS (default `default_after_days`).
+    `at_least_days`: the shortest age the live table's writers allow (how long a finished row may
+    still change), refused below it."""
+    var = f"CUTY_{name.upper()}_MOVE_AFTER_DAYS"
+    days = env_float(var, default_after_days)
     if days < 0:
-        raise ValueError(f"CUTY_{name.upper()}_MOVE_AFTER_DAYS must be >= 0")
+        raise ValueError(f"{var} must be >= 0")
+    if days < at_least_days:
+        raise ValueError(f"{var} must be at least {at_least_days:g} days, how long its finished rows may still change")
     if not function.isidentifier():
         raise ValueError(f"{function!r} is not a function name")
-    return Move(name, function, days)
+    return Move(name, function, days, batch)
 
 
 def archive_dir() -> pathlib.Path | None:
@@ -140,13 +148,14 @@ class Retention:
 
     async def move(self, m: Move) -> int:
         """Moves `m`'s finished rows in batches until a batch comes back short or the round's limit."""
-        moved = 0
+        moved, batch = 0, min(self.batch, m.batch or self.batch)
         while moved < self.limit:
+            size = min(batch, self.limit - moved)
             n = await self.pool.fetchval(
                 f"SELECT {m.function}($1, clock_timestamp() - make_interval(secs => $2))",
-                min(self.batch, self.limit - moved), m.after_days * 86400.0)
+                size, m.after_days * 86400.0)
             moved += n
-            if n < self.batch:
+            if n < size:
                 break
         return moved
 
@@ -176,7 +185,7 @@ class Retention:
                 await self.pool.execute("SELECT cuty_partition_drop($1, $2)", t.name, name)
                 done.dropped.append(name)
         if done.created or done.dropped or any(done.moved.values()):
-            log.info("retention round", extra={"created": done.created, "dropped": done.dropped, "moved": done.moved,
+            log.info("retention round", extra={"partitions_created": done.created, "dropped": done.dropped, "moved": done.moved,
                                                "archived": [str(p) for p in done.archived]})
         return done
 

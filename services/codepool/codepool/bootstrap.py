@@ -31,10 +31,37 @@ SERVICE = codepool_pb2.DESCRIPTOR.services_by_name["CodePoolService"]
 CLAIM_SERVICE = claims_pb2.DESCRIPTOR.services_by_name["CodeClaimService"]
 # How long audit entries are kept (CUTY_AUDIT_LOG_RETENTION_DAYS; 0: forever): two years.
 AUDIT_LOG_RETENTION_DAYS = 730
+# A finished order (delivered or released) moves into the order history this long after it finished
+# (CUTY_RESERVATIONS_MOVE_AFTER_DAYS). Its codes may be claimed while it is live, so this is the claims
+# window: refused below CLAIM_WINDOW_MIN_DAYS.
+ORDERS_MOVE_AFTER_DAYS = 90
+CLAIM_WINDOW_MIN_DAYS = 30
+# The order history is kept this long after the move (CUTY_CODEPOOL_HISTORY_RETENTION_DAYS; 0:
+# forever): two years, like the audit trail that names the same orders; refused below
+# HISTORY_MIN_DAYS, the payment timeline's default retention (a year and a chargeback window), which
+# a chargeback's evidence joins with the order's codes.
+ORDER_HISTORY_RETENTION_DAYS = 730
+HISTORY_MIN_DAYS = 400
+ORDER_HISTORIES = ("reservations_history", "deliveries_history", "payment_transactions_history")
+# Orders a mover transaction: each brings its deliveries and payment transaction along, and the
+# deliveries' and payment transactions' foreign keys are checked per order as it leaves, so an order
+# costs about three of another mover's rows: 200 keeps a batch near theirs of 500 (`make bench-growth`).
+ORDERS_MOVE_BATCH = 200
 
 RECORD_HASH_KEY = """
 INSERT INTO hash_key_check (fingerprint) VALUES ($1) ON CONFLICT (singleton) DO NOTHING
 """
+
+
+def codepool_retention(pool: asyncpg.Pool) -> Retention:
+    """The code pool's retention job (docs/codepool.md, "Retention"): the audit log's partitions, and
+    finished orders moved into the order history, whose partitions leave past its retention."""
+    tables = [retention.table("audit_log", AUDIT_LOG_RETENTION_DAYS)] + [
+        retention.table(t, ORDER_HISTORY_RETENTION_DAYS, "codepool_history", at_least_days=HISTORY_MIN_DAYS)
+        for t in ORDER_HISTORIES]
+    return Retention(pool, tables, retention.archive_dir(),
+                     [retention.move("reservations", "reservations_move", ORDERS_MOVE_AFTER_DAYS,
+                                     at_least_days=CLAIM_WINDOW_MIN_DAYS, batch=ORDERS_MOVE_BATCH)])
 
 
 async def create_codepool_pool(dsn: str, settings: Settings, **overrides) -> asyncpg.Pool:
@@ -93,9 +120,9 @@ async def create_server(settings: Settings, pool: asyncpg.Pool, *, port: int = 0
     # advisory lock, elects it: in Kubernetes the pool goes through PgBouncer in transaction mode.
     server.add_background(lambda: refresh_periodically(lambda: metrics.REGISTRY.refresh_stock(pool),
                                                        leader=LeaseLeader(pool, "codepool"), metrics=metrics.REGISTRY))
-    # The audit log's partitions: made ahead, detached (and archived) past its retention.
-    server.add_background(Retention(pool, [retention.table("audit_log", AUDIT_LOG_RETENTION_DAYS)],
-                                    retention.archive_dir()).run)
+    # The audit log's and the order history's partitions: made ahead, detached (and archived) past
+    # their retention; finished orders moved into the history first.
+    server.add_background(codepool_retention(pool).run)
     server.sweeper = sweeper  # type: ignore[attr-defined] - tests read its counters
     server.api = api  # type: ignore[attr-defined] - tests drive RPCs no service calls through its use cases
     log.info("code pool wired", extra={"keys": sorted(keyring.keys), "active_key": keyring.active,

@@ -82,7 +82,7 @@ AUDIT_BUYER_READ = """
 INSERT INTO audit_log (merchant_id, actor, action, product_id, order_id, code_ids, details)
 SELECT r.merchant_id, $1, 'read_delivered', r.product_id, r.order_id, $3::uuid[],
        jsonb_build_object('customer_id', $4::text)
-FROM reservations r WHERE r.order_id = $2
+FROM reservations_all r WHERE r.order_id = $2 LIMIT 1
 """
 
 AUDIT_REVEAL = """
@@ -98,12 +98,14 @@ SELECT p.merchant_id, $1, 'operator_read', p.id, $3::uuid[],
 FROM products p WHERE p.id = $2
 """
 
-ORDER_OWNER = "SELECT customer_id, status FROM reservations WHERE order_id = $1"
+# The buyer reads their codes whenever they like, also once the order has moved into the order
+# history (docs/codepool.md, "Retention"): the *_all views hold both, the live row first.
+ORDER_OWNER = "SELECT customer_id, status FROM reservations_all WHERE order_id = $1 LIMIT 1"
 
 DELIVERED_CODES = """
 SELECT c.id, c.product_id, c.key_id, c.nonce, c.ciphertext
-FROM reservations r
-JOIN deliveries d ON d.merchant_id = r.merchant_id AND d.order_id = r.order_id
+FROM reservations_all r
+JOIN deliveries_all d ON d.merchant_id = r.merchant_id AND d.order_id = r.order_id
 JOIN codes c ON c.id = d.code_id
 WHERE r.order_id = $1 AND d.status = 'delivered'
 ORDER BY c.id

@@ -2,7 +2,8 @@
 auditor's digest"): per order reserved in a time window and delivered, how many of its deliveries
 are delivered now, how many were revoked after a claim and how many claims a replacement resolved;
 and every code of those orders that went to more than one order (a code sold twice). One keyset
-page per call, over the partial index reservations_digest (migration 0100)."""
+page per call, over the partial index reservations_digest (migration 0100) and its twin on the
+order history (reservations_history_digest, 0270): orders that moved are audited as the live ones."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,10 +19,10 @@ MAX_WINDOW_SECONDS = 86400.0
 ORDERS = """
 SELECT r.order_id, r.merchant_id, r.product_id, r.quantity, r.payment_transaction_id, r.reserved_at,
        d.delivered, d.revoked, c.replaced
-FROM reservations r
+FROM reservations_all r
 CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE x.status = 'delivered') AS delivered,
                            count(*) FILTER (WHERE x.status = 'revoked') AS revoked
-                    FROM deliveries x WHERE x.merchant_id = r.merchant_id AND x.order_id = r.order_id) d
+                    FROM deliveries_all x WHERE x.merchant_id = r.merchant_id AND x.order_id = r.order_id) d
 CROSS JOIN LATERAL (SELECT count(*) AS replaced FROM code_claims k
                     WHERE k.merchant_id = r.merchant_id AND k.order_id = r.order_id AND k.status = 'replaced') c
 WHERE r.status = 'delivered' AND r.reserved_at >= $1 AND r.reserved_at < $2
@@ -35,10 +36,10 @@ LIMIT $5"""
 DUPLICATES = """
 WITH mine AS (SELECT DISTINCT x.merchant_id, x.code_id
               FROM unnest($1::text[], $2::text[]) AS o (merchant_id, order_id)
-              JOIN deliveries x ON x.merchant_id = o.merchant_id AND x.order_id = o.order_id
+              JOIN deliveries_all x ON x.merchant_id = o.merchant_id AND x.order_id = o.order_id
               WHERE x.status IN ('delivered', 'revoked'))
 SELECT m.merchant_id, m.code_id, array_agg(DISTINCT y.order_id ORDER BY y.order_id) AS order_ids
-FROM mine m JOIN deliveries y ON y.merchant_id = m.merchant_id AND y.code_id = m.code_id
+FROM mine m JOIN deliveries_all y ON y.merchant_id = m.merchant_id AND y.code_id = m.code_id
 WHERE y.status IN ('delivered', 'revoked')
 GROUP BY m.merchant_id, m.code_id
 HAVING count(DISTINCT y.order_id) > 1"""

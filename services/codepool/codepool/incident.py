@@ -50,11 +50,11 @@ FIND_BY_ID = "SELECT id FROM codes WHERE id = $1"
 ORDER = """
 SELECT order_id, order_item_id, merchant_id, product_id, customer_id, quantity, unit_price_minor, currency,
        status, reserved_at, expires_at, delivered_at, released_at, release_reason, payment_transaction_id
-FROM reservations WHERE order_id = $1
+FROM reservations_all WHERE order_id = $1 LIMIT 1
 """
 
 ORDER_CODES = """
-SELECT DISTINCT code_id FROM deliveries WHERE merchant_id = $1 AND order_id = $2 LIMIT $3
+SELECT DISTINCT code_id FROM deliveries_all WHERE merchant_id = $1 AND order_id = $2 LIMIT $3
 """
 
 CODE = """
@@ -68,11 +68,12 @@ LEFT JOIN code_views v ON v.merchant_id = c.merchant_id AND v.code_id = c.id
 WHERE c.id = $1
 """
 
-# Every order the code went to, in the order it went (index deliveries_by_code).
+# Every order the code went to, in the order it went (indexes deliveries_by_code and
+# deliveries_history_by_code: an order that moved into the order history is found there).
 DELIVERIES = """
 SELECT d.order_id, d.order_item_id, d.customer_id, d.status, d.reserved_at, d.delivered_at, d.released_at,
        r.status AS order_status, r.release_reason, r.payment_transaction_id
-FROM deliveries d JOIN reservations r ON r.merchant_id = d.merchant_id AND r.order_id = d.order_id
+FROM deliveries_all d JOIN reservations_all r ON r.merchant_id = d.merchant_id AND r.order_id = d.order_id
 WHERE d.merchant_id = $1 AND d.code_id = $2
 ORDER BY d.id
 LIMIT $3

@@ -56,6 +56,20 @@ LIMIT 1
 
 LOCK_RESERVATION = "SELECT * FROM reservations WHERE order_id = $1 FOR UPDATE"
 
+# An order that finished long ago and moved into the order history (docs/codepool.md, "Retention"),
+# with the codes it held then: read-only, found only where the live table has no such order.
+GET_MOVED = """
+SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries_history d
+             WHERE d.merchant_id = r.merchant_id AND d.order_id = r.order_id AND d.status = r.status
+               AND r.status <> 'released') AS code_ids
+FROM reservations_history r WHERE r.order_id = $1
+"""
+
+# A payment transaction of the merchant, live or moved with its order.
+GET_ANY_TRANSACTION = """
+SELECT order_id, outcome, reason FROM payment_transactions_all WHERE merchant_id = $2 AND transaction_id = $1
+"""
+
 # The product's available codes, from its counter rows (product_stock): what the OutOfStock answer says.
 COUNT_AVAILABLE = """
 SELECT codepool_stock_available(p.merchant_id, p.id) FROM products p WHERE p.id = $1
@@ -185,6 +199,12 @@ class Reservations:
 
     async def find_collision(self, order_id: str, order_item_id: str, product_id: uuid.UUID):
         return await self.conn.fetchrow(FIND_COLLISION, order_id, order_item_id, product_id)
+
+    async def get_moved(self, order_id: str):
+        return await self.conn.fetchrow(GET_MOVED, order_id)
+
+    async def get_any_transaction(self, transaction_id: str, merchant_id: str):
+        return await self.conn.fetchrow(GET_ANY_TRANSACTION, transaction_id, merchant_id)
 
     async def lock(self, order_id: str):
         return await self.conn.fetchrow(LOCK_RESERVATION, order_id)

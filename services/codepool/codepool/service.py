@@ -105,7 +105,7 @@ class ReservationService:
             # lock before anything else, so they serialise and never deadlock.
             res = await repo.lock(order_id)
             if res is None:
-                raise NotFound(f"no reservation for order {order_id}")
+                return await self._deliver_moved(repo, order_id, transaction_id)
             if not await repo.claim_transaction(transaction_id, order_id):
                 return await self._replay_transaction(repo, res, transaction_id)
             if res["status"] == DELIVERED:
@@ -153,16 +153,35 @@ class ReservationService:
                 f"for the {res['quantity']} ordered", reason="reservation-lost")
         return None
 
-    async def _replay_transaction(self, repo: Reservations, res, transaction_id: str) -> ReservationView:
+    async def _deliver_moved(self, repo: Reservations, order_id: str, transaction_id: str) -> ReservationView:
+        """DeliverCodes of an order that finished long ago and moved into the order history (or of
+        none): answered as the live order would have answered, writing nothing (a moved order is
+        read-only). A replay of its transaction gets the delivery or the same refusal; another
+        payment is refused like one for a finished live order."""
+        moved = await repo.get_moved(order_id)
+        if moved is None:
+            raise NotFound(f"no reservation for order {order_id}")
+        if await repo.get_any_transaction(transaction_id, moved["merchant_id"]) is not None:
+            return await self._replay_transaction(repo, moved, transaction_id, row=moved)
+        if moved["status"] == DELIVERED:
+            raise FailedPrecondition(
+                f"order {order_id} was already delivered under payment transaction {moved['payment_transaction_id']}",
+                reason="order-already-delivered")
+        raise FailedPrecondition(f"reservation of order {order_id} lapsed long ago (moved into the order history)",
+                                 reason="reservation-lost")
+
+    async def _replay_transaction(self, repo: Reservations, res, transaction_id: str, *,
+                                  row=None) -> ReservationView:
         order_id = res["order_id"]
-        stored = await repo.get_transaction(transaction_id, res["merchant_id"])
+        find = repo.get_transaction if row is None else repo.get_any_transaction
+        stored = await find(transaction_id, res["merchant_id"])
         if stored["order_id"] != order_id:
             raise FailedPrecondition(f"payment transaction {transaction_id} belongs to order {stored['order_id']}",
                                      reason="transaction-order-mismatch")
         if stored["outcome"] == "rejected":
             raise FailedPrecondition(f"payment transaction {transaction_id} was refused for order {order_id}: "
                                      f"{stored['reason']}", reason=stored["reason"])
-        row = await repo.get(order_id)
+        row = row or await repo.get(order_id)
         return ReservationView.from_row(row, row["code_ids"])
 
     async def release(self, order_id: str, actor: str) -> ReservationView:
@@ -170,7 +189,7 @@ class ReservationService:
         set_span_attributes(order_id=order_id)
         async with UnitOfWork(self.pool) as uow:
             repo = Reservations(uow.conn)
-            res = await repo.lock(order_id)
+            res = await repo.lock(order_id) or await repo.get_moved(order_id)
             if res is None:
                 raise NotFound(f"no reservation for order {order_id}")
             if res["status"] == DELIVERED:
@@ -180,7 +199,8 @@ class ReservationService:
                 counts = await repo.release([order_id], "released", actor)
                 if counts["deliveries"] != counts["codes"] or counts["reservations"] != 1:
                     raise InvariantBroken(f"order {order_id}: released {dict(counts)}")
-            row = await repo.get(order_id)
+            # a released order that moved into the history answers as it was
+            row = res if "moved_at" in res.keys() else await repo.get(order_id)
             await uow.commit()
         return ReservationView.from_row(row, row["code_ids"])
 

@@ -146,8 +146,13 @@ async def test_reservation_and_delivery_transitions_and_history(stub, cp_pool):
                 "UPDATE deliveries SET status = 'reserved' WHERE order_id = $1"):
         with pytest.raises(asyncpg.CheckViolationError):
             await cp_pool.execute(sql, res.order_id)
+    # A row leaves only by moving into the order history (reservations_move): the delete guards
+    # refuse the rest (a reservation's deliveries' foreign key refuses it first, while they stay).
     for sql in ("DELETE FROM deliveries WHERE order_id = $1", "DELETE FROM reservations WHERE order_id = $1",
                 "DELETE FROM payment_transactions WHERE order_id = $1"):
+        with pytest.raises((asyncpg.InsufficientPrivilegeError, asyncpg.ForeignKeyViolationError)):
+            await cp_pool.execute(sql, res.order_id)
+    for sql in ("DELETE FROM deliveries WHERE order_id = $1", "DELETE FROM payment_transactions WHERE order_id = $1"):
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await cp_pool.execute(sql, res.order_id)
 

@@ -21,6 +21,8 @@ from codepool_testkit import ADMIN, STAFF, make_codes, reserve_request, stocked_
 # the catalogue agrees (a new table with merchant_id must be added here and declared with cuty_tenant_table).
 MERCHANT_TABLES = ("products", "supplier_batches", "codes", "reservations", "deliveries", "payment_transactions",
                    "code_views", "audit_log", "stock_events", "product_stock", "code_claims", "stock_summary")
+# Where finished orders move (test_codepool_order_retention.py fills and reads them per merchant).
+HISTORY_TABLES = ("reservations_history", "deliveries_history", "payment_transactions_history")
 OPERATOR = user("op-1", "operator")
 
 
@@ -296,7 +298,7 @@ async def test_every_merchant_table_has_forced_rls_and_a_policy(cp_pool):
         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
           AND EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'merchant_id'
                       AND NOT a.attisdropped)""")
-    assert sorted(r["relname"] for r in rows) == sorted(MERCHANT_TABLES)
+    assert sorted(r["relname"] for r in rows) == sorted(MERCHANT_TABLES + HISTORY_TABLES)
     for r in rows:
         assert r["relrowsecurity"] and r["relforcerowsecurity"] and r["has_policy"], dict(r)
     # The audit log's partitions too: the role may name one directly.
@@ -312,7 +314,7 @@ async def test_every_row_names_its_merchant_there_is_no_default(cp_pool):
         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND a.attname = 'merchant_id'
           AND NOT a.attisdropped""")
     not_null_no_default = {r["relname"]: (r["attnotnull"], r["atthasdef"]) for r in rows}
-    assert not_null_no_default == {t: (True, False) for t in MERCHANT_TABLES}
+    assert not_null_no_default == {t: (True, False) for t in MERCHANT_TABLES + HISTORY_TABLES}
     with pytest.raises(asyncpg.NotNullViolationError):
         await cp_pool.execute("INSERT INTO products (id, sku, name, price_minor, currency) "
                               "VALUES ($1, $2, 'New', 1, 'TRY')", uuid.uuid4(), "sku-" + new_id()[:12])

@@ -2,7 +2,9 @@
 --   * a replay (the claim id, derived from the caller's Idempotency-Key, exists) returns the stored
 --     claim unchanged; the caller compares it with its request;
 --   * the code must be delivered to the order now (not revoked, not another order's), and, when
---     given, to that customer (a buyer) or of that merchant (staff): else no row (NOT_FOUND);
+--     given, to that customer (a buyer) or of that merchant (staff): else no row (NOT_FOUND); the
+--     order must be live (an order moved into the history, past the claims window, has no live
+--     delivery);
 --   * at most one unresolved claim per code: the partial unique index code_claims_one_open_per_code
 --     decides; a second one raises CP010;
 --   * audited (claim_open) and the merchant's `code.claimed` written in the same transaction;
@@ -28,7 +30,10 @@ BEGIN
       JOIN codes co ON co.merchant_id = dl.merchant_id AND co.product_id = dl.product_id AND co.id = dl.code_id
      WHERE r.order_id = p_order_id AND dl.code_id = p_code_id AND dl.status = 'delivered'
        AND (p_customer_id IS NULL OR r.customer_id = p_customer_id)
-       AND (p_merchant_id IS NULL OR r.merchant_id = p_merchant_id);
+       AND (p_merchant_id IS NULL OR r.merchant_id = p_merchant_id)
+       -- the order stays live until the claim commits: the mover skips a reservation held key-share,
+       -- and an order the mover took meanwhile is gone when the lock is granted (no row: NOT_FOUND)
+       FOR KEY SHARE OF r;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
