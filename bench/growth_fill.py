@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import pathlib
 import time
 import uuid
 
 import asyncpg
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 CHUNK = 250_000
 CHAIRS = 5_500  # chairs 0-499: merchant-test; 500 + 5 (m - 1) .. + 4: shop-m
@@ -48,6 +51,57 @@ def sizes(scale: float) -> dict[str, int]:
 async def replica(conn: asyncpg.Connection) -> None:
     await conn.execute("SET session_replication_role = replica")
     await conn.execute("SET statement_timeout = 0")  # the databases' 60 s is for the services' statements
+
+
+# What the fill drops before it writes the tables and builds again after, from the definitions
+# PostgreSQL gives (pg_get_indexdef, pg_get_constraintdef): the plain indexes, the primary keys, the
+# unique and exclusion constraints of those tables, and the foreign keys from or to them. Each index
+# is then one sorted build instead of a random insertion per row, and PostgreSQL itself checks every
+# row again when the constraints come back (each foreign key by one anti-join, each unique or
+# exclusion constraint as its index is built): a fill that broke one fails there. A partitioned
+# table's are taken at the parent (dropped and built for every partition at once).
+PLAIN_INDEXES = """
+SELECT i.indexrelid::regclass::text AS name, pg_get_indexdef(i.indexrelid) AS def
+FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid
+WHERE t.relnamespace = 'public'::regnamespace AND t.relname = ANY($1::text[])
+  AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid)
+  AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
+ORDER BY 1
+"""
+CONSTRAINTS = """
+SELECT k.conname, k.conrelid::regclass::text AS tbl, k.contype = 'f' AS fk, pg_get_constraintdef(k.oid) AS def
+FROM pg_constraint k
+WHERE k.connamespace = 'public'::regnamespace AND k.conparentid = 0 AND k.contype IN ('p', 'u', 'x', 'f')
+  AND (k.conrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace
+                                                 AND relname = ANY($1::text[]))
+       OR (k.contype = 'f' AND k.confrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace
+                                                                           AND relname = ANY($1::text[]))))
+ORDER BY k.contype = 'f' DESC, 1
+"""
+
+
+async def drop_indexes(conn: asyncpg.Connection, tables: list[str]) -> list[str]:
+    """Drops the indexes and constraints of `tables` (above); returns the statements that build them
+    again, for `build_indexes`: the indexes and keys first, the foreign keys last."""
+    later = []
+    for r in await conn.fetch(PLAIN_INDEXES, tables):
+        await conn.execute(f"DROP INDEX {r['name']}")
+        later.append(r["def"])
+    constraints = await conn.fetch(CONSTRAINTS, tables)
+    for r in constraints:  # the foreign keys first: a key they reference cannot go before them
+        await conn.execute(f"ALTER TABLE {r['tbl']} DROP CONSTRAINT {r['conname']}")
+    later += [f"ALTER TABLE {r['tbl']} ADD CONSTRAINT {r['conname']} {r['def']}"
+              for r in sorted(constraints, key=lambda r: r["fk"])]
+    return later
+
+
+async def build_indexes(conn: asyncpg.Connection, what: str, statements: list[str]) -> None:
+    t0 = time.perf_counter()
+    await conn.execute("SET maintenance_work_mem = '256MB'")
+    for d in statements:
+        await conn.execute(d)
+    print(f"  {what}: {len(statements)} indexes and constraints built and checked "
+          f"({time.perf_counter() - t0:.0f}s)", flush=True)
 
 
 async def chunks(conn: asyncpg.Connection, what: str, total: int, sql: str, *args) -> None:
@@ -88,16 +142,52 @@ SELECT md5('slot' || g)::uuid, md5('salon-' || t.m)::uuid, md5('res' || a.r)::uu
        75000, 'TRY', t.s - interval '30 days', t.m
 {HOLD_TIMES}
 """
-FILL_HOLDS = f"""
-INSERT INTO holds (id, slot_id, salon_id, resource_id, customer_id, request_id, status, start_time, end_time,
-                   price_minor, currency, expires_at, payment_ref, created_at, updated_at, merchant_id)
+# The columns of a hold, and when it finished (released and expired holds at their last change,
+# confirmed ones at their end): what the retention job's mover goes by.
+HOLD_ROW = f"""
 SELECT md5('hold' || g)::uuid, md5('slot' || g)::uuid, md5('salon-' || t.m)::uuid, md5('res' || a.r)::uuid,
        'cust-' || (g % {CUSTOMERS}), 'req-' || g, st.status, t.s, t.s + interval '1 hour', 75000, 'TRY',
        t.s - interval '1 day' + interval '10 minutes', CASE WHEN st.status = 'confirmed' THEN 'pay-' || g END,
-       t.s - interval '1 day', t.s - interval '1 day' + interval '1 minute', t.m
+       t.s - interval '1 day', t.s - interval '1 day' + interval '1 minute', t.m{{extra}}
 {HOLD_TIMES},
-     LATERAL (SELECT CASE g % 20 WHEN 0 THEN 'expired' WHEN 1 THEN 'released' ELSE 'confirmed' END AS status) st
+     LATERAL (SELECT CASE g % 20 WHEN 0 THEN 'expired' WHEN 1 THEN 'released' ELSE 'confirmed' END AS status) st,
+     LATERAL (SELECT CASE WHEN st.status = 'confirmed' THEN t.s + interval '1 hour'
+                          ELSE t.s - interval '1 day' + interval '1 minute' END AS finished) f
 """
+HOLD_COLUMNS = """id, slot_id, salon_id, resource_id, customer_id, request_id, status, start_time, end_time,
+                  price_minor, currency, expires_at, payment_ref, created_at, updated_at, merchant_id"""
+# The holds that finished since $5 are live; the older ones are in the history, moved a week after
+# they finished as the retention job's mover moves them (its own batches move what is between).
+FILL_HOLDS = f"""
+INSERT INTO holds ({HOLD_COLUMNS})
+{HOLD_ROW.format(extra="")}
+WHERE f.finished >= $5
+"""
+FILL_HOLDS_HISTORY = f"""
+INSERT INTO holds_history ({HOLD_COLUMNS}, during, moved_at)
+{HOLD_ROW.format(extra=", booking_blocked_range(t.s, t.s + interval '1 hour', 0, 0), f.finished + interval '7 days'")}
+WHERE f.finished < $5
+"""
+# The holds of the last LIVE_HOLD_DAYS stay live: those of its first days are the mover's to move.
+LIVE_HOLD_DAYS = 30
+
+
+ZONE_CHECK = ROOT / "services" / "booking" / "migrations" / "functions" / "booking_is_iana_zone.sql"
+
+
+async def salons(conn: asyncpg.Connection, year_ago) -> None:
+    """The salons, all in one zone. Their CHECK looks the zone up in pg_timezone_names, which reads
+    the whole zone database (tens of ms a row here): the zone is looked up once, and while the salons
+    are written the check's function answers that one zone without the lookup (every other zone as
+    before); the function's own file is applied again after."""
+    assert await conn.fetchval("SELECT booking_is_iana_zone('Europe/Istanbul')")
+    await conn.execute("CREATE OR REPLACE FUNCTION booking_is_iana_zone(tz text) RETURNS boolean LANGUAGE sql "
+                       "STABLE AS $$ SELECT tz = 'Europe/Istanbul' OR (tz NOT IN ('localtime', 'posixrules', "
+                       "'Factory') AND EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = tz)) $$")
+    try:
+        await conn.execute(FILL_SALONS, year_ago)
+    finally:
+        await conn.execute(ZONE_CHECK.read_text())
 
 
 async def fill_booking(dsn: str, scale: float, year_ago) -> dict:
@@ -106,10 +196,14 @@ async def fill_booking(dsn: str, scale: float, year_ago) -> dict:
     conn = await asyncpg.connect(dsn)
     try:
         await replica(conn)
-        await conn.execute(FILL_SALONS, year_ago)
+        await salons(conn, year_ago)
         await conn.execute(FILL_CHAIRS, year_ago)
+        later = await drop_indexes(conn, ["slots", "holds", "holds_history"])
         await chunks(conn, "slots", n, FILL_SLOTS, year_ago, step)
-        await chunks(conn, "holds", n, FILL_HOLDS, year_ago, step)
+        live_since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=LIVE_HOLD_DAYS)
+        await chunks(conn, "holds", n, FILL_HOLDS, year_ago, step, live_since)
+        await chunks(conn, "holds' history", n, FILL_HOLDS_HISTORY, year_ago, step, live_since)
+        await build_indexes(conn, "booking", later)
     finally:
         await conn.close()
     return {"holds": n, "slots": n, "hours_between_a_chairs_holds": step}
@@ -191,11 +285,13 @@ async def fill_codepool(dsn: str, scale: float, big_product: uuid.UUID, year_ago
                            batch, big_product, big, os.urandom(32))
         await conn.execute(FILL_SHOP_PRODUCTS, year_ago)
         await conn.execute(FILL_SHOP_BATCHES, per_shop)
+        later = await drop_indexes(conn, ["codes", "reservations", "deliveries", "audit_log"])
         await chunks(conn, "big product's codes", big, FILL_BIG_CODES, big_product, batch, delivered, big)
         await chunks(conn, "reservations", delivered, FILL_RESERVATIONS, big_product)
         await chunks(conn, "deliveries", delivered, FILL_DELIVERIES, big_product)
         await chunks(conn, "audit entries", delivered, FILL_AUDIT, big_product, delivered)
         await chunks(conn, "shops' codes", per_shop * SHOPS, FILL_SHOP_CODES, year_ago)
+        await build_indexes(conn, "code pool", later)
         # Triggers were off: the counters are set from the codes once, as the counters' migration does.
         await conn.execute(RECOUNT)
         await conn.execute("UPDATE products SET stock_low = false")
@@ -318,6 +414,8 @@ async def fill_payments(dsn: str, scale: float, big_product: uuid.UUID, year_ago
     conn = await asyncpg.connect(dsn)
     try:
         await replica(conn)
+        later = await drop_indexes(conn, ["checkouts", "payments", "payment_events", "merchant_events",
+                                          "webhook_deliveries", "checkout_idempotency_keys", "psp_events"])
         await chunks(conn, "checkouts", n, FILL_CHECKOUTS, year_ago, n, big_product)
         await chunks(conn, "payments", n, FILL_PAYMENTS, year_ago, n, big_product)
         await chunks(conn, "payment events (x4)", n, FILL_EVENTS, year_ago, n, big_product)
@@ -327,6 +425,7 @@ async def fill_payments(dsn: str, scale: float, big_product: uuid.UUID, year_ago
         await chunks(conn, f"idempotency keys ({KEY_DAYS} days)", keys, FILL_KEYS,
                      day_ago - dt.timedelta(days=KEY_DAYS - 1), per_day)
         await conn.execute(FILL_PSP_EVENTS, day_ago - dt.timedelta(days=PSP_EVENT_DAYS - 1))
+        await build_indexes(conn, "payments", later)
         counts = await conn.fetchrow(
             "SELECT (SELECT count(*) FROM payment_events) AS payment_events, "
             "(SELECT count(*) FROM merchant_events) AS merchant_events, "
