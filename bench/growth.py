@@ -30,7 +30,8 @@ BENCH_GROWTH_FAST=1 is a quick try (scale 0.005, one short round).
 
 Before measuring, the retention movers (cutylib.retention; MOVERS) drain the grown databases as a
 year of the retention job would have left them: finished holds and outbound events in their
-time-partitioned histories, each batch timed (a periodic statement). The stacks run the retention
+time-partitioned histories, each batch timed (a periodic statement). The fill already put the
+holds that finished over 30 days ago in their history, so the holds mover moves the last weeks'. The stacks run the retention
 job every 5 s, so its rounds are among the periodic statements.
 
 At the end, one PASS/FAIL line per target and figure (`targets`): merchant reads p99 <= 50 ms
