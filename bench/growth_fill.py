@@ -34,7 +34,6 @@ How it is fast (scale 0.1 in under 2 minutes on a shared 2-core machine, against
 - the salons' zone CHECK looks each row's zone up in pg_timezone_names (tens of ms a row): the one
   zone is looked up once and the check answers it from that while the salons are written (`salons`).
 """
-"""
 from __future__ import annotations
 
 import datetime as dt
