@@ -11,7 +11,9 @@ At scale 1.0 (the sizes a year of sales gives):
   finished 7-30 days ago);
 - 5,000,000 checkouts (half bookings of those holds, half code purchases; 90 % COMPLETED, 6 %
   EXPIRED, 3 % FAILED, 1 % REFUNDED), each with its payment and 4 payment events (20,000,000),
-  a merchant event for every fifth COMPLETED one (900,000) and its webhook delivery;
+  a merchant event for every fifth COMPLETED one (900,000) and its webhook delivery (those over 45
+  days old in their histories, moved 30 days after as the retention job leaves them; the mover's
+  timed batches move the rest of the older ones);
 - 10,000,000 codes: 5,000,000 of one product of `merchant-test` (90 % sold: delivered, each with
   its reservation, delivery and audit entry), and 5,000 for each shop's product;
 - the idempotency keys of the last 3 days (their retention: older day partitions have left) and
@@ -378,12 +380,23 @@ SELECT CASE WHEN e IN (2, 3) THEN md5('pay' || g)::uuid END, md5('co' || g)::uui
 {CHECKOUT_OF}, generate_series(1, 4) e
 ORDER BY g, e
 """
-FILL_MERCHANT_EVENTS = f"""
-INSERT INTO merchant_events (merchant_id, id, type, checkout_id, payload, created_at)
+# Merchant events and their deliveries made since $6 are live; older ones are in the histories,
+# moved 30 days after (CUTY_MERCHANT_EVENTS_MOVE_AFTER_DAYS) as the retention job's mover moves
+# them (its own batches move what is between). The histories' rows first, so the deliveries' seq
+# (one identity, read by the delivery log across both tables) grows with time as it does live.
+MERCHANT_EVENT = f"""
 SELECT x.m, md5('ev' || g)::uuid, 'checkout.completed', md5('co' || g)::uuid,
-       jsonb_build_object('checkoutId', md5('co' || g)::uuid, 'amountMinor', y.amount), x.t + interval '3 seconds'
+       jsonb_build_object('checkoutId', md5('co' || g)::uuid, 'amountMinor', y.amount), x.t + interval '3 seconds'{{extra}}
 {CHECKOUT_OF}
 WHERE g % 5 = 0 AND x.state = 'COMPLETED'
+"""
+FILL_MERCHANT_EVENTS = f"""
+INSERT INTO merchant_events (merchant_id, id, type, checkout_id, payload, created_at)
+{MERCHANT_EVENT.format(extra="")} AND x.t >= $6
+"""
+FILL_MERCHANT_EVENTS_HISTORY = f"""
+INSERT INTO merchant_events_history (merchant_id, id, type, checkout_id, payload, created_at, moved_at)
+{MERCHANT_EVENT.format(extra=", x.t + interval '30 days 1 hour'")} AND x.t < $6
 """
 # The shops subscribe (merchant-test does not: the bench's own purchases would be delivered nowhere).
 FILL_ENDPOINTS = f"""
@@ -393,14 +406,25 @@ SELECT 'shop-' || m, md5('ep' || m)::uuid, 'https://shop-' || m || '.example/hoo
        'bench', 'k1', substr(sha256(m::text::bytea), 1, 12), sha256(m::text::bytea) || sha256(m::text::bytea)
 FROM generate_series(1, {SHOPS}) m
 """
-FILL_DELIVERIES_OUT = f"""
-INSERT INTO webhook_deliveries (merchant_id, id, endpoint_id, event_id, state, attempts, give_up_at, delivered_at,
-                                created_at)
+DELIVERY_OUT = f"""
 SELECT x.m, md5('dl' || g)::uuid, md5('ep' || substr(x.m, 6))::uuid, md5('ev' || g)::uuid, 'delivered', 1,
-       x.t + interval '3 days', x.t + interval '4 seconds', x.t + interval '3 seconds'
+       x.t + interval '3 days', x.t + interval '4 seconds', x.t + interval '3 seconds'{{extra}}
 {CHECKOUT_OF}
 WHERE g % 5 = 0 AND x.state = 'COMPLETED' AND x.m <> 'merchant-test'
 """
+FILL_DELIVERIES_OUT = f"""
+INSERT INTO webhook_deliveries (merchant_id, id, endpoint_id, event_id, state, attempts, give_up_at, delivered_at,
+                                created_at)
+{DELIVERY_OUT.format(extra="")} AND x.t >= $6
+"""
+FILL_DELIVERIES_OUT_HISTORY = f"""
+INSERT INTO webhook_deliveries_history (merchant_id, id, endpoint_id, event_id, state, attempts, give_up_at,
+                                        delivered_at, created_at, seq, moved_at)
+{DELIVERY_OUT.format(extra=", nextval(pg_get_serial_sequence('webhook_deliveries', 'seq')), "
+                           "x.t + interval '30 days 1 hour'")} AND x.t < $6
+"""
+# The outbound events of the last LIVE_EVENT_DAYS stay live: those of its first days are the mover's.
+LIVE_EVENT_DAYS = 45
 # The keys of the last days (older partitions have left): $3 the first day's start, $4 a day's count.
 FILL_KEYS = f"""
 INSERT INTO checkout_idempotency_keys (customer_id, operation, key, request_hash, resource_id, state, response,
@@ -431,21 +455,29 @@ async def fill_payments(dsn: str, scale: float, big_product: uuid.UUID, year_ago
     try:
         await replica(conn)
         later = await drop_indexes(conn, ["checkouts", "payments", "payment_events", "merchant_events",
-                                          "webhook_deliveries", "checkout_idempotency_keys", "psp_events"])
+                                          "merchant_events_history", "webhook_deliveries",
+                                          "webhook_deliveries_history", "checkout_idempotency_keys", "psp_events"])
         await chunks(conn, "checkouts", n, FILL_CHECKOUTS, year_ago, n, big_product)
         await chunks(conn, "payments", n, FILL_PAYMENTS, year_ago, n, big_product)
         await chunks(conn, "payment events (x4)", n, FILL_EVENTS, year_ago, n, big_product)
-        await chunks(conn, "merchant events", n, FILL_MERCHANT_EVENTS, year_ago, n, big_product)
+        live_since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=LIVE_EVENT_DAYS)
+        await chunks(conn, "merchant events' history", n, FILL_MERCHANT_EVENTS_HISTORY, year_ago, n, big_product,
+                     live_since)
+        await chunks(conn, "merchant events", n, FILL_MERCHANT_EVENTS, year_ago, n, big_product, live_since)
         await conn.execute(FILL_ENDPOINTS)
-        await chunks(conn, "webhook deliveries", n, FILL_DELIVERIES_OUT, year_ago, n, big_product)
+        await chunks(conn, "webhook deliveries' history", n, FILL_DELIVERIES_OUT_HISTORY, year_ago, n, big_product,
+                     live_since)
+        await chunks(conn, "webhook deliveries", n, FILL_DELIVERIES_OUT, year_ago, n, big_product, live_since)
         await chunks(conn, f"idempotency keys ({KEY_DAYS} days)", keys, FILL_KEYS,
                      day_ago - dt.timedelta(days=KEY_DAYS - 1), per_day)
         await conn.execute(FILL_PSP_EVENTS, day_ago - dt.timedelta(days=PSP_EVENT_DAYS - 1))
         await build_indexes(conn, "payments", later)
         counts = await conn.fetchrow(
             "SELECT (SELECT count(*) FROM payment_events) AS payment_events, "
-            "(SELECT count(*) FROM merchant_events) AS merchant_events, "
-            "(SELECT count(*) FROM webhook_deliveries) AS webhook_deliveries, "
+            "(SELECT count(*) FROM merchant_events) + (SELECT count(*) FROM merchant_events_history) "
+            "AS merchant_events, "
+            "(SELECT count(*) FROM webhook_deliveries) + (SELECT count(*) FROM webhook_deliveries_history) "
+            "AS webhook_deliveries, "
             "(SELECT count(*) FROM psp_events) AS psp_events")
     finally:
         await conn.close()
