@@ -104,7 +104,9 @@ async def drop_indexes(conn: asyncpg.Connection, tables: list[str]) -> list[str]
     later = []
     for r in await conn.fetch(PLAIN_INDEXES, tables):
         await conn.execute(f"DROP INDEX {r['name']}")
-        later.append(r["def"])
+        # A partitioned table's index is defined `ON ONLY` the parent (its partitions' indexes
+        # attached one by one); built without ONLY it builds every partition's at once.
+        later.append(r["def"].replace(" ON ONLY ", " ON ", 1))
     constraints = await conn.fetch(CONSTRAINTS, tables)
     for r in constraints:  # the foreign keys first: a key they reference cannot go before them
         await conn.execute(f"ALTER TABLE {r['tbl']} DROP CONSTRAINT {r['conname']}")
@@ -118,6 +120,9 @@ async def build_indexes(conn: asyncpg.Connection, what: str, statements: list[st
     await conn.execute("SET maintenance_work_mem = '256MB'")
     for d in statements:
         await conn.execute(d)
+    invalid = await conn.fetch("SELECT indexrelid::regclass::text AS name FROM pg_index WHERE NOT indisvalid")
+    if invalid:
+        raise AssertionError(f"{what}: indexes left invalid: {[r['name'] for r in invalid]}")
     print(f"  {what}: {len(statements)} indexes and constraints built and checked "
           f"({time.perf_counter() - t0:.0f}s)", flush=True)
 
