@@ -16,20 +16,30 @@ from payments.audit import LEASE, WATERMARK, AuditSettings, Auditor
 
 
 class EmptyWorld:
-    """Booking, the code pool and the PSP with nothing in any window; remembers the windows asked."""
+    """Booking, the code pool and the PSP with nothing in any window; remembers the windows asked
+    (booking's summary, asked once per window) and counts the row-by-row digest pages asked."""
 
     def __init__(self, takes: float = 0.01):
         self.windows: list[tuple] = []
-        self.asked_at: list[float] = []  # time.monotonic() of each DigestHolds
+        self.asked_at: list[float] = []  # time.monotonic() of each SummarizeHolds
         self.takes = takes
+        self.pages = 0  # DigestHolds and DigestDeliveries calls
 
-    async def DigestHolds(self, request, timeout=None):
+    async def SummarizeHolds(self, request, timeout=None):
         self.windows.append((from_timestamp(request.start_time), from_timestamp(request.end_time)))
         self.asked_at.append(time.monotonic())
         await asyncio.sleep(self.takes)
+        return booking_pb2.SummarizeHoldsResponse()
+
+    async def SummarizeDeliveries(self, request, timeout=None):
+        return codepool_pb2.SummarizeDeliveriesResponse()
+
+    async def DigestHolds(self, request, timeout=None):
+        self.pages += 1
         return booking_pb2.DigestHoldsResponse()
 
     async def DigestDeliveries(self, request, timeout=None):
+        self.pages += 1
         return codepool_pb2.DigestDeliveriesResponse()
 
     async def list_charges(self, gte, lt, **kw):
