@@ -165,7 +165,8 @@ def run_audit(env: dict[str, str], since: datetime, until: datetime) -> tuple[fl
                           "--until", until.isoformat(), "--timings"], env=env, capture_output=True, text=True,
                          timeout=3600)
     lines = out.stderr.splitlines()
-    summary = "\n".join(line for line in lines if line.startswith(("audited ", "  window"))) or out.stderr[-500:]
+    summary = "\n".join(line for line in lines if line.startswith(("audited ", "  window", "  buckets")))
+    summary = summary or out.stderr[-500:]
     head = summary.splitlines()[0]
     took = float(head.rsplit(" in ", 1)[1].rstrip("s")) if " in " in head else float("nan")
     return took, summary, out.returncode
@@ -289,6 +290,10 @@ async def main() -> None:
                   f"{': ' + ('met' if ratio >= 0.95 else 'NOT met') if variant != 'flat out' else ', not the deployed job'})"
                   f"; it audited {audited[variant] / r.seconds:,.0f} checkouts/s, busy {busy[variant] / r.seconds:.0%}"
                   " of the time")
+        total = per_checkout["total"]
+        print(f"CPU per checkout audited, all processes: {total:.1f} us ("
+              + ", ".join(f"{k} {v:.1f}" for k, v in per_checkout.items() if k != "total")
+              + f"); a day of 1,000,000 in 60 s takes {total * DAY / 60 / 1e6:.2f} cores while it runs")
         print("the target's figures: the day's audit (1,000,000 in under 60 s, flat out as `ops audit` runs it) and "
               "the deployed job's cost while it runs (keeping pace, and catching up under CUTY_AUDIT_DUTY_CYCLE="
               f"{os.environ.get('CUTY_AUDIT_DUTY_CYCLE', '0.1')})")
