@@ -9,6 +9,7 @@ import pytest
 
 from booking_harness import tomorrow
 from cuty.booking.v1 import booking_pb2 as pb, booking_pb2_grpc
+from booking import digest
 from cutylib import digests
 from cutylib.grpc_errors import bad_field
 from cutylib.testing.trust import channel_as
@@ -139,3 +140,38 @@ async def test_the_summary_is_the_orchestrators_and_its_buckets_bounded(booking)
             assert e.value.code() == code, (code, field)
             if field:
                 assert bad_field(e.value) == field
+
+
+async def test_the_summary_reads_its_window_from_the_covering_index_alone(booking_dsn):
+    """SUMMARY over a window of 200 among 20,000 confirmed holds: an index-only scan of holds_summary
+    (migration 0260) that reads the window's entries, no heap page per hold (EXPLAIN ANALYZE on a
+    real table, rolled back)."""
+    import json
+
+    conn = await asyncpg.connect(booking_dsn)
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        await conn.execute("SET LOCAL session_replication_role = replica")  # no foreign keys: rows alone
+        await conn.execute(
+            "INSERT INTO holds (id, slot_id, salon_id, resource_id, customer_id, request_id, status, start_time, "
+            "end_time, price_minor, currency, expires_at, payment_ref, created_at, updated_at, merchant_id) "
+            "SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'c-' || i, 'r-' || i, "
+            "'confirmed', t, t + interval '1 hour', 100, 'TRY', t, 'pay-' || i, "
+            "timestamptz '2020-01-01' + make_interval(secs => i), timestamptz '2020-01-01', 'm-' || (i % 7) "
+            "FROM generate_series(1, 20000) i, LATERAL (SELECT timestamptz '2030-01-01' + make_interval(hours => i)) x(t)")
+        await conn.execute("ANALYZE holds")
+        a = datetime(2020, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=5000)
+        (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {digest.SUMMARY}", a,
+                                                a + timedelta(seconds=200), 64))
+        nodes, stack = [], [doc["Plan"]]
+        while stack:
+            n = stack.pop()
+            nodes.append(n)
+            stack += n.get("Plans", [])
+        (scan,) = [n for n in nodes if n.get("Relation Name") == "holds"]
+        assert (scan["Node Type"], scan.get("Index Name")) == ("Index Only Scan", "holds_summary"), scan
+        assert scan["Actual Rows"] == 200
+    finally:
+        await tx.rollback()
+        await conn.close()
