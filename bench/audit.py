@@ -11,7 +11,8 @@ scaled so that each holds what a 10-minute window of a 1,000,000-a-day platform 
 checkouts), with its slack a fifth of a window (2 of 10 minutes, as deployed).
 
 1. `python -m payments ops audit --since --until` over the day, as the payments pod runs it (its
-   identity, the digests over gRPC, the PSP's list API): the time it reports for the audit itself,
+   identity, the per-bucket summaries and digests over gRPC, the PSP's list API; how many buckets
+   disagreed and were read row by row): the time it reports for the audit itself,
    and the extrapolation to 1,000,000 checkouts (linear: the windows are the production size). It
    must report nothing (the seeded day is consistent). Beside it, the raw statement: the payments
    side's read of the day's checkouts and payments alone, in the same run.

@@ -67,11 +67,12 @@ class Tally:
 
     def add(self, bucket: int, fingerprint: int) -> None:
         self.count[bucket] = self.count.get(bucket, 0) + 1
-        self.sum[bucket] = (self.sum.get(bucket, 0) + fingerprint) % MOD
+        self.sum[bucket] = self.sum.get(bucket, 0) + fingerprint  # modulo 2^64 when compared
 
     def differ(self, other: dict[int, Bucket]) -> set[int]:
         """The buckets where this tally and `other` disagree (count or fingerprint)."""
-        out = {b for b, s in other.items() if (s.count, s.fingerprint) != (self.count.get(b, 0), self.sum.get(b, 0))}
+        out = {b for b, s in other.items()
+               if (s.count, s.fingerprint) != (self.count.get(b, 0), self.sum.get(b, 0) % MOD)}
         return out | {b for b in self.count if b not in other}
 
 

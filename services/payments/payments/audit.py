@@ -373,7 +373,8 @@ class Auditor:
             self.metrics.audit_window_seconds.observe(time.perf_counter() - t0)
         log.log(logging.WARNING if f else logging.INFO, "window audited", extra={
             "start": a.isoformat(), "end": b.isoformat(), "checkouts": checked.checkouts, "findings": len(f),
-            "new_findings": checked.new, "seconds": timings})
+            "new_findings": checked.new, "seconds": timings,
+            "buckets": checked.buckets, "buckets_read": checked.drilled})
         return checked
 
     async def _checkouts(self, a: datetime, b: datetime, buckets: int) -> list:
