@@ -100,6 +100,9 @@ class AuditSettings:
     # CUTY_AUDIT_DUTY_CYCLE: the share of wall time the job may spend auditing when it has windows
     # to catch up (after a batch that took t seconds it rests t * (1 - d) / d; 1: no rest).
     duty_cycle: float = 0.1
+    # CUTY_AUDIT_SUMMARIES: compare per-bucket summaries first (1), or read every row of booking's
+    # and the code pool's digests as before them (0: what the benchmark compares against)
+    summaries: bool = True
 
     @classmethod
     def from_env(cls) -> "AuditSettings":
@@ -110,7 +113,8 @@ class AuditSettings:
                 interval_seconds=env_float("CUTY_AUDIT_INTERVAL_SECONDS", d.interval_seconds),
                 max_windows=env_int("CUTY_AUDIT_MAX_WINDOWS", d.max_windows),
                 start_back_seconds=env_float("CUTY_AUDIT_START_BACK_SECONDS", d.start_back_seconds),
-                duty_cycle=env_float("CUTY_AUDIT_DUTY_CYCLE", d.duty_cycle))
+                duty_cycle=env_float("CUTY_AUDIT_DUTY_CYCLE", d.duty_cycle),
+                summaries=env_int("CUTY_AUDIT_SUMMARIES", 1) != 0)
         if not 0 < s.window_seconds <= 86400 - s.slack_seconds or s.slack_seconds < 0 or s.settle_seconds < 0 \
                 or s.interval_seconds < 0 or s.max_windows < 1 or s.start_back_seconds < 0 \
                 or not 0 < s.duty_cycle <= 1:
@@ -348,22 +352,27 @@ class Auditor:
                 holds_expected.add(c["hold_bucket"], c["hold_fp"])
             if c["order_fp"] is not None:
                 orders_expected.add(c["order_bucket"], c["order_fp"])
-        bad_holds, bad_orders = holds_expected.differ(hold_sum), orders_expected.differ(order_sum)
+        # None: every bucket (no summary to compare with)
+        bad_holds = None if hold_sum is None else holds_expected.differ(hold_sum)
+        bad_orders = None if order_sum is None else orders_expected.differ(order_sum)
         holds, (orders, duplicates) = await _gather_all([
             timed("holds", self._holds, a, wide, n, bad_holds),
             timed("orders", self._orders, a, wide, n, bad_orders)])
         t_read = time.perf_counter()
-        checked = Checked(a, b, len(checkouts), sum(x.count for x in hold_sum.values()),
-                          sum(x.count for x in order_sum.values()), len(charges), len(refunds), timings=timings,
-                          buckets=n, drilled={"holds": len(bad_holds), "orders": len(bad_orders)})
+        checked = Checked(a, b, len(checkouts),
+                          len(holds) if hold_sum is None else sum(x.count for x in hold_sum.values()),
+                          len(orders) if order_sum is None else sum(x.count for x in order_sum.values()),
+                          len(charges), len(refunds), timings=timings, buckets=n,
+                          drilled={"holds": n if bad_holds is None else len(bad_holds),
+                                   "orders": n if bad_orders is None else len(bad_orders)})
         self.buckets = _bucket_count(max(checked.holds, checked.orders))
         f = checked.findings
         looks = _Looks()
         by_intent = {c["psp_intent_id"]: c for c in checkouts if c["psp_intent_id"]}
         f += await self._money(checkouts, charges, by_intent, a, b, looks)
         f += await self._refunds(refunds)
-        f += await self._bookings([c for c in checkouts if c["hold_bucket"] in bad_holds], holds, a, b, looks)
-        f += await self._codes([c for c in checkouts if c["order_bucket"] in bad_orders], orders, duplicates, a, b)
+        f += await self._bookings(_in(checkouts, "hold_bucket", bad_holds), holds, a, b, looks)
+        f += await self._codes(_in(checkouts, "order_bucket", bad_orders), orders, duplicates, a, b)
         timings["checks"] = round(time.perf_counter() - t_read, 3)
         if not record:
             return checked
@@ -400,28 +409,41 @@ class Auditor:
             request.page_token = answer.next_page_token
         raise WindowNotAudited(f"{items}: more than {MAX_PAGES} pages in one window")
 
-    async def _hold_summary(self, a: datetime, b: datetime, buckets: int) -> dict[int, digests.Bucket]:
-        answer = await self.booking.SummarizeHolds(booking_pb2.SummarizeHoldsRequest(
-            start_time=to_timestamp(a), end_time=to_timestamp(b), bucket_count=buckets), timeout=self.deadline)
+    async def _summary(self, call, request) -> dict[int, digests.Bucket] | None:
+        """A side's per-bucket summary; None (every row is read) when summaries are off, or the
+        service does not answer them yet (an older version, mid-rollout)."""
+        if not self.settings.summaries:
+            return None
+        try:
+            answer = await call(request, timeout=self.deadline)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.warning("no summary: reading every row", extra={"rpc": type(request).__name__})
+            return None
         return {x.bucket: digests.Bucket(x.bucket, x.count, x.fingerprint) for x in answer.buckets}
 
-    async def _order_summary(self, a: datetime, b: datetime, buckets: int) -> dict[int, digests.Bucket]:
-        answer = await self.codepool.SummarizeDeliveries(codepool_pb2.SummarizeDeliveriesRequest(
-            start_time=to_timestamp(a), end_time=to_timestamp(b), bucket_count=buckets), timeout=self.deadline)
-        return {x.bucket: digests.Bucket(x.bucket, x.count, x.fingerprint) for x in answer.buckets}
+    async def _hold_summary(self, a: datetime, b: datetime, buckets: int) -> dict[int, digests.Bucket] | None:
+        return await self._summary(self.booking.SummarizeHolds, booking_pb2.SummarizeHoldsRequest(
+            start_time=to_timestamp(a), end_time=to_timestamp(b), bucket_count=buckets))
 
-    async def _holds(self, a: datetime, b: datetime, count: int, buckets: set[int]) -> list:
-        """The holds of `buckets` (of `count`) made in [a, b); none read when no bucket disagreed."""
-        if not buckets:
+    async def _order_summary(self, a: datetime, b: datetime, buckets: int) -> dict[int, digests.Bucket] | None:
+        return await self._summary(self.codepool.SummarizeDeliveries, codepool_pb2.SummarizeDeliveriesRequest(
+            start_time=to_timestamp(a), end_time=to_timestamp(b), bucket_count=buckets))
+
+    async def _holds(self, a: datetime, b: datetime, count: int, buckets: set[int] | None) -> list:
+        """The holds of `buckets` (of `count`; None: all) made in [a, b); none read when no bucket
+        disagreed."""
+        if buckets is not None and not buckets:
             return []
         req = booking_pb2.DigestHoldsRequest(start_time=to_timestamp(a), end_time=to_timestamp(b), page_size=PAGE,
                                              **_drill(count, buckets))
         return (await self._digest(lambda r: self.booking.DigestHolds(r, timeout=self.deadline), req, "holds"))[0]
 
-    async def _orders(self, a: datetime, b: datetime, count: int, buckets: set[int]) -> tuple[list, list]:
-        """The delivered orders of `buckets` (of `count`) reserved in [a, b) and their codes sold
-        twice; none read when no bucket disagreed."""
-        if not buckets:
+    async def _orders(self, a: datetime, b: datetime, count: int, buckets: set[int] | None) -> tuple[list, list]:
+        """The delivered orders of `buckets` (of `count`; None: all) reserved in [a, b) and their
+        codes sold twice; none read when no bucket disagreed."""
+        if buckets is not None and not buckets:
             return [], []
         req = codepool_pb2.DigestDeliveriesRequest(start_time=to_timestamp(a), end_time=to_timestamp(b),
                                                    page_size=PAGE, **_drill(count, buckets))
@@ -630,9 +652,15 @@ def _bucket_count(facts: int) -> int:
     return n
 
 
-def _drill(count: int, buckets: set[int]) -> dict:
-    """A digest request's bucket filter (count <= digests.MAX_DRILL_BUCKETS: every bucket fits)."""
-    return dict(bucket_count=count, buckets=sorted(buckets))
+def _drill(count: int, buckets: set[int] | None) -> dict:
+    """A digest request's bucket filter (count <= digests.MAX_DRILL_BUCKETS: every bucket fits);
+    None: the whole window."""
+    return {} if buckets is None else dict(bucket_count=count, buckets=sorted(buckets))
+
+
+def _in(checkouts: list, key: str, buckets: set[int] | None) -> list:
+    """The checkouts whose `key` bucket is among `buckets` (None: all of them)."""
+    return checkouts if buckets is None else [c for c in checkouts if c[key] in buckets]
 
 
 CANCEL_GRACE_SECONDS = 5.0

@@ -7,6 +7,7 @@ import dataclasses
 import time
 from datetime import timedelta
 
+import grpc
 import pytest_asyncio
 
 from cuty.booking.v1 import booking_pb2
@@ -162,3 +163,20 @@ async def test_the_second_looks_find_a_payment_and_its_checkout_by_each_key(scra
         assert await payments_pool.fetch(audit.OUR_REFUNDS, ["re_none"]) == []
     finally:
         await payments_pool.close()
+
+
+class OlderWorld(EmptyWorld):
+    """Booking and the code pool of a version before the summaries (mid-rollout)."""
+
+    async def SummarizeHolds(self, request, timeout=None):
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   "Method not found!")
+
+    SummarizeDeliveries = SummarizeHolds
+
+
+async def test_services_without_summaries_are_read_row_by_row_and_the_round_goes_on(payments_pool, clean):
+    world = OlderWorld()
+    done = await auditor(payments_pool, world, "rollout").round()
+    assert len(done) == SETTINGS.max_windows  # every due window audited, none failed
+    assert world.pages == 2 * len(done)  # each window's holds and orders read whole, one page each
