@@ -390,7 +390,8 @@ class Auditor:
         rows: list = []
         at = last = None
         for _ in range(MAX_PAGES):
-            page = await reports(self.pool).fetch(CHECKOUTS, a, b, at, last, PAGE, buckets)  # not the saga's connections
+            # the reporting pool: not the saga's connections
+            page = await reports(self.pool).fetch(CHECKOUTS, a, b, at, last, PAGE, buckets)
             rows += page
             if len(page) < PAGE:
                 return rows
