@@ -416,7 +416,7 @@ class Auditor:
         if not self.settings.summaries:
             return None
         try:
-            answer = await call(request, timeout=self.deadline)
+            answer = await call(request)
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise
@@ -425,12 +425,15 @@ class Auditor:
         return {x.bucket: digests.Bucket(x.bucket, x.count, x.fingerprint) for x in answer.buckets}
 
     async def _hold_summary(self, a: datetime, b: datetime, buckets: int) -> dict[int, digests.Bucket] | None:
-        return await self._summary(self.booking.SummarizeHolds, booking_pb2.SummarizeHoldsRequest(
-            start_time=to_timestamp(a), end_time=to_timestamp(b), bucket_count=buckets))
+        return await self._summary(lambda r: self.booking.SummarizeHolds(r, timeout=self.deadline),
+                                   booking_pb2.SummarizeHoldsRequest(start_time=to_timestamp(a),
+                                                                     end_time=to_timestamp(b), bucket_count=buckets))
 
     async def _order_summary(self, a: datetime, b: datetime, buckets: int) -> dict[int, digests.Bucket] | None:
-        return await self._summary(self.codepool.SummarizeDeliveries, codepool_pb2.SummarizeDeliveriesRequest(
-            start_time=to_timestamp(a), end_time=to_timestamp(b), bucket_count=buckets))
+        return await self._summary(lambda r: self.codepool.SummarizeDeliveries(r, timeout=self.deadline),
+                                   codepool_pb2.SummarizeDeliveriesRequest(start_time=to_timestamp(a),
+                                                                           end_time=to_timestamp(b),
+                                                                           bucket_count=buckets))
 
     async def _holds(self, a: datetime, b: datetime, count: int, buckets: set[int] | None) -> list:
         """The holds of `buckets` (of `count`; None: all) made in [a, b); none read when no bucket
