@@ -11,7 +11,8 @@ scaled so that each holds what a 10-minute window of a 1,000,000-a-day platform 
 checkouts), with its slack a fifth of a window (2 of 10 minutes, as deployed).
 
 1. `python -m payments ops audit --since --until` over the day, as the payments pod runs it (its
-   identity, the digests over gRPC, the PSP's list API): the time it reports for the audit itself,
+   identity, the per-bucket summaries and digests over gRPC, the PSP's list API; how many buckets
+   disagreed and were read row by row): the time it reports for the audit itself,
    and the extrapolation to 1,000,000 checkouts (linear: the windows are the production size). It
    must report nothing (the seeded day is consistent). Beside it, the raw statement: the payments
    side's read of the day's checkouts and payments alone, in the same run.
@@ -165,7 +166,8 @@ def run_audit(env: dict[str, str], since: datetime, until: datetime) -> tuple[fl
                           "--until", until.isoformat(), "--timings"], env=env, capture_output=True, text=True,
                          timeout=3600)
     lines = out.stderr.splitlines()
-    summary = "\n".join(line for line in lines if line.startswith(("audited ", "  window"))) or out.stderr[-500:]
+    summary = "\n".join(line for line in lines if line.startswith(("audited ", "  window", "  buckets")))
+    summary = summary or out.stderr[-500:]
     head = summary.splitlines()[0]
     took = float(head.rsplit(" in ", 1)[1].rstrip("s")) if " in " in head else float("nan")
     return took, summary, out.returncode
@@ -203,6 +205,11 @@ async def main() -> None:
         print(summary, file=sys.stderr)
         took, summary, code = await asyncio.to_thread(run_audit, env, since, until)
         print(summary, file=sys.stderr)
+        # The same, every row read (CUTY_AUDIT_SUMMARIES=0, the design before the summaries), right
+        # after: the ratio of the two is what the summaries save on this machine now
+        rows_env = {**env, "CUTY_AUDIT_SUMMARIES": "0"}
+        rows_took, summary, rows_code = await asyncio.to_thread(run_audit, rows_env, since, until)
+        print(summary, file=sys.stderr)
         pool = await asyncpg.create_pool(side.dbs["payments"], min_size=1, max_size=2)
         t = time.perf_counter()
         raw_rows = len(await pool.fetch(RAW, since, until))
@@ -214,13 +221,19 @@ async def main() -> None:
             notes="ops_per_s = checkouts audited per second; limit: the raw read of the day's checkouts",
             seconds=round(took, 2), first_run_seconds=round(cold, 2), extrapolated_1m_checkouts_s=round(extrapolated, 1),
             target_s=60,
-            raw_statement_s=round(raw, 3), raw_rows=raw_rows))
+            raw_statement_s=round(raw, 3), raw_rows=raw_rows, every_row_read_s=round(rows_took, 2),
+            every_row_read_exit=rows_code))
         results[-1].limit_ops_per_s = round(raw_rows / raw, 1) if raw else None
         results[-1].ratio_to_limit = round((n / took) / (raw_rows / raw), 3) if raw and took else None
 
         # Where an audit's CPU goes: a warmed auditor process audits the day once, with no buyers;
         # each process's CPU over it (the stack's services, Postgres, the auditor) per checkout.
         per_checkout, once_seconds = await audit_cpu(side, server, env, since, until)
+        rows_cpu, _ = await audit_cpu(side, server, rows_env, since, until)
+        results.append(Run(ops=n, seconds=once_seconds, latencies_ms=[once_seconds * 1000]).result(
+            f"audit a day, every row read, CPU per checkout audited (us), {n:,} checkouts", 1,
+            notes="CUTY_AUDIT_SUMMARIES=0: booking's and the code pool's digests read whole, as before the summaries",
+            **{k: round(v, 1) for k, v in rows_cpu.items()}))
         results.append(Run(ops=n, seconds=once_seconds, latencies_ms=[once_seconds * 1000]).result(
             f"audit a day, CPU per checkout audited (us), {n:,} checkouts", 1,
             notes="each process's CPU over one warm audit of the day, alone on the stack",
@@ -289,6 +302,14 @@ async def main() -> None:
                   f"{': ' + ('met' if ratio >= 0.95 else 'NOT met') if variant != 'flat out' else ', not the deployed job'})"
                   f"; it audited {audited[variant] / r.seconds:,.0f} checkouts/s, busy {busy[variant] / r.seconds:.0%}"
                   " of the time")
+        print(f"the same audit reading every row (CUTY_AUDIT_SUMMARIES=0): {rows_took:.2f}s (exit {rows_code}); "
+              f"summaries / every row: {took / rows_took:.3f} of the time")
+        total = per_checkout["total"]
+        print(f"CPU per checkout audited, all processes: {total:.1f} us ("
+              + ", ".join(f"{k} {v:.1f}" for k, v in per_checkout.items() if k != "total")
+              + f"); a day of 1,000,000 in 60 s takes {total * DAY / 60 / 1e6:.2f} cores while it runs; "
+              f"every row read: {rows_cpu['total']:.1f} us ("
+              + ", ".join(f"{k} {v:.1f}" for k, v in rows_cpu.items() if k != "total") + ")")
         print("the target's figures: the day's audit (1,000,000 in under 60 s, flat out as `ops audit` runs it) and "
               "the deployed job's cost while it runs (keeping pace, and catching up under CUTY_AUDIT_DUTY_CYCLE="
               f"{os.environ.get('CUTY_AUDIT_DUTY_CYCLE', '0.1')})")

@@ -33,12 +33,12 @@ CALLERS = {
     "GetHold": {PAYMENTS}, "CancelBooking": {PAYMENTS},
     "CreateService": {GATEWAY}, "ListServices": {GATEWAY}, "SetWorkingHours": {GATEWAY}, "SetHoursOverride": {GATEWAY},
     "SetBookingSettings": {GATEWAY}, "GetAvailability": {GATEWAY}, "GetServiceSlot": {PAYMENTS},
-    "DigestHolds": {PAYMENTS},  # payments' invariant auditor
+    "DigestHolds": {PAYMENTS}, "SummarizeHolds": {PAYMENTS},  # payments' invariant auditor
 }
 # Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust): the saga's
 # steps, called by the orchestrator in no user's name; nowhere else.
 SYSTEM_RPCS = frozenset({"GetSlot", "GetServiceSlot", "HoldSlot", "ConfirmHold", "ReleaseHold", "ExtendHold",
-                         "GetHold", "CancelBooking", "DigestHolds"})
+                         "GetHold", "CancelBooking", "DigestHolds", "SummarizeHolds"})
 # The user roles the gateway may bring to booking (those of its routes to booking, gateway/policy.py).
 USER_ROLES = frozenset({"customer", "staff", "admin", "operator"})
 
@@ -222,11 +222,20 @@ class BookingApi(booking_pb2_grpc.BookingServiceServicer):
                           context: grpc.aio.ServicerContext) -> pb.DigestHoldsResponse:
         principal.current().require_role("system")  # the auditor reads every merchant's holds
         start, end = window(request, digest.MAX_WINDOW_SECONDS)
-        holds, token = await digest.digest_holds(self.service.pool, start, end, request.page_size, request.page_token)
+        holds, token = await digest.digest_holds(self.service.pool, start, end, request.page_size, request.page_token,
+                                                 request.bucket_count, list(request.buckets))
         return pb.DigestHoldsResponse(holds=[pb.HoldDigest(
             hold_id=h.id, payment_ref=h.payment_ref, status=_STATUS[h.status], cancelled=h.cancelled,
             merchant_id=h.merchant_id, price=common_pb2.Money(currency_code=h.currency, amount_minor=h.price_minor),
             create_time=to_timestamp(h.created_at)) for h in holds], next_page_token=token)
+
+    async def SummarizeHolds(self, request: pb.SummarizeHoldsRequest,
+                             context: grpc.aio.ServicerContext) -> pb.SummarizeHoldsResponse:
+        principal.current().require_role("system")  # the auditor reads every merchant's holds
+        start, end = window(request, digest.MAX_WINDOW_SECONDS)
+        found = await digest.summarize_holds(self.service.pool, start, end, request.bucket_count)
+        return pb.SummarizeHoldsResponse(buckets=[common_pb2.DigestBucket(
+            bucket=b.bucket, count=b.count, fingerprint=b.fingerprint) for b in found])
 
     # --- services and working hours ----------------------------------------------------------------
 

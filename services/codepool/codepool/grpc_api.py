@@ -33,12 +33,12 @@ CALLERS = {
     "ReserveCodes": {PAYMENTS}, "DeliverCodes": {PAYMENTS}, "ReleaseReservation": {PAYMENTS},
     "GetDeliveredCodes": {PAYMENTS}, "ListStockEvents": {PAYMENTS},
     "GetOrderEvidence": {PAYMENTS},
-    "DigestDeliveries": {PAYMENTS},  # payments' invariant auditor
+    "DigestDeliveries": {PAYMENTS}, "SummarizeDeliveries": {PAYMENTS},  # payments' invariant auditor
 }
 # Where a caller other than the gateway acts as `system` (cutylib.grpc_server.Trust): the saga's
 # steps and payments' workers (the orchestrator), the import CLI (the code pool's own pod).
 SYSTEM_RPCS = frozenset({"ImportCodes", "ReserveCodes", "DeliverCodes", "ReleaseReservation", "GetDeliveredCodes",
-                         "ListStockEvents", "GetOrderEvidence", "DigestDeliveries"})
+                         "ListStockEvents", "GetOrderEvidence", "DigestDeliveries", "SummarizeDeliveries"})
 # The user roles the gateway may bring to the code pool: merchants' staff and admins, the operator.
 # No customer reaches it (their codes come through the orchestrator).
 USER_ROLES = frozenset({"staff", "admin", "operator"})
@@ -209,7 +209,8 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
         principal.current().require_role("system")  # the auditor reads every merchant's orders
         start, end = window(request, digest.MAX_WINDOW_SECONDS)
         orders, duplicates, token = await digest.digest_deliveries(self.catalog.pool, start, end, request.page_size,
-                                                                   request.page_token)
+                                                                   request.page_token, request.bucket_count,
+                                                                   list(request.buckets))
         return pb.DigestDeliveriesResponse(
             orders=[pb.OrderDigest(order_id=o.order_id, merchant_id=o.merchant_id, product_id=o.product_id,
                                    quantity=o.quantity, delivered=o.delivered, revoked=o.revoked, replaced=o.replaced,
@@ -218,3 +219,11 @@ class CodePoolApi(codepool_pb2_grpc.CodePoolServiceServicer):
             duplicates=[pb.DuplicateDelivery(code_id=d.code_id, merchant_id=d.merchant_id, order_ids=d.order_ids)
                         for d in duplicates],
             next_page_token=token)
+
+    async def SummarizeDeliveries(self, request: pb.SummarizeDeliveriesRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.SummarizeDeliveriesResponse:
+        principal.current().require_role("system")  # the auditor reads every merchant's orders
+        start, end = window(request, digest.MAX_WINDOW_SECONDS)
+        found = await digest.summarize_deliveries(self.catalog.pool, start, end, request.bucket_count)
+        return pb.SummarizeDeliveriesResponse(buckets=[common_pb2.DigestBucket(
+            bucket=b.bucket, count=b.count, fingerprint=b.fingerprint) for b in found])

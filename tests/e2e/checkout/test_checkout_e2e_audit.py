@@ -8,6 +8,7 @@ webhooks records a dispute whose webhook the PSP never sent."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import subprocess
@@ -69,6 +70,30 @@ async def as_owner(db, *statements: tuple) -> None:
             await conn.execute(sql, *args)
 
 
+async def drift_beside_payments(shop, product: str, slot: str, b1, c1, c2, c3) -> tuple[str, object]:
+    """Drift in booking and the code pool: c1's delivery deleted and c2's code delivered to c3 too
+    (then taken back, so the unique index does not stop it), as the tables' owner; b1's hold
+    confirmed with another payment; codes delivered for an order no checkout knows and a booking
+    confirmed that no checkout holds (their own APIs, as the orchestrator). Returns that order's id
+    and that hold."""
+    await as_owner(shop.db["codepool"],
+                   ("DELETE FROM deliveries WHERE order_id = $1", c1["order_id"]),
+                   ("INSERT INTO deliveries (merchant_id, order_id, order_item_id, product_id, customer_id, code_id, "
+                    "status, reserved_at, delivered_at, revoked_at) SELECT merchant_id, $2, order_item_id || '-x', "
+                    "product_id, customer_id, code_id, 'revoked', reserved_at, delivered_at, clock_timestamp() "
+                    "FROM deliveries WHERE order_id = $1", c2["order_id"], c3["order_id"]))
+    await as_owner(shop.db["booking"], ("UPDATE holds SET payment_ref = 'pay-someone-else' WHERE id = $1::uuid",
+                                        b1["hold_id"]))
+    lone = str(uuid.uuid4())
+    await shop.codepool.ReserveCodes(cpb.ReserveCodesRequest(order_id=lone, order_item_id=lone + "/1",
+                                                             product_id=product, quantity=1, customer_id="cust-x"))
+    await shop.codepool.DeliverCodes(cpb.DeliverCodesRequest(order_id=lone, payment_transaction_id="tx-" + lone))
+    held = await shop.booking.HoldSlot(bpb.HoldSlotRequest(slot_id=slot, customer_id="cust-y",
+                                                           request_id=str(uuid.uuid4())))
+    await shop.booking.ConfirmHold(bpb.ConfirmHoldRequest(hold_id=held.id, payment_ref=str(uuid.uuid4())))
+    return lone, held
+
+
 async def test_clean_purchases_report_nothing_and_each_drift_is_reported(shop):
     since = (await shop.db["payments"].fetchval("SELECT clock_timestamp() - interval '1 second'")).isoformat()
     slots = await shop.new_slots(5)
@@ -89,30 +114,12 @@ async def test_clean_purchases_report_nothing_and_each_drift_is_reported(shop):
                                  json={"payment_intent": b2["psp_intent_id"], "amount": 1000})).json()
     code_of = {o: (await shop.db["codepool"].fetchval("SELECT code_id::text FROM deliveries WHERE order_id = $1", o))
                for o in (c1["order_id"], c2["order_id"])}
-    await as_owner(shop.db["codepool"],
-                   ("DELETE FROM deliveries WHERE order_id = $1", c1["order_id"]),
-                   # c2's code delivered to c3 too (then taken back, so the unique index does not stop it)
-                   ("INSERT INTO deliveries (merchant_id, order_id, order_item_id, product_id, customer_id, code_id, "
-                    "status, reserved_at, delivered_at, revoked_at) SELECT merchant_id, $2, order_item_id || '-x', "
-                    "product_id, customer_id, code_id, 'revoked', reserved_at, delivered_at, clock_timestamp() "
-                    "FROM deliveries WHERE order_id = $1", c2["order_id"], c3["order_id"]))
-    await as_owner(shop.db["booking"], ("UPDATE holds SET payment_ref = 'pay-someone-else' WHERE id = $1::uuid",
-                                        b1["hold_id"]))
+    lone, held = await drift_beside_payments(shop, product, slots[4], b1, c1, c2, c3)
     await as_owner(shop.db["payments"],
                    ("UPDATE payments SET status = 'failed', failure_reason = 'card_declined' WHERE id = $1::uuid",
                     c4["payment_id"]),
                    ("UPDATE payments SET psp_intent_id = $2 WHERE id = $1::uuid", b3["payment_id"],
                     "pi_" + secrets.token_hex(12)))
-    # codes delivered for an order no checkout knows (the code pool's own API, as the orchestrator)
-    lone = str(uuid.uuid4())
-    await shop.codepool.ReserveCodes(cpb.ReserveCodesRequest(order_id=lone, order_item_id=lone + "/1",
-                                                             product_id=product, quantity=1, customer_id="cust-x"))
-    await shop.codepool.DeliverCodes(cpb.DeliverCodesRequest(order_id=lone, payment_transaction_id="tx-" + lone))
-
-    # a booking confirmed that no checkout holds (booking's own API, as the orchestrator)
-    held = await shop.booking.HoldSlot(bpb.HoldSlotRequest(slot_id=slots[4], customer_id="cust-y",
-                                                           request_id=str(uuid.uuid4())))
-    await shop.booking.ConfirmHold(bpb.ConfirmHoldRequest(hold_id=held.id, payment_ref=str(uuid.uuid4())))
 
     expected = {
         ("psp_charge_unknown", stray["id"]), ("psp_charge_unknown", b3["psp_intent_id"]),
@@ -170,3 +177,77 @@ async def test_a_dispute_whose_webhook_was_lost_is_recorded_by_the_poller(shop):
     timeline = await shop.db["payments"].fetch("SELECT to_status FROM payment_events WHERE payment_id = $1::uuid "
                                                "AND source = 'dispute' ORDER BY seq", bought["payment_id"])
     assert timeline[0]["to_status"] == "dispute.needs_response" or timeline[0]["to_status"].startswith("dispute.")
+
+
+class Counting:
+    """A stub whose calls are remembered (name, request) before they go out."""
+
+    def __init__(self, stub):
+        self.stub, self.asked = stub, []
+
+    def __getattr__(self, name):
+        call = getattr(self.stub, name)
+
+        def counted(request, **kw):
+            self.asked.append((name, request))
+            return call(request, **kw)
+        return counted
+
+
+async def test_a_window_that_agrees_reads_no_rows_and_each_drift_makes_its_bucket_disagree(shop):
+    """The per-bucket summaries (cutylib.digests): where payments' checkouts and booking's / the
+    code pool's facts agree, no digest page is read; each kind of drift on their side makes the
+    bucket of its hold or order disagree, and only the disagreeing buckets are paged and checked."""
+    from cutylib import digests
+    from payments.audit import AuditSettings, Auditor
+    from payments.psp import PspClient
+
+    db = shop.db["payments"]
+    # from now: no purchase of an earlier test (its order reserved after its checkout was created)
+    # straddles the window's start
+    since = await db.fetchval("SELECT clock_timestamp()")
+    slots = await shop.new_slots(3)
+    product = await shop.new_product(stock=6)
+    b1, b2 = [await buy(shop, slot=s) for s in slots[:2]]
+    c1, c2, c3 = [await buy(shop, product=product, quantity=1) for _ in range(3)]
+    until = await db.fetchval("SELECT clock_timestamp()")
+    booking, codepool = Counting(shop.booking), Counting(shop.codepool)
+    psp = PspClient(shop.stack.psp_url, timeout=10)
+    # one window for the whole test: no purchase straddles a window's edge
+    job = Auditor(db, booking, codepool, psp, settings=AuditSettings(window_seconds=3600, slack_seconds=60,
+                                                                     interval_seconds=0))
+    try:
+        (clean,) = await job.audit_range(since, until)
+        assert clean.findings == [] and clean.checkouts >= 5 and clean.drilled == {"holds": 0, "orders": 0}
+        assert [n for n, _ in booking.asked + codepool.asked] == ["SummarizeHolds", "SummarizeDeliveries"]
+
+        # drift on booking's and the code pool's side
+        code_of = await shop.db["codepool"].fetchval("SELECT code_id::text FROM deliveries WHERE order_id = $1",
+                                                     c2["order_id"])
+        lone, held = await drift_beside_payments(shop, product, slots[2], b1, c1, c2, c3)
+        until = await db.fetchval("SELECT clock_timestamp()")
+        booking.asked.clear()
+        codepool.asked.clear()
+
+        (drifted,) = await job.audit_range(since, until)
+        found = {(f.kind, f.subject) for f in drifted.findings}
+        assert found == {("hold_not_confirmed", b1["id"]), ("hold_without_checkout", held.id),
+                         ("codes_count_mismatch", c1["id"]), ("codes_count_mismatch", c3["id"]),
+                         ("code_delivered_twice", code_of), ("codes_without_checkout", lone)}
+        n = drifted.buckets
+        (hold_page,) = [r for name_, r in booking.asked if name_ == "DigestHolds"]
+        (order_page,) = [r for name_, r in codepool.asked if name_ == "DigestDeliveries"]
+        assert hold_page.bucket_count == order_page.bucket_count == n
+        # exactly the buckets of the drifted holds and orders were paged (c2's code is shared with c3's
+        # order now: both orders' facts moved)
+        assert set(hold_page.buckets) == {digests.bucket_of(h, n) for h in (b1["hold_id"], held.id)}
+        assert set(order_page.buckets) == {digests.bucket_of(o, n)
+                                           for o in (c1["order_id"], c2["order_id"], c3["order_id"], lone)}
+        # summaries off (CUTY_AUDIT_SUMMARIES=0): every row read, the same findings
+        rows = Auditor(db, booking, codepool, psp, settings=dataclasses.replace(job.settings, summaries=False))
+        booking.asked.clear()
+        (whole,) = await rows.audit_range(since, until)
+        assert {(f.kind, f.subject) for f in whole.findings} == found
+        assert [(name_, r.bucket_count) for name_, r in booking.asked] == [("DigestHolds", 0)]
+    finally:
+        await psp.aclose()

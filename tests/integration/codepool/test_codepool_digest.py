@@ -7,6 +7,7 @@ import grpc
 import pytest
 
 from cuty.codepool.v1 import codepool_pb2 as pb, codepool_pb2_grpc
+from cutylib import digests
 from cutylib.grpc_errors import bad_field
 from cutylib.testing.ids import new_id
 from cutylib.testing.trust import channel_as
@@ -105,3 +106,71 @@ async def test_a_page_token_of_another_window_is_refused(stub):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.DigestDeliveries(window(a - timedelta(seconds=1), b, page_size=1, page_token=token))
     assert bad_field(e.value) == "page_token"
+
+
+def summary(a: datetime, b: datetime, count: int) -> pb.SummarizeDeliveriesRequest:
+    return pb.SummarizeDeliveriesRequest(start_time=to_timestamp(a), end_time=to_timestamp(b), bucket_count=count)
+
+
+async def test_the_summary_fingerprints_each_order_and_a_code_sold_twice_moves_its_bucket(stub, cp_pool):
+    """Per bucket of the order id's hash: each delivered order fingerprinted from its id, merchant,
+    codes counted and codes shared with another order (cutylib.digests), the same facts a completed
+    checkout expects (quantity, 0 shared); DigestDeliveries filtered to a bucket pages only its
+    orders, with the codes sold twice among them."""
+    t0 = datetime.now(timezone.utc) - timedelta(seconds=1)
+    product_id, _ = await stocked_product(stub, 3)
+    first = await stub.ReserveCodes(reserve_request(product_id, 1))
+    other = await stub.ReserveCodes(reserve_request(product_id, 2))
+    for r in (first, other):
+        await stub.DeliverCodes(pb.DeliverCodesRequest(order_id=r.order_id, payment_transaction_id="pay-" + new_id()))
+    t1 = datetime.now(timezone.utc) + timedelta(seconds=1)
+    n = digests.MAX_BUCKETS
+    got = {x.bucket: x for x in (await stub.SummarizeDeliveries(summary(t0, t1, n))).buckets}
+    merchant = (await cp_pool.fetchval("SELECT merchant_id FROM reservations WHERE order_id = $1", first.order_id))
+    for r, qty in ((first, 1), (other, 2)):
+        x = got[digests.bucket_of(r.order_id, n)]
+        if x.count == 1:  # alone in its bucket (other tests' orders share the window)
+            assert x.fingerprint == digests.fingerprint_of(r.order_id, merchant, qty, 0)
+    # drift: the first order's code delivered to the other order too (taken back there)
+    await cp_pool.execute(
+        "INSERT INTO deliveries (merchant_id, order_id, order_item_id, product_id, customer_id, code_id, status, "
+        "reserved_at, delivered_at, revoked_at) SELECT merchant_id, $2, order_item_id || '-x', product_id, customer_id, "
+        "code_id, 'revoked', reserved_at, delivered_at, clock_timestamp() FROM deliveries WHERE order_id = $1",
+        first.order_id, other.order_id)
+    moved = {x.bucket: x for x in (await stub.SummarizeDeliveries(summary(t0, t1, n))).buckets}
+    changed = {b for b in set(got) | set(moved)
+               if (got.get(b) and (got[b].count, got[b].fingerprint)) != (moved.get(b) and (moved[b].count,
+                                                                                             moved[b].fingerprint))}
+    # both orders' buckets: the first shares a code, the other shares one and counts one more
+    assert changed == {digests.bucket_of(first.order_id, n), digests.bucket_of(other.order_id, n)}
+    b = digests.bucket_of(first.order_id, n)
+    page = await stub.DigestDeliveries(window(t0, t1, page_size=5000, bucket_count=n, buckets=[b]))
+    assert first.order_id in {o.order_id for o in page.orders}
+    assert {digests.bucket_of(o.order_id, n) for o in page.orders} == {b}
+    (dup,) = [d for d in page.duplicates if d.code_id == first.code_ids[0]]
+    assert sorted(dup.order_ids) == sorted([first.order_id, other.order_id])
+
+
+async def test_the_summary_is_the_orchestrators_and_its_buckets_bounded(cp_server, stub):
+    now = datetime.now(timezone.utc)
+    addr = f"127.0.0.1:{cp_server.port}"
+    a = now - timedelta(hours=1)
+    async with channel_as("payments", addr, "codepool") as orchestrator, channel_as("gateway", addr, "codepool") as gw:
+        ours = codepool_pb2_grpc.CodePoolServiceStub(orchestrator)
+        await ours.SummarizeDeliveries(summary(a, now, 16))
+        refused = [
+            (codepool_pb2_grpc.CodePoolServiceStub(gw).SummarizeDeliveries(summary(a, now, 16)),
+             grpc.StatusCode.PERMISSION_DENIED, ""),
+            (ours.SummarizeDeliveries(summary(a, now, 16), metadata=ADMIN), grpc.StatusCode.PERMISSION_DENIED, ""),
+            (ours.SummarizeDeliveries(summary(a, now, 0)), grpc.StatusCode.INVALID_ARGUMENT, "bucket_count"),
+            (ours.SummarizeDeliveries(summary(a - timedelta(days=1), now, 16)), grpc.StatusCode.INVALID_ARGUMENT,
+             "end_time"),
+            (ours.DigestDeliveries(window(a, now, bucket_count=8, buckets=[8])), grpc.StatusCode.INVALID_ARGUMENT,
+             "buckets"),
+        ]
+        for call, code, field in refused:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call
+            assert e.value.code() == code, (code, field)
+            if field:
+                assert bad_field(e.value) == field

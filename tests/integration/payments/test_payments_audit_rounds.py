@@ -7,6 +7,7 @@ import dataclasses
 import time
 from datetime import timedelta
 
+import grpc
 import pytest_asyncio
 
 from cuty.booking.v1 import booking_pb2
@@ -16,20 +17,30 @@ from payments.audit import LEASE, WATERMARK, AuditSettings, Auditor
 
 
 class EmptyWorld:
-    """Booking, the code pool and the PSP with nothing in any window; remembers the windows asked."""
+    """Booking, the code pool and the PSP with nothing in any window; remembers the windows asked
+    (booking's summary, asked once per window) and counts the row-by-row digest pages asked."""
 
     def __init__(self, takes: float = 0.01):
         self.windows: list[tuple] = []
-        self.asked_at: list[float] = []  # time.monotonic() of each DigestHolds
+        self.asked_at: list[float] = []  # time.monotonic() of each SummarizeHolds
         self.takes = takes
+        self.pages = 0  # DigestHolds and DigestDeliveries calls
 
-    async def DigestHolds(self, request, timeout=None):
+    async def SummarizeHolds(self, request, timeout=None):
         self.windows.append((from_timestamp(request.start_time), from_timestamp(request.end_time)))
         self.asked_at.append(time.monotonic())
         await asyncio.sleep(self.takes)
+        return booking_pb2.SummarizeHoldsResponse()
+
+    async def SummarizeDeliveries(self, request, timeout=None):
+        return codepool_pb2.SummarizeDeliveriesResponse()
+
+    async def DigestHolds(self, request, timeout=None):
+        self.pages += 1
         return booking_pb2.DigestHoldsResponse()
 
     async def DigestDeliveries(self, request, timeout=None):
+        self.pages += 1
         return codepool_pb2.DigestDeliveriesResponse()
 
     async def list_charges(self, gte, lt, **kw):
@@ -152,3 +163,20 @@ async def test_the_second_looks_find_a_payment_and_its_checkout_by_each_key(scra
         assert await payments_pool.fetch(audit.OUR_REFUNDS, ["re_none"]) == []
     finally:
         await payments_pool.close()
+
+
+class OlderWorld(EmptyWorld):
+    """Booking and the code pool of a version before the summaries (mid-rollout)."""
+
+    async def SummarizeHolds(self, request, timeout=None):
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   "Method not found!")
+
+    SummarizeDeliveries = SummarizeHolds
+
+
+async def test_services_without_summaries_are_read_row_by_row_and_the_round_goes_on(payments_pool, clean):
+    world = OlderWorld()
+    done = await auditor(payments_pool, world, "rollout").round()
+    assert len(done) == SETTINGS.max_windows  # every due window audited, none failed
+    assert world.pages == 2 * len(done)  # each window's holds and orders read whole, one page each
