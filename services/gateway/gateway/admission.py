@@ -5,17 +5,28 @@ slow, buyers give up, and the services keep working for buyers who left. So the 
 most `limit` calls in flight and answers the rest at once with `503 overloaded` and a
 `Retry-After`; there is no queue.
 
-The limit is found by AIMD on the calls' latency (as Netflix's concurrency-limits and Envoy's
-adaptive concurrency filter do), evaluated per window of WINDOW_SECONDS:
+The limit follows the throughput the backends deliver, not a latency target (as TCP BBR sizes its
+window from the bottleneck rate and the minimum round trip, and Netflix's Gradient2 compares a
+long-term with a short-term latency), evaluated per window of WINDOW_SECONDS:
 
-- a call is *slow* when it took longer than max(target, tolerance x its route's recent minimum
-  latency): routes differ (a pay waits on the PSP, a list does not), so each is compared with
-  itself; the minimum is kept over the last one to two BASELINE_SECONDS, so it follows a
-  deployment that made a route slower for good;
-- a window whose calls were mostly slow cuts the limit by BACKOFF; so does, at once, a backend's
-  RESOURCE_EXHAUSTED or UNAVAILABLE, or a DEADLINE_EXCEEDED of a call that ran past its target (a
-  client's own short Request-Timeout is no sign of overload); at most one cut per window;
-- a window without a cut in which at least half the limit was used grows the limit by one;
+- each route's *no-load latency* is the minimum latency of its successful calls over the last one
+  to two BASELINE_SECONDS (a route is compared with itself: a pay waits on the PSP, a list does
+  not; an error answer, often quick, is not a sample of it);
+- a window's *delivered concurrency* is the sum of the no-load latencies of the calls that ended in
+  it, over the window's length: the calls in flight the backends would have needed to deliver that
+  throughput without any queueing (Little's law). Its maximum over the last RATE_WINDOWS windows
+  is what the backends can deliver now;
+- the limit's target is `tolerance` x that: below the backends' capacity the calls take their
+  no-load latency, so the delivered concurrency is the whole limit and the target twice it: the
+  limit grows (by at most GROWTH per window) as long as throughput grows with it; past capacity
+  more calls in flight only wait, throughput stays flat, the target stays, and a limit above it
+  comes down (by at most DECAY per window): the limit is cut when latency rises *without*
+  throughput rising, and at the fixed point calls take `tolerance` x their no-load latency;
+- it moves only in a window where demand met it (a request waited or was refused, or the calls in
+  flight reached new work's share): a limit nobody presses says nothing about the backends;
+- a backend's RESOURCE_EXHAUSTED or UNAVAILABLE, or a DEADLINE_EXCEEDED of a call that ran past
+  max(target, tolerance x its no-load latency) (a client's own short Request-Timeout is no sign of
+  overload), cuts the limit by BACKOFF at once; at most one cut per window;
 - the limit stays within [min_limit, max_limit].
 
 Criticality (policy.LOAD): new work (NORMAL) may use NORMAL_SHARE of the limit, reads that can be
@@ -29,6 +40,9 @@ third of them). A request that finds its share in use waits for a freed place, a
 `queue_seconds` (new work and reads) or `critical_queue_seconds` (a purchase under way, which is
 refused only when not even that wait frees a place), and at most `queue_max` requests wait at
 once (new work and reads at most half of them). A freed place goes to the oldest waiter of the highest criticality whose share allows it.
+A request waits only when a place is likely to free for it within its wait: when as many waiters
+of its criticality or a higher one are already ahead of it as places freed in the last window's
+rate over that wait, it is refused at once (its wait would end in a refusal anyway, only later).
 As CoDel does, a queue that has not been empty for QUEUE_INTERVAL is standing (sustained overload,
 not a burst): new work then waits at most `queue_target_seconds`, so its refusal stays quick.
 
@@ -51,7 +65,13 @@ from .policy import CRITICAL, NORMAL, SHEDDABLE
 
 WINDOW_SECONDS = 0.1
 BASELINE_SECONDS = 30.0
-BACKOFF = 0.8
+# A probe of the limit measures throughput over at least EPOCH_SECONDS and EPOCH_CALLS calls (one
+# window of ~20 calls is noise), after the calls in flight at its change have ended.
+EPOCH_SECONDS = 0.5
+EPOCH_CALLS = 100
+GROWTH = 1.25  # a probe moves the limit by this factor (at least 1), up or down
+MIN_GAIN = 0.1  # a probe up (x GROWTH) is kept when throughput rose by this much; down when it fell by less
+BACKOFF = 0.8  # a backend's sign of overload
 NORMAL_SHARE = 0.75
 SHEDDABLE_SHARE = 0.5
 CRITICAL_HEADROOM = 0.1
@@ -61,9 +81,9 @@ QUEUE_INTERVAL = 0.1
 # come back in the same second.
 RETRY_AFTER = (1, 3)
 
-# How a call ended, for the limit: answered (whatever the answer), a backend's sign of overload,
-# or its deadline.
-OK, OVERLOAD, TIMEOUT = 0, 1, 2
+# How a call ended, for the limit: answered, a backend's sign of overload, its deadline, or answered
+# with an error (a completion, but no sample of the route's no-load latency: a refusal is often quick).
+OK, OVERLOAD, TIMEOUT, ERROR = 0, 1, 2, 3
 
 
 class AdmissionControl:
@@ -85,7 +105,15 @@ class AdmissionControl:
         now = clock()
         self._window_start = now
         self._last_cut = -math.inf
-        self._samples = self._slow = self._peak = 0
+        self._rtt = 0.0  # the calls' mean latency, smoothed (how long a limit's change takes to show)
+        self._peak = 0  # the most calls in flight in this window
+        self._pressed = False  # a request of this window waited or was refused
+        self._frees = 0  # places given up in this window
+        # The current probe's measurement: no-load seconds delivered, calls, windows, windows pressed, start.
+        self._epoch: list = [0.0, 0, 0, 0, now]
+        self._settle_until = now  # a change of the limit shows in throughput only after the calls then in flight end
+        self._probe: tuple[int, float] | None = None  # (limit, delivered concurrency) the current probe is compared with
+        self.free_rate: float | None = None  # places freed per second, last window (None: not measured yet)
         self.queue_seconds, self.queue_target = queue_seconds, min(queue_target_seconds, queue_seconds)
         self.critical_queue_seconds, self.queue_max = critical_queue_seconds, queue_max
         # Waiters per criticality, oldest first; each is answered True (a place) or False.
@@ -123,14 +151,27 @@ class AdmissionControl:
             return self.queue_target  # a standing queue: sustained overload
         return self.queue_seconds
 
+    def _ahead(self, criticality: str) -> int:
+        """Waiters a request of this criticality would wait behind: its own and higher ones."""
+        if criticality == CRITICAL:
+            return len(self._waiting[CRITICAL])
+        if criticality == NORMAL:
+            return len(self._waiting[CRITICAL]) + len(self._waiting[NORMAL])
+        return self.queued
+
     async def acquire(self, criticality: str, budget: float) -> bool:
         """`admit`, or else wait for a freed place, at most `max_wait` and `budget` seconds; True:
         the call may start, and `release` (or `cancel`) must follow it. False: refuse it now."""
         if self.admit(criticality):
             return True
+        self._pressed = True
         wait = min(self.max_wait(criticality), budget)
         # New work and reads may fill half the queue: the rest stays for purchases under way.
         if wait <= 0 or self.queued >= (self.queue_max if criticality == CRITICAL else self.queue_max // 2):
+            return False
+        # No place is likely to free for it within its wait: refused now rather than after the wait.
+        ahead = self._ahead(criticality)
+        if ahead and self.free_rate is not None and ahead >= self.free_rate * wait:
             return False
         if not self.queued:
             self._empty_since = self.clock()
@@ -170,6 +211,7 @@ class AdmissionControl:
 
     def _free_place(self) -> None:
         """A place is given up: it passes to the first waiter whose share allows it, else it is free."""
+        self._frees += 1
         if self.queued:
             for criticality in (CRITICAL, NORMAL, SHEDDABLE):
                 waiters = self._waiting[criticality]
@@ -194,35 +236,90 @@ class AdmissionControl:
         now = self.clock()
         rtt = now - started
         base = self._baselines.get(route)
-        if base is None:
-            base = self._baselines[route] = [rtt, rtt, now]
-        elif now - base[2] >= BASELINE_SECONDS:
-            base[1], base[0], base[2] = base[0], rtt, now
-        elif rtt < base[0]:
-            base[0] = rtt
-        slow = rtt > self.target and rtt > self.tolerance * min(base[0], base[1])
-        if outcome == OVERLOAD or (outcome == TIMEOUT and slow):
+        if outcome == OK:
+            if base is None:
+                base = self._baselines[route] = [rtt, rtt, now]
+            elif now - base[2] >= BASELINE_SECONDS:
+                base[1], base[0], base[2] = base[0], rtt, now
+            elif rtt < base[0]:
+                base[0] = rtt
+        no_load = min(base[0], base[1], rtt) if base else rtt
+        self._epoch[0] += no_load
+        self._epoch[1] += 1
+        self._rtt += (rtt - self._rtt) * 0.05
+        if outcome == OVERLOAD or (outcome == TIMEOUT and rtt > self.target and rtt > self.tolerance * no_load):
             self._cut(now)
-        self._samples += 1
-        if slow:
-            self._slow += 1
         if now - self._window_start >= WINDOW_SECONDS:
             self._close_window(now)
+
+    def no_load_latency(self, route: str) -> float | None:
+        """The route's no-load latency now (seconds), None before its first successful call."""
+        base = self._baselines.get(route)
+        return min(base[0], base[1]) if base else None
 
     def _cut(self, now: float) -> None:
         if now - self._last_cut < WINDOW_SECONDS:
             return  # one cut per window: a burst of refusals is one sign, not many
         self._last_cut = now
         self._set_limit(max(self.min_limit, min(self.limit - 1, int(self.limit * BACKOFF))))
+        self._probe = None
+        self._settle(now)
 
     def _close_window(self, now: float) -> None:
-        if self._slow * 2 > self._samples:
-            self._cut(now)
-        elif self._last_cut < self._window_start and self._peak * 2 >= self.limit and self.limit < self.max_limit:
-            self._set_limit(self.limit + 1)
+        self.free_rate = self._frees / (now - self._window_start)
+        e = self._epoch
+        if now < self._settle_until:  # the calls admitted before the last change are still ending
+            self._epoch = [0.0, 0, 0, 0, now]
+        else:
+            e[2] += 1
+            e[3] += self._pressed or self._peak >= self._caps[NORMAL]
         self._window_start = now
-        self._samples = self._slow = 0
+        self._frees, self._pressed = 0, False
         self._peak = self.in_flight
+        if now - e[4] >= EPOCH_SECONDS and (e[1] >= EPOCH_CALLS or now - e[4] >= 4 * EPOCH_SECONDS):
+            self._close_epoch(now)
+
+    def _close_epoch(self, now: float) -> None:
+        """One probe of the limit decided: kept when it paid, undone when it did not."""
+        work, _, windows, pressed, start = self._epoch
+        self._epoch = [0.0, 0, 0, 0, now]
+        rate = work / (now - start)  # delivered concurrency over the epoch
+        if pressed * 2 < windows or self._last_cut >= start:
+            self._probe = None  # demand did not meet the limit, or a backend cut it: nothing learnt
+            return
+        if self._probe is None or self._probe[0] == self.limit:
+            # A reference at this limit; then a probe upwards (downwards from the maximum).
+            self._probe = (self.limit, rate)
+            self._step(+1 if self.limit < self.max_limit else -1, now)
+            return
+        limit, ref = self._probe
+        if self.limit > limit:
+            if rate >= ref * (1 + MIN_GAIN):  # more in flight, more done: keep it, and more
+                self._probe = (self.limit, rate)
+                self._step(+1, now)
+            else:  # more in flight, not more done (only more latency): back, and try less
+                self._set_limit(limit)
+                self._probe = (limit, ref)
+                self._step(-1, now)
+        elif self.limit < limit:
+            if rate >= ref * (1 - MIN_GAIN):  # less in flight, as much done: keep it (less latency)
+                self._probe = (self.limit, rate)
+                self._step(-1, now)
+            else:  # less in flight, less done: back, and measure again there
+                self._set_limit(limit)
+                self._probe = None
+                self._settle(now)
+
+    def _step(self, direction: int, now: float) -> None:
+        if direction > 0:
+            self._set_limit(min(self.max_limit, max(self.limit + 1, int(self.limit * GROWTH))))
+        else:
+            self._set_limit(max(self.min_limit, min(self.limit - 1, math.ceil(self.limit / GROWTH))))
+        self._settle(now)
+
+    def _settle(self, now: float) -> None:
+        self._settle_until = now + self._rtt
+        self._epoch = [0.0, 0, 0, 0, now]
 
 
 def retry_after() -> str:
