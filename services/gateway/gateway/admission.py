@@ -5,28 +5,31 @@ slow, buyers give up, and the services keep working for buyers who left. So the 
 most `limit` calls in flight and answers the rest at once with `503 overloaded` and a
 `Retry-After`; there is no queue.
 
-The limit follows the throughput the backends deliver, not a latency target (as TCP BBR sizes its
-window from the bottleneck rate and the minimum round trip, and Netflix's Gradient2 compares a
-long-term with a short-term latency), evaluated per window of WINDOW_SECONDS:
+The limit follows the throughput the backends deliver, not a latency target (the 2-core stack
+completes more checkouts a second with more calls in flight well past 16, its CPU per checkout
+falling as per-wakeup and per-commit costs are shared, so a latency target that every call missed
+held the limit at its minimum and left that throughput unused). It is found by probing, as TCP
+BBR probes for bandwidth and Netflix's concurrency-limits for a limit:
 
 - each route's *no-load latency* is the minimum latency of its successful calls over the last one
   to two BASELINE_SECONDS (a route is compared with itself: a pay waits on the PSP, a list does
   not; an error answer, often quick, is not a sample of it);
-- a window's *delivered concurrency* is the sum of the no-load latencies of the calls that ended in
-  it, over the window's length: the calls in flight the backends would have needed to deliver that
-  throughput without any queueing (Little's law). Its maximum over the last RATE_WINDOWS windows
-  is what the backends can deliver now;
-- the limit's target is `tolerance` x that: below the backends' capacity the calls take their
-  no-load latency, so the delivered concurrency is the whole limit and the target twice it: the
-  limit grows (by at most GROWTH per window) as long as throughput grows with it; past capacity
-  more calls in flight only wait, throughput stays flat, the target stays, and a limit above it
-  comes down (by at most DECAY per window): the limit is cut when latency rises *without*
-  throughput rising, and at the fixed point calls take `tolerance` x their no-load latency;
-- it moves only in a window where demand met it (a request waited or was refused, or the calls in
-  flight reached new work's share): a limit nobody presses says nothing about the backends;
+- throughput is measured as *delivered concurrency*: the sum of the no-load latencies of the calls
+  that ended, over the time they ended in (the calls in flight the backends would have needed
+  without any queueing; unlike a count of calls it does not move with the mix of routes), over at
+  least EPOCH_SECONDS and EPOCH_CALLS calls, counted only once the calls in flight at the limit's
+  last change have ended (about one mean latency);
+- a reference measurement at the current limit, then a probe at GROWTH x the limit: kept when
+  throughput rose by MIN_GAIN (more in flight, more done), and the next probe goes higher;
+  otherwise undone, and the limit is tried GROWTH times lower, which is kept while throughput falls
+  by less than MIN_GAIN (as much done with less in flight: less latency). So the limit grows while
+  throughput grows, and is cut when latency rises without throughput rising (Little's law: more in
+  flight at the same throughput is only waiting); it settles at the knee of the throughput curve;
+- it moves only while demand meets it (in most windows of the measurement a request waited or was
+  refused, or the calls in flight reached new work's share): an idle limit says nothing;
 - a backend's RESOURCE_EXHAUSTED or UNAVAILABLE, or a DEADLINE_EXCEEDED of a call that ran past
   max(target, tolerance x its no-load latency) (a client's own short Request-Timeout is no sign of
-  overload), cuts the limit by BACKOFF at once; at most one cut per window;
+  overload), cuts the limit by BACKOFF at once (at most once per window) and restarts the probing;
 - the limit stays within [min_limit, max_limit].
 
 Criticality (policy.LOAD): new work (NORMAL) may use NORMAL_SHARE of the limit, reads that can be
@@ -267,15 +270,15 @@ class AdmissionControl:
 
     def _close_window(self, now: float) -> None:
         self.free_rate = self._frees / (now - self._window_start)
-        e = self._epoch
         if now < self._settle_until:  # the calls admitted before the last change are still ending
             self._epoch = [0.0, 0, 0, 0, now]
         else:
-            e[2] += 1
-            e[3] += self._pressed or self._peak >= self._caps[NORMAL]
+            self._epoch[2] += 1
+            self._epoch[3] += self._pressed or self._peak >= self._caps[NORMAL]
         self._window_start = now
         self._frees, self._pressed = 0, False
         self._peak = self.in_flight
+        e = self._epoch
         if now - e[4] >= EPOCH_SECONDS and (e[1] >= EPOCH_CALLS or now - e[4] >= 4 * EPOCH_SECONDS):
             self._close_epoch(now)
 
@@ -318,7 +321,9 @@ class AdmissionControl:
         self._settle(now)
 
     def _settle(self, now: float) -> None:
-        self._settle_until = now + self._rtt
+        # At most EPOCH_SECONDS: after a cut the calls in flight drain at the old throughput, which
+        # only makes a lower limit look no worse (the safe way to err).
+        self._settle_until = now + min(self._rtt, EPOCH_SECONDS)
         self._epoch = [0.0, 0, 0, 0, now]
 
 

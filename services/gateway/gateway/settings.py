@@ -42,12 +42,12 @@ class GatewaySettings:
     # (when the proxy replaces the header with the client's address).
     client_ip_header: str = env_field(env_str, "CUTY_GATEWAY_CLIENT_IP_HEADER", "")
     client_ip_hop: str = env_field(env_str, "CUTY_GATEWAY_CLIENT_IP_HOP", "last")
-    # Admission control (admission.py): backend calls in flight, an adaptive limit within
-    # [min, max] (max 0: off), starting at initial. A call is slow past max(target, tolerance x its
-    # route's recent minimum latency); mostly slow calls cut the limit.
+    # Admission control (admission.py): backend calls in flight, a limit within [min, max] (max 0:
+    # off), starting at initial, that follows the throughput the services deliver. A service's
+    # DEADLINE_EXCEEDED cuts it only past max(target, tolerance x the route's no-load latency).
     concurrency_min: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_MIN", 20)
     concurrency_max: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_MAX", 500)
-    concurrency_initial: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_INITIAL", 100)
+    concurrency_initial: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_INITIAL", 20)
     latency_tolerance: float = env_field(env_float, "CUTY_GATEWAY_LATENCY_TOLERANCE", 2.0)
     latency_target_seconds: float = env_field(env_float, "CUTY_GATEWAY_LATENCY_TARGET_SECONDS", 0.1)
     # A request that finds its share of the limit in use waits for a freed place at most this long

@@ -385,3 +385,41 @@ async def test_a_flood_of_waiters_never_exceeds_the_queue_bound():
     assert c.queued <= 10
     results = await asyncio.gather(*tasks)
     assert c.queued == 0 and not any(results)
+
+
+def test_any_sequence_of_calls_keeps_the_limit_within_its_bounds_and_never_raises():
+    """Seeded: calls of mixed routes, outcomes and latencies, bursts and long silences (a window or
+    a measurement closing while a change settles); every call's place is given back."""
+    import random
+
+    rng = random.Random(5)
+    clock = Clock()
+    c = control(clock, min_limit=10, max_limit=80, initial=10)
+    flying: list[float] = []
+    for _ in range(20_000):
+        clock.now += rng.choice((0.0005, 0.002, 0.01, 0.3, 1.5)) if rng.random() < 0.2 else 0.001
+        if flying and rng.random() < 0.5:
+            started = flying.pop(rng.randrange(len(flying)))
+            c.release(rng.choice(("a", "b")), started, rng.choice((OK, OK, OK, admission.ERROR, OVERLOAD, TIMEOUT)))
+        elif c.admit(rng.choice((CRITICAL, NORMAL, SHEDDABLE))):
+            flying.append(clock.now)
+        assert 10 <= c.limit <= 80
+    for started in flying:
+        c.release("a", started)
+    assert c.in_flight == 0
+
+
+def test_a_long_silence_after_a_cut_of_slow_calls_closes_the_measurement_cleanly():
+    clock = Clock()
+    c = control(clock, initial=50)
+    for _ in range(200):  # calls of 3 s each, one every 10 ms
+        assert c.admit(CRITICAL)
+        clock.now += 0.01
+        c.release("slow", clock.now - 3.0)
+    assert c.admit(CRITICAL)
+    c.release("slow", clock.now - 3.0, OVERLOAD)  # a cut: the limit's change settles
+    for gap in (0.2, 2.5, 2.5):  # then nothing ends for seconds
+        clock.now += gap
+        assert c.admit(CRITICAL)
+        c.release("slow", clock.now - 3.0)
+    assert c.in_flight == 0 and 10 <= c.limit < 50
