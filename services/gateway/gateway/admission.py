@@ -115,7 +115,10 @@ class AdmissionControl:
         # The current probe's measurement: no-load seconds delivered, calls, windows, windows pressed, start.
         self._epoch: list = [0.0, 0, 0, 0, now]
         self._settle_until = now  # a change of the limit shows in throughput only after the calls then in flight end
-        self._probe: tuple[int, float] | None = None  # (limit, delivered concurrency) the current probe is compared with
+        # The probing: the limit it is based on, that base's last measurement (None: not measured
+        # yet), the probe's direction (+1 / -1) and its measurement (None: not probed yet).
+        self._base, self._base_rate, self._direction = self.limit, None, +1
+        self._probe_rate: float | None = None
         self.free_rate: float | None = None  # places freed per second, last window (None: not measured yet)
         self.queue_seconds, self.queue_target = queue_seconds, min(queue_target_seconds, queue_seconds)
         self.critical_queue_seconds, self.queue_max = critical_queue_seconds, queue_max
@@ -265,8 +268,7 @@ class AdmissionControl:
             return  # one cut per window: a burst of refusals is one sign, not many
         self._last_cut = now
         self._set_limit(max(self.min_limit, min(self.limit - 1, int(self.limit * BACKOFF))))
-        self._probe = None
-        self._settle(now)
+        self._restart(now)
 
     def _close_window(self, now: float) -> None:
         self.free_rate = self._frees / (now - self._window_start)
@@ -283,41 +285,52 @@ class AdmissionControl:
             self._close_epoch(now)
 
     def _close_epoch(self, now: float) -> None:
-        """One probe of the limit decided: kept when it paid, undone when it did not."""
+        """A measurement ended: the base's, or the probe's. A probe is judged against the mean of
+        the base's measurements before and after it, so that a slow drift in what the machine
+        leaves the platform (other work, a changing mix) is not taken for the probe's effect."""
         work, _, windows, pressed, start = self._epoch
         self._epoch = [0.0, 0, 0, 0, now]
-        rate = work / (now - start)  # delivered concurrency over the epoch
+        rate = work / (now - start)  # delivered concurrency over the measurement
         if pressed * 2 < windows or self._last_cut >= start:
-            self._probe = None  # demand did not meet the limit, or a backend cut it: nothing learnt
+            self._restart(now)  # demand did not meet the limit, or a backend cut it: nothing learnt
             return
-        if self._probe is None or self._probe[0] == self.limit:
-            # A reference at this limit; then a probe upwards (downwards from the maximum).
-            self._probe = (self.limit, rate)
-            self._step(+1 if self.limit < self.max_limit else -1, now)
+        if self.limit != self._base:  # the probe measured: back to the base, to measure it again
+            self._probe_rate = rate
+            self._set_limit(self._base)
+            self._settle(now)
             return
-        limit, ref = self._probe
-        if self.limit > limit:
-            if rate >= ref * (1 + MIN_GAIN):  # more in flight, more done: keep it, and more
-                self._probe = (self.limit, rate)
-                self._step(+1, now)
-            else:  # more in flight, not more done (only more latency): back, and try less
-                self._set_limit(limit)
-                self._probe = (limit, ref)
-                self._step(-1, now)
-        elif self.limit < limit:
-            if rate >= ref * (1 - MIN_GAIN):  # less in flight, as much done: keep it (less latency)
-                self._probe = (self.limit, rate)
-                self._step(-1, now)
-            else:  # less in flight, less done: back, and measure again there
-                self._set_limit(limit)
-                self._probe = None
-                self._settle(now)
-
-    def _step(self, direction: int, now: float) -> None:
-        if direction > 0:
-            self._set_limit(min(self.max_limit, max(self.limit + 1, int(self.limit * GROWTH))))
+        if self._base_rate is None or self._probe_rate is None:
+            self._base_rate = rate  # the base measured (before any probe)
         else:
-            self._set_limit(max(self.min_limit, min(self.limit - 1, math.ceil(self.limit / GROWTH))))
+            ref, probed = (self._base_rate + rate) / 2, self._probe_limit()
+            if self._direction > 0 and self._probe_rate >= ref * (1 + MIN_GAIN):
+                self._base, rate = probed, self._probe_rate  # more in flight, more done: keep it
+            elif self._direction < 0 and self._probe_rate >= ref * (1 - MIN_GAIN):
+                self._base, rate = probed, self._probe_rate  # less in flight, as much done: keep it
+            else:
+                # Up, and not more done (only more latency): try down; down, and less done: try up.
+                self._direction = -self._direction
+            self._base_rate, self._probe_rate = rate, None
+            self._set_limit(self._base)
+        probed = self._probe_limit()
+        if probed == self._base:  # at a bound: the other way
+            self._direction = -self._direction
+            probed = self._probe_limit()
+        if probed != self._base:
+            self._set_limit(probed)
+        self._settle(now)
+
+    def _probe_limit(self) -> int:
+        if self._direction > 0:
+            return min(self.max_limit, max(self._base + 1, int(self._base * GROWTH)))
+        return max(self.min_limit, min(self._base - 1, math.ceil(self._base / GROWTH)))
+
+    def _restart(self, now: float) -> None:
+        """The probing starts again from the limit as it is now (after a cut, or when demand fell
+        away: a probe above the base that nobody pressed is undone)."""
+        if self.limit > self._base and self._last_cut < now:
+            self._set_limit(self._base)
+        self._base, self._base_rate, self._probe_rate, self._direction = self.limit, None, None, +1
         self._settle(now)
 
     def _settle(self, now: float) -> None:
