@@ -19,10 +19,12 @@ BBR probes for bandwidth and Netflix's concurrency-limits for a limit:
   without any queueing; unlike a count of calls it does not move with the mix of routes), over at
   least EPOCH_SECONDS and EPOCH_CALLS calls, counted only once the calls in flight at the limit's
   last change have ended (about one mean latency);
-- a reference measurement at the current limit, then a probe at GROWTH x the limit: kept when
-  throughput rose by MIN_GAIN (more in flight, more done), and the next probe goes higher;
-  otherwise undone, and the limit is tried GROWTH times lower, which is kept while throughput falls
-  by less than MIN_GAIN (as much done with less in flight: less latency). So the limit grows while
+- the limit's base is measured, then a probe at GROWTH x the base, then the base again; the probe
+  is judged against the mean of the two base measurements around it (a drift in what the machine
+  leaves the platform, other work or a changing mix, is not taken for the probe's effect). A probe
+  up is kept when throughput rose by MIN_GAIN (more in flight, more done), and the next probe goes
+  higher; otherwise the next probe goes GROWTH times lower, and is kept while throughput falls by
+  less than MIN_GAIN (as much done with less in flight: less latency). So the limit grows while
   throughput grows, and is cut when latency rises without throughput rising (Little's law: more in
   flight at the same throughput is only waiting); it settles at the knee of the throughput curve;
 - it moves only while demand meets it (in most windows of the measurement a request waited or was
