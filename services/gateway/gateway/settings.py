@@ -53,7 +53,7 @@ class GatewaySettings:
     # A request that finds its share of the limit in use waits for a freed place at most this long
     # (new work and reads; the target when the queue is standing; a purchase under way), and at
     # most queue_max wait at once; 0 seconds: refused at once.
-    queue_seconds: float = env_field(env_float, "CUTY_GATEWAY_QUEUE_SECONDS", 0.02)
+    queue_seconds: float = env_field(env_float, "CUTY_GATEWAY_QUEUE_SECONDS", 0.01)
     queue_target_seconds: float = env_field(env_float, "CUTY_GATEWAY_QUEUE_TARGET_SECONDS", 0.005)
     critical_queue_seconds: float = env_field(env_float, "CUTY_GATEWAY_CRITICAL_QUEUE_SECONDS", 1.0)
     queue_max: int = env_field(env_int, "CUTY_GATEWAY_QUEUE_MAX", 200)
