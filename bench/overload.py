@@ -389,7 +389,7 @@ async def settle(stack: Stack, left: list[Result] | None = None, timeout: float 
 class LimitWatch:
     """The gateway's admission limit and its calls in flight, sampled from its /metrics every
     SAMPLE_SECONDS while a level runs (a scrape costs the gateway what Prometheus' would):
-    whether the limit let in more than the platform finishes at its latency target."""
+    whether the limit let in more than the platform finishes."""
     SAMPLE_SECONDS = 1.0
 
     def __init__(self, stack: Stack):

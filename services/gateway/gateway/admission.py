@@ -2,8 +2,8 @@
 
 Past the backends' capacity, every call admitted only queues behind the others: all answers get
 slow, buyers give up, and the services keep working for buyers who left. So the gateway keeps at
-most `limit` calls in flight and answers the rest at once with `503 overloaded` and a
-`Retry-After`; there is no queue.
+most `limit` calls in flight and answers the rest quickly with `503 overloaded` and a
+`Retry-After`; the only queue is the short bounded wait below.
 
 The limit follows the throughput the backends deliver, not a latency target (the 2-core stack
 completes more checkouts a second with more calls in flight well past 16, its CPU per checkout
