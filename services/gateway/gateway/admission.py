@@ -27,6 +27,9 @@ BBR probes for bandwidth and Netflix's concurrency-limits for a limit:
   less than MIN_GAIN (as much done with less in flight: less latency). So the limit grows while
   throughput grows, and is cut when latency rises without throughput rising (Little's law: more in
   flight at the same throughput is only waiting); it settles at the knee of the throughput curve;
+- when the base delivers COLLAPSE less than at its last measurement, the platform's capacity fell
+  (other work on its cores, a slow dependency): the limit falls in the same proportion at once,
+  so that the calls in flight keep their latency, and the probing starts again;
 - it moves only while demand meets it (in most windows of the measurement a request waited or was
   refused, or the calls in flight reached new work's share): an idle limit says nothing;
 - a backend's RESOURCE_EXHAUSTED or UNAVAILABLE, or a DEADLINE_EXCEEDED of a call that ran past
@@ -77,6 +80,9 @@ EPOCH_CALLS = 100
 GROWTH = 1.25  # a probe moves the limit by this factor (at least 1), up or down
 MIN_GAIN = 0.1  # a probe up (x GROWTH) is kept when throughput rose by this much; down when it fell by less
 BACKOFF = 0.8  # a backend's sign of overload
+# The base delivering this much less than at its last measurement: the platform's capacity fell,
+# and the limit falls in proportion at once (probing down x1/1.25 per two measurements is too slow).
+COLLAPSE = 0.3
 NORMAL_SHARE = 0.75
 SHEDDABLE_SHARE = 0.5
 CRITICAL_HEADROOM = 0.1
@@ -300,6 +306,13 @@ class AdmissionControl:
             self._probe_rate = rate
             self._set_limit(self._base)
             self._settle(now)
+            return
+        if self._base_rate is not None and rate < self._base_rate * (1 - COLLAPSE):
+            # The same limit delivers far less than it did (the platform's capacity fell: other
+            # work on its cores, a slow dependency): the limit falls with it at once, so that the
+            # calls in flight keep their latency, and the probing starts again from there.
+            self._set_limit(max(self.min_limit, min(self._base - 1, math.ceil(self._base * rate / self._base_rate))))
+            self._restart(now)
             return
         if self._base_rate is None or self._probe_rate is None:
             self._base_rate = rate  # the base measured (before any probe)

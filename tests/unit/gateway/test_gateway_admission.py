@@ -423,3 +423,15 @@ def test_a_long_silence_after_a_cut_of_slow_calls_closes_the_measurement_cleanly
         assert c.admit(CRITICAL)
         c.release("slow", clock.now - 3.0)
     assert c.in_flight == 0 and 10 <= c.limit < 50
+
+
+def test_the_limit_falls_with_the_platforms_capacity_at_once():
+    """The limit has grown to a platform that did 10 calls a second per place up to 100 places;
+    then the platform's capacity falls to 300 calls a second (other work took its cores): within a
+    few seconds the limit is near the 30 places that now deliver it, not 100."""
+    clock = Clock()
+    c = control(clock, min_limit=10, max_limit=1000, initial=10)
+    drive(c, clock, 60, lambda limit: 10 * min(limit, 100), rtt=lambda limit: max(0.01, 0.1 * limit / min(limit, 100)))
+    assert c.limit >= 60
+    seen = drive(c, clock, 5, lambda limit: 10 * min(limit, 30), rtt=lambda limit: max(0.01, 0.1 * limit / min(limit, 30)))
+    assert seen[-1] <= 45
