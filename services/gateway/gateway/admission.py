@@ -18,7 +18,7 @@ BBR probes for bandwidth and Netflix's concurrency-limits for a limit:
   that ended, over the time they ended in (the calls in flight the backends would have needed
   without any queueing; unlike a count of calls it does not move with the mix of routes), over at
   least EPOCH_SECONDS and EPOCH_CALLS calls, counted only once the calls in flight at the limit's
-  last change have ended (about one mean latency);
+  last change have ended (one smoothed mean latency, at most EPOCH_SECONDS);
 - the limit's base is measured, then a probe at GROWTH x the base, then the base again; the probe
   is judged against the mean of the two base measurements around it (a drift in what the machine
   leaves the platform, other work or a changing mix, is not taken for the probe's effect). A probe
