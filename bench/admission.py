@@ -1,29 +1,39 @@
 """The gateway's admission policy alone (`make bench-admission`): goodput past capacity in front of a
-model backend of fixed capacity, with the short wait for a freed place and without it.
+model backend that behaves like the 2-core stack, the adaptive limit against a limit fixed at the
+old floor.
 
 `make bench-overload` measures the whole platform, but on a machine shared with other work its
 wall-clock goodput moves by more between runs of the same code than between policies. This
-isolates the policy: the gateway's real `AdmissionControl` (its settings' defaults; the AIMD limit
-included) admits each call, and the backend is a model with CORES workers served first come first
-served, a new checkout's call costing on average CREATE_MS and its pay PAY_MS of a worker
-(exponentially distributed, seeded: real calls' times vary, and bursts of slow ones are what fills
-the limit at an offered load equal to capacity; asyncio sleeps:
-in virtual time: the event loop jumps to its next timer whenever nothing is ready, so other work on
-the machine does not move the figures and a run is repeatable). Its capacity is CORES /
-(CREATE_MS + PAY_MS) checkouts a second.
+isolates the policy: the gateway's real `AdmissionControl` admits each call (its settings'
+defaults, the short wait for a freed place included), in front of a model of the platform, in
+virtual time (asyncio sleeps jump to the next timer: other work on the machine does not move the
+figures and every run gives the same ones).
+
+The model (what `make bench-checkout` and `make bench-overload` showed of the real stack):
+- CORES cores, taken first come first served, do all the work; a call holds a core for its CPU
+  burst, then waits IO_MS of its checkout's share (the PSP, the network) without one;
+- a checkout costs CPU_MS + AMORTISED_MS / (c + 14) ms of CPU with c calls in flight when it starts
+  (fitted to the quiet two-call codes figures: 35 ms alone, 26.6 ms at 16 buyers, 21.4 ms at 64:
+  the per-wakeup and per-commit costs are shared by more work at once, so throughput keeps rising
+  well past 16 calls in flight), plus CONTENTION_US per call in flight (locks, memory);
+- a refusal costs REFUSAL_MS of a core (the gateway's and the load generator's work for it);
+- a new checkout's call is 40 % of that, its pay 60 %; a burst is 0.7 of its mean plus an
+  exponential rest (seeded): a call never takes less than its fixed work.
 
 Buyers as in `make bench-overload`: 16 closed-loop buyers measure capacity; then open-loop Poisson
 arrivals at BENCH_LOADS x capacity for BENCH_LOAD_SECONDS; each buyer creates (new work, NORMAL),
 then pays (CRITICAL), and gives up after BENCH_PATIENCE seconds; a refused buyer leaves at once.
-The two policies run in turns, level by level (`queue`: the defaults; `instant`: no wait, every
-request finding its share in use refused at once). Per level: goodput over capacity, p99 of
-successes, p99 of refusals, and how each visit ended (completed, refused at create / at pay, gave
-up). The same defaults decide in the gateway; what this cannot show is the platform's own cost of
-serving refusals and its CPU per checkout under load (bench-overload, bench-refusal).
+The policies run in turns, level by level (`adaptive`: the gateway's defaults; `fixed20`: the same
+with the limit fixed at 20, where the latency-target AIMD that came before sat in every quiet
+run). Per level: goodput over capacity, p99 of successes, p99 of refusals, how each visit ended,
+and the limit (median and range of its per-window values). What this cannot show is the real
+platform's cost of serving refusals and its CPU per checkout under load (bench-overload,
+bench-refusal).
 
-BENCH_CORES (2), BENCH_CREATE_MS (10), BENCH_PAY_MS (15), BENCH_LOADS ("1,2,3,5"),
-BENCH_LOAD_SECONDS (20), BENCH_CAP_SECONDS (10), BENCH_PATIENCE (10): the model's milliseconds and
-the levels' seconds are virtual.
+BENCH_POLICIES ("adaptive,fixed20"), BENCH_CORES (2), BENCH_CPU_MS (18.1), BENCH_AMORTISED_MS
+(254.7), BENCH_IO_MS (20), BENCH_CONTENTION_US (10), BENCH_REFUSAL_MS (0.4), BENCH_LOADS
+("1,2,3,5"), BENCH_LOAD_SECONDS (20), BENCH_CAP_SECONDS (10), BENCH_PATIENCE (10): the model's
+milliseconds and the levels' seconds are virtual.
 """
 from __future__ import annotations
 
@@ -38,9 +48,13 @@ from gateway.admission import OK, AdmissionControl
 from gateway.policy import CRITICAL, NORMAL
 from gateway.settings import GatewaySettings
 
+POLICIES = os.environ.get("BENCH_POLICIES", "adaptive,fixed20").split(",")
 CORES = int(os.environ.get("BENCH_CORES", "2"))
-CREATE_S = float(os.environ.get("BENCH_CREATE_MS", "10")) / 1000
-PAY_S = float(os.environ.get("BENCH_PAY_MS", "15")) / 1000
+CPU_S = float(os.environ.get("BENCH_CPU_MS", "18.1")) / 1000
+AMORTISED_S = float(os.environ.get("BENCH_AMORTISED_MS", "254.7")) / 1000
+IO_S = float(os.environ.get("BENCH_IO_MS", "20")) / 1000
+CONTENTION_S = float(os.environ.get("BENCH_CONTENTION_US", "10")) / 1e6
+REFUSAL_S = float(os.environ.get("BENCH_REFUSAL_MS", "0.4")) / 1000
 LOADS = [float(x) for x in os.environ.get("BENCH_LOADS", "1,2,3,5").split(",")]
 LOAD_SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "20"))
 CAP_SECONDS = float(os.environ.get("BENCH_CAP_SECONDS", "10"))
@@ -48,6 +62,7 @@ PATIENCE = float(os.environ.get("BENCH_PATIENCE", "10"))
 CAP_BUYERS = 16
 REFUSED_PAUSE = 0.05  # a closed-loop buyer's pause after a refusal, as in bench-overload
 BUDGET = 10.0  # a call's deadline, as a route's
+SHARE = {"create": 0.4, "pay": 0.6}  # of a checkout's CPU and waits
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -75,14 +90,12 @@ def now() -> float:
 
 def control(policy: str) -> AdmissionControl:
     s = GatewaySettings(port=0, jwt_secret="x" * 32, backends={})
-    queue = policy == "queue"
-    return AdmissionControl(min_limit=s.concurrency_min, max_limit=s.concurrency_max,
-                            initial_limit=s.concurrency_initial, tolerance=s.latency_tolerance,
-                            target_seconds=s.latency_target_seconds,
-                            queue_seconds=s.queue_seconds if queue else 0.0,
-                            queue_target_seconds=s.queue_target_seconds if queue else 0.0,
-                            critical_queue_seconds=s.critical_queue_seconds if queue else 0.0,
-                            queue_max=s.queue_max if queue else 0, clock=now)
+    fixed = policy == "fixed20"
+    return AdmissionControl(min_limit=20 if fixed else s.concurrency_min, max_limit=20 if fixed else s.concurrency_max,
+                            initial_limit=20 if fixed else s.concurrency_initial, tolerance=s.latency_tolerance,
+                            target_seconds=s.latency_target_seconds, queue_seconds=s.queue_seconds,
+                            queue_target_seconds=s.queue_target_seconds,
+                            critical_queue_seconds=s.critical_queue_seconds, queue_max=s.queue_max, clock=now)
 
 
 class Platform:
@@ -90,24 +103,40 @@ class Platform:
 
     def __init__(self, policy: str):
         self.adm = control(policy)
-        self.workers = asyncio.Semaphore(CORES)
+        self.cores = asyncio.Semaphore(CORES)
         self.rng = random.Random(11)
+        self.limits: list[int] = []
+        self._refusals: set[asyncio.Task] = set()
 
-    async def call(self, route: str, criticality: str, work: float) -> bool:
+    def checkout_cpu(self) -> float:
+        c = self.adm.in_flight
+        return CPU_S + AMORTISED_S / (c + 14) + CONTENTION_S * c
+
+    def burst(self, mean: float) -> float:
+        return mean * 0.7 + self.rng.expovariate(1 / (mean * 0.3))
+
+    async def call(self, route: str, criticality: str) -> bool:
         """False: refused for load. The call runs to its end even when its buyer has left (the
         platform keeps working for them), as a call the gateway has sent does."""
-        t = now()
         if not await self.adm.acquire(criticality, BUDGET):
+            t = asyncio.create_task(self._use(REFUSAL_S))
+            self._refusals.add(t)
+            t.add_done_callback(self._refusals.discard)
             return False
-        return await asyncio.shield(self._run(route, work, t))
+        return await asyncio.shield(self._run(route))
 
-    async def _run(self, route: str, work: float, t: float) -> bool:
+    async def _use(self, seconds: float) -> None:
+        async with self.cores:
+            await asyncio.sleep(seconds)
+
+    async def _run(self, route: str) -> bool:
         started = self.adm.clock()
         try:
-            async with self.workers:
-                await asyncio.sleep(self.rng.expovariate(1 / work))
+            await self._use(self.burst(self.checkout_cpu() * SHARE[route]))
+            await asyncio.sleep(self.burst(IO_S * SHARE[route]))
         finally:
             self.adm.release(route, started, OK)
+            self.limits.append(self.adm.limit)
         return True
 
 
@@ -129,9 +158,9 @@ async def buy(p: Platform, out: Outcome) -> str:
 
     async def flow() -> str:
         nonlocal stage
-        for stage, route, criticality, work in (("create", "create", NORMAL, CREATE_S), ("pay", "pay", CRITICAL, PAY_S)):
+        for stage, criticality in (("create", NORMAL), ("pay", CRITICAL)):
             t = now()
-            if not await p.call(route, criticality, work):
+            if not await p.call(stage, criticality):
                 out.refusal_ms.append((now() - t) * 1000)
                 return f"refused at {stage}"
         return "completed"
@@ -179,37 +208,44 @@ async def open_loop(p: Platform, rate: float, seconds: float, seed: int) -> Outc
     return out
 
 
-def row(policy: str, label: str, out: Outcome, seconds: float, cap: float) -> Result:
-    ok, refused = sorted(out.ok), sorted(out.refusal_ms)
+def row(policy: str, label: str, out: Outcome, seconds: float, cap: float, limits: list[int]) -> Result:
+    ok, refused, limits = sorted(out.ok), sorted(out.refusal_ms), sorted(limits)
     goodput = len(ok) / seconds
     r = Result(f"{policy} {label}", CAP_BUYERS if label == "capacity" else 0, round(goodput, 1),
                round(percentile(ok, 0.5), 1), round(percentile(ok, 0.99), 1), round(ok[-1] if ok else 0.0, 1),
                limit_ops_per_s=round(cap, 1), ratio_to_limit=round(goodput / cap, 3) if cap else None)
     r.extra = {"arrivals": out.arrivals, "visits_ended": dict(sorted(out.ends.items())),
-               "refusal_p99_ms": round(percentile(refused, 0.99), 1)}
-    r.notes = (f"refusal p99 {r.extra['refusal_p99_ms']} ms; " +
+               "refusal_p99_ms": round(percentile(refused, 0.99), 1),
+               "limit_p50": limits[len(limits) // 2] if limits else None,
+               "limit_range": [limits[0], limits[-1]] if limits else None}
+    r.notes = (f"refusal p99 {r.extra['refusal_p99_ms']} ms; limit p50 {r.extra['limit_p50']}; " +
                ", ".join(f"{k} {v}" for k, v in sorted(out.ends.items())))
     return r
 
 
 async def main() -> None:
-    model = CORES / (CREATE_S + PAY_S)
-    print(f"model backend: {CORES} workers, {CREATE_S * 1000:g} + {PAY_S * 1000:g} ms per checkout "
-          f"= {model:.1f} checkouts/s", flush=True)
+    print(f"model backend: {CORES} cores; a checkout {CPU_S * 1000:g} + {AMORTISED_S * 1000:g} / (c + 14) ms of CPU "
+          f"+ {CONTENTION_S * 1e6:g} us x c (c calls in flight), {IO_S * 1000:g} ms of waits; a refusal "
+          f"{REFUSAL_S * 1000:g} ms of CPU", flush=True)
     results: list[Result] = []
-    policies = {"queue": Platform("queue"), "instant": Platform("instant")}
+    policies = {name: Platform(name) for name in POLICIES}
     caps = {}
     for name, p in policies.items():
         await capacity(p, 2)  # warm up: the limit settles
+        p.limits.clear()
         caps[name], out = await capacity(p, CAP_SECONDS)
-        results.append(row(name, "capacity", out, CAP_SECONDS, caps[name]))
-        print(f"{name}: capacity {caps[name]:.1f} checkouts/s", flush=True)
-    cap = min(caps.values())  # one offered load for both, from the lower capacity
+        results.append(row(name, "capacity", out, CAP_SECONDS, caps[name], p.limits))
+        print(f"{name}: capacity {caps[name]:.1f} checkouts/s, limit p50 {results[-1].extra['limit_p50']}", flush=True)
+    cap = min(caps.values())  # one offered load for all, from the lowest capacity
     for i, x in enumerate(LOADS):
         for name, p in policies.items():
-            print(f"{name}: {x:g}x = {cap * x:.0f} arrivals/s for {LOAD_SECONDS:g} s ...", flush=True)
+            p.limits.clear()
             out = await open_loop(p, cap * x, LOAD_SECONDS, seed=7 + i)
-            results.append(row(name, f"{x:g}x offered", out, LOAD_SECONDS, cap))
+            results.append(row(name, f"{x:g}x offered", out, LOAD_SECONDS, cap, p.limits))
+            r = results[-1]
+            print(f"{name}: {x:g}x = {cap * x:.0f} arrivals/s: goodput {r.ratio_to_limit:.2f} of capacity, "
+                  f"success p99 {r.p99_ms:.0f} ms, refusal p99 {r.extra['refusal_p99_ms']:.1f} ms, "
+                  f"limit p50 {r.extra['limit_p50']}", flush=True)
     report("admission", results)
 
 

@@ -17,6 +17,9 @@ capacity; refusals answered with p99 <= 50 ms; no money mismatch.
 
 BENCH_KINDS="codes,booking", BENCH_LOADS="1,2,3,5", BENCH_LOAD_SECONDS (20), BENCH_CAP_SECONDS (10),
 BENCH_PATIENCE (10), BENCH_ONE_CALL=1 (create-and-pay in one request), BENCH_HOT_BUYERS (1000; 0 = skip),
+BENCH_SWEEP (e.g. "4,8,16,32,64"; empty): after capacity, CAP_SECONDS of closed-loop buying at each of
+these buyer counts (throughput against concurrency: what the admission limit must let in; with
+`CUTY_GATEWAY_CONCURRENCY_MAX=0` nothing is refused); BENCH_LOADS may then be empty.
 BENCH_CLIENT_NICE (0): the load generator (this process) lowers its own priority by this much once
 the services run, so that on a machine it shares with them it takes CPU only when they leave some.
 BENCH_BUYER ("leave"): a refused buyer leaves at once; "retry": waits the answer's Retry-After and
@@ -71,7 +74,8 @@ from cutylib.testing.stack import Stack
 from cutylib.testing.trust import user
 
 KINDS = os.environ.get("BENCH_KINDS", "codes,booking").split(",")
-LOADS = [float(x) for x in os.environ.get("BENCH_LOADS", "1,2,3,5").split(",")]
+LOADS = [float(x) for x in os.environ.get("BENCH_LOADS", "1,2,3,5").split(",") if x]
+SWEEP = [int(x) for x in os.environ.get("BENCH_SWEEP", "").split(",") if x]
 LOAD_SECONDS = float(os.environ.get("BENCH_LOAD_SECONDS", "20"))
 CAP_SECONDS = float(os.environ.get("BENCH_CAP_SECONDS", "10"))
 PATIENCE = float(os.environ.get("BENCH_PATIENCE", "10"))
@@ -218,7 +222,7 @@ async def buy(port: int, token: str, body: bytes, out: Outcome, conns: list[Http
     return result
 
 
-async def closed_capacity(port: int, buyers: Buyers, bodies, seconds: float) -> tuple[float, Outcome]:
+async def closed_capacity(port: int, buyers: Buyers, bodies, seconds: float, n: int = CAP_BUYERS) -> tuple[float, Outcome]:
     out, conns = Outcome(), []
     stop = time.perf_counter() + seconds
 
@@ -227,7 +231,7 @@ async def closed_capacity(port: int, buyers: Buyers, bodies, seconds: float) -> 
             if await buy(port, buyers.take(), next(bodies), out, conns) in ("429", "503"):
                 await asyncio.sleep(REFUSED_PAUSE)
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(CAP_BUYERS)))
+    await asyncio.gather(*(worker() for _ in range(n)))
     elapsed = time.perf_counter() - t0
     for c in conns:
         c.close()
@@ -385,7 +389,7 @@ async def settle(stack: Stack, left: list[Result] | None = None, timeout: float 
 class LimitWatch:
     """The gateway's admission limit and its calls in flight, sampled from its /metrics every
     SAMPLE_SECONDS while a level runs (a scrape costs the gateway what Prometheus' would):
-    whether the limit let in more than the platform finishes at its latency target."""
+    whether the limit let in more than the platform finishes."""
     SAMPLE_SECONDS = 1.0
 
     def __init__(self, stack: Stack):
@@ -557,6 +561,13 @@ async def main() -> None:
             results.append(row(kind, "capacity", cap_out, CAP_SECONDS, capacity, None, cap_cpu))
             results[-1].extra["admission"] = limits.report()
             results[-1].extra["payments"] = counters.report()
+            for n in SWEEP:
+                watch, limits = CpuWatch(stack, pg), LimitWatch(stack)
+                rate, out = await closed_capacity(stack.http_port, buyers, bodies, CAP_SECONDS, n)
+                print(f"{kind}: {n} closed-loop buyers: {rate:.1f} checkouts/s", flush=True)
+                results.append(row(kind, f"{n} closed-loop buyers", out, CAP_SECONDS, capacity, None, watch.report()))
+                results[-1].concurrency = n
+                results[-1].extra["admission"] = limits.report()
             for x in LOADS:
                 rate = capacity * x
                 print(f"{kind}: {x:g}x = {rate:.0f} arrivals/s for {LOAD_SECONDS:g} s ...", flush=True)

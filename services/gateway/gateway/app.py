@@ -414,14 +414,15 @@ class Gateway:
         return left
 
     def _outcome(self, route: Route, criticality: str, p: Problem) -> int:
-        """A failed call's sign for the concurrency limit (and the shedding count)."""
+        """A failed call's sign for the concurrency limit (and the shedding count): an answered
+        error is a completion, but no sample of the route's no-load latency."""
         if p.status == 504:
             return admission.TIMEOUT
         if p.status == 503:
             if p.type == problems.OVERLOADED:
                 access_log.shed(route.template.source, criticality, "backend_overloaded")
             return admission.OVERLOAD
-        return admission.OK
+        return admission.ERROR
 
     def _request(self, route: Route, bound: dict[str, str], query: str, body: bytes) -> bytes:
         """The request message, transcoded and checked against its contract, serialized;

@@ -42,18 +42,18 @@ class GatewaySettings:
     # (when the proxy replaces the header with the client's address).
     client_ip_header: str = env_field(env_str, "CUTY_GATEWAY_CLIENT_IP_HEADER", "")
     client_ip_hop: str = env_field(env_str, "CUTY_GATEWAY_CLIENT_IP_HOP", "last")
-    # Admission control (admission.py): backend calls in flight, an adaptive limit within
-    # [min, max] (max 0: off), starting at initial. A call is slow past max(target, tolerance x its
-    # route's recent minimum latency); mostly slow calls cut the limit.
+    # Admission control (admission.py): backend calls in flight, a limit within [min, max] (max 0:
+    # off), starting at initial, that follows the throughput the services deliver. A service's
+    # DEADLINE_EXCEEDED cuts it only past max(target, tolerance x the route's no-load latency).
     concurrency_min: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_MIN", 20)
     concurrency_max: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_MAX", 500)
-    concurrency_initial: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_INITIAL", 100)
+    concurrency_initial: int = env_field(env_int, "CUTY_GATEWAY_CONCURRENCY_INITIAL", 20)
     latency_tolerance: float = env_field(env_float, "CUTY_GATEWAY_LATENCY_TOLERANCE", 2.0)
     latency_target_seconds: float = env_field(env_float, "CUTY_GATEWAY_LATENCY_TARGET_SECONDS", 0.1)
     # A request that finds its share of the limit in use waits for a freed place at most this long
     # (new work and reads; the target when the queue is standing; a purchase under way), and at
     # most queue_max wait at once; 0 seconds: refused at once.
-    queue_seconds: float = env_field(env_float, "CUTY_GATEWAY_QUEUE_SECONDS", 0.02)
+    queue_seconds: float = env_field(env_float, "CUTY_GATEWAY_QUEUE_SECONDS", 0.01)
     queue_target_seconds: float = env_field(env_float, "CUTY_GATEWAY_QUEUE_TARGET_SECONDS", 0.005)
     critical_queue_seconds: float = env_field(env_float, "CUTY_GATEWAY_CRITICAL_QUEUE_SECONDS", 1.0)
     queue_max: int = env_field(env_int, "CUTY_GATEWAY_QUEUE_MAX", 200)
