@@ -26,7 +26,6 @@ from cutylib.telemetry import context_of
 
 from . import domain, repository as repo
 from .domain import Move, Saga, Step
-from .idempotency import Finishing
 from .metrics import CheckoutMetrics
 from .ports import Payments
 from .remote import Inventory, Refused, Rejected, Retryable
@@ -85,21 +84,6 @@ def _merge(a, b):
     return type(a)(**{f.name: pick(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)})
 
 
-def _answer_with(finish: tuple | None, saga: Saga, after: Saga, learned: repo.Fields,
-                 move: Move) -> tuple[Finishing, bytes] | None:
-    """(Finishing, the answer it stores) when the move ends the saga of a request that finishes its
-    Idempotency-Key with it, else None. The answer is built from the row the transition writes:
-    `saga` with the new state and, when the move gives one, its failure reason (TRANSITION); only a
-    move that records nothing else learned, so the row is exactly that."""
-    if finish is None or finish[1] is None or not after.terminal or learned != _NOTHING:
-        return None
-    if saga.state in domain.RESCHEDULE_STATES:
-        return None  # END_RESCHEDULE, not TRANSITION
-    payment, finishing = finish
-    written = dataclasses.replace(after, failure_reason=move.reason or saga.failure_reason)
-    return finishing, finishing.answer(written, payment)
-
-
 class Engine:
     def __init__(self, pool: asyncpg.Pool, holds: Inventory, payments: Payments, metrics: CheckoutMetrics,
                  options: CheckoutOptions, lease_seconds: float):
@@ -111,13 +95,10 @@ class Engine:
         self.lease_seconds = lease_seconds
         self.steps = Steps(holds, payments, metrics, options)
 
-    async def drive(self, saga: Saga, owner: str, payment=None, *, unpaid: bool = False,
-                    finish: Finishing | None = None):
+    async def drive(self, saga: Saga, owner: str, payment=None, *, unpaid: bool = False):
         """Run `saga` (whose lease `owner` holds) until it waits or ends and give the lease back.
         Returns (last row seen, last PaymentView read or None). `unpaid`: the caller's own write just
         started the payment attempt (HELD -> CHARGING), so no payment can exist for its key yet.
-        `finish`: the driving request's Idempotency-Key, whose answer the transition that ends the
-        saga stores in the same statement (idempotency.Finishing; the request's FINISH saved).
 
         Raises Rejected (the hold was refused; the saga is REJECTED) and Refused (bad input; the
         PENDING row stays for the caller to delete); any other failure is retried later.
@@ -140,7 +121,7 @@ class Engine:
                 "checkout.drive", context=parent, links=links, attributes={"cuty.checkout.id": saga.id}), \
                 self._heartbeat(saga.id, owner):
             try:
-                return await self._drive(saga, owner, payment, unpaid, deadline, finish)
+                return await self._drive(saga, owner, payment, unpaid, deadline)
             except OutOfTime as stop:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.sagas.hand_back(saga.id, owner, caller_gone=True), 1.0)
@@ -157,8 +138,7 @@ class Engine:
                 await self._retry_later(saga, owner, exc)
                 return await self.sagas.get(saga.id) or saga, None
 
-    async def _drive(self, saga: Saga, owner: str, payment, unpaid: bool = False, deadline: float | None = None,
-                     finish: Finishing | None = None):
+    async def _drive(self, saga: Saga, owner: str, payment, unpaid: bool = False, deadline: float | None = None):
         by_request = deadline is not None  # a request waits for this drive (its deadline governs it)
         learned = _NOTHING  # facts a step learned that are not written yet
         key_checked = unpaid
@@ -207,8 +187,7 @@ class Engine:
                     saga, extended=saga.extended or learned.extended, expire_time=learned.expires or saga.expire_time,
                     payment_id=saga.payment_id or learned.payment_id)
                 continue
-            saga, again = await self._move(saga, owner, out.move, learned, out.note, status,
-                                           finish=(payment, finish) if out.raise_after is None else None)
+            saga, again = await self._move(saga, owner, out.move, learned, out.note, status)
             learned = _NOTHING
             if out.raise_after is not None:
                 raise out.raise_after
@@ -235,10 +214,9 @@ class Engine:
         return await self.payments.get(watched)
 
     async def _move(self, saga: Saga, owner: str, move: Move, learned: repo.Fields, note: str,
-                    status: str | None, *, finish: tuple | None = None) -> tuple[Saga, bool]:
+                    status: str | None) -> tuple[Saga, bool]:
         """Record `move` (and what was learned). When the saga will then wait, the same statement
-        gives the lease back, unless a wake-up came meanwhile. Returns (new row, look again).
-        `finish`: (the payment as last read, the driving request's Finishing or None)."""
+        gives the lease back, unless a wake-up came meanwhile. Returns (new row, look again)."""
         fields = dataclasses.replace(learned, outcome=move.outcome or learned.outcome,
                                      failure_reason=move.reason or learned.failure_reason)
         after = dataclasses.replace(saga, state=move.state, outcome=move.outcome or saga.outcome)
@@ -247,13 +225,9 @@ class Engine:
                              self.options.pay_window_seconds), after, status)
         wake_at = domain.wait_until(dataclasses.replace(after, expire_time=fields.expires or saga.expire_time),
                                     self.options.expiry_grace_seconds)
-        stored = _answer_with(finish, saga, after, learned, move)
-        new = await self.sagas.transition(saga, owner, move.state, fields, note, release=waits, wake_at=wake_at,
-                                          finish=stored and (*stored[0].row, stored[1]))
+        new = await self.sagas.transition(saga, owner, move.state, fields, note, release=waits, wake_at=wake_at)
         if new is None:
             raise Fenced()
-        if stored:
-            stored[0].stored(stored[1])
         if new.state != saga.state:
             # E.g. `recorded:COMPLETED`, a crash right after the state change (and
             # the outbox event its trigger wrote) committed, before anything else happens.

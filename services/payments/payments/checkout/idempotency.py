@@ -53,29 +53,10 @@ SELECT request_hash, state, response, response_is_error FROM checkout_idempotenc
 WHERE customer_id = $1 AND operation = $2 AND key = $3 AND expires_at > clock_timestamp()
 """
 
-
-
-def finish_sql(n: int, is_error: str) -> str:
-    """The UPDATE that stores a request's answer: its key row named whole by the parameters $n
-    (customer), $n+1 (operation), $n+2 (key), $n+3 (created_at, the partition key), $n+4 (the
-    answer); `is_error` the SQL of its flag. FINISH on its own, or a CTE of the request's last saga
-    transition (repository.TRANSITION_FINISHING)."""
-    return (f"UPDATE checkout_idempotency_keys SET state = 'done', response = ${n + 4}, "
-            f"response_is_error = {is_error}, locked_until = NULL\n"
-            f"WHERE customer_id = ${n} AND operation = ${n + 1} AND key = ${n + 2} AND created_at = ${n + 3} "
-            "AND state = 'in_flight'")
-
-
 # The statements of a request after its BEGIN name its row whole ($4: its created_at, the partition key).
-FINISH = finish_sql(1, "$6")
-
-# The stored answer, when the request's last saga transition stored a prediction of it that its
-# answer, built from the row the transition returned, does not match (never, while the prediction
-# is right; Finishing). Only the request that stored it gets here, before it answers.
-RESTORE = """
-UPDATE checkout_idempotency_keys SET response = $5
-WHERE customer_id = $1 AND operation = $2 AND key = $3 AND created_at = $4 AND state = 'done'
-  AND NOT response_is_error
+FINISH = """
+UPDATE checkout_idempotency_keys SET state = 'done', response = $5, response_is_error = $6, locked_until = NULL
+WHERE customer_id = $1 AND operation = $2 AND key = $3 AND created_at = $4 AND state = 'in_flight'
 """
 
 # Bad input changed nothing, so it leaves no key behind either: the same key may be used again.
@@ -125,30 +106,10 @@ class Claim:
     row: Any                      # what the request's first write returned
     created_at: Any = None        # the key row's partition key: names the row in FINISH / UNLOCK
     answer: Any = None
-    stored: bytes | None = None   # the answer as stored by the request's last saga transition
-    customer: str = ""            # the key row's name: (customer, operation, key, created_at)
-    operation: str = ""
-    key: str = ""
 
     def finish(self, answer: Any) -> None:
         """The request's answer: returned, and stored for replays when the block ends."""
         self.answer = answer
-
-
-@dataclass(frozen=True)
-class Finishing:
-    """A request's FINISH carried by the saga transition that ends its checkout (engine.py): a
-    request that drives its saga to a terminal state stores its answer with that state, in the
-    same statement, instead of in a FINISH of its own after it. The answer is built from the row
-    the transition will write (`answer(saga, payment)`, the row predicted); the request compares it
-    with the answer it gives and stores that again in the rare case they differ (RESTORE)."""
-    row: tuple                               # (customer, operation, key, created_at)
-    answer: Callable[[Any, Any], bytes]      # the stored bytes of the answer for (saga row, payment)
-    claim: Claim
-
-    def stored(self, answer: bytes) -> None:
-        """The transition committed, and with it `answer` as the key's."""
-        self.claim.stored = answer
 
 
 @dataclass
@@ -185,7 +146,6 @@ class IdempotencyStore:
         else:
             key = f"{SERVER_KEY_PREFIX}{uuid.uuid4()}"
         claim = Claim(*await self._begin(customer, operation, key, req_hash, first))
-        claim.customer, claim.operation, claim.key = customer, operation, key
         row = (customer, operation, key, claim.created_at)
         try:
             yield claim
@@ -206,18 +166,7 @@ class IdempotencyStore:
         if claim.answer is None:
             await self.pool.execute(UNLOCK, *row)
             raise RuntimeError(f"a {operation} request ended without finishing its Idempotency-Key")
-        answer = self.encode(claim.answer)
-        if claim.stored is None:
-            await self.pool.execute(FINISH, *row, answer, False)
-        elif claim.stored != answer:
-            log.warning("the stored answer of a %s request differed from its answer; stored again", operation)
-            await self.pool.execute(RESTORE, *row, answer)
-
-    def finishing(self, claim: Claim, build: Callable[..., Any]) -> "Finishing":
-        """`claim`'s FINISH, for its request's last saga transition to carry (Finishing); `build`
-        makes the request's answer from (saga row, payment), as the request will."""
-        return Finishing((claim.customer, claim.operation, claim.key, claim.created_at),
-                         lambda saga, payment: self.encode(build(saga, payment)), claim)
+        await self.pool.execute(FINISH, *row, self.encode(claim.answer), False)
 
     async def _begin(self, customer: str, operation: str, key: str, req_hash: bytes,
                      first: tuple[str, tuple]) -> tuple[str, bool, Any, Any]:

@@ -19,7 +19,6 @@ import asyncpg
 from cutylib import tenancy
 from cutylib.telemetry import current_trace_id, current_traceparent
 
-from .idempotency import finish_sql
 from .domain import (COMPLETED, DEFAULT_CANCELLATION_FEE_PERCENT, DEFAULT_FREE_CANCELLATION_HOURS, IDLE,
                      RESCHEDULE_CONFIRMING, RESCHEDULE_STATES, STATES, TERMINAL, Held, Saga)
 from .reschedule import Learned
@@ -166,15 +165,6 @@ WITH upd AS (
 )
 SELECT * FROM upd
 """
-# TRANSITION that also stores the answer of the request driving it ($30-$34: its Idempotency-Key's
-# row and answer; idempotency.Finishing), only when the transition is made: the request's last
-# statement when it ends its checkout (engine.py, `_move`).
-TRANSITION_FINISHING = TRANSITION.replace("\nSELECT * FROM upd", f"""
-, fin AS ({finish_sql(30, "false")}
-      AND EXISTS (SELECT FROM upd)
-)
-SELECT * FROM upd""")
-assert TRANSITION_FINISHING != TRANSITION
 
 # PayCheckout's first write: HELD -> CHARGING and the saga lease for the request, as part of its
 # Idempotency-Key's statement (idempotency.begin_with): only when the key was taken (`began` has
@@ -608,12 +598,10 @@ class Sagas:
         await self.db.execute(DELETE_PENDING, checkout_id, owner)
 
     async def transition(self, saga: Saga, owner: str, state: str, fields: Fields = Fields(), note: str = "", *,
-                         release: bool = False, wake_at=None, finish: tuple | None = None) -> Saga | None:
+                         release: bool = False, wake_at=None) -> Saga | None:
         """The new row, or None when fenced (another actor moved the saga or took the lease).
         `release`: give the lease back, due again at `wake_at` (the row's lease_owner then says
-        whether it was given back or kept because a wake-up arrived). `finish`: (customer,
-        operation, key, created_at, answer) of the driving request's Idempotency-Key, whose answer
-        is stored by the same statement when it makes the transition. A reschedule's way back to
+        whether it was given back or kept because a wake-up arrived). A reschedule's way back to
         COMPLETED is END_RESCHEDULE."""
         if saga.state in RESCHEDULE_STATES and state == COMPLETED:
             return saga_of(await self.db.fetchrow(
@@ -621,13 +609,12 @@ class Sagas:
                 fields.failure_reason, saga.state, current_trace_id(), note))
         h, r = fields.held or _NOT_HELD, fields.reschedule or _NOTHING_LEARNED
         return saga_of(await self.db.fetchrow(
-            TRANSITION if finish is None else TRANSITION_FINISHING,
-            saga.id, saga.version, owner, state, fields.outcome, h.hold_id, h.amount_minor,
+            TRANSITION, saga.id, saga.version, owner, state, fields.outcome, h.hold_id, h.amount_minor,
             h.currency, fields.expires, fields.extended, fields.payment_id, fields.failure_reason,
             saga.state, current_trace_id(), note, release, wake_at, h.merchant_id, h.salon_id,
             h.free_cancellation_hours, h.cancellation_fee_percent, h.start_time,
             r.hold_id, r.amount_minor, r.start_time, r.expire_time, r.payment_id, fields.payment_key,
-            fields.no_show_fee_accepted_at, *(finish or ())))
+            fields.no_show_fee_accepted_at))
 
     async def start_cancel(self, saga: Saga, owner: str, lease_seconds: float) -> Saga | None:
         return saga_of(await self.db.fetchrow(START_CANCEL, saga.id, saga.customer_id, owner, lease_seconds,

@@ -28,7 +28,7 @@ from . import diagnostics, domain, repository as repo
 from .answers import CheckoutAnswer, CheckoutPage
 from .domain import Saga
 from .engine import Engine
-from .idempotency import Finishing, IdempotencyStore, request_hash
+from .idempotency import IdempotencyStore, request_hash
 from .live import Watchers
 from .metrics import CheckoutMetrics
 from .ports import Payments
@@ -103,15 +103,10 @@ class CheckoutService:
                                     pay_within=_pay_within() if req.payment_method is not None else None,
                                     no_show_fee_minor=fee)
         async with self.keys.claim(customer, "create", key, h, first) as claim:  # or Replay
-            claim.finish(await self._create(claim.resource_id, owner, claim.row, self._finishing(claim)))
+            claim.finish(await self._create(claim.resource_id, owner, claim.row))
         return claim.answer
 
-    def _finishing(self, claim) -> Finishing:
-        """The request's FINISH, carried by the transition that ends its checkout, if it does: its
-        answer is then `view(saga, payment=payment)` of that row, as the request gives it."""
-        return self.keys.finishing(claim, lambda saga, payment: CheckoutAnswer(saga, payment))
-
-    async def _create(self, checkout_id: str, owner: str, row, finish: Finishing | None = None) -> CheckoutAnswer:
+    async def _create(self, checkout_id: str, owner: str, row) -> CheckoutAnswer:
         set_span_attributes(checkout_id=checkout_id)
         saga = repo.saga_of_first(row)
         if saga is None:
@@ -120,7 +115,7 @@ class CheckoutService:
             if not domain.being_created(saga):
                 return await self.view(saga)
         try:
-            saga, payment = await self.engine.drive(saga, owner, finish=finish)
+            saga, payment = await self.engine.drive(saga, owner)
         except Rejected as rej:
             rej.error.recorded = True  # the checkout is REJECTED: a replay must say so again
             raise rej.error from None
@@ -179,8 +174,7 @@ class CheckoutService:
                                     payment_method=payment_method, owner=owner, lease_seconds=self.lease_seconds,
                                     pay_within=_pay_within(), no_show_fee_minor=fee)
         async with self.keys.claim(customer, "pay", key, h, first) as claim:  # or Replay
-            claim.finish(await self._pay(customer, checkout_id, payment_method, claim.resumed, owner, claim.row,
-                                         self._finishing(claim)))
+            claim.finish(await self._pay(customer, checkout_id, payment_method, claim.resumed, owner, claim.row))
         return claim.answer
 
     async def _accepted_no_show_fee(self, customer: str, checkout_id: str, accepted: common_pb2.Money) -> int:
@@ -222,7 +216,7 @@ class CheckoutService:
         return saga, payment
 
     async def _pay(self, customer: str, checkout_id: str, payment_method: str, resumed: bool, owner: str,
-                   row, finish: Finishing) -> CheckoutAnswer:
+                   row) -> CheckoutAnswer:
         set_span_attributes(checkout_id=checkout_id)
         saga = repo.saga_of_first(row)
         if saga is None:
@@ -242,7 +236,7 @@ class CheckoutService:
                                             f"{current.state}", reason="checkout-not-held")
         # The charge and, when the PSP answers at once, the confirm step run here (the same engine
         # as the workers), so a card that succeeds synchronously answers COMPLETED.
-        saga, payment = await self.engine.drive(saga, owner, unpaid=True, finish=finish)
+        saga, payment = await self.engine.drive(saga, owner, unpaid=True)
         return await self.view(saga, payment=payment)
 
     # -- GetCheckout ------------------------------------------------------------------------------
