@@ -28,12 +28,13 @@ both ratios.
 BENCH_STATEMENTS=1: the bench's cluster runs with pg_stat_statements (restarted with it preloaded;
 it costs some CPU, so the CPU figures of such a run are not the reference), and every flow's
 statements are printed per checkout: calls and mean ms by database and statement.
-BENCH_VIA=gateway: the deployed side's buyers go through the HTTP gateway, as real buyers do (its
-CPU counted with the rest; JSON over HTTP/1.1 keep-alive, a customer token each; the gateway's
-admission control and rate limits off, so that both flows do all their work): two-call is then two
-HTTP requests and one-call one. BENCH_VIA=both: both ways in one run, each flow's rounds alternated
-with the others' (the gateway then runs, idle, beside the direct rounds too: its idle CPU is in
-their `raw` figures, not in their `net` ones).
+BENCH_VIA (default `both`): how the deployed side's buyers reach the checkout. `grpc`: straight to
+payments over gRPC. `gateway`: through the HTTP gateway, as real buyers do (its CPU counted with the
+rest; JSON over HTTP/1.1 keep-alive, a customer token each; the gateway's admission control and rate
+limits off, so that both flows do all their work): two-call is then two HTTP requests and one-call
+one. `both`: each flow both ways in one run, all four alternated in every round, and the one-call /
+two-call table printed for each way. With the gateway running, the PSP's webhooks reach payments
+through it (its route for them) in every round, the direct ones too, as deployed.
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ KINDS = os.environ.get("BENCH_KINDS", "booking,codes").split(",")
 FLOWS = os.environ.get("BENCH_FLOWS", "two-call,one-call").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 SLOTS_PER_RUN = int(os.environ.get("BENCH_SLOTS", "3000"))
-VIA = os.environ.get("BENCH_VIA", "grpc")
+VIA = os.environ.get("BENCH_VIA", "both")
 if VIA not in ("grpc", "gateway", "both"):
     raise SystemExit(f"BENCH_VIA must be grpc, gateway or both, got {VIA!r}")
 # How the deployed side's buyers reach the checkout: straight to payments over gRPC, or through the
