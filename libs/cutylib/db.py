@@ -52,6 +52,10 @@ SHARED_MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 
 # How long a request waits for a pooled connection (CUTY_DB_ACQUIRE_TIMEOUT_SECONDS).
 DEFAULT_ACQUIRE_TIMEOUT_SECONDS = 5.0
+# How long closing a pool waits for its connections to come back and say goodbye before it cuts
+# them. asyncpg's own close has no bound: a connection whose statement was cancelled just as it
+# finished waits for a cancel acknowledgement that never comes, and the close with it, for ever.
+CLOSE_GRACE_SECONDS = 10.0
 
 
 def sets_its_merchant(sql: str) -> str:
@@ -147,12 +151,16 @@ class BoundedPool(asyncpg.Pool):
 
     __slots__ = ("acquire_timeout", "merchant", "session_merchant", "reporting")
 
-    async def close(self) -> None:
+    async def close(self, grace: float = CLOSE_GRACE_SECONDS) -> None:
+        """Close gracefully within `grace` seconds, then terminate what is left (asyncpg's close,
+        cancelled, terminates the pool itself)."""
         try:
-            await super().close()
+            await asyncio.wait_for(super().close(), grace)
+        except asyncio.TimeoutError:
+            log.warning("database pool not closed within its grace; connections cut", extra={"grace_s": grace})
         finally:
             if getattr(self, "reporting", None) is not None:
-                await self.reporting.close()
+                await self.reporting.close(grace)
 
     def terminate(self) -> None:
         super().terminate()

@@ -179,3 +179,27 @@ async def test_a_unit_of_work_says_its_merchant_on_any_pool(scratch_db):
     finally:
         await plain.close()
         await ours.close()
+
+
+async def test_closing_a_pool_ends_within_its_grace_even_with_a_connection_never_given_back(scratch_db):
+    """asyncpg's close waits for every connection to come back, without a bound: a worker that still
+    holds one (or a connection waiting for a cancel acknowledgement that never comes) would hold a
+    service's shutdown for ever. Our pools wait their grace, then cut what is left."""
+    from cutylib.db import create_pool
+    from cutylib.testing.postgres import owner_connection
+
+    pool = await create_pool(scratch_db, min_size=1, max_size=2, application_name="held-for-ever")
+    held = await pool.acquire()
+    pid = await held.fetchval("SELECT pg_backend_pid()")
+    async with owner_connection(scratch_db) as admin:
+        closing = asyncio.create_task(pool.close(grace=0.5))
+        done, _ = await asyncio.wait({closing}, timeout=10)
+        assert done, "the pool's close did not end within 10 s"
+        closing.result()
+        for _ in range(50):  # the server sees the cut connection go
+            if not await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the held connection's backend is still there")
+
