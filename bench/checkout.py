@@ -24,7 +24,8 @@ weighs more on whichever flow happened to complete fewer checkouts a second (on 
 by a factor). So every measured run is preceded by an idle window (BENCH_IDLE_SECONDS, default 1 s,
 after 0.5 s for the previous run's tail to settle) whose CPU rate, times the run's length, is the
 run's background: the table prints CPU per checkout as measured (`raw`) and net of it (`net`), and
-both ratios.
+both ratios. Before the rounds of each kind and concurrency, every way runs unmeasured for
+BENCH_WARMUP_SECONDS (default 1), so the first measured run does not carry the warm-up alone.
 BENCH_STATEMENTS=1: the bench's cluster runs with pg_stat_statements (restarted with it preloaded;
 it costs some CPU, so the CPU figures of such a run are not the reference), and every flow's
 statements are printed per checkout: calls and mean ms by database and statement.
@@ -92,6 +93,7 @@ def label(way: tuple[str, str]) -> str:
     return f"{flow} via the gateway" if path == "gateway" else flow
 STATEMENTS = os.environ.get("BENCH_STATEMENTS") == "1"
 IDLE_SECONDS = float(os.environ.get("BENCH_IDLE_SECONDS", "1"))
+WARMUP_SECONDS = float(os.environ.get("BENCH_WARMUP_SECONDS", "1"))
 GATEWAY_ENV = {"CUTY_GATEWAY_CONCURRENCY_MAX": 0, "CUTY_GATEWAY_ACCESS_LOG": "0",
                "CUTY_GATEWAY_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_RATE_BURST": 1_000_000,
                "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_ADDRESS_RATE_BURST": 1_000_000}
@@ -212,6 +214,11 @@ async def main() -> None:
                 idle_of = {way: {} for way in WAYS}
                 done_of = {way: [] for way in WAYS}
                 products = {way: secure.products.pop() for way in WAYS}
+                for way in WAYS if WARMUP_SECONDS > 0 else ():
+                    # Unmeasured: the first run after a pause would otherwise carry the processes'
+                    # warm-up (connections, caches) into whichever way comes first.
+                    await closed_loop(buyer(kind, way[1], secure, products[way], [], http=way[0] == "gateway"),
+                                      concurrency=conc, duration=WARMUP_SECONDS)
                 for rnd in range(ROUNDS):
                     for way in (WAYS if rnd % 2 == 0 else WAYS[::-1]):
                         path, flow = way
