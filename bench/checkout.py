@@ -24,14 +24,18 @@ weighs more on whichever flow happened to complete fewer checkouts a second (on 
 by a factor). So every measured run is preceded by an idle window (BENCH_IDLE_SECONDS, default 1 s,
 after 0.5 s for the previous run's tail to settle) whose CPU rate, times the run's length, is the
 run's background: the table prints CPU per checkout as measured (`raw`) and net of it (`net`), and
-both ratios.
+both ratios. Before the rounds of each kind and concurrency, every way runs unmeasured for
+BENCH_WARMUP_SECONDS (default 1), so the first measured run does not carry the warm-up alone.
 BENCH_STATEMENTS=1: the bench's cluster runs with pg_stat_statements (restarted with it preloaded;
 it costs some CPU, so the CPU figures of such a run are not the reference), and every flow's
 statements are printed per checkout: calls and mean ms by database and statement.
-BENCH_VIA=gateway: the deployed side's buyers go through the HTTP gateway, as real buyers do (its
-CPU counted with the rest; JSON over HTTP/1.1 keep-alive, a customer token each; the gateway's
-admission control and rate limits off, so that both flows do all their work): two-call is then two
-HTTP requests and one-call one.
+BENCH_VIA (default `both`): how the deployed side's buyers reach the checkout. `grpc`: straight to
+payments over gRPC. `gateway`: through the HTTP gateway, as real buyers do (its CPU counted with the
+rest; JSON over HTTP/1.1 keep-alive, a customer token each; the gateway's admission control and rate
+limits off, so that both flows do all their work): two-call is then two HTTP requests and one-call
+one. `both`: each flow both ways in one run, all four alternated in every round, and the one-call /
+two-call table printed for each way. With the gateway running, the PSP's webhooks reach payments
+through it (its route for them) in every round, the direct ones too, as deployed.
 """
 from __future__ import annotations
 
@@ -74,9 +78,22 @@ KINDS = os.environ.get("BENCH_KINDS", "booking,codes").split(",")
 FLOWS = os.environ.get("BENCH_FLOWS", "two-call,one-call").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
 SLOTS_PER_RUN = int(os.environ.get("BENCH_SLOTS", "3000"))
-VIA = os.environ.get("BENCH_VIA", "grpc")
+VIA = os.environ.get("BENCH_VIA", "both")
+if VIA not in ("grpc", "gateway", "both"):
+    raise SystemExit(f"BENCH_VIA must be grpc, gateway or both, got {VIA!r}")
+# How the deployed side's buyers reach the checkout: straight to payments over gRPC, or through the
+# HTTP gateway.
+PATHS = ["grpc", "gateway"] if VIA == "both" else [VIA]
+# What is measured side by side: every flow by every path, (path, flow).
+WAYS = [(path, flow) for path in PATHS for flow in FLOWS]
+
+
+def label(way: tuple[str, str]) -> str:
+    path, flow = way
+    return f"{flow} via the gateway" if path == "gateway" else flow
 STATEMENTS = os.environ.get("BENCH_STATEMENTS") == "1"
 IDLE_SECONDS = float(os.environ.get("BENCH_IDLE_SECONDS", "1"))
+WARMUP_SECONDS = float(os.environ.get("BENCH_WARMUP_SECONDS", "1"))
 GATEWAY_ENV = {"CUTY_GATEWAY_CONCURRENCY_MAX": 0, "CUTY_GATEWAY_ACCESS_LOG": "0",
                "CUTY_GATEWAY_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_RATE_BURST": 1_000_000,
                "CUTY_GATEWAY_ADDRESS_RATE_PER_SECOND": 1_000_000, "CUTY_GATEWAY_ADDRESS_RATE_BURST": 1_000_000}
@@ -139,10 +156,10 @@ class Side:
         env = {**ENV, **{f"CUTY_{s.upper()}_DATABASE_URL": d for s, d in self.dbs.items()}}
         if not secure:
             env["CUTY_TLS"] = "off"
-        self.via_gateway = secure and VIA == "gateway"
+        self.via_gateway = secure and VIA in ("gateway", "both")
         if self.via_gateway:
             env.update(GATEWAY_ENV)
-            self.name += " via the gateway"
+            self.name += " with the gateway"
         self.stack = Stack(server.dsn, os.path.join(work, self.name), env=env, gateway=self.via_gateway)
         self.channels = []
 
@@ -181,8 +198,8 @@ async def main() -> None:
         for side in sides:
             # Per concurrency the mTLS side runs each flow and the direct limit, the plaintext side
             # the two-call flow; a product per kind, concurrency and flow.
-            await side.start(SLOTS_PER_RUN * len(CONCURRENCY) * (len(FLOWS) + 1),
-                             len(KINDS) * len(CONCURRENCY) * len(FLOWS))
+            await side.start(SLOTS_PER_RUN * len(CONCURRENCY) * (len(FLOWS) * len(PATHS) + 1),
+                             len(KINDS) * len(CONCURRENCY) * len(FLOWS) * len(PATHS))
         print(f"catalogue: {len(sides[0].cat.slots)} slots per stack in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
         # The PSP client the orchestrator uses (payments/psp.py), so the limit pays what it pays.
         psp = PspClient(sides[0].stack.psp_url, timeout=10, retries=0, max_connections=200)
@@ -191,51 +208,60 @@ async def main() -> None:
             for conc in CONCURRENCY:
                 secure, plain = sides
                 # mTLS, as deployed: the flows alternated in rounds, so drift of the machine hits both.
-                measured = {flow: [] for flow in FLOWS}
-                statements_of = {flow: {} for flow in FLOWS}
-                cpu_of = {flow: {} for flow in FLOWS}
-                idle_of = {flow: {} for flow in FLOWS}
-                done_of = {flow: [] for flow in FLOWS}
-                products = {flow: secure.products.pop() for flow in FLOWS}
+                measured = {way: [] for way in WAYS}
+                statements_of = {way: {} for way in WAYS}
+                cpu_of = {way: {} for way in WAYS}
+                idle_of = {way: {} for way in WAYS}
+                done_of = {way: [] for way in WAYS}
+                products = {way: secure.products.pop() for way in WAYS}
+                for way in WAYS if WARMUP_SECONDS > 0 else ():
+                    # Unmeasured: the first run after a pause would otherwise carry the processes'
+                    # warm-up (connections, caches) into whichever way comes first.
+                    await closed_loop(buyer(kind, way[1], secure, products[way], [], http=way[0] == "gateway"),
+                                      concurrency=conc, duration=WARMUP_SECONDS)
                 for rnd in range(ROUNDS):
-                    for flow in (FLOWS if rnd % 2 == 0 else FLOWS[::-1]):
-                        spy = pyspy(secure.stack.procs["payments-0"].proc.pid, work, f"{kind}-{conc}-{flow}-{rnd}")
+                    for way in (WAYS if rnd % 2 == 0 else WAYS[::-1]):
+                        path, flow = way
+                        tag = f"{kind}-{conc}-{flow}-{path}-{rnd}"
+                        spy = pyspy(secure.stack.procs["payments-0"].proc.pid, work, tag)
                         if stmts is not None:
                             await stmts.reset()
-                        run, cpu, idle = await measure(secure, server, buyer(kind, flow, secure, products[flow],
-                                                                             done_of[flow]), conc, SECONDS / ROUNDS)
+                        run, cpu, idle = await measure(secure, server, buyer(kind, flow, secure, products[way],
+                                                                             done_of[way], http=path == "gateway"),
+                                                       conc, SECONDS / ROUNDS)
                         if stmts is not None:
-                            await stmts.take(secure.dbs, statements_of[flow])
+                            await stmts.take(secure.dbs, statements_of[way])
                         if spy is not None:
                             print(spy.summary(), file=sys.stderr)
-                        measured[flow].append(run)
+                        measured[way].append(run)
                         for n, v in cpu.items():
-                            cpu_of[flow][n] = cpu_of[flow].get(n, 0.0) + v
-                            idle_of[flow][n] = idle_of[flow].get(n, 0.0) + idle.get(n, 0.0)
+                            cpu_of[way][n] = cpu_of[way].get(n, 0.0) + v
+                            idle_of[way][n] = idle_of[way].get(n, 0.0) + idle.get(n, 0.0)
                 limit = await direct(kind, conc, secure.booking, secure.codepool, psp, secure.slot_iter,
-                                     products[FLOWS[0]])
+                                     products[WAYS[0]])
                 per_flow = {}
-                for flow in FLOWS:
-                    run = merged(measured[flow])
-                    per_op = per_checkout(cpu_of[flow], run.ops)
-                    net = per_checkout(net_of(cpu_of[flow], idle_of[flow]), run.ops)
-                    profile = await step_profile(secure.pay_db, done_of[flow])
-                    per_flow[flow] = (run, per_op, net)
-                    results.append(run.result(f"{kind} {flow}->COMPLETED ({secure.name}, as deployed)", conc, limit=limit,
+                for way in WAYS:
+                    run = merged(measured[way])
+                    per_op = per_checkout(cpu_of[way], run.ops)
+                    net = per_checkout(net_of(cpu_of[way], idle_of[way]), run.ops)
+                    profile = await step_profile(secure.pay_db, done_of[way])
+                    per_flow[way] = (run, per_op, net)
+                    results.append(run.result(f"{kind} {label(way)}->COMPLETED (mTLS, as deployed)", conc, limit=limit,
                                               notes="limit: the same remote calls without the orchestrator",
                                               steps_p50_ms=profile, cpu_ms_per_checkout=per_op,
                                               cpu_net_ms_per_checkout=net))
-                    profiles.append((f"{kind}/{flow}/mTLS", conc, profile, per_op))
+                    profiles.append((f"{kind}/{label(way)}/mTLS", conc, profile, per_op))
                 flows.append((kind, conc, per_flow))
                 if stmts is not None:
-                    Statements.print(kind, conc, {f: (statements_of[f], per_flow[f][0].ops) for f in FLOWS})
+                    Statements.print(kind, conc, {label(w): (statements_of[w], per_flow[w][0].ops) for w in WAYS})
                 # Plaintext gRPC beside it (the two-call flow): the ratio is what mTLS costs.
                 done: list[str] = []
                 run, cpu, _ = await measure(plain, server, buyer(kind, "two-call", plain, plain.products.pop(), done),
                                          conc, SECONDS)
                 per_op = per_checkout(cpu, run.ops)
                 results.append(run.result(f"{kind} two-call->COMPLETED (plaintext gRPC)", conc,
-                                          limit=merged(measured["two-call"]) if "two-call" in measured else None,
+                                          limit=merged(measured[(PATHS[0], "two-call")])
+                                          if (PATHS[0], "two-call") in measured else None,
                                           notes="limit: the mTLS two-call run beside it; ratio > 1 is what mTLS costs "
                                                 "(target <= 1.15)", cpu_ms_per_checkout=per_op))
                 profiles.append((f"{kind}/two-call/plaintext", conc, await step_profile(plain.pay_db, done), per_op))
@@ -254,11 +280,11 @@ async def main() -> None:
         server.close()
 
 
-def buyer(kind: str, flow: str, side: Side, product: str, done: list[str]):
+def buyer(kind: str, flow: str, side: Side, product: str, done: list[str], http: bool = False):
     """One buyer's purchase: CreateCheckout + PayCheckout (two-call), or CreateCheckout with the
-    payment method (one-call), until COMPLETED."""
+    payment method (one-call), until COMPLETED; through the gateway when `http`."""
     api, slot_iter = side.api, side.slot_iter
-    if side.via_gateway:
+    if http:
         return http_buyer(kind, flow, side, product, done)
 
     async def purchase(i: int) -> None:
@@ -309,12 +335,19 @@ def per_checkout(cpu: dict[str, float], ops: int) -> dict[str, float]:
 
 def print_flows(flows) -> None:
     """The flows side by side: throughput, latency, CPU per checkout of all processes (as measured,
-    and net of the stack's idle CPU), and the ratio of one-call's CPU to two-call's (target <= 0.75)."""
-    if not flows or not {"one-call", "two-call"} <= set(flows[0][2]):
+    and net of the stack's idle CPU), and the ratio of one-call's CPU to two-call's (target <= 0.75),
+    for each way the buyers came (straight to payments over gRPC, through the gateway)."""
+    if not {"one-call", "two-call"} <= set(FLOWS):
         return
-    print(f"\none-call vs two-call ({'via the gateway, ' if VIA == 'gateway' else ''}mTLS, as deployed; "
-          "CPU ms per checkout of all processes, raw / net of the idle stack's CPU):")
-    for kind, conc, per_flow in flows:
+    for path in PATHS:
+        print(f"\none-call vs two-call ({'through the gateway' if path == 'gateway' else 'gRPC straight to payments'}"
+              ", mTLS, as deployed; CPU ms per checkout of all processes, raw / net of the idle stack's CPU):")
+        print_ratios(path, flows)
+
+
+def print_ratios(path: str, flows) -> None:
+    for kind, conc, all_ways in flows:
+        per_flow = {flow: all_ways[(path, flow)] for flow in ("two-call", "one-call")}
         (_, one_cpu, one_net), (_, two_cpu, two_net) = per_flow["one-call"], per_flow["two-call"]
         rows = []
         for flow in ("two-call", "one-call"):
