@@ -2,7 +2,7 @@
 
 A checkout costs the orchestrator (payments) the calls it must make: 3 inbound gRPC calls
 (CreateCheckout, PayCheckout, the PSP's webhook relayed by the gateway), 2 outbound (booking's
-HoldSlot and ConfirmHold), 1 HTTP call to the PSP and 10 statements (docs/checkout.md). This
+HoldSlot and ConfirmHold), 1 HTTP call to the PSP and 9 statements (docs/checkout.md). This
 benchmark runs a stand-in orchestrator that makes exactly those calls and nothing else: the same
 GrpcServer (mutual TLS, the trust, metrics and tracing interceptors, uvloop), the same client
 channel, the same PSP client, the same asyncpg pool, statements of the same shape (a row written
@@ -10,7 +10,7 @@ and returned) against the same Postgres, and no saga, idempotency, view or event
 checkout, read from /proc, is the floor under the real orchestrator's on this machine with this
 stack; `make bench-checkout` run in the same session gives the real one. A second stand-in makes
 the same calls without the statements (each answers a made-up row at once), so the difference is
-what the 10 statements cost the orchestrator; the two alternate, round after round.
+what the 9 statements cost the orchestrator; the two alternate, round after round.
 
 Processes: the stand-in orchestrator (measured), a peer that answers as booking (gRPC) and as the
 PSP (HTTP) with canned answers, and the load generator (this process) acting as the gateway with a
@@ -153,18 +153,18 @@ async def floor(port: int, dsn: str, booking_addr: str, psp_url: str, statements
                 "amount": row["amount_minor"], "currency": row["currency"], "payment_method": request.payment_method,
                 "confirm": True, "metadata": {"payment_id": str(payment["id"]), "checkout_id": str(checkout_id)}})
             await pool.fetchrow(PAID, payment["id"], intent["status"], intent["id"], payment["version"])  # 6
-            await pool.fetchrow(MOVE, checkout_id, "CONFIRMING")                                # 7
             with principal.acting_as(principal.SYSTEM):
                 await booking.ConfirmHold(bpb.ConfirmHoldRequest(hold_id=row["hold_id"], payment_ref=str(payment["id"])))
-            done = await pool.fetchrow(MOVE, checkout_id, "COMPLETED")                          # 8
+            # The synchronous capture recorded with the confirm (CHARGING -> COMPLETED).
+            done = await pool.fetchrow(MOVE, checkout_id, "COMPLETED")                          # 7
             answer = cpb.Checkout(id=str(checkout_id), state=cpb.CHECKOUT_STATE_COMPLETED, hold_id=done["hold_id"])
-            await pool.execute(FINISH, checkout_id, answer.SerializeToString())               # 9
+            await pool.execute(FINISH, checkout_id, answer.SerializeToString())               # 8
             return answer
 
     class Payments(payments_pb2_grpc.PaymentServiceServicer):
         async def HandlePspWebhook(self, request, context):
             event = json.loads(request.payload)
-            await pool.execute(EVENT, event["id"], request.payload)                             # 10
+            await pool.execute(EVENT, event["id"], request.payload)                             # 9
             return ppb.PspWebhookResponse()
 
     server = GrpcServer("payments", port, host="127.0.0.1")
@@ -237,8 +237,8 @@ async def main() -> None:
 
         spawn("peer", bport, hport)
         variants = {}  # name -> (process, checkout, what it makes)
-        for name, mode, calls in (("the calls of a checkout, no saga", "sql", "3 gRPC in, 2 gRPC out, 1 HTTP, 10 statements"),
-                                  ("the same without its 10 statements", "nosql", "3 gRPC in, 2 gRPC out, 1 HTTP")):
+        for name, mode, calls in (("the calls of a checkout, no saga", "sql", "3 gRPC in, 2 gRPC out, 1 HTTP, 9 statements"),
+                                  ("the same without its 9 statements", "nosql", "3 gRPC in, 2 gRPC out, 1 HTTP")):
             port = free_port()
             proc = spawn("floor", port, server.dsn, f"127.0.0.1:{bport}", f"http://127.0.0.1:{hport}", mode)
             ch = channel_as("gateway", f"127.0.0.1:{port}", "payments")

@@ -115,10 +115,12 @@ class CheckoutStack:
         return checkout_pb2_grpc.CheckoutServiceStub(self._channels[replica])
 
     async def create(self, customer: str, *, slot: str = "", product: str = "", quantity: int = 0,
-                     key: str | None = None, replica: int = 0) -> pb.Checkout:
-        return await self.api(replica).CreateCheckout(
-            pb.CreateCheckoutRequest(slot_id=slot, product_id=product, quantity=quantity),
-            metadata=md(customer, key or str(uuid.uuid4())), timeout=10)
+                     key: str | None = None, replica: int = 0, pay_with: str | None = None) -> pb.Checkout:
+        """CreateCheckout; with `pay_with`, a one-call checkout paid with that method."""
+        req = pb.CreateCheckoutRequest(slot_id=slot, product_id=product, quantity=quantity)
+        if pay_with is not None:
+            req.payment_method = pay_with
+        return await self.api(replica).CreateCheckout(req, metadata=md(customer, key or str(uuid.uuid4())), timeout=10)
 
     async def pay(self, customer: str, checkout_id: str, method: str, *, key: str | None = None,
                   replica: int = 0, timeout: float = 10) -> pb.Checkout:

@@ -19,22 +19,29 @@ from checkout_e2e import CheckoutStack, crash_at_each_point, persist, start_stac
 PROC = "payments-0"
 
 
-async def buy(shop: CheckoutStack, *, method: str, kind: str) -> str:
+async def buy(shop: CheckoutStack, *, method: str, kind: str, one_call: bool = False) -> str:
+    """Two calls (create, then pay), or with `one_call` one CreateCheckout with the payment method."""
     customer = f"crash-{uuid.uuid4().hex[:8]}"
     ck, pk = str(uuid.uuid4()), str(uuid.uuid4())
+    pay_with = method if one_call else None
     if kind == "booking":
         (slot,) = await shop.new_slots(1)
-        c = await persist(lambda: shop.create(customer, slot=slot, key=ck))
+        c = await persist(lambda: shop.create(customer, slot=slot, key=ck, pay_with=pay_with))
     else:
         product = await shop.new_product(stock=2)
-        c = await persist(lambda: shop.create(customer, product=product, quantity=2, key=ck))
-    await persist(lambda: shop.pay(customer, c.id, method, key=pk))
+        c = await persist(lambda: shop.create(customer, product=product, quantity=2, key=ck, pay_with=pay_with))
+    if not one_call:
+        await persist(lambda: shop.pay(customer, c.id, method, key=pk))
     return c.id
 
 
 async def happy(shop):
+    # Both flows: the synchronous capture is recorded with the confirm (CHARGING -> COMPLETED), so a
+    # crash at the confirm leaves CHARGING without the payment, which recovery finds by its key.
     return await asyncio.gather(buy(shop, method="pm_card_ok", kind="booking"),
-                                buy(shop, method="pm_card_ok", kind="codes"))
+                                buy(shop, method="pm_card_ok", kind="codes"),
+                                buy(shop, method="pm_card_ok", kind="booking", one_call=True),
+                                buy(shop, method="pm_card_ok", kind="codes", one_call=True))
 
 
 async def declined(shop):

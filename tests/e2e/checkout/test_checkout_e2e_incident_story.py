@@ -60,7 +60,7 @@ async def test_the_code_never_arrived_in_two_minutes(shop, tmp_path):
     assert doc["schema"] == "cuty.chargeback-evidence/1" and doc["generated_by"] == "ops:zoe"
     assert (doc["order"]["state"], doc["order"]["customer_id"], doc["order"]["kind"]) == ("COMPLETED", buyer, "codes")
     assert [p["status"] for p in doc["payments"]] == ["succeeded"] and doc["refunds"] == []
-    assert ("saga", "CONFIRMING", "COMPLETED") in [(e["source"], e["from_status"], e["to_status"])
+    assert ("saga", "CHARGING", "COMPLETED") in [(e["source"], e["from_status"], e["to_status"])
                                                    for e in doc["payment_timeline"]]
     assert doc["codes"]["order"]["status"] == "delivered" and doc["codes"]["order"]["customer_id"] == buyer
     (told,) = doc["codes"]["codes"]

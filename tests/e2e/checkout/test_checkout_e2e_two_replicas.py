@@ -32,7 +32,7 @@ def completions(log: str, ids: set[str]) -> int:
     """How many of `ids` this replica's log says it completed."""
     n = 0
     for line in log.splitlines():
-        if "CONFIRMING -> COMPLETED" in line:
+        if "CHARGING -> COMPLETED" in line or "CONFIRMING -> COMPLETED" in line:
             n += json.loads(line).get("checkout_id") in ids
     return n
 

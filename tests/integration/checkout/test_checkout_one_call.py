@@ -20,10 +20,11 @@ from payments.checkout.domain import validate_create
 from test_checkout_api_idempotency import call_raw, md
 
 # A one-call checkout records its hold with its payment's start: one transition, PENDING -> CHARGING.
-PURCHASE = [("PENDING", "CHARGING"), ("CHARGING", "CONFIRMING"), ("CONFIRMING", "COMPLETED")]
+# The synchronous capture is recorded with the confirm: CHARGING -> COMPLETED.
+PURCHASE = [("PENDING", "CHARGING"), ("CHARGING", "COMPLETED")]
 DECLINED = [("PENDING", "CHARGING"), ("CHARGING", "RELEASING"), ("RELEASING", "FAILED")]
 # The two-call flow: held, then paid.
-TWO_CALL_PURCHASE = [("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "CONFIRMING"), ("CONFIRMING", "COMPLETED")]
+TWO_CALL_PURCHASE = [("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "COMPLETED")]
 
 
 @pytest.fixture
@@ -199,3 +200,38 @@ async def test_a_one_call_whose_hold_timed_out_is_held_and_paid_by_a_worker(harn
 
 async def _state_is(h, checkout_id: str, state: str) -> bool:
     return (await h.row(checkout_id))["state"] == state
+
+
+async def test_a_one_call_whose_hold_was_lost_at_the_confirm_records_the_capture_then_refunds(harness, api):
+    """The synchronous capture is recorded with the confirm's outcome only when it completes: a hold
+    lost at the confirm (here a started appointment) records CONFIRMING, then REFUNDING, as before,
+    without asking booking twice."""
+    h, me = harness, customer()
+    slot = h.booking.add_slot()
+    h.booking.started.add(slot)
+    out = await api.CreateCheckout(pb.CreateCheckoutRequest(slot_id=slot, payment_method="pm_card_ok"),
+                                   metadata=md(me, str(uuid.uuid4())))
+    await wait_for(lambda: _state_is(h, out.id, "REFUNDED"), timeout=5, message="REFUNDED")
+    assert await timeline(h, out.id) == [("PENDING", "CHARGING"), ("CHARGING", "CONFIRMING"),
+                                         ("CONFIRMING", "REFUNDING"), ("REFUNDING", "REFUNDED")]
+    assert h.booking.calls["ConfirmHold"] == 1 and h.booking.effects.get("confirm", 0) == 0
+    assert list(h.psp.charges.values()) == [1] and len(h.psp.refunds) == 1
+
+
+async def test_a_one_call_whose_confirm_keeps_failing_waits_for_an_operator_in_confirming(make_harness):
+    """A confirm that fails records the capture (CONFIRMING) before the failure is retried, so the
+    retries, their bound and an operator's retry are the CONFIRMING step's, as before."""
+    h, me = make_harness(max_attempts=3), customer()
+    h.start_workers(1)
+    h.booking.fail_next["ConfirmHold"] = ["UNAVAILABLE"] * 50
+    done = await h.service.create(me, validate_create(h.booking.add_slot(), "", 0, "pm_card_ok"), str(uuid.uuid4()))
+    assert done.state == pb.CHECKOUT_STATE_CONFIRMING and done.payment.status == PAYMENT_STATUS_SUCCEEDED
+
+    async def needs_attention() -> bool:
+        row = await h.row(done.id)
+        return row["state"] == "NEEDS_ATTENTION" and row["attention_from"] == "CONFIRMING"
+    await wait_for(needs_attention, timeout=10, message="NEEDS_ATTENTION from CONFIRMING")
+    assert (await h.row(done.id))["payment_id"] is not None
+    assert await timeline(h, done.id) == [("PENDING", "CHARGING"), ("CHARGING", "CONFIRMING"),
+                                          ("CONFIRMING", "NEEDS_ATTENTION")]
+    assert list(h.psp.charges.values()) == [1]

@@ -66,8 +66,8 @@ async def test_booking_happy_path_completes_inside_pay(harness):
     assert hold["payment_ref"] == paid.payment.id
     assert dict(h.booking.effects) == {"hold": 1, "extend": 1, "confirm": 1}
     assert list(h.psp.charges.values()) == [1]
-    assert await timeline(h, created.id) == [
-        ("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "CONFIRMING"), ("CONFIRMING", "COMPLETED")]
+    # The synchronous capture is recorded with the confirm: CHARGING -> COMPLETED.
+    assert await timeline(h, created.id) == [("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "COMPLETED")]
     row = await h.row(created.id)
     assert row["next_run_at"] is None and row["lease_owner"] is None
 
@@ -335,12 +335,36 @@ async def test_a_drive_cancelled_mid_step_hands_the_saga_back_at_once(harness):
     with pytest.raises(asyncio.CancelledError):
         await pay
     row = await h.row(created.id)
-    assert row["state"] == "CONFIRMING" and row["lease_owner"] is None
+    # The capture is recorded with the confirm's outcome, so the row still says CHARGING (with its
+    # payment, which the payments trigger wrote with the capture): a worker confirms again
+    # (idempotent) and records COMPLETED.
+    payment_id = await h.pool.fetchval("SELECT id FROM payments WHERE checkout_id = $1", uuid.UUID(created.id))
+    assert (row["state"], row["payment_id"], row["lease_owner"]) == ("CHARGING", payment_id, None)
     assert row["next_run_at"] <= await h.pool.fetchval("SELECT clock_timestamp()")
     h.booking.delay["ConfirmHold"] = 0
     h.start_workers(1)
     await wait_for(lambda: _is(h, created.id, "COMPLETED"), timeout=5, message="COMPLETED by a worker")
-    assert h.booking.effects["confirm"] == 1
+    assert h.booking.effects["confirm"] == 1 and list(h.psp.charges.values()) == [1]
+    assert await timeline(h, created.id) == [("PENDING", "HELD"), ("HELD", "CHARGING"), ("CHARGING", "COMPLETED")]
+
+
+async def test_a_checkout_whose_payment_was_captured_cannot_be_cancelled_while_it_is_confirmed(harness):
+    """A card captured at once is confirmed before anything is written (CHARGING -> COMPLETED): a
+    cancel arriving meanwhile is refused, as in CONFIRMING, so a confirmed booking is never refunded
+    and released behind the confirm's back."""
+    import asyncio
+
+    h = harness
+    created = await h.service.create(C, booking_req(h), "")
+    h.booking.delay["ConfirmHold"] = 0.5
+    pay = asyncio.ensure_future(h.service.pay(C, created.id, "pm_card_ok", ""))
+    await wait_for(lambda: h.booking.calls["ConfirmHold"], timeout=5, message="confirm under way")
+    with pytest.raises(errors.FailedPrecondition) as refused:
+        await h.service.cancel(C, created.id)
+    assert refused.value.reason == "checkout-not-cancellable"
+    paid = await pay
+    assert paid.state == pb.CHECKOUT_STATE_COMPLETED and not h.psp.refunds
+    assert h.booking.holds[created.hold_id]["status"] == "confirmed"
 
 
 async def test_charge_whose_result_was_lost_is_found_by_its_key(make_harness):

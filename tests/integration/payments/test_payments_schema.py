@@ -94,8 +94,52 @@ async def test_the_saga_trigger_allows_exactly_the_domains_transitions(scratch_d
 
     allowed = await allowed_moves(scratch_db, "checkouts", "state", list(saga_domain.TRANSITIONS),
                                   {"checkouts_state_check", "checkouts_attention_from_check"}, checkout)
-    # The one-call start needs facts besides the state (below); a bare state change is refused.
-    assert allowed == moves(saga_domain.TRANSITIONS) - {saga_domain.ONE_CALL_START}
+    # The one-call start and the completion from CHARGING need facts besides the state (below); a
+    # bare state change is refused.
+    assert allowed == moves(saga_domain.TRANSITIONS) - {saga_domain.ONE_CALL_START,
+                                                        saga_domain.CAPTURED_COMPLETION}
+
+
+@pytest.mark.parametrize("payment,allowed", [
+    ("succeeded", True),
+    ("partially_refunded", True),     # still captured
+    ("processing", False),            # not captured yet
+    ("failed", False),
+    ("canceled", False),
+    (None, False),                    # no payment on the row
+    ("another checkout's", False),    # a captured payment, but not this checkout's
+])
+async def test_a_checkout_completes_from_charging_only_with_its_payment_captured(scratch_db, payment, allowed):
+    """CHARGING -> COMPLETED is the synchronous capture recorded with the confirm; the trigger lets it
+    through only when the row names a payment of this checkout that the payments table says is
+    captured."""
+    await migrate(scratch_db, MIGRATIONS)
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        cid = await conn.fetchval(
+            "INSERT INTO checkouts (id, customer_id, kind, state, slot_id, hold_id, amount_minor, currency, "
+            "expire_time, merchant_id, payment_method, payment_key) "
+            "VALUES (gen_random_uuid(), 'c-cap', 'booking', 'CHARGING', gen_random_uuid(), 'h', 1000, 'TRY', "
+            "now() + interval '10 minutes', 'm-cap', 'pm_card_ok', gen_random_uuid()) RETURNING id")
+        pid = None
+        if payment is not None:
+            status = "succeeded" if payment == "another checkout's" else payment
+            owner = uuid.uuid4() if payment == "another checkout's" else cid
+            pid = await conn.fetchval(
+                "INSERT INTO payments (id, checkout_id, merchant_id, customer_id, amount_minor, currency, "
+                "payment_method, idempotency_key, status, refunded_minor, refund_settled_minor) "
+                "VALUES (gen_random_uuid(), $1, 'm-cap', 'c-cap', 1000, 'TRY', 'pm_card_ok', $2, $3, $4, $4) RETURNING id",
+                owner, str(uuid.uuid4()), status, 100 if status == "partially_refunded" else 0)
+        move = conn.execute("UPDATE checkouts SET state = 'COMPLETED', version = version + 1, payment_id = $2, "
+                            "next_run_at = NULL, lease_owner = NULL, lease_until = NULL WHERE id = $1", cid, pid)
+        if allowed:
+            await move
+            assert await conn.fetchval("SELECT state FROM checkouts WHERE id = $1", cid) == "COMPLETED"
+        else:
+            with pytest.raises(asyncpg.CheckViolationError):
+                await move
+    finally:
+        await conn.close()
 
 
 @pytest.mark.parametrize("facts,allowed", [

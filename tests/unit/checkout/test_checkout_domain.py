@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace as dataclasses_replace
+from types import SimpleNamespace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -139,6 +140,26 @@ def test_only_a_customers_one_call_checkout_records_its_hold_with_its_payments_s
     assert not d.holds_and_pays(saga(d.PENDING, payment_method="pm_card_ok", settle="link", created_by="staff-1"))
     assert not d.holds_and_pays(saga(d.PENDING, payment_method="pm_card_ok", payment_key="k"))  # already started
     assert d.can_transition(*d.ONE_CALL_START) and d.ONE_CALL_START == (d.PENDING, d.CHARGING)
+
+
+@pytest.mark.parametrize("state,status,version,paid,at_once", [
+    (d.CHARGING, "succeeded", 2, "p", True),            # captured at its first status change
+    (d.CHARGING, "succeeded", 3, "p", False),           # waited first (processing, 3-D Secure) or refunded
+    (d.CHARGING, "processing", 2, "p", False),          # not captured: wait, as before
+    (d.CHARGING, "requires_action", 2, "p", False),
+    (d.CHARGING, "failed", 2, "p", False),
+    (d.CHARGING, "succeeded", 2, "another", False),     # not the checkout's payment
+    (d.AWAITING_ACTION, "succeeded", 2, "p", False),    # 3-D Secure: captured later, as before
+    (d.RELEASING, "succeeded", 2, "p", False),          # late capture keeps its own path
+    (d.CONFIRMING, "succeeded", 2, "p", False),         # recorded already
+])
+def test_the_capture_is_recorded_with_the_confirm_only_when_it_was_the_payments_first_change(
+        state, status, version, paid, at_once):
+    s = saga(state, payment_key="k", payment_id="p")
+    payment = SimpleNamespace(id=paid, status=status, version=version)
+    assert d.confirms_with_capture(s, payment) is at_once
+    assert not d.confirms_with_capture(s, None)
+    assert d.can_transition(*d.CAPTURED_COMPLETION) and d.CAPTURED_COMPLETION == (d.CHARGING, d.COMPLETED)
 
 
 @pytest.mark.parametrize("slot,product,qty,field", [

@@ -2,7 +2,8 @@
 -- the database whatever code wrote it; a state change must bump the version by exactly one, and the
 -- payment attempt and the payment of a checkout, once set, never change. One reschedule at a time
 -- per checkout: it is a state of the row, entered only from COMPLETED. PENDING -> CHARGING only
--- with the facts of both moves it stands for (domain.ONE_CALL_START).
+-- with the facts of both moves it stands for (domain.ONE_CALL_START); CHARGING -> COMPLETED only
+-- with the checkout's payment captured (domain.CAPTURED_COMPLETION).
 CREATE OR REPLACE FUNCTION checkouts_forward_only() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.version <> OLD.version AND NEW.version <> OLD.version + 1 THEN
@@ -23,6 +24,10 @@ BEGIN
                 AND NEW.settle IS NULL AND NEW.created_by IS NULL)
             OR (OLD.state = 'HELD' AND NEW.state IN ('CHARGING', 'RELEASING'))
             OR (OLD.state = 'CHARGING' AND NEW.state IN ('AWAITING_ACTION', 'CONFIRMING', 'RELEASING'))
+            -- the synchronous capture recorded with the confirm: never without the payment captured
+            OR (OLD.state = 'CHARGING' AND NEW.state = 'COMPLETED' AND NEW.payment_id IS NOT NULL
+                AND EXISTS (SELECT 1 FROM payments p WHERE p.id = NEW.payment_id AND p.checkout_id = NEW.id
+                            AND p.status IN ('succeeded', 'partially_refunded')))
             OR (OLD.state = 'AWAITING_ACTION' AND NEW.state IN ('CHARGING', 'CONFIRMING', 'RELEASING'))
             OR (OLD.state = 'CONFIRMING' AND NEW.state IN ('COMPLETED', 'REFUNDING', 'NEEDS_ATTENTION'))
             OR (OLD.state = 'RELEASING' AND NEW.state IN ('FAILED', 'EXPIRED', 'CANCELLED', 'CONFIRMING', 'REFUNDING',

@@ -68,7 +68,9 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # (holds_and_pays); the database allows it only with both written (ONE_CALL_START).
     PENDING: frozenset({HELD, REJECTED, CHARGING}),
     HELD: frozenset({CHARGING, RELEASING}),
-    CHARGING: frozenset({AWAITING_ACTION, CONFIRMING, RELEASING}),
+    # CHARGING -> COMPLETED: the synchronous capture recorded with the confirm (confirms_with_capture);
+    # the database allows it only with the checkout's payment captured (CAPTURED_COMPLETION).
+    CHARGING: frozenset({AWAITING_ACTION, CONFIRMING, RELEASING, COMPLETED}),
     AWAITING_ACTION: frozenset({CHARGING, CONFIRMING, RELEASING}),
     CONFIRMING: frozenset({COMPLETED, REFUNDING, NEEDS_ATTENTION}),
     # Late capture: the PSP says the payment we tried to cancel already succeeded.
@@ -90,6 +92,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 # The one move the database allows only with facts besides the state: a customer's one-call
 # checkout (payment method, no staff, no settle) with its hold (price) and payment attempt written.
 ONE_CALL_START = (PENDING, CHARGING)
+# The other: a checkout completed straight from CHARGING, only with its payment captured.
+CAPTURED_COMPLETION = (CHARGING, COMPLETED)
 
 # States whose step, failing too long, hands the saga to an operator (NEEDS_ATTENTION) instead of
 # retrying forever: the money is taken or the hold is going back, and only a person can decide.
@@ -97,7 +101,8 @@ ATTENTION_STATES = frozenset({CONFIRMING, RELEASING, REFUNDING, CANCELLING, *RES
 
 # The customer may cancel while nothing irrevocable is under way. CHARGING only once the payment
 # is known: before that the charge request may be on its way to the PSP and there is no intent to
-# cancel yet (the synchronous PayCheckout finishes that step within its deadline).
+# cancel yet (the synchronous PayCheckout finishes that step within its deadline); and not once it
+# is captured: the purchase is being confirmed (repository.START_CANCEL decides both).
 CANCELLABLE = frozenset({HELD, AWAITING_ACTION, CHARGING})
 
 BOOKING = "booking"
@@ -113,6 +118,11 @@ P_TERMINAL = frozenset({P_SUCCEEDED, P_FAILED, P_CANCELED, P_PARTIALLY_REFUNDED,
 
 def _captured_as_succeeded(payment_status: str | None) -> str | None:
     return P_SUCCEEDED if payment_status == P_PARTIALLY_REFUNDED else payment_status
+
+
+def captured_status(payment) -> str | None:
+    """A payment's status as the saga reads it (partly refunded is still captured: succeeded)."""
+    return None if payment is None else _captured_as_succeeded(payment.status)
 
 
 def can_transition(current: str, new: str) -> bool:
@@ -454,6 +464,34 @@ def route_payment(saga: Saga, payment_status: str, now: datetime, grace_seconds:
     # created / processing: the charge is in flight (or its outcome unknown): wait for the webhook
     # or reconciliation, which wake the saga through the payments trigger (payments_wake_checkout).
     return None if saga.state == CHARGING else Move(CHARGING)
+
+
+# A payment's version when it is created, and after its first status change (each change is +1:
+# the payments_forward_only trigger).
+P_FIRST_CHANGE_VERSION = 2
+
+
+def captured_at_once(payment) -> bool:
+    """The payment's first status change was its capture (created -> succeeded, as a card the PSP
+    captures synchronously): no status it waited in ever reached the checkout row. The payments
+    trigger (checkouts_wake_on_payment) puts the payment on its CHARGING checkout with its first
+    status change, in the same statement, so such a checkout never was CHARGING with a payment not
+    captured, the only CHARGING a cancel may take (START_CANCEL)."""
+    return captured_status(payment) == P_SUCCEEDED and payment.version == P_FIRST_CHANGE_VERSION
+
+
+def confirms_with_capture(saga: Saga, payment) -> bool:
+    """The capture is recorded with the confirm's outcome (CHARGING -> COMPLETED, one transition
+    instead of CONFIRMING and then COMPLETED): a CHARGING checkout whose payment was captured at once.
+    Nobody can have taken such a checkout from CHARGING into a release: a cancel is refused while its
+    payment is not on the row and once it is captured (START_CANCEL), the saga itself routes a capture
+    to the confirm whatever the hold's expiry, and a worker that took the lease over from a stalled
+    drive confirms the same hold with the same payment. So the confirm may run before anything is
+    written. Should it not end COMPLETED (the hold lost, an error), the capture is recorded first
+    (CONFIRMING), and from there it goes on exactly as before. A payment that waited first (3-D
+    Secure, processing) or was refunded meanwhile goes through CONFIRMING as before."""
+    return (saga.state == CHARGING and payment is not None and payment.id == saga.payment_id
+            and captured_at_once(payment))
 
 
 def route_reschedule_payment(saga: Saga, payment_status: str | None, now: datetime) -> Move | None:

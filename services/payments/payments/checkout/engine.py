@@ -170,6 +170,15 @@ class Engine:
                     return saga, payment
                 payment = None  # a payment changed during our step: look again
                 continue
+            if step is Step.OBSERVE and domain.confirms_with_capture(saga, payment):
+                # The capture is recorded with the confirm's outcome.
+                saga, again = await self._confirm_with_capture(saga, owner, payment, learned, status)
+                learned = _NOTHING
+                if again:
+                    payment = None
+                elif saga.lease_owner is None:
+                    return saga, payment
+                continue
             if deadline is not None and step in _CALLS_OUT:
                 if deadlines.spent(deadlines.left(deadline)):
                     raise OutOfTime(step.value)
@@ -237,6 +246,28 @@ class Engine:
             log.info("checkout %s -> %s", saga.state, new.state,
                      extra={"checkout_id": saga.id, "from": saga.state, "to": new.state, "note": note})
         return new, waits and new.lease_owner is not None
+
+    async def _confirm_with_capture(self, saga: Saga, owner: str, payment, learned: repo.Fields,
+                                    status: str | None) -> tuple[Saga, bool]:
+        """domain.confirms_with_capture: the confirm step runs while the row still says CHARGING, and
+        the capture is recorded with its COMPLETED (one transition, CHARGING -> COMPLETED). Any other
+        end records the capture first, as CONFIRMING, and goes on from there as before: the hold lost
+        (-> REFUNDING), or an error (raised, so the confirm is retried from CONFIRMING and, failing
+        too long, handed to an operator)."""
+        try:
+            out = await self.steps.perform(Step.CONFIRM, saga, payment, status)
+        except Exception:
+            await self._move(saga, owner, Move(domain.CONFIRMING), learned, "", status)
+            raise
+        if out.move.state == domain.COMPLETED:
+            try:
+                return await self._move(saga, owner, out.move, _merge(learned, out.learned), out.note, status)
+            except asyncpg.CheckViolationError:
+                # The database allows CHARGING -> COMPLETED only while the payment is captured, and
+                # staff refunded all of it meanwhile: recorded as before the capture was folded in.
+                pass
+        saga, _ = await self._move(saga, owner, Move(domain.CONFIRMING), learned, "", status)
+        return await self._move(saga, owner, out.move, out.learned, out.note, status)
 
     async def _release(self, saga: Saga, owner: str, learned: repo.Fields, status: str | None) -> tuple[Saga, bool]:
         """Give the lease back (writing what was learned); (row, True) when a wake-up arrived

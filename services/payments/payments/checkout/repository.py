@@ -204,7 +204,10 @@ WHERE id = $1 AND state = 'CHARGING' AND payment_id IS NULL AND pay_deadline IS 
 """
 
 # CancelCheckout takes the lease whoever held it: every write of the displaced holder is fenced
-# by version and owner, and all its remote steps are idempotent, so overriding is safe.
+# by version and owner, and all its remote steps are idempotent, so overriding is safe. A CHARGING
+# checkout only once its payment is on the row (there is an intent to cancel) and while that payment
+# is not captured: a captured payment goes to the confirm, as from CONFIRMING (a card captured at once
+# is confirmed before anything is written: domain.confirms_with_capture, which this makes safe).
 START_CANCEL = f"""
 WITH upd AS (
     UPDATE checkouts SET
@@ -215,7 +218,10 @@ WITH upd AS (
         next_run_at = clock_timestamp() + make_interval(secs => $4::float8),
         wakeup = false, attempts = 0, last_error = '', updated_at = clock_timestamp()
     WHERE id = $1 AND customer_id = $2 AND version = $7
-      AND (state IN ('HELD', 'AWAITING_ACTION') OR (state = 'CHARGING' AND payment_id IS NOT NULL))
+      AND (state IN ('HELD', 'AWAITING_ACTION')
+           OR (state = 'CHARGING' AND payment_id IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM payments p WHERE p.id = checkouts.payment_id
+                               AND p.status IN ('succeeded', 'partially_refunded'))))
     {_RETURNING}
 ), ev AS (
     INSERT INTO payment_events (payment_id, checkout_id, source, from_status, to_status, version, trace_id, note,

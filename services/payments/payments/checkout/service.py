@@ -289,6 +289,12 @@ class CheckoutService:
                         reason="checkout-not-cancellable")
                 # Version-guarded: if a step moved the saga since our read, read again and re-decide.
                 saga = await self.sagas.start_cancel(current, owner, self.lease_seconds)
+                if saga is None and current.state == domain.CHARGING and domain.captured_status(
+                        await self.payments.get(current.payment_id)) == domain.P_SUCCEEDED:
+                    # Refused by START_CANCEL: the payment is captured, so the purchase is confirmed.
+                    raise errors.FailedPrecondition(
+                        f"checkout {checkout_id} is paid and being confirmed; it can no longer be cancelled",
+                        reason="checkout-not-cancellable")
             if saga is not None:
                 saga, payment = await self.engine.drive(saga, owner)
                 return await self.view(saga, payment=payment)
