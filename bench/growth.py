@@ -556,7 +556,7 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
     from payments.checkout.repository import CLAIM_DUE, ListQuery, list_statement
     from payments.checkout.metrics import NON_TERMINAL, SAGAS_BY_STATE
     from payments.metrics import NON_TERMINAL_PAYMENTS
-    from payments.outbound.repository import GAUGES
+    from payments.outbound.repository import CLAIM_MERCHANTS, GAUGES, REARM_BATCH, REARM_LOCK
     from payments.repository import TIMELINE
 
     plans = []
@@ -580,6 +580,11 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
         plans.append(await explain(conn, f"[{name}] payments gauge", NON_TERMINAL_PAYMENTS, 60.0))
         plans.append(await explain(conn, f"[{name}] sagas gauge", SAGAS_BY_STATE, list(NON_TERMINAL)))
         plans.append(await explain(conn, f"[{name}] outbound gauges", GAUGES))
+        # Every delivery worker of every replica, every poll: the merchants with something due, not
+        # the shops that subscribe (the grown database has a thousand shops' endpoints).
+        plans.append(await explain_rolled_back(conn, f"[{name}] delivery workers' claim", CLAIM_MERCHANTS, 20, 4, 8, 5))
+        plans.append(await explain_rolled_back(conn, f"[{name}] delivery workers' claim, the marks to re-arm",
+                                               REARM_LOCK, REARM_BATCH))
         # The key tables leave by partition (cutylib.retention): the oldest one (here the legacy
         # partition holding every grown row) detached and dropped, rolled back; and the statements
         # that keep a key unique across the partitions, on the hot path.
@@ -620,6 +625,8 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
         plans.append(await explain(conn, f"[{name}] GetStock", catalog.STOCK, uuid.UUID(site.product), m))
         await conn.execute("SELECT set_config('cuty.merchant', '*', false)")
         plans.append(await explain(conn, f"[{name}] stock gauge", metrics.STOCK_BY_PRODUCT, 50))
+        plans.append(await explain(conn, f"[{name}] stock events feed, the relay's poll", stock_events.LIST_AFTER,
+                                   await conn.fetchval("SELECT coalesce(max(seq), 0) FROM stock_events"), 100))
         plans.append(await explain_rolled_back(conn, f"[{name}] stock round", "SELECT * FROM codepool_stock_round($1)",
                                                ROUND_PRODUCTS))
         plans.append(await explain_rolled_back(conn, f"[{name}] reservation sweeper", repository.CLAIM_EXPIRED,
@@ -661,7 +668,8 @@ PERIODIC_MS = 100.0
 HOT_PATHS = ("booking purchase", "code purchase", "HoldSlot", "ReserveCodes")
 READS = ("GetStock", "ListCodes", "ListCheckouts", "a salon's day", "a payment's timeline")
 PERIODIC = ("sweeper", "gauge", "recheck", "stock round", "purge", "claim", "mover", "_move")
-PERIODIC_PLANS = ("saga workers' claim", "gauge", "stock round", "purge", "sweeper", "mover", "retention")
+PERIODIC_PLANS = ("saga workers' claim", "delivery workers' claim", "relay's poll", "gauge", "stock round", "purge",
+                  "sweeper", "mover", "retention")
 
 
 def plan_figures(plans: list[str]) -> dict[str, tuple[float, int]]:

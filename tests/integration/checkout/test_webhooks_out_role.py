@@ -27,6 +27,7 @@ NEEDED = {
     "webhook_attempts": {"INSERT"},
     "webhook_deliveries": {"SELECT", "UPDATE"},
     "webhook_endpoints": {"SELECT", "UPDATE"},
+    "webhook_merchants_due": {"SELECT", "INSERT", "UPDATE", "DELETE"},
 }
 
 
