@@ -205,17 +205,21 @@ _CHARGE_FP = f"""CASE WHEN p.psp_intent_id IS NULL OR p.status NOT IN {_CAPTURED
              THEN {digests.fingerprint_sql("p.psp_intent_id", "p.amount_minor", "p.refund_settled_minor")}
              ELSE {digests.fingerprint_sql("p.psp_intent_id", "'unresolved'")} END"""
 # The window's summary, one statement: per side and bucket ($3 buckets), the count and the sum of
-# the fingerprints; side 'checkouts' (bucket 0) counts the window's checkouts. Nothing per row leaves
-# the database.
+# the fingerprints, from one scan of the window's checkouts and grouping sets (a fact per checkout
+# and side computed once; faster than a row per side, or a scan per side); side 'checkouts'
+# (bucket 0) counts the window's checkouts. Nothing per row leaves the database. A bucket with no
+# fact of its side (only checkouts that expect nothing there) answers n = 0: no bucket.
+_GROUPED = "GROUPING(x.hb, x.ob, x.cb)"  # 3: by hold bucket, 5: by order bucket, 6: by charge bucket, 7: all
 SUMMARY = f"""
-SELECT v.side, v.bucket, count(*) AS n, coalesce(sum(v.fp), 0) AS fingerprint
-FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
-CROSS JOIN LATERAL (VALUES ('checkouts', 0, NULL::bigint, true),
-                           ('holds', {_HOLD_BUCKET}, {_HOLD_FP}, NULL),
-                           ('orders', {_ORDER_BUCKET}, {_ORDER_FP}, NULL),
-                           ('charges', {_CHARGE_BUCKET}, {_CHARGE_FP}, NULL)) AS v (side, bucket, fp, every)
-WHERE c.created_at >= $1 AND c.created_at < $2 AND (v.every OR v.fp IS NOT NULL)
-GROUP BY 1, 2"""
+SELECT CASE {_GROUPED} WHEN 3 THEN 'holds' WHEN 5 THEN 'orders' WHEN 6 THEN 'charges' ELSE 'checkouts' END AS side,
+       coalesce(x.hb, x.ob, x.cb, 0) AS bucket,
+       CASE {_GROUPED} WHEN 3 THEN count(x.hf) WHEN 5 THEN count(x.xf) WHEN 6 THEN count(x.cf) ELSE count(*) END AS n,
+       CASE {_GROUPED} WHEN 3 THEN sum(x.hf) WHEN 5 THEN sum(x.xf) WHEN 6 THEN sum(x.cf) END AS fingerprint
+FROM (SELECT {_HOLD_BUCKET} AS hb, {_HOLD_FP} AS hf, {_ORDER_BUCKET} AS ob, {_ORDER_FP} AS xf,
+             {_CHARGE_BUCKET} AS cb, {_CHARGE_FP} AS cf
+      FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
+      WHERE c.created_at >= $1 AND c.created_at < $2) x
+GROUP BY GROUPING SETS ((x.hb), (x.ob), (x.cb), ())"""
 # The window's checkouts with their payments, in pages by (created_at, id): those with a key in one of
 # the buckets that disagreed ($7 holds, $8 orders, $9 charges, of $6), or every one ($7 NULL).
 CHECKOUTS = f"""
@@ -431,11 +435,7 @@ class Auditor:
         if not self.settings.summaries:
             return None
         rows = await reports(self.pool).fetch(SUMMARY, a, b, buckets)  # the reporting pool: not the saga's
-        out: dict[str, dict[int, digests.Bucket]] = {}
-        for r in rows:
-            out.setdefault(r["side"], {})[r["bucket"]] = digests.Bucket(r["bucket"], r["n"],
-                                                                        int(r["fingerprint"]) % digests.MOD)
-        return out
+        return summary_of(rows)
 
     async def _checkouts(self, a: datetime, b: datetime, n: int, *bad: set[int] | None) -> list:
         """The window's checkouts with a key in one of the buckets that disagreed (`bad`: holds,
@@ -730,6 +730,17 @@ class Auditor:
             for r in added:
                 self.metrics.audit_findings.labels(r["kind"]).inc()
         return len(added)
+
+
+def summary_of(rows) -> dict[str, dict[int, digests.Bucket]]:
+    """SUMMARY's rows as {side: {bucket: Bucket}}, fingerprints modulo 2^64 (buckets without a fact
+    of their side left out)."""
+    out: dict[str, dict[int, digests.Bucket]] = {}
+    for r in rows:
+        if r["n"]:
+            out.setdefault(r["side"], {})[r["bucket"]] = digests.Bucket(r["bucket"], r["n"],
+                                                                        int(r["fingerprint"] or 0) % digests.MOD)
+    return out
 
 
 def _bucket_count(facts: int) -> int:

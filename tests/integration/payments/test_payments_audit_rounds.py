@@ -240,10 +240,7 @@ async def test_the_window_summary_sums_what_each_checkout_expects_and_the_drill_
         rows.append((checkout, kind, state, status, refunded, payment, intent, hold))
     a, b = datetime(2000, 1, 1, tzinfo=timezone.utc), datetime(2100, 1, 1, tzinfo=timezone.utc)
     try:
-        got: dict[str, dict] = {}
-        for r in await pool.fetch(audit.SUMMARY, a, b, n):
-            got.setdefault(r["side"], {})[r["bucket"]] = digests.Bucket(r["bucket"], r["n"],
-                                                                        int(r["fingerprint"]) % digests.MOD)
+        got = audit.summary_of(await pool.fetch(audit.SUMMARY, a, b, n))
         want: dict[str, dict[int, list[int]]] = {"holds": {}, "orders": {}, "charges": {}}
 
         def add(side, key, *fact):
