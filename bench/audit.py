@@ -259,7 +259,7 @@ async def main() -> None:
         rows_cpu, _ = await audit_cpu(side, server, rows_env, since, until)
         results.append(Run(ops=n, seconds=once_seconds, latencies_ms=[once_seconds * 1000]).result(
             f"audit a day, every row read, CPU per checkout audited (us), {n:,} checkouts", 1,
-            notes="CUTY_AUDIT_SUMMARIES=0: booking's and the code pool's digests read whole, as before the summaries",
+            notes="CUTY_AUDIT_SUMMARIES=0: every side read whole (checkouts, digests, the PSP's charges), as before the summaries",
             **{k: round(v, 1) for k, v in rows_cpu.items()}))
         results.append(Run(ops=n, seconds=once_seconds, latencies_ms=[once_seconds * 1000]).result(
             f"audit a day, CPU per checkout audited (us), {n:,} checkouts", 1,
