@@ -41,7 +41,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from _common import Run, all_cpu, bench_postgres, closed_loop, merged, report
+from _common import Run, all_cpu, bench_postgres, closed_loop, merged, postgres_cpu, report
 
 import asyncpg
 
@@ -254,7 +254,8 @@ async def main() -> None:
         results[-1].ratio_to_limit = round((n / took) / (raw_rows / raw), 3) if raw and took else None
 
         # Where an audit's CPU goes: a warmed auditor process audits the day once, with no buyers;
-        # each process's CPU over it (the stack's services, Postgres, the auditor) per checkout.
+        # each process's CPU over it (the stack's services, Postgres and its share per database,
+        # the auditor) per checkout.
         per_checkout, once_seconds = await audit_cpu(side, server, env, since, until)
         rows_cpu, _ = await audit_cpu(side, server, rows_env, since, until)
         results.append(Run(ops=n, seconds=once_seconds, latencies_ms=[once_seconds * 1000]).result(
@@ -354,9 +355,9 @@ async def audit_cpu(side, server, env: dict[str, str], since: datetime, until: d
                             env=env, stdout=subprocess.PIPE, text=True)
     ready = await asyncio.to_thread(proc.stdout.readline)
     assert ready.startswith("ready"), ready
-    before = all_cpu(side.stack, server)
+    before = {**all_cpu(side.stack, server), **postgres_by_database(server)}
     line = await asyncio.to_thread(proc.stdout.readline)
-    after = all_cpu(side.stack, server)
+    after = {**all_cpu(side.stack, server), **postgres_by_database(server)}
     await asyncio.to_thread(proc.wait, 60)
     _, count, own, took = line.split()
     checkouts = max(1, int(count))
@@ -364,8 +365,24 @@ async def audit_cpu(side, server, env: dict[str, str], since: datetime, until: d
     for name in sorted(after):
         if name != "client" and after[name] - before.get(name, 0.0) > 0:
             out[name] = (after[name] - before.get(name, 0.0)) * 1e6 / checkouts
-    out["total"] = sum(out.values())
+    out["total"] = sum(v for k, v in out.items() if not k.startswith("postgres "))  # those split "postgres"
     return out, float(took)
+
+
+def postgres_by_database(server) -> dict[str, float]:
+    """Postgres' CPU seconds so far by database ("postgres <db>"), from each backend's process title
+    ("postgres: <user> <db> <client> <state>"); the cluster's own processes as "postgres -"."""
+    out: dict[str, float] = {}
+    for pid, seconds in postgres_cpu(server).items():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read().replace(b"\0", b" ").decode("utf-8", "replace").split()
+        except OSError:
+            continue
+        client = title[3] if len(title) > 3 and title[0] == "postgres:" else ""
+        db = title[2] if "(" in client or client == "[local]" else "-"
+        out[f"postgres {db}"] = out.get(f"postgres {db}", 0.0) + seconds
+    return out
 
 
 async def audit_loop(since: str, until: str, mode: str, period: float) -> None:
