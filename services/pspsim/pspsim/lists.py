@@ -80,7 +80,7 @@ def _bucket_count(params, required: bool, most: int) -> int:
     raw = params.get("bucket_count")
     if raw is None and not required:
         return 0
-    if raw is None or not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= most:
+    if raw is None or not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not 1 <= int(raw) <= most:
         raise invalid("parameter_invalid_integer", f"bucket_count must be 1..{most}", "bucket_count")
     return int(raw)
 
@@ -94,7 +94,7 @@ def _buckets(params) -> tuple[int, frozenset[int] | None]:
             raise invalid("parameter_missing", "bucket_count is required with buckets", "bucket_count")
         return 0, None
     parts = (raw or "").split(",")
-    if not raw or not all(p.isascii() and p.isdigit() and int(p) < count for p in parts):
+    if not raw or not all(p.isascii() and p.isdigit() and len(p) <= 9 and int(p) < count for p in parts):
         raise invalid("parameter_invalid", "buckets must be comma-separated numbers below bucket_count", "buckets")
     if len(parts) > MAX_FILTER_BUCKETS:
         raise invalid("parameter_invalid", f"at most {MAX_FILTER_BUCKETS} buckets", "buckets")

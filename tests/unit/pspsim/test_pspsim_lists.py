@@ -161,6 +161,7 @@ async def test_a_bad_balance_report_request_is_refused_naming_it(make_psp, param
     ({"buckets": "1"}, "bucket_count"), ({"bucket_count": "8"}, "buckets"),
     ({"bucket_count": "8", "buckets": "8"}, "buckets"),
     ({"bucket_count": "8", "buckets": "1,x"}, "buckets"), ({"bucket_count": "x", "buckets": "1"}, "bucket_count"),
+    ({"bucket_count": "8", "buckets": "9" * 5000}, "buckets"), ({"bucket_count": "9" * 5000, "buckets": "1"}, "bucket_count"),
     ({"bucket_count": "2048", "buckets": ",".join(map(str, range(lists.MAX_FILTER_BUCKETS + 1)))}, "buckets")])
 async def test_a_bad_bucket_filter_is_refused_naming_it(make_psp, params, field):
     psp, _ = await make_psp()
