@@ -556,7 +556,7 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
     from payments.checkout.repository import CLAIM_DUE, ListQuery, list_statement
     from payments.checkout.metrics import NON_TERMINAL, SAGAS_BY_STATE
     from payments.metrics import NON_TERMINAL_PAYMENTS
-    from payments.outbound.repository import GAUGES
+    from payments.outbound.repository import CLAIM_MERCHANTS, GAUGES, REARM_BATCH, REARM_LOCK
     from payments.repository import TIMELINE
 
     plans = []
@@ -580,6 +580,11 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
         plans.append(await explain(conn, f"[{name}] payments gauge", NON_TERMINAL_PAYMENTS, 60.0))
         plans.append(await explain(conn, f"[{name}] sagas gauge", SAGAS_BY_STATE, list(NON_TERMINAL)))
         plans.append(await explain(conn, f"[{name}] outbound gauges", GAUGES))
+        # Every delivery worker of every replica, every poll: the merchants with something due, not
+        # the shops that subscribe (the grown database has a thousand shops' endpoints).
+        plans.append(await explain_rolled_back(conn, f"[{name}] delivery workers' claim", CLAIM_MERCHANTS, 20, 4, 8, 5))
+        plans.append(await explain_rolled_back(conn, f"[{name}] delivery workers' claim, the marks to re-arm",
+                                               REARM_LOCK, REARM_BATCH))
         # The key tables leave by partition (cutylib.retention): the oldest one (here the legacy
         # partition holding every grown row) detached and dropped, rolled back; and the statements
         # that keep a key unique across the partitions, on the hot path.
@@ -620,6 +625,8 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
         plans.append(await explain(conn, f"[{name}] GetStock", catalog.STOCK, uuid.UUID(site.product), m))
         await conn.execute("SELECT set_config('cuty.merchant', '*', false)")
         plans.append(await explain(conn, f"[{name}] stock gauge", metrics.STOCK_BY_PRODUCT, 50))
+        plans.append(await explain(conn, f"[{name}] stock events feed, the relay's poll", stock_events.LIST_AFTER,
+                                   await conn.fetchval("SELECT coalesce(max(seq), 0) FROM stock_events"), 100))
         plans.append(await explain_rolled_back(conn, f"[{name}] stock round", "SELECT * FROM codepool_stock_round($1)",
                                                ROUND_PRODUCTS))
         plans.append(await explain_rolled_back(conn, f"[{name}] reservation sweeper", repository.CLAIM_EXPIRED,
@@ -633,6 +640,18 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
     finally:
         await conn.close()
     return plans
+
+
+def other_stack(stats, r) -> dict | None:
+    """The same statement of the same service on the other stack (grown <-> empty): its calls, mean
+    and max ms, so a slow single call shows whether the empty databases had it too."""
+    service = next(s for s in SERVICES if f"_{s}_" in r["db"])
+    other = "_empty_" if "_grown_" in r["db"] else "_grown_"
+    q = " ".join(r["query"].split())
+    for o in stats:
+        if other in o["db"] and f"_{service}_" in o["db"] and " ".join(o["query"].split()) == q:
+            return {"calls": o["calls"], "mean_ms": round(o["mean_exec_time"], 1), "max_ms": round(o["max_exec_time"])}
+    return None
 
 
 def statement_table(stats) -> str:
@@ -661,7 +680,8 @@ PERIODIC_MS = 100.0
 HOT_PATHS = ("booking purchase", "code purchase", "HoldSlot", "ReserveCodes")
 READS = ("GetStock", "ListCodes", "ListCheckouts", "a salon's day", "a payment's timeline")
 PERIODIC = ("sweeper", "gauge", "recheck", "stock round", "purge", "claim", "mover", "_move")
-PERIODIC_PLANS = ("saga workers' claim", "gauge", "stock round", "purge", "sweeper", "mover", "retention")
+PERIODIC_PLANS = ("saga workers' claim", "delivery workers' claim", "relay's poll", "gauge", "stock round", "purge",
+                  "sweeper", "mover", "retention")
 
 
 def plan_figures(plans: list[str]) -> dict[str, tuple[float, int]]:
@@ -708,8 +728,11 @@ def targets(results, plans: list[str], slow_statements: list[dict]) -> list[tupl
                                 f"{pages} vs {empty[1]}"))
     for st in slow_statements:
         if "_grown_" in st["db"]:
+            o = st.get("other_stack")
+            beside = (f"; empty stack: max {o['max_ms']} ms, mean {o['mean_ms']} ms x{o['calls']}" if o
+                      else "; not run on the empty stack")
             lines.append((False, f"statement over {PERIODIC_MS:.0f} ms in the stacks: {st['max_ms']} ms "
-                                 f"x{st['calls']}: {st['query'][:120]}"))
+                                 f"x{st['calls']} (mean {st.get('mean_ms', '-')} ms{beside}): {st['query'][:120]}"))
     return lines
 
 
@@ -841,6 +864,7 @@ async def main() -> None:
                 slow = [r for r in stats if r["max_exec_time"] > 100]
                 extra["statements_over_100ms"] = [
                     {"db": r["db"], "calls": r["calls"], "max_ms": round(r["max_exec_time"]),
+                     "mean_ms": round(r["mean_exec_time"], 1), "other_stack": other_stack(stats, r),
                      "query": " ".join(r["query"].split())[:160]} for r in slow]
         RESULTS.mkdir(parents=True, exist_ok=True)
         PLANS.write_text(f"-- bench/growth.py, scale {SCALE}: {filled}\n\n" + "\n".join(plans))

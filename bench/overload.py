@@ -20,6 +20,8 @@ BENCH_PATIENCE (10), BENCH_ONE_CALL=1 (create-and-pay in one request), BENCH_HOT
 BENCH_SWEEP (e.g. "4,8,16,32,64"; empty): after capacity, CAP_SECONDS of closed-loop buying at each of
 these buyer counts (throughput against concurrency: what the admission limit must let in; with
 `CUTY_GATEWAY_CONCURRENCY_MAX=0` nothing is refused); BENCH_LOADS may then be empty.
+BENCH_EDGE_PRIORITY (-5; 0 = off): the gateway's nice value, as the weight a deployment's CPU request
+gives the edge (needs root; the run says so otherwise).
 BENCH_CLIENT_NICE (0): the load generator (this process) lowers its own priority by this much once
 the services run, so that on a machine it shares with them it takes CPU only when they leave some.
 BENCH_BUYER ("leave"): a refused buyer leaves at once; "retry": waits the answer's Retry-After and
@@ -82,6 +84,7 @@ PATIENCE = float(os.environ.get("BENCH_PATIENCE", "10"))
 ONE_CALL = os.environ.get("BENCH_ONE_CALL", "0") == "1"
 HOT_BUYERS = int(os.environ.get("BENCH_HOT_BUYERS", "1000"))
 CLIENT_NICE = int(os.environ.get("BENCH_CLIENT_NICE", "0"))
+EDGE_PRIORITY = int(os.environ.get("BENCH_EDGE_PRIORITY", "-5"))
 BUYER = os.environ.get("BENCH_BUYER", "leave")
 REFUSED_PAUSE = 0.05  # a closed-loop buyer's pause after a refusal
 CAP_BUYERS = 16
@@ -544,6 +547,15 @@ async def main() -> None:
     await stack.start()
     if CLIENT_NICE:
         os.nice(CLIENT_NICE)  # this process only: the services were started at our old priority
+    if EDGE_PRIORITY:
+        # The gateway's CPU reserved, as a deployment reserves the edge's (its pod's CPU request
+        # weighs its share of a node's cores): on two shared cores with equal weights its event loop
+        # otherwise waits its turn behind seven busy processes, and so does every refusal.
+        try:
+            os.setpriority(os.PRIO_PROCESS, stack.procs["gateway"].proc.pid, EDGE_PRIORITY)
+        except PermissionError:
+            print(f"BENCH_EDGE_PRIORITY={EDGE_PRIORITY} needs root (CAP_SYS_NICE): the gateway runs at "
+                  "the others' priority", flush=True)
     results: list[Result] = []
     try:
         for kind in KINDS:

@@ -153,14 +153,20 @@ class BoundedPool(asyncpg.Pool):
 
     async def close(self, grace: float = CLOSE_GRACE_SECONDS) -> None:
         """Close gracefully within `grace` seconds, then terminate what is left (asyncpg's close,
-        cancelled, terminates the pool itself)."""
-        try:
-            await asyncio.wait_for(super().close(), grace)
-        except asyncio.TimeoutError:
-            log.warning("database pool not closed within its grace; connections cut", extra={"grace_s": grace})
-        finally:
-            if getattr(self, "reporting", None) is not None:
-                await self.reporting.close(grace)
+        cancelled, terminates the pool itself). The reporting pool closes at the same time, within
+        the same grace."""
+        async def own() -> None:
+            try:
+                await asyncio.wait_for(super(BoundedPool, self).close(), grace)
+            except asyncio.TimeoutError:
+                log.warning("database pool not closed within its grace; connections cut", extra={"grace_s": grace})
+
+        reporting = getattr(self, "reporting", None)
+        results = await asyncio.gather(own(), *([reporting.close(grace)] if reporting is not None else []),
+                                       return_exceptions=True)
+        for error in results:
+            if isinstance(error, BaseException):
+                raise error
 
     def terminate(self) -> None:
         super().terminate()

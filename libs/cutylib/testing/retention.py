@@ -18,6 +18,12 @@ async def columns(conn, table: str) -> list[tuple[str, str]]:
     return [tuple(r) for r in await conn.fetch(COLUMNS, table)]
 
 
+async def partitions(conn, table: str) -> dict[str, tuple]:
+    """{partition: (lower, upper)} of a time-partitioned table (None: unbounded)."""
+    return {r["partition"]: (r["lower"], r["upper"]) for r in
+            await conn.fetch("SELECT * FROM cuty_partition_bounds($1)", table)}
+
+
 @contextlib.asynccontextmanager
 async def moving(job: Retention, name: str):
     """Runs `job`'s rounds back to back while the body runs; yields a dict whose "moved" is the rows

@@ -31,6 +31,14 @@ SERVICE = codepool_pb2.DESCRIPTOR.services_by_name["CodePoolService"]
 CLAIM_SERVICE = claims_pb2.DESCRIPTOR.services_by_name["CodeClaimService"]
 # How long audit entries are kept (CUTY_AUDIT_LOG_RETENTION_DAYS; 0: forever): two years.
 AUDIT_LOG_RETENTION_DAYS = 730
+# The outbox of merchant events (stock_events) in week partitions, kept this long
+# (CUTY_STOCK_EVENTS_RETENTION_DAYS; 0: forever): the orchestrator's relay stores each event in its
+# own merchant events within seconds, so this is how long a stopped relay may stay behind before
+# events it has not read leave; refused below STOCK_EVENTS_MIN_DAYS.
+STOCK_EVENTS_RETENTION_DAYS = 30
+STOCK_EVENTS_MIN_DAYS = 7
+STOCK_EVENTS_PARTITION_DAYS = 7
+STOCK_EVENTS_AHEAD = 4
 # A finished order (delivered or released) moves into the order history this long after it finished
 # (CUTY_RESERVATIONS_MOVE_AFTER_DAYS). Its codes may be claimed while it is live, so this is the claims
 # window: refused below CLAIM_WINDOW_MIN_DAYS.
@@ -54,9 +62,12 @@ INSERT INTO hash_key_check (fingerprint) VALUES ($1) ON CONFLICT (singleton) DO 
 
 
 def codepool_retention(pool: asyncpg.Pool) -> Retention:
-    """The code pool's retention job (docs/codepool.md, "Retention"): the audit log's partitions, and
-    finished orders moved into the order history, whose partitions leave past its retention."""
-    tables = [retention.table("audit_log", AUDIT_LOG_RETENTION_DAYS)] + [
+    """The code pool's retention job (docs/codepool.md, "Retention"): the audit log's and the outbox's
+    partitions, and finished orders moved into the order history, whose partitions leave past its
+    retention."""
+    tables = [retention.table("audit_log", AUDIT_LOG_RETENTION_DAYS),
+              retention.table("stock_events", STOCK_EVENTS_RETENTION_DAYS, width_days=STOCK_EVENTS_PARTITION_DAYS,
+                              ahead=STOCK_EVENTS_AHEAD, at_least_days=STOCK_EVENTS_MIN_DAYS)] + [
         retention.table(t, ORDER_HISTORY_RETENTION_DAYS, "codepool_history", at_least_days=HISTORY_MIN_DAYS)
         for t in ORDER_HISTORIES]
     return Retention(pool, tables, retention.archive_dir(),

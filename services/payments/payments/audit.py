@@ -4,17 +4,18 @@ databases share no transaction, so this is the standing check that they ended up
 
 It reads payments' own database, and the others' facts only through their system-only digests
 (booking `SummarizeHolds`/`DigestHolds`, the code pool `SummarizeDeliveries`/`DigestDeliveries`)
-and the PSP's list API (charges and refunds of a window): no service reads another's database. A
-window [a, b) is the checkouts created in it.
+and the PSP's balance report and list API (charges and refunds of a window): no service reads
+another's database. A window [a, b) is the checkouts created in it.
 
-Booking and the code pool first answer a summary of the window per bucket of the join key's hash
-(hold id, order id; cutylib.digests): a count and a sum of 64-bit fingerprints of the facts the
-checks below look at. The checkouts' query hashes what each completed checkout expects of the
-other side the same way, and only the buckets that disagree are read row by row: their digest
-pages for [a, b + slack) (what a checkout of the window made a little later), checked as below
-against the checkouts of those buckets. A bucket that agrees holds exactly the facts the checks
-would pass, so a window where the books balance moves a few hundred numbers, not its rows. The
-PSP has no summary: its charges and refunds are listed and checked whole. An id found on one side
+Booking, the code pool and the PSP first answer a summary of the window per bucket of the join
+key's hash (hold id, order id, payment intent id; cutylib.digests): a count and a sum of 64-bit
+fingerprints of the facts the checks below look at (the PSP's is its balance report of the charges
+captured in the window). Payments sums in SQL, one statement, what each of its checkouts expects of
+each side the same way (SUMMARY), and only the buckets that disagree are read row by row: the other
+side's rows for [a, b + slack) (what a checkout of the window made a little later) and the
+checkouts with a key in them, checked as below. A bucket that agrees holds exactly the facts the
+checks would pass, so a window where the books balance moves a few hundred numbers per side, not
+its rows. The PSP's refunds are listed and checked whole (a window has few). An id found on one side
 only gets a second look by id before it is reported (a reschedule's hold made days later, a charge
 captured late, a fact whose checkout was created in an earlier window).
 
@@ -72,6 +73,7 @@ WATERMARK = "invariants"
 LEASE = "audit"
 PAGE = 5000  # digest and checkout pages (the digests' maximum)
 PSP_PAGE = 1000  # the PSP list API's maximum
+PSP_DRILL_BUCKETS = 1024  # the most buckets a PSP charges list is filtered by (its query string's bound)
 MAX_PAGES = 400  # per source and window: 2,000,000 checkouts, far beyond a window of a busy day
 MAX_SECOND_LOOKS = 2000  # per window; more fail the window (tried again next round)
 SECOND_LOOK_CONCURRENCY = 16
@@ -173,28 +175,66 @@ class Checked:
     new: int = 0  # findings not recorded before
     timings: dict[str, float] = field(default_factory=dict)  # seconds per source read, and the checks
     buckets: int = 0  # the summaries' bucket count
-    drilled: dict[str, int] = field(default_factory=dict)  # buckets read row by row, per digest
+    drilled: dict[str, int] = field(default_factory=dict)  # buckets read row by row, per side
+    rows: int = 0  # payments' own checkouts read row by row (those of the buckets read)
 
 
-# Each checkout with the bucket of its hold / order ($6 buckets) and, once completed, the fingerprint
-# of what it expects there: booking's SUMMARY hashes (hold id, payment_ref, merchant) of a confirmed
-# hold not cancelled, the code pool's (order id, merchant, codes counted, codes shared with another
-# order) of a delivered order.
+# What each checkout of a window expects of the other sides, as their summaries fingerprint it
+# (cutylib.digests), per bucket of the join key: booking's SummarizeHolds hashes (hold id,
+# payment_ref, merchant) of a confirmed hold not cancelled; the code pool's SummarizeDeliveries (order
+# id, merchant, codes counted, codes shared with another order) of a delivered order; the PSP's
+# balance report (intent, amount captured, amount refunded) of a captured charge. A completed
+# booking expects its hold confirmed with its payment, a completed code checkout its order with its
+# quantity and no shared code, a captured payment whose checkout was sold or that was refunded its
+# charge keeping what the payment says. A captured payment that is neither (the check would report
+# `payment_unresolved`) expects a fact no PSP reports, so that its bucket disagrees and is read.
 _ORDER_KEY = "coalesce(c.order_id::text, c.id::text)"
+_CAPTURED_SQL = "('succeeded', 'partially_refunded', 'refunded')"
+_SOLD_SQL = ("('COMPLETED', 'CANCELLED_AFTER_PURCHASE', 'RESCHEDULING', 'RESCHEDULE_CONFIRMING', "
+             "'RESCHEDULE_REVERTING')")
+_HOLD_BUCKET = f"CASE WHEN c.hold_id IS NOT NULL THEN {digests.bucket_sql('c.hold_id', '$3::int')} END"
+_ORDER_BUCKET = f"CASE WHEN c.kind = 'codes' THEN {digests.bucket_sql(_ORDER_KEY, '$3::int')} END"
+_CHARGE_BUCKET = f"CASE WHEN p.psp_intent_id IS NOT NULL THEN {digests.bucket_sql('p.psp_intent_id', '$3::int')} END"
+_HOLD_FP = f"""CASE WHEN c.kind = 'booking' AND c.state = 'COMPLETED' AND c.hold_id IS NOT NULL
+             THEN {digests.fingerprint_sql("c.hold_id", "coalesce(c.payment_id::text, c.payment_key::text)",
+                                           "c.merchant_id")} END"""
+_ORDER_FP = f"""CASE WHEN c.kind = 'codes' AND c.state = 'COMPLETED'
+             THEN {digests.fingerprint_sql(_ORDER_KEY, "c.merchant_id", "c.quantity", "0")} END"""
+_CHARGE_FP = f"""CASE WHEN p.psp_intent_id IS NULL OR p.status NOT IN {_CAPTURED_SQL} THEN NULL
+             WHEN p.refund_settled_minor > 0 OR c.state IN {_SOLD_SQL}
+             THEN {digests.fingerprint_sql("p.psp_intent_id", "p.amount_minor", "p.refund_settled_minor")}
+             ELSE {digests.fingerprint_sql("p.psp_intent_id", "'unresolved'")} END"""
+# The window's summary, one statement: per side and bucket ($3 buckets), the count and the sum of
+# the fingerprints, from one scan of the window's checkouts and grouping sets (a fact per checkout
+# and side computed once; faster than a row per side, or a scan per side); side 'checkouts'
+# (bucket 0) counts the window's checkouts. Nothing per row leaves the database. A bucket with no
+# fact of its side (only checkouts that expect nothing there) answers n = 0: no bucket.
+_GROUPED = "GROUPING(x.hb, x.ob, x.cb)"  # 3: by hold bucket, 5: by order bucket, 6: by charge bucket, 7: all
+SUMMARY = f"""
+SELECT CASE {_GROUPED} WHEN 3 THEN 'holds' WHEN 5 THEN 'orders' WHEN 6 THEN 'charges' ELSE 'checkouts' END AS side,
+       coalesce(x.hb, x.ob, x.cb, 0) AS bucket,
+       CASE {_GROUPED} WHEN 3 THEN count(x.hf) WHEN 5 THEN count(x.xf) WHEN 6 THEN count(x.cf) ELSE count(*) END AS n,
+       CASE {_GROUPED} WHEN 3 THEN sum(x.hf) WHEN 5 THEN sum(x.xf) WHEN 6 THEN sum(x.cf) END AS fingerprint
+FROM (SELECT {_HOLD_BUCKET} AS hb, {_HOLD_FP} AS hf, {_ORDER_BUCKET} AS ob, {_ORDER_FP} AS xf,
+             {_CHARGE_BUCKET} AS cb, {_CHARGE_FP} AS cf
+      FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
+      WHERE c.created_at >= $1 AND c.created_at < $2) x
+GROUP BY GROUPING SETS ((x.hb), (x.ob), (x.cb), ())"""
+# The window's checkouts with their payments, in pages by (created_at, id): those with a key in one of
+# the buckets that disagreed ($7 holds, $8 orders, $9 charges, of $6), or every one ($7 NULL).
 CHECKOUTS = f"""
-SELECT c.id, c.kind, c.state, c.quantity, c.hold_id, c.order_id, c.payment_id, c.payment_key, c.merchant_id,
-       c.created_at, p.status AS pay_status, p.psp_intent_id, p.amount_minor AS pay_amount,
-       p.refund_settled_minor, p.currency,
-       CASE WHEN c.hold_id IS NOT NULL THEN {digests.bucket_sql("c.hold_id", "$6::int")} END AS hold_bucket,
-       CASE WHEN c.kind = 'booking' AND c.state = 'COMPLETED' AND c.hold_id IS NOT NULL
-            THEN {digests.fingerprint_sql("c.hold_id", "coalesce(c.payment_id::text, c.payment_key::text)",
-                                          "c.merchant_id")} END AS hold_fp,
-       CASE WHEN c.kind = 'codes' THEN {digests.bucket_sql(_ORDER_KEY, "$6::int")} END AS order_bucket,
-       CASE WHEN c.kind = 'codes' AND c.state = 'COMPLETED'
-            THEN {digests.fingerprint_sql(_ORDER_KEY, "c.merchant_id", "c.quantity", "0")} END AS order_fp
-FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
-WHERE c.created_at >= $1 AND c.created_at < $2 AND ($3::timestamptz IS NULL OR (c.created_at, c.id) > ($3, $4::uuid))
-ORDER BY c.created_at, c.id
+SELECT * FROM (
+    SELECT c.id, c.kind, c.state, c.quantity, c.hold_id, c.order_id, c.payment_id, c.payment_key, c.merchant_id,
+           c.created_at, p.status AS pay_status, p.psp_intent_id, p.amount_minor AS pay_amount,
+           p.refund_settled_minor, p.currency,
+           {_HOLD_BUCKET.replace('$3', '$6')} AS hold_bucket, {_ORDER_BUCKET.replace('$3', '$6')} AS order_bucket,
+           {_CHARGE_BUCKET.replace('$3', '$6')} AS charge_bucket
+    FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
+    WHERE c.created_at >= $1 AND c.created_at < $2
+      AND ($3::timestamptz IS NULL OR (c.created_at, c.id) > ($3, $4::uuid))) x
+WHERE $7::int[] IS NULL OR x.hold_bucket = ANY($7::int[]) OR x.order_bucket = ANY($8::int[])
+   OR x.charge_bucket = ANY($9::int[])
+ORDER BY x.created_at, x.id
 LIMIT $5"""
 # Second looks in payments' own database (by primary or unique keys).
 PAYMENTS_BY_INTENT = """
@@ -340,36 +380,39 @@ class Auditor:
             finally:
                 timings[what] = round(time.perf_counter() - t, 3)
         n = self.buckets
-        checkouts, hold_sum, order_sum, charges, refunds = await _gather_all([
-            timed("checkouts", self._checkouts, a, b, n), timed("hold_summary", self._hold_summary, a, b, n),
-            timed("order_summary", self._order_summary, a, b, n), timed("charges", self._charges, a, wide),
-            timed("refunds", self._refunds_of, a, b)])
-        # Each side's buckets: where they disagree, the digests' rows of those buckets and the
-        # checkouts with a key in them are checked; elsewhere the facts are the same on both sides.
-        holds_expected, orders_expected = digests.Tally(), digests.Tally()
-        for c in checkouts:
-            if c["hold_fp"] is not None:
-                holds_expected.add(c["hold_bucket"], c["hold_fp"])
-            if c["order_fp"] is not None:
-                orders_expected.add(c["order_bucket"], c["order_fp"])
-        # None: every bucket (no summary to compare with)
-        bad_holds = None if hold_sum is None else holds_expected.differ(hold_sum)
-        bad_orders = None if order_sum is None else orders_expected.differ(order_sum)
-        holds, (orders, duplicates) = await _gather_all([
+        mine, hold_sum, order_sum, charge_sum, refunds = await _gather_all([
+            timed("summary", self._own_summary, a, b, n), timed("hold_summary", self._hold_summary, a, b, n),
+            timed("order_summary", self._order_summary, a, b, n),
+            timed("charge_report", self._charge_report, a, b, n), timed("refunds", self._refunds_of, a, b)])
+        # Each side's buckets that disagree with what the window's checkouts expect (None: every
+        # bucket, no summary to compare with): only there are rows read, the other side's and the
+        # checkouts with a key in them, and checked; elsewhere the facts are the same on both sides.
+        own = mine or {}
+        bad_holds = None if hold_sum is None or mine is None else digests.differ(own.get("holds", {}), hold_sum)
+        bad_orders = None if order_sum is None or mine is None else digests.differ(own.get("orders", {}), order_sum)
+        bad_charges = None if charge_sum is None or mine is None else digests.differ(own.get("charges", {}),
+                                                                                      charge_sum)
+        checkouts, holds, (orders, duplicates), charges = await _gather_all([
+            timed("checkouts", self._checkouts, a, b, n, bad_holds, bad_orders, bad_charges),
             timed("holds", self._holds, a, wide, n, bad_holds),
-            timed("orders", self._orders, a, wide, n, bad_orders)])
+            timed("orders", self._orders, a, wide, n, bad_orders),
+            timed("charges", self._charges, a, wide, n, bad_charges)])
         t_read = time.perf_counter()
-        checked = Checked(a, b, len(checkouts),
-                          len(holds) if hold_sum is None else sum(x.count for x in hold_sum.values()),
-                          len(orders) if order_sum is None else sum(x.count for x in order_sum.values()),
-                          len(charges), len(refunds), timings=timings, buckets=n,
-                          drilled={"holds": n if bad_holds is None else len(bad_holds),
-                                   "orders": n if bad_orders is None else len(bad_orders)})
-        self.buckets = _bucket_count(max(checked.holds, checked.orders))
+
+        def counted(summary, rows) -> int:
+            return len(rows) if summary is None else sum(x.count for x in summary.values())
+        checked = Checked(a, b, counted(None if mine is None else own.get("checkouts", {}), checkouts),
+                          counted(hold_sum, holds), counted(order_sum, orders), counted(charge_sum, charges),
+                          len(refunds), timings=timings, buckets=n,
+                          drilled={side: n if bad is None else len(bad) for side, bad in
+                                   (("holds", bad_holds), ("orders", bad_orders), ("charges", bad_charges))},
+                          rows=len(checkouts))
+        self.buckets = _bucket_count(max(checked.holds, checked.orders, checked.charges))
         f = checked.findings
         looks = _Looks()
-        by_intent = {c["psp_intent_id"]: c for c in checkouts if c["psp_intent_id"]}
-        f += await self._money(checkouts, charges, by_intent, a, b, looks)
+        money = _in(checkouts, "charge_bucket", bad_charges)
+        by_intent = {c["psp_intent_id"]: c for c in money if c["psp_intent_id"]}
+        f += await self._money(money, charges, by_intent, a, b, looks)
         f += await self._refunds(refunds)
         f += await self._bookings(_in(checkouts, "hold_bucket", bad_holds), holds, a, b, looks)
         f += await self._codes(_in(checkouts, "order_bucket", bad_orders), orders, duplicates, a, b)
@@ -386,12 +429,26 @@ class Auditor:
             "buckets": checked.buckets, "buckets_read": checked.drilled})
         return checked
 
-    async def _checkouts(self, a: datetime, b: datetime, buckets: int) -> list:
+    async def _own_summary(self, a: datetime, b: datetime, buckets: int) -> dict[str, dict[int, digests.Bucket]] | None:
+        """What the window's checkouts expect of each side, summed per bucket in SQL (SUMMARY):
+        {side: {bucket: Bucket}}; None when summaries are off."""
+        if not self.settings.summaries:
+            return None
+        rows = await reports(self.pool).fetch(SUMMARY, a, b, buckets)  # the reporting pool: not the saga's
+        return summary_of(rows)
+
+    async def _checkouts(self, a: datetime, b: datetime, n: int, *bad: set[int] | None) -> list:
+        """The window's checkouts with a key in one of the buckets that disagreed (`bad`: holds,
+        orders, charges of `n`); every one when a side has no summary (None); none when every
+        bucket agreed."""
+        chosen = None if any(x is None for x in bad) else [sorted(x) for x in bad]
+        if chosen is not None and not any(chosen):
+            return []
         rows: list = []
         at = last = None
         for _ in range(MAX_PAGES):
             # the reporting pool: not the saga's connections
-            page = await reports(self.pool).fetch(CHECKOUTS, a, b, at, last, PAGE, buckets)
+            page = await reports(self.pool).fetch(CHECKOUTS, a, b, at, last, PAGE, n, *(chosen or (None, None, None)))
             rows += page
             if len(page) < PAGE:
                 return rows
@@ -464,8 +521,35 @@ class Auditor:
             after = page["data"][-1]["id"]
         raise WindowNotAudited(f"PSP list: more than {MAX_PAGES} pages in one window")
 
-    async def _charges(self, a: datetime, b: datetime) -> list[dict]:
-        return await self._psp_list(self.psp.list_charges, a, b)
+    async def _charge_report(self, a: datetime, b: datetime, buckets: int) -> dict[int, digests.Bucket] | None:
+        """The PSP's balance report of the charges captured in [a, b) per bucket of the intent id;
+        None (every charge is listed) when summaries are off or the PSP has no such report (404)."""
+        if not self.settings.summaries:
+            return None
+        try:
+            report = await self.psp.balance_report(_epoch(a), _epoch(b), buckets)
+        except PspError as e:
+            if e.status != 404 or e.error.get("code") != "route_missing":
+                raise
+            log.warning("no balance report at the PSP: listing every charge")
+            return None
+        if report.get("bucket_count") != buckets:
+            raise PspError(502, {"code": "report_unexpected", "message": "the balance report has another bucket count"})
+        return {int(x["bucket"]): digests.Bucket(int(x["bucket"]), int(x["count"]), int(x["fingerprint"], 16))
+                for x in report["buckets"][:buckets]}
+
+    async def _charges(self, a: datetime, b: datetime, n: int, buckets: set[int] | None) -> list[dict]:
+        """The charges captured in [a, b) whose intent is in one of `buckets` (of `n`; None: all);
+        none listed when every bucket agreed."""
+        if buckets is None:
+            return await self._psp_list(self.psp.list_charges, a, b)
+        if not buckets:
+            return []
+        if len(buckets) > PSP_DRILL_BUCKETS:  # most of the window: listed whole, kept in the buckets
+            return [c for c in await self._psp_list(self.psp.list_charges, a, b)
+                    if digests.bucket_of(c["payment_intent"], n) in buckets]
+        drill = dict(bucket_count=n, buckets=sorted(buckets))
+        return await self._psp_list(lambda *args, **kw: self.psp.list_charges(*args, **kw, **drill), a, b)
 
     async def _refunds_of(self, a: datetime, b: datetime) -> list[dict]:
         return await self._psp_list(self.psp.list_refunds, a, b)
@@ -646,6 +730,17 @@ class Auditor:
             for r in added:
                 self.metrics.audit_findings.labels(r["kind"]).inc()
         return len(added)
+
+
+def summary_of(rows) -> dict[str, dict[int, digests.Bucket]]:
+    """SUMMARY's rows as {side: {bucket: Bucket}}, fingerprints modulo 2^64 (buckets without a fact
+    of their side left out)."""
+    out: dict[str, dict[int, digests.Bucket]] = {}
+    for r in rows:
+        if r["n"]:
+            out.setdefault(r["side"], {})[r["bucket"]] = digests.Bucket(r["bucket"], r["n"],
+                                                                        int(r["fingerprint"] or 0) % digests.MOD)
+    return out
 
 
 def _bucket_count(facts: int) -> int:

@@ -89,9 +89,19 @@ class PspClient:
 
     # -- the list API (pspsim/lists.py): what the PSP holds, paged, for the invariant auditor and the
     # dispute poller. `created`/`updated` are unix seconds; a page is at most `limit` items.
-    async def list_charges(self, gte: float, lt: float, *, starting_after: str = "", limit: int = 1000) -> dict:
+    async def list_charges(self, gte: float, lt: float, *, starting_after: str = "", limit: int = 1000,
+                           bucket_count: int = 0, buckets: list[int] | None = None) -> dict:
+        """A page of the charges captured in [gte, lt); with `bucket_count`, only those whose intent
+        falls in one of `buckets` (cutylib.digests: a balance report's buckets that disagreed)."""
+        drill = {"bucket_count": str(bucket_count), "buckets": ",".join(map(str, buckets or []))} if bucket_count else {}
         return await self._call("GET", "/v1/charges", params=_page_params(
-            {"created[gte]": repr(gte), "created[lt]": repr(lt)}, starting_after, limit))
+            {"created[gte]": repr(gte), "created[lt]": repr(lt), **drill}, starting_after, limit))
+
+    async def balance_report(self, gte: float, lt: float, bucket_count: int) -> dict:
+        """The charges captured in [gte, lt) summed per bucket of the intent id's hash (pspsim's
+        `GET /v1/balance_report`): what the auditor compares with payments' own sums."""
+        return await self._call("GET", "/v1/balance_report", params={
+            "created[gte]": repr(gte), "created[lt]": repr(lt), "bucket_count": str(bucket_count)})
 
     async def list_refunds(self, gte: float, lt: float, *, starting_after: str = "", limit: int = 1000) -> dict:
         return await self._call("GET", "/v1/refunds", params=_page_params(

@@ -152,6 +152,10 @@ async def list_refunds(request: Request) -> JSONResponse:
     return JSONResponse(lists.refunds(_psp(request), request.query_params))
 
 
+async def balance_report(request: Request) -> JSONResponse:
+    return JSONResponse(lists.balance_report(_psp(request), request.query_params))
+
+
 async def list_disputes(request: Request) -> JSONResponse:
     return JSONResponse(lists.disputes(_psp(request), request.query_params))
 
@@ -205,6 +209,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/v1/refunds", create_refund, methods=["POST"]),
         Route("/v1/refunds", list_refunds, methods=["GET"]),
         Route("/v1/charges", list_charges, methods=["GET"]),
+        Route("/v1/balance_report", balance_report, methods=["GET"]),
         Route("/v1/disputes", list_disputes, methods=["GET"]),
         Route("/v1/refunds/{refund_id}", get_refund, methods=["GET"]),
         Route("/v1/disputes/{dispute_id}", get_dispute, methods=["GET"]),

@@ -14,6 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutylib import digests
+
 # Intent statuses.
 REQUIRES_ACTION = "requires_action"
 PROCESSING = "processing"
@@ -117,6 +119,13 @@ class Refund:
         )
 
 
+def charge_fact(intent: Intent) -> int:
+    """The balance report's fingerprint of a captured charge (cutylib.digests): its intent, what it
+    captured and what was refunded of it. Kept with the charge and renewed at each refund, as a
+    real PSP keeps its balances, so that a report costs a sum, not a hash, per charge."""
+    return digests.fingerprint_of(intent.id, intent.amount, intent.amount_refunded)
+
+
 @dataclass(frozen=True)
 class SavedMethod:
     """A card saved for off-session charges: whose it is and which test card it was."""
@@ -183,13 +192,17 @@ class Store:
         charge_id = "ch_" + intent.id.split("_", 1)[-1]
         self.charge_index[charge_id] = len(self.charges)
         self.charges.append({"id": charge_id, "intent_id": intent.id, "idempotency_key": intent.idempotency_key,
-                             "at": at})
+                             "at": at, "key": digests.key_hash(intent.id), "fact": charge_fact(intent),
+                             "currency": intent.currency, "amount": intent.amount, "refunded": intent.amount_refunded})
         self.charge_times.append(at)
         self.charge_count_by_key[intent.idempotency_key] += 1
         return True
 
     def add_refund(self, intent: Intent, refund: Refund) -> None:
         intent.amount_refunded += refund.amount
+        at = self.charge_index.get("ch_" + intent.id.split("_", 1)[-1])
+        if at is not None:  # the balance report's fact of the charge moves with what was refunded
+            self.charges[at].update(fact=charge_fact(intent), refunded=intent.amount_refunded)
         self.refunds[refund.id] = refund
         self.refund_index[refund.id] = len(self.refund_order)
         self.refund_order.append(refund.id)

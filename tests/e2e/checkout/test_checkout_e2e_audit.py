@@ -4,7 +4,9 @@ into the data (a delivery row deleted, a code delivered twice, a hold changed, a
 made at the PSP behind the platform's back, a payment's record changed, codes delivered and a
 booking confirmed outside any checkout) is reported by `payments ops audit --since` with the offending ids, then recorded by the
 periodic job (one row per violation) and counted in its metric. And the poller of lost dispute
-webhooks records a dispute whose webhook the PSP never sent."""
+webhooks records a dispute whose webhook the PSP never sent. Where the summaries agree (booking's,
+the code pool's, the PSP's balance report against payments' own sums) no row is read; each drift
+makes only its bucket disagree and be read."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +16,7 @@ import secrets
 import subprocess
 import sys
 import uuid
+from datetime import datetime, timezone
 
 import httpx
 import pytest_asyncio
@@ -179,6 +182,21 @@ async def test_a_dispute_whose_webhook_was_lost_is_recorded_by_the_poller(shop):
     assert timeline[0]["to_status"] == "dispute.needs_response" or timeline[0]["to_status"].startswith("dispute.")
 
 
+class CountingPsp:
+    """A PSP client whose calls are remembered (name, keyword arguments) before they go out."""
+
+    def __init__(self, psp):
+        self.psp, self.asked = psp, []
+
+    def __getattr__(self, name):
+        call = getattr(self.psp, name)
+
+        async def counted(*args, **kw):
+            self.asked.append((name, kw))
+            return await call(*args, **kw)
+        return counted
+
+
 class Counting:
     """A stub whose calls are remembered (name, request) before they go out."""
 
@@ -218,7 +236,8 @@ async def test_a_window_that_agrees_reads_no_rows_and_each_drift_makes_its_bucke
                                                                      interval_seconds=0))
     try:
         (clean,) = await job.audit_range(since, until)
-        assert clean.findings == [] and clean.checkouts >= 5 and clean.drilled == {"holds": 0, "orders": 0}
+        assert clean.findings == [] and clean.checkouts >= 5 and clean.charges >= 5
+        assert clean.drilled == {"holds": 0, "orders": 0, "charges": 0} and clean.rows == 0  # no row moved
         assert [n for n, _ in booking.asked + codepool.asked] == ["SummarizeHolds", "SummarizeDeliveries"]
 
         # drift on booking's and the code pool's side
@@ -251,3 +270,69 @@ async def test_a_window_that_agrees_reads_no_rows_and_each_drift_makes_its_bucke
         assert [(name_, r.bucket_count) for name_, r in booking.asked] == [("DigestHolds", 0)]
     finally:
         await psp.aclose()
+
+
+async def test_money_drift_makes_its_charge_bucket_disagree_in_the_psp_balance_report(shop):
+    """The money side of the summaries: where payments' captured payments and the PSP's balance
+    report agree, no charge is listed and no checkout read; drift at the PSP (a refund behind the
+    platform's back, a stray charge) and in payments (a captured payment recorded as failed) makes
+    exactly those intents' buckets disagree, only their charges are listed and checked, and each is
+    reported as reading every row reports it. A charge captured after its checkout's window ended
+    makes its bucket disagree in both windows, is read, and is found."""
+    from cutylib import digests
+    from payments.audit import AuditSettings, Auditor
+    from payments.psp import PspClient
+
+    db = shop.db["payments"]
+    since = await db.fetchval("SELECT clock_timestamp()")
+    slots = await shop.new_slots(2)
+    product = await shop.new_product(stock=4)
+    b1, b2 = [await buy(shop, slot=s) for s in slots]
+    c1, c2 = [await buy(shop, product=product, quantity=1) for _ in range(2)]
+    psp = CountingPsp(PspClient(shop.stack.psp_url, timeout=10))
+    job = Auditor(db, shop.booking, shop.codepool, psp, settings=AuditSettings(window_seconds=3600, slack_seconds=60,
+                                                                               interval_seconds=0))
+    try:
+        until = await db.fetchval("SELECT clock_timestamp()")
+        (clean,) = await job.audit_range(since, until)
+        assert clean.findings == [] and clean.drilled["charges"] == 0 and clean.rows == 0
+        assert sorted(n for n, _ in psp.asked) == ["balance_report", "list_refunds"]  # no charge listed
+
+        # a window's edge between b1's checkout and its charge's capture: the charge is in the next
+        # window's report, the checkout in this one's sums; both buckets disagree, are read, and the
+        # charge is found (in the slack, then by a second look): nothing to report
+        created = await db.fetchval("SELECT created_at FROM checkouts WHERE id = $1::uuid", b1["id"])
+        page = await psp.psp.list_charges(since.timestamp(), until.timestamp())
+        captured = {c["payment_intent"]: c["created"] for c in page["data"]}[b1["psp_intent_id"]]
+        edge = created + (datetime.fromtimestamp(captured, timezone.utc) - created) / 2
+        (before,) = await job.audit_range(since, edge)
+        (after,) = await job.audit_range(edge, until)
+        assert before.findings == after.findings == []
+        assert before.drilled["charges"] >= 1 and after.drilled["charges"] >= 1
+
+        async with httpx.AsyncClient(base_url=shop.stack.psp_url, timeout=10) as http:
+            stray = (await http.post("/v1/payment_intents", headers={"Idempotency-Key": secrets.token_hex(8)},
+                                     json={"amount": 777, "currency": "TRY", "payment_method": "pm_card_ok"})).json()
+            refund = (await http.post("/v1/refunds", headers={"Idempotency-Key": secrets.token_hex(8)},
+                                      json={"payment_intent": b2["psp_intent_id"], "amount": 500})).json()
+        await as_owner(db, ("UPDATE payments SET status = 'failed', failure_reason = 'card_declined' "
+                            "WHERE id = $1::uuid", c1["payment_id"]))
+        until = await db.fetchval("SELECT clock_timestamp()")
+        psp.asked.clear()
+        (drifted,) = await job.audit_range(since, until)
+        found = {(f.kind, f.psp_id if f.kind == "psp_charge_unknown" else f.subject) for f in drifted.findings}
+        assert found == {("psp_charge_unknown", stray["id"]), ("amount_mismatch", b2["payment_id"]),
+                         ("payment_unresolved", c1["payment_id"]), ("psp_refund_unknown", refund["id"])}
+        n = drifted.buckets
+        drilled = {digests.bucket_of(i, n) for i in (stray["id"], b2["psp_intent_id"], c1["psp_intent_id"])}
+        (listed,) = [kw for name_, kw in psp.asked if name_ == "list_charges"]
+        assert (listed["bucket_count"], set(listed["buckets"])) == (n, drilled)
+        assert drifted.drilled["charges"] == len(drilled) and drifted.drilled["holds"] == drifted.drilled["orders"] == 0
+        # payments' rows read: the checkouts of those buckets only (c2's and b1's agree)
+        assert 2 <= drifted.rows <= drifted.checkouts
+        # every row read (CUTY_AUDIT_SUMMARIES=0): the same findings
+        rows = Auditor(db, shop.booking, shop.codepool, psp, settings=dataclasses.replace(job.settings, summaries=False))
+        (whole,) = await rows.audit_range(since, until)
+        assert {(f.kind, f.psp_id if f.kind == "psp_charge_unknown" else f.subject) for f in whole.findings} == found
+    finally:
+        await psp.psp.aclose()

@@ -170,7 +170,7 @@ async def test_a_merchant_with_16_hanging_endpoints_and_a_redeliver_storm_cannot
 async def test_a_failing_endpoint_opens_its_circuit_probes_alone_then_closes(checkout_pool, worker_pool):
     shop = merchant("circuit")
     api = WebhookEndpoints(Endpoints(checkout_pool), "development", allow_private=True, metrics=RedeliveryMetrics())
-    options = dataclasses.replace(FAST, circuit_failures=3, circuit_open_seconds=0.6, circuit_max_open_seconds=5.0,
+    options = dataclasses.replace(FAST, circuit_failures=3, circuit_open_seconds=1.5, circuit_max_open_seconds=5.0,
                                   endpoint_concurrency=4)
     metrics = OutboundMetrics()
     # Four 500s: three open the circuit, the first half-open probe fails and opens it for twice as long.
@@ -195,8 +195,8 @@ async def test_a_failing_endpoint_opens_its_circuit_probes_alone_then_closes(che
                                            "WHERE id = $1", uuid.UUID(ep.id))
     assert dict(row) == {"consecutive_failures": 0, "circuit_open_until": None}  # closed again
     starts = sorted(rx.spans)
-    # attempt 4 (the first probe) at least 0.6 s after attempt 3; attempt 5 (the second) 1.2 s after it
-    assert starts[3][0] - starts[2][1] >= 0.5 and starts[4][0] - starts[3][1] >= 1.1, starts[:6]
+    # attempt 4 (the first probe) at least 1.5 s after attempt 3; attempt 5 (the second) 3 s after it
+    assert starts[3][0] - starts[2][1] >= 1.4 and starts[4][0] - starts[3][1] >= 2.9, starts[:6]
     # each probe ran alone: the next request started only after it had ended
     for probe in (3, 4):
         assert all(s >= starts[probe][1] for s, _ in starts[probe + 1:]), (probe, starts)

@@ -310,7 +310,7 @@ async def test_the_movers_statements_walk_partial_indexes_whatever_the_table(db)
         # history's index is named after its columns).
         now = dt.datetime.now(dt.timezone.utc)
         for sql, args, indexes in (
-                (digest.ORDERS, (now - dt.timedelta(hours=1), now, None, None, 1001),
+                (digest.ORDERS, (now - dt.timedelta(hours=1), now, None, None, 1001, 0, []),
                  ("reservations_digest", "reservations_history_legacy_reserved_at_order_id_idx", "Merge Append")),
                 (incident.DELIVERIES, ("m", uuid.uuid4(), 500),
                  ("deliveries_by_code", "deliveries_history_legacy_merchant_id_code_id_idx")),

@@ -22,6 +22,7 @@ from cutylib.config import Settings, with_database
 from cutylib.db import migrate
 from cutylib.retention import Retention
 from cutylib.testing.postgres import service_dsn
+from cutylib.testing.retention import partitions as table_partitions
 from payments.bootstrap import IDEMPOTENCY_KEYS_AHEAD, create_payments_pool, payments_retention
 from payments.checkout.idempotency import IdempotencyStore, Replay, request_hash
 
@@ -54,8 +55,7 @@ async def use(keys: IdempotencyStore, customer: str, key: str, req: str, answer:
 
 
 async def partitions(owner, table: str = TABLE) -> dict[str, tuple]:
-    return {r["partition"]: (r["lower"], r["upper"]) for r in
-            await owner.fetch("SELECT * FROM cuty_partition_bounds($1)", table)}
+    return await table_partitions(owner, table)
 
 
 @pytest_asyncio.fixture

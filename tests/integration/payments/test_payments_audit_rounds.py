@@ -12,6 +12,7 @@ import pytest_asyncio
 
 from cuty.booking.v1 import booking_pb2
 from cuty.codepool.v1 import codepool_pb2
+from cutylib.psp import PspError
 from cutylib.timestamps import from_timestamp
 from payments.audit import LEASE, WATERMARK, AuditSettings, Auditor
 
@@ -47,6 +48,9 @@ class EmptyWorld:
         return {"data": [], "has_more": False}
 
     list_refunds = list_charges
+
+    async def balance_report(self, gte, lt, bucket_count):
+        return {"object": "balance_report", "bucket_count": bucket_count, "count": 0, "buckets": []}
 
 
 SETTINGS = AuditSettings(window_seconds=60, slack_seconds=10, settle_seconds=30, interval_seconds=1,
@@ -166,7 +170,10 @@ async def test_the_second_looks_find_a_payment_and_its_checkout_by_each_key(scra
 
 
 class OlderWorld(EmptyWorld):
-    """Booking and the code pool of a version before the summaries (mid-rollout)."""
+    """Booking and the code pool of a version before the summaries (mid-rollout), and a PSP without
+    a balance report (its list API only)."""
+
+    charge_lists = 0
 
     async def SummarizeHolds(self, request, timeout=None):
         raise grpc.aio.AioRpcError(grpc.StatusCode.UNIMPLEMENTED, grpc.aio.Metadata(), grpc.aio.Metadata(),
@@ -174,9 +181,89 @@ class OlderWorld(EmptyWorld):
 
     SummarizeDeliveries = SummarizeHolds
 
+    async def balance_report(self, gte, lt, bucket_count):
+        raise PspError(404, {"type": "invalid_request_error", "code": "route_missing", "message": "Not Found"})
+
+    async def list_charges(self, gte, lt, **kw):
+        self.charge_lists += 1
+        return {"data": [], "has_more": False}
+
 
 async def test_services_without_summaries_are_read_row_by_row_and_the_round_goes_on(payments_pool, clean):
     world = OlderWorld()
     done = await auditor(payments_pool, world, "rollout").round()
     assert len(done) == SETTINGS.max_windows  # every due window audited, none failed
     assert world.pages == 2 * len(done)  # each window's holds and orders read whole, one page each
+    assert world.charge_lists == len(done)  # and its charges listed whole
+
+
+async def test_the_window_summary_sums_what_each_checkout_expects_and_the_drill_reads_its_buckets(scratch_db):
+    """Payments' side of the summaries (audit.SUMMARY, one statement): per bucket, what each
+    checkout of the window expects of booking (its hold confirmed with its payment), the code pool
+    (its order with its quantity) and the PSP's balance report (its charge: intent, amount,
+    refunded), fingerprinted as cutylib.digests does in Python; a captured payment whose checkout
+    was not sold expects what no PSP reports. The drill-down reads only the checkouts of the buckets
+    named."""
+    import pathlib
+    import uuid
+    from datetime import datetime, timezone
+
+    from cutylib import digests
+    from cutylib.db import create_pool, migrate
+    from payments import audit
+
+    await migrate(scratch_db, pathlib.Path(__file__).resolve().parents[3] / "services/payments/migrations")
+    pool = await create_pool(scratch_db, min_size=1, max_size=2)
+    n = 64
+    rows = []  # (checkout, kind, state, payment status, refunded)
+    for kind, state, status, refunded in (("booking", "COMPLETED", "succeeded", 0),
+                                          ("codes", "COMPLETED", "partially_refunded", 40),
+                                          ("codes", "FAILED", "succeeded", 0),  # captured, not sold: unresolved
+                                          ("booking", "EXPIRED", "failed", 0)):  # nothing captured, nothing expected
+        checkout, payment, intent = uuid.uuid4(), uuid.uuid4(), "pi_" + uuid.uuid4().hex
+        hold = str(uuid.uuid4()) if kind == "booking" else None
+        await pool.execute(
+            "INSERT INTO checkouts (id, customer_id, kind, state, slot_id, product_id, quantity, hold_id, order_id, "
+            "amount_minor, currency, expire_time, payment_key, payment_id, payment_method, merchant_id, salon_id, "
+            "free_cancellation_hours, cancellation_fee_percent, start_time) VALUES ($1, 'cust', $2, $3, "
+            "CASE WHEN $2 = 'booking' THEN $4::uuid END, CASE WHEN $2 = 'codes' THEN $4::uuid END, "
+            "CASE WHEN $2 = 'codes' THEN 2 ELSE 1 END, $5, CASE WHEN $2 = 'codes' THEN $1::uuid END, 100, 'TRY', "
+            "clock_timestamp(), $4, $6, 'pm_card_ok', 'm-1', "
+            "CASE WHEN $2 = 'booking' THEN $4::uuid END, CASE WHEN $2 = 'booking' THEN 24 END, "
+            "CASE WHEN $2 = 'booking' THEN 0 END, CASE WHEN $2 = 'booking' THEN clock_timestamp() END)",
+            checkout, kind, state, uuid.uuid4(), hold, payment)
+        await pool.execute(
+            "INSERT INTO payments (id, checkout_id, status, psp_intent_id, amount_minor, refunded_minor, "
+            "refund_settled_minor, currency, payment_method, idempotency_key, merchant_id) "
+            "VALUES ($1, $2, $3, $4, 100, $5, $5, 'TRY', 'pm_card_ok', $6, 'm-1')",
+            payment, checkout, status, intent, refunded, str(uuid.uuid4()))
+        rows.append((checkout, kind, state, status, refunded, payment, intent, hold))
+    a, b = datetime(2000, 1, 1, tzinfo=timezone.utc), datetime(2100, 1, 1, tzinfo=timezone.utc)
+    try:
+        got = audit.summary_of(await pool.fetch(audit.SUMMARY, a, b, n))
+        want: dict[str, dict[int, list[int]]] = {"holds": {}, "orders": {}, "charges": {}}
+
+        def add(side, key, *fact):
+            s = want[side].setdefault(digests.bucket_of(key, n), [0, 0])
+            s[0] += 1
+            s[1] += digests.fingerprint_of(*fact)
+        for checkout, kind, state, status, refunded, payment, intent, hold in rows:
+            if kind == "booking" and state == "COMPLETED":
+                add("holds", hold, hold, payment, "m-1")
+            if kind == "codes" and state == "COMPLETED":
+                add("orders", str(checkout), str(checkout), "m-1", 2, 0)
+            if status != "failed":
+                if state == "COMPLETED" or refunded:
+                    add("charges", intent, intent, 100, refunded)
+                else:
+                    add("charges", intent, intent, "unresolved")
+        assert got.pop("checkouts") == {0: digests.Bucket(0, 4, 0)}
+        assert got == {side: {k: digests.Bucket(k, c, fp % digests.MOD) for k, (c, fp) in v.items()}
+                       for side, v in want.items()}
+        # the drill-down: only the checkouts with a key in the buckets named
+        unresolved, bucket = rows[2], digests.bucket_of(rows[2][6], n)
+        picked = await pool.fetch(audit.CHECKOUTS, a, b, None, None, 100, n, [], [], [bucket])
+        assert unresolved[0] in {r["id"] for r in picked} and all(r["charge_bucket"] == bucket for r in picked)
+        assert len(await pool.fetch(audit.CHECKOUTS, a, b, None, None, 100, n, None, None, None)) == 4
+    finally:
+        await pool.close()

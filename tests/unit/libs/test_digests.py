@@ -1,7 +1,6 @@
-"""The auditor's per-bucket summaries (cutylib.digests): a tally disagrees with the other side's
-summary in exactly the buckets whose count or fingerprint differ, or that only one side has; the
-drill-down filter of a digest request is refused, naming the field, when it is not a set of
-buckets below its count."""
+"""The auditor's per-bucket summaries (cutylib.digests): two sides' summaries disagree in exactly
+the buckets whose count or fingerprint differ, or that only one side has; the drill-down filter of
+a digest request is refused, naming the field, when it is not a set of buckets below its count."""
 import pytest
 
 from cutylib import digests
@@ -17,23 +16,23 @@ def signed(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
-def test_a_tally_disagrees_only_where_counts_or_fingerprints_differ():
+def test_two_summaries_disagree_only_where_counts_or_fingerprints_differ():
     facts = {1: [("a", 1), ("b", 2)], 2: [("c", 3)], 3: [("d", 4)]}
-    t = digests.Tally()
-    for bucket, rows in facts.items():
-        for fact in rows:
-            t.add(bucket, signed(digests.fingerprint_of(*fact)))
-    same = summary(*((b, len(rows), sum(digests.fingerprint_of(*f) for f in rows) % digests.MOD)
-                     for b, rows in facts.items()))
-    assert t.differ(same) == set()
+    # one side's rows as SQL sums them (signed bigints), the other's summed in memory
+    mine = digests.buckets([{"bucket": b, "n": len(rows), "fingerprint": sum(signed(digests.fingerprint_of(*f))
+                                                                           for f in rows)}
+                            for b, rows in facts.items()])
+    same = {b: digests.Bucket(b, len(rows), sum(digests.fingerprint_of(*f) for f in rows) % digests.MOD)
+            for b, rows in facts.items()}
+    assert mine == same and digests.differ(mine, same) == set()
     other = dict(same)
     other[2] = digests.Bucket(2, 1, digests.fingerprint_of("c", 4))  # a fact changed
     other[5] = digests.Bucket(5, 1, 7)  # a fact only the other side has
     del other[3]  # a fact only this side has
-    assert t.differ(other) == {2, 3, 5}
+    assert digests.differ(mine, other) == digests.differ(other, mine) == {2, 3, 5}
     other = dict(same)
     other[1] = digests.Bucket(1, 3, same[1].fingerprint)  # one fact more, same sum
-    assert t.differ(other) == {1}
+    assert digests.differ(mine, other) == {1}
 
 
 def test_buckets_and_fingerprints_are_stable_and_in_range():

@@ -102,8 +102,9 @@ async def _audit(pool, args) -> int:
               f"{sum(c.holds for c in checked)} confirmed holds, {sum(c.orders for c in checked)} delivered orders "
               f"in {took:.2f}s", file=sys.stderr)
         print(f"  buckets read row by row (disagreeing): holds {sum(c.drilled.get('holds', 0) for c in checked)}, "
-              f"orders {sum(c.drilled.get('orders', 0) for c in checked)}, of {sum(c.buckets for c in checked)} "
-              "per side", file=sys.stderr)
+              f"orders {sum(c.drilled.get('orders', 0) for c in checked)}, "
+              f"charges {sum(c.drilled.get('charges', 0) for c in checked)}, of {sum(c.buckets for c in checked)} "
+              f"per side; checkouts read row by row {sum(c.rows for c in checked)}", file=sys.stderr)
         if args.timings:
             for c in checked:
                 print(f"  window {c.start.isoformat()}: {c.checkouts} checkouts, seconds {c.timings}", file=sys.stderr)

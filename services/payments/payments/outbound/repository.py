@@ -109,13 +109,16 @@ WHERE d.merchant_id = $1 AND d.endpoint_id = $2 AND d.id = $3
 """
 NOTIFY_CHANNEL = "cuty_merchant_events"
 
-# The workers' claim, fair across merchants and their endpoints, in one transaction of two statements.
+# The workers' claim, fair across merchants and their endpoints, in one transaction of four statements.
 #
-# CLAIM_MERCHANTS picks the merchants with due deliveries on endpoints that may take one now (circuit
-# not open, fewer live leases than the endpoint's cap, the merchant under its cap), those served
-# longest ago first, and takes each one's claim lock (a transaction-scoped advisory lock; a merchant
-# locked by another worker's claim is skipped, not waited for). $1 how many merchants at the most,
-# $2 the endpoint cap, $3 the merchant cap, $4 the failures that open the circuit.
+# CLAIM_MERCHANTS starts from the merchants whose mark is due (webhook_merchants_due, migration 0310:
+# a merchant with a pending delivery has a mark, due no later than its first claimable delivery), so
+# it costs what is due, never the merchants that subscribe. Of those it picks the merchants with due
+# deliveries on endpoints that may take one now (circuit not open, fewer live leases than the
+# endpoint's cap, the merchant under its cap), those served longest ago first, and takes each one's
+# claim lock (a transaction-scoped advisory lock; a merchant locked by another worker's claim is
+# skipped, not waited for). $1 how many merchants at the most, $2 the endpoint cap, $3 the merchant
+# cap, $4 the failures that open the circuit.
 #
 # CLAIM_DUE then runs under those locks, so no other claim of these merchants runs at the same time,
 # and as a new statement it sees every lease committed before the locks were taken: its counts of
@@ -126,19 +129,36 @@ NOTIFY_CHANNEL = "cuty_merchant_events"
 # Each one is leased to $1 for $3 seconds: the lease pushes next_attempt_at to its end, so a worker
 # that dies mid-POST leaves a row due again exactly when the lease runs out (at least once).
 # $4 the merchants locked, in their order; $5 the endpoint cap, $6 the merchant cap, $7 the threshold.
+#
+# REARM_LOCK then locks up to $1 due marks, those re-armed longest ago first (SKIP LOCKED: a mark a
+# writer holds stays due). After CLAIM_DUE, never before: a mark is always locked after the
+# deliveries and endpoints of the statement that locks it (an attempt's end and a redelivery lock
+# their delivery, then the endpoint, then, in their trigger, the mark), so no two wait on each other.
+#
+# REARM last: each locked mark is due again at its merchant's first pending delivery's
+# next_attempt_at (a lease's end for a leased one), an endpoint whose circuit is open counting from
+# when it half-opens; a mark with nothing pending is removed. A new statement again, so it sees every
+# delivery committed before the marks were locked; one committed later marked its merchant itself.
 CLAIM_LOCK_CLASS = 0x77686F6F  # "whoo": this lock's class, apart from every other advisory lock
 _LIVE = "l.lease_owner IS NOT NULL AND l.lease_until > clock_timestamp()"
 _CLOSED_OR_HALF_OPEN = "(w.circuit_open_until IS NULL OR w.circuit_open_until <= clock_timestamp())"
 _ENDPOINT_CAP = "CASE WHEN w.consecutive_failures >= {threshold} THEN 1 ELSE {cap} END"
+# Due marks re-armed per claim at the most (the least recently re-armed first).
+REARM_BATCH = 100
 CLAIM_MERCHANTS = f"""
-WITH ep AS (
+WITH due AS MATERIALIZED (
+    -- now(), the transaction's start: a bound the index can range over (clock_timestamp() is volatile)
+    SELECT q.merchant_id FROM webhook_merchants_due q WHERE q.due_at <= now()
+), ep AS (
     SELECT w.merchant_id, w.last_claimed_at,
            (SELECT count(*) FROM webhook_deliveries l
             WHERE l.merchant_id = w.merchant_id AND l.endpoint_id = w.id AND {_LIVE}) AS busy,
            {_ENDPOINT_CAP.format(threshold="$4", cap="$2")} AS cap
-    FROM webhook_endpoints w
-    WHERE {_CLOSED_OR_HALF_OPEN}
-      AND EXISTS (SELECT 1 FROM webhook_deliveries d
+    FROM due CROSS JOIN LATERAL (
+        SELECT w.* FROM webhook_endpoints w WHERE w.merchant_id = due.merchant_id AND {_CLOSED_OR_HALF_OPEN}
+        OFFSET 0  -- each due merchant's endpoints by its key, whatever the estimates
+    ) w
+    WHERE EXISTS (SELECT 1 FROM webhook_deliveries d
                   WHERE d.merchant_id = w.merchant_id AND d.endpoint_id = w.id AND d.next_attempt_at <= clock_timestamp())
 ), candidates AS MATERIALIZED (
     SELECT ep.merchant_id, max(ep.last_claimed_at) AS served
@@ -150,6 +170,40 @@ WITH ep AS (
 SELECT merchant_id FROM candidates
 WHERE pg_try_advisory_xact_lock({CLAIM_LOCK_CLASS}, hashtext(merchant_id))
 LIMIT $1
+"""
+REARM_LOCK = """
+SELECT q.merchant_id FROM webhook_merchants_due q WHERE q.due_at <= now()
+ORDER BY q.checked_at NULLS FIRST, q.merchant_id
+LIMIT $1
+FOR NO KEY UPDATE SKIP LOCKED
+"""
+REARM = """
+WITH nxt AS (
+    SELECT m.merchant_id,
+           min(CASE WHEN x.at IS NULL THEN NULL
+                    WHEN w.circuit_open_until > clock_timestamp() THEN greatest(x.at, w.circuit_open_until)
+                    ELSE x.at END) AS due_at
+    FROM unnest($1::text[]) AS m(merchant_id)
+    LEFT JOIN LATERAL (
+        SELECT w.id, w.merchant_id, w.circuit_open_until FROM webhook_endpoints w WHERE w.merchant_id = m.merchant_id
+        OFFSET 0
+    ) w ON true
+    LEFT JOIN LATERAL (
+        SELECT d.next_attempt_at AS at FROM webhook_deliveries d
+        WHERE d.merchant_id = w.merchant_id AND d.endpoint_id = w.id AND d.next_attempt_at IS NOT NULL
+        ORDER BY d.next_attempt_at LIMIT 1
+    ) x ON true
+    GROUP BY m.merchant_id
+), gone AS (
+    DELETE FROM webhook_merchants_due q USING nxt
+    WHERE q.merchant_id = ANY ($1::text[]) AND q.merchant_id = nxt.merchant_id AND nxt.due_at IS NULL
+    RETURNING q.merchant_id
+), kept AS (
+    UPDATE webhook_merchants_due q SET due_at = nxt.due_at, checked_at = clock_timestamp()
+    FROM nxt WHERE q.merchant_id = ANY ($1::text[]) AND q.merchant_id = nxt.merchant_id AND nxt.due_at IS NOT NULL
+    RETURNING q.merchant_id
+)
+SELECT (SELECT count(*) FROM gone) AS removed, (SELECT count(*) FROM kept) AS kept
 """
 CLAIM_DUE = f"""
 WITH m AS (
@@ -232,7 +286,8 @@ GAUGES = """
 SELECT (SELECT count(*) FROM webhook_deliveries WHERE next_attempt_at <= clock_timestamp()) AS backlog,
        (SELECT coalesce(extract(epoch FROM clock_timestamp() - min(next_attempt_at)), 0)
         FROM webhook_deliveries WHERE next_attempt_at <= clock_timestamp()) AS oldest_due_age,
-       (SELECT count(*) FROM webhook_endpoints WHERE circuit_open_until > clock_timestamp()) AS circuits_open
+       (SELECT count(*) FROM webhook_endpoints
+        WHERE circuit_open_until IS NOT NULL AND circuit_open_until > clock_timestamp()) AS circuits_open
 """
 
 
@@ -364,16 +419,19 @@ class Deliveries:
 
     async def claim_due(self, worker_id: str, limit: int, lease_seconds: float) -> list[Claimed]:
         """Up to `limit` due deliveries, leased to `worker_id`, within every merchant's and endpoint's
-        cap (CLAIM_MERCHANTS, CLAIM_DUE: one transaction, so the claim locks last until the leases
-        are committed)."""
+        cap (CLAIM_MERCHANTS, CLAIM_DUE, REARM_LOCK, REARM: one transaction, so the claim locks last
+        until the leases are committed)."""
         lim = self.limits
+        rows = []
         async with self.pool.acquire() as conn, conn.transaction():
             merchants = [r["merchant_id"] for r in await conn.fetch(
                 CLAIM_MERCHANTS, limit, lim.endpoint_in_flight, lim.merchant_in_flight, lim.circuit_failures)]
-            if not merchants:
-                return []
-            rows = await conn.fetch(CLAIM_DUE, worker_id, limit, lease_seconds, merchants, lim.endpoint_in_flight,
-                                    lim.merchant_in_flight, lim.circuit_failures)
+            if merchants:
+                rows = await conn.fetch(CLAIM_DUE, worker_id, limit, lease_seconds, merchants,
+                                        lim.endpoint_in_flight, lim.merchant_in_flight, lim.circuit_failures)
+            rearm = [r["merchant_id"] for r in await conn.fetch(REARM_LOCK, REARM_BATCH)]
+            if rearm:
+                await conn.fetchrow(REARM, rearm)
         return [Claimed(r["merchant_id"], str(r["id"]), str(r["endpoint_id"]), str(r["event_id"]), r["event_type"],
                         r["attempts"], r["url"], self._secret(r), r["payload"].encode(), r["db_now"]) for r in rows]
 

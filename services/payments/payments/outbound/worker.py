@@ -2,9 +2,10 @@
 lease) and POST them, each in a task of its own.
 
 Any number of replicas run this loop against one database. The claim (repository.CLAIM_MERCHANTS,
-CLAIM_DUE) serves the merchants, and a merchant's endpoints, round robin; it never lets one endpoint
-hold more than `endpoint_concurrency` leases nor one merchant more than `merchant_concurrency`,
-whatever the number of workers, and skips an endpoint whose circuit is open. So a merchant whose
+CLAIM_DUE, REARM; it starts from the merchants with deliveries due, so it costs what is due, not
+how many merchants subscribe) serves the merchants, and a merchant's endpoints, round robin; it
+never lets one endpoint hold more than `endpoint_concurrency` leases nor one merchant more than
+`merchant_concurrency`, whatever the number of workers, and skips an endpoint whose circuit is open. So a merchant whose
 endpoints all hang holds a few slots of the cluster and the others keep being delivered. A claim
 leases a delivery for `lease_seconds` (longer than the HTTP timeout), so no two workers POST one
 delivery at the same time; a worker that dies mid-POST leaves the delivery due again when the lease runs out, so every
