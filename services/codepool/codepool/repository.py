@@ -34,36 +34,33 @@ SHORT_STOCK = "CP001"
 TOO_MANY_RESERVATIONS = "CP002"   # the customer's live reservations are at CUTY_MAX_ACTIVE_RESERVATIONS
 QUANTITY_CAP = "CP003"            # ... or this one would pass CUTY_MAX_QUANTITY_PER_PRODUCT codes of the product
 
-# A reservation with the codes it holds now (none once released: they are back in stock).
-GET_RESERVATION = """
-SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries d
+
+def _with_codes(reservations: str, deliveries: str, where: str) -> str:
+    """A reservation row of `reservations` with the codes it holds (in `deliveries`; none once
+    released: they are back in stock), as `code_ids`."""
+    return f"""
+SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM {deliveries} d
              WHERE d.merchant_id = r.merchant_id AND d.order_id = r.order_id AND d.status = r.status
                AND r.status <> 'released') AS code_ids
-FROM reservations r WHERE r.order_id = $1
+FROM {reservations} r {where}
 """
+
+
+# A reservation with the codes it holds now.
+GET_RESERVATION = _with_codes("reservations", "deliveries", "WHERE r.order_id = $1")
 
 # The stored reservation a non-inserting RESERVE collided with: this request's own, else the other.
 # The order item id is unique within the product's merchant (reservations_merchant_order_item_key).
-FIND_COLLISION = """
-SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries d
-             WHERE d.merchant_id = r.merchant_id AND d.order_id = r.order_id AND d.status = r.status
-               AND r.status <> 'released') AS code_ids
-FROM reservations r
+FIND_COLLISION = _with_codes("reservations", "deliveries", """
 WHERE r.order_id = $1 OR (r.merchant_id = (SELECT p.merchant_id FROM products p WHERE p.id = $3) AND r.order_item_id = $2)
 ORDER BY (r.order_id = $1 AND r.order_item_id = $2) DESC
-LIMIT 1
-"""
+LIMIT 1""")
 
 LOCK_RESERVATION = "SELECT * FROM reservations WHERE order_id = $1 FOR UPDATE"
 
 # An order that finished long ago and moved into the order history (docs/codepool.md, "Retention"),
 # with the codes it held then: read-only, found only where the live table has no such order.
-GET_MOVED = """
-SELECT r.*, (SELECT array_agg(d.code_id ORDER BY d.code_id) FROM deliveries_history d
-             WHERE d.merchant_id = r.merchant_id AND d.order_id = r.order_id AND d.status = r.status
-               AND r.status <> 'released') AS code_ids
-FROM reservations_history r WHERE r.order_id = $1
-"""
+GET_MOVED = _with_codes("reservations_history", "deliveries_history", "WHERE r.order_id = $1")
 
 # A payment transaction of the merchant, live or moved with its order.
 GET_ANY_TRANSACTION = """
