@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from . import deadlines, principal
+from . import backoff, deadlines, principal
 from .config import env_float, env_int, with_database
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,10 @@ DEFAULT_ACQUIRE_TIMEOUT_SECONDS = 5.0
 # them. asyncpg's own close has no bound: a connection whose statement was cancelled just as it
 # finished waits for a cancel acknowledgement that never comes, and the close with it, for ever.
 CLOSE_GRACE_SECONDS = 10.0
+# A pool statement that lost a deadlock or serialization failure runs again, at most this many times
+# in all, after a jittered pause of about CONFLICT_BACKOFF_SECONDS (doubling).
+CONFLICT_ATTEMPTS = 3
+CONFLICT_BACKOFF_SECONDS = 0.005
 
 
 def sets_its_merchant(sql: str) -> str:
@@ -195,6 +199,23 @@ class BoundedPool(asyncpg.Pool):
         return want
 
     async def _run(self, method: str, query: str, args: tuple, kwargs: dict):
+        # The statement is its own transaction: a deadlock or serialization failure rolled all of
+        # it back, so running it again is what the caller's retry would do, a round trip sooner.
+        # Bounded (CONFLICT_ATTEMPTS, with jitter so the two sides do not meet again in step, and
+        # within the call's deadline); the last failure goes up as ABORTED (cutylib.grpc_errors).
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                return await self._run_once(method, query, args, kwargs)
+            except (asyncpg.exceptions.DeadlockDetectedError, asyncpg.exceptions.SerializationError) as exc:
+                pause = backoff.equal_jitter(attempt, CONFLICT_BACKOFF_SECONDS, CONFLICT_BACKOFF_SECONDS * 4)
+                left = deadlines.remaining()
+                if attempt == CONFLICT_ATTEMPTS or (left is not None and left - pause <= deadlines.MARGIN_SECONDS):
+                    raise
+                log.info("statement ran again after a transaction conflict",
+                         extra={"error_type": type(exc).__name__, "attempt": attempt})
+                await asyncio.sleep(pause)
+
+    async def _run_once(self, method: str, query: str, args: tuple, kwargs: dict):
         merchant = self._scope_for(query)
         if merchant is None:
             async with self.acquire() as con:

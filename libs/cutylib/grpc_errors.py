@@ -46,7 +46,8 @@ def status_for_exception(exc: BaseException) -> grpc.Status | None:
     # Answers carry stable messages; what the database said goes to the log, with the trace id the
     # client is shown (database text must not reach clients).
     if isinstance(exc, (asyncpg.exceptions.SerializationError, asyncpg.exceptions.DeadlockDetectedError)):
-        log.warning("transaction conflict", extra={"error_type": type(exc).__name__, "error": str(exc)})
+        log.warning("transaction conflict: %s: %s", type(exc).__name__, exc,
+                    extra={"error_type": type(exc).__name__, "error": str(exc)})
         return rpc_status.to_status(status_pb2.Status(code=code_pb2.ABORTED, message=TRANSACTION_CONFLICT))
     if isinstance(exc, asyncpg.exceptions.QueryCanceledError):
         # A statement cut off by the statement_timeout a unit of work takes from the request's

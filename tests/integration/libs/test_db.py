@@ -22,6 +22,30 @@ async def test_unit_of_work_rolls_back_unless_committed(scratch_pool):
     assert [r["v"] for r in await scratch_pool.fetch("SELECT v FROM t ORDER BY v")] == [2]
 
 
+async def test_a_pool_statement_that_loses_a_deadlock_runs_again_and_takes_effect_once(scratch_db, scratch_pool):
+    """A statement run by the pool is its own transaction: chosen as a deadlock's victim it was
+    rolled back whole, and the pool runs it again instead of handing the caller the error."""
+    await scratch_pool.execute("CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)")
+    await scratch_pool.execute("INSERT INTO t VALUES (1, 0), (2, 0)")
+    other = await asyncpg.connect(scratch_db)
+    try:
+        tx = other.transaction()
+        await tx.start()
+        await other.execute("UPDATE t SET v = v + 10 WHERE id = 2")
+        # takes row 1, then waits for row 2; the first to wait is the one that finds the deadlock
+        both = asyncio.create_task(scratch_pool.execute(
+            "DO $$ BEGIN UPDATE t SET v = v + 1 WHERE id = 1; UPDATE t SET v = v + 1 WHERE id = 2; END $$"))
+        await asyncio.sleep(0.3)
+        # row 1 now waits for the statement: a cycle, broken by rolling the statement back
+        await asyncio.wait_for(other.execute("UPDATE t SET v = v + 10 WHERE id = 1"), timeout=10)
+        assert not both.done()  # running again, and waiting for this transaction
+        await tx.commit()
+        await asyncio.wait_for(both, timeout=10)
+    finally:
+        await other.close()
+    assert [tuple(r) for r in await scratch_pool.fetch("SELECT id, v FROM t ORDER BY id")] == [(1, 11), (2, 11)]
+
+
 async def test_migrations_apply_once_even_with_concurrent_replicas(scratch_db, tmp_path):
     (tmp_path / "0001_init.sql").write_text("CREATE TABLE a (id int PRIMARY KEY);")
     (tmp_path / "0002_more.sql").write_text("INSERT INTO a VALUES (1);")
