@@ -158,6 +158,17 @@ async def scratch_db(pg):
 
 
 @pytest_asyncio.fixture
+async def own_database(scratch_db):
+    """A service's database of the test's own, migrated (`dsn = await own_database("payments")`),
+    dropped after: for what the session's shared databases, with every other test's rows in them,
+    would blur (a plan's pages, a gauge's count)."""
+    async def migrated(service: str) -> str:
+        await migrate(scratch_db, REPO / "services" / service / "migrations")
+        return scratch_db
+    return migrated
+
+
+@pytest_asyncio.fixture
 async def scratch_pool(scratch_db):
     pool = await create_pool(scratch_db, min_size=1, max_size=10)
     yield pool

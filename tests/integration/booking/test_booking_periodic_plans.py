@@ -44,10 +44,11 @@ async def _sweep_reads(conn) -> list[tuple[str, int]]:
             for n in _nodes(doc["Plan"]) if n.get("Relation Name") == "holds"]
 
 
-async def test_the_hold_sweeper_reads_the_due_holds_not_the_table(booking_dsn):
-    """The session's database is shared with other tests, whose holds may be due now: the sweep is
-    measured before and after the 20,000 finished holds are added, and must not read more."""
-    conn = await asyncpg.connect(booking_dsn)
+async def test_the_hold_sweeper_reads_the_due_holds_not_the_table(own_database):
+    """On a database of the test's own (the session's shared one holds other tests' holds, some due
+    now): the sweep is measured before and after the 20,000 finished holds are added, and must not
+    read more."""
+    conn = await asyncpg.connect(await own_database("booking"))
     tx = conn.transaction()
     await tx.start()
     try:

@@ -131,11 +131,12 @@ async def _reads(conn) -> dict[str, list[tuple[str, str, int]]]:
     return found
 
 
-async def test_the_periodic_statements_read_pages_not_the_tables(payments_dsn):
-    """The session's database is shared with other tests, whose unfinished payments and due work a
-    gauge or a claim rightly reads: each statement is measured before and after the fill, and the
-    fill may add at most MAX_PAGES to what it reads."""
-    conn = await asyncpg.connect(payments_dsn)
+async def test_the_periodic_statements_read_pages_not_the_tables(own_database):
+    """On a database of the test's own (in the session's shared one, other tests' unfinished
+    payments, which a gauge rightly reads, flipped its plan between the two measurements): each
+    statement is measured before and after the fill, and the fill may add at most MAX_PAGES to what
+    it reads."""
+    conn = await asyncpg.connect(await own_database("payments"))
     tx = conn.transaction()
     await tx.start()
     try:
