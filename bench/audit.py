@@ -21,8 +21,9 @@ checkouts), with its slack a fifth of a window (2 of 10 minutes, as deployed).
    round) without the auditor and with it (another process, as a payments replica), alternated in
    BENCH_ROUNDS rounds, in the three ways it runs; the ratios with / without (target >= 0.95):
    - keeping pace, as deployed: one production-size window (~7,000 checkouts) each time the buyers
-     have sold that many, at most BENCH_PACE_SECONDS (60) apart, the round lasting one such period
-     (closer than a deployment's 10 minutes only overstates its cost);
+     have sold that many, at most BENCH_PACE_SECONDS (60) apart (closer than a deployment's 10
+     minutes only overstates its cost); every variant's round lasts one such period (at least
+     BENCH_SECONDS), so that all are measured over the same stretch;
    - catching up a backlog under the job's duty cycle (CUTY_AUDIT_DUTY_CYCLE, 0.1): the day's
      windows one after another, resting as the job does;
    - flat out (the day again and again, no rest): an operator's `ops audit`, or a duty cycle of 1.
@@ -201,7 +202,7 @@ async def main() -> None:
     try:
         # slots and codes for every round's buyers (up to 100 checkouts a second, half of each
         # kind, and a margin): buyers that ran out would fail fast and void the ratios
-        need = int(100 * (3 + ROUNDS * (3 * SECONDS + max(SECONDS, PACE_SECONDS))))
+        need = int(100 * (3 + ROUNDS * 4 * max(SECONDS, PACE_SECONDS)))
         checkout_bench.SLOTS_PER_RUN = max(checkout_bench.SLOTS_PER_RUN, need)
         slots = max(CONCURRENCY * 400, need)
         await side.start(slots, 2)
@@ -278,20 +279,20 @@ async def main() -> None:
         busy = {v: 0.0 for v in variants}
         warm = [checkout_bench.buyer(kind, "one-call", side, side.products[0], []) for kind in ("booking", "codes")]
         pace = (await closed_loop(lambda i: warm[i % 2](i), concurrency=CONCURRENCY, duration=3)).ops_per_s
+        # as deployed: one window (what a 10-minute window of a 1,000,000-a-day platform holds) each
+        # time the buyers have sold that many, at most PACE_SECONDS apart (more often than that
+        # only overstates its cost). Every variant's round lasts at least one such period, so that
+        # all of them are measured over the same stretch (a longer round sells into fuller tables).
+        period = min(PACE_SECONDS, PER_WINDOW / max(pace, 1.0))
+        seconds = max(SECONDS, period)
         for rnd in range(ROUNDS):
             for variant in (variants if rnd % 2 == 0 else variants[::-1]):
-                auditor, seconds = None, SECONDS
+                auditor = None
                 if variant != "without":  # another process, as a payments replica runs it
                     mode = {"keeping pace": "pace", "catching up": "duty", "flat out": "flat"}[variant]
-                    period = 0.0
-                    if mode == "pace":
-                        # as deployed: one window (what a 10-minute window of a 1,000,000-a-day
-                        # platform holds) each time the buyers have sold that many, at most
-                        # PACE_SECONDS apart (more often than that only overstates its cost)
-                        period = min(PACE_SECONDS, PER_WINDOW / max(pace, 1.0))
-                        seconds = max(SECONDS, period)
                     auditor = subprocess.Popen([sys.executable, __file__, "--loop", since.isoformat(), until.isoformat(),
-                                                mode, repr(period)], env=env, stdout=subprocess.PIPE, text=True)
+                                                mode, repr(period if mode == "pace" else 0.0)], env=env,
+                                               stdout=subprocess.PIPE, text=True)
                     # measured once it is auditing, not while it starts (imports, connections)
                     ready = await asyncio.to_thread(auditor.stdout.readline)
                     assert ready.startswith("ready"), ready
@@ -302,8 +303,6 @@ async def main() -> None:
                     await buyers[i % 2](i)
                 run = await closed_loop(purchase, concurrency=CONCURRENCY, duration=seconds)
                 runs[variant].append(run)
-                if variant == "without":
-                    pace = run.ops_per_s or pace
                 if auditor is not None:
                     auditor.kill()  # mid-audit: it only reads
                     out, _ = auditor.communicate(timeout=30)

@@ -24,7 +24,7 @@ from .state import new_id
 
 log = logging.getLogger("pspsim.webhooks")
 
-# Gap between consecutive scrambled copies: they overlap in flight but start in a known order.
+# Gap between the starts of the scrambled copies that race each other (WebhookDispatcher._scrambled).
 SCRAMBLE_STAGGER_SECONDS = 0.003
 
 
@@ -122,12 +122,34 @@ class WebhookDispatcher:
                 plan.remove(newest)
                 plan.remove(oldest)
                 plan = [newest, *plan, oldest]
-            delays = [base + i * SCRAMBLE_STAGGER_SECONDS for i in range(len(plan))]
-        else:
-            delays = [base] * len(plan)
-        for event, delay in zip(plan, delays):
+            for event in plan:
+                self.stats[event.id].copies += 1
+            self._spawn(self._scrambled(plan, delay=base))
+            return
+        for event in plan:
             self.stats[event.id].copies += 1
-            self._spawn(self._run(event, delay=delay))
+            self._spawn(self._run(event, delay=base))
+
+    async def _scrambled(self, plan: list[Event], *, delay: float) -> None:
+        """The first copy is answered before the others start, and the last starts once all the
+        others were answered, so the receiver sees the newest event first and a stale one last
+        however loaded the machine is (sends timed apart could overtake each other). The copies
+        between race each other in flight, started SCRAMBLE_STAGGER_SECONDS apart. A copy whose
+        first attempt fails is retried in the background, as any delivery is."""
+        async def first_attempt(event: Event, pause: float = 0.0) -> None:
+            if pause > 0:
+                await asyncio.sleep(pause)
+            if not await self._attempt(event, 1):
+                self._spawn(self._run(event, delay=self.backoff(1), first_attempt=2))
+
+        if delay > 0:
+            await asyncio.sleep(delay)
+        head, *middle = plan
+        tail = middle.pop() if middle else None
+        await first_attempt(head)
+        await asyncio.gather(*(first_attempt(e, i * SCRAMBLE_STAGGER_SECONDS) for i, e in enumerate(middle)))
+        if tail is not None:
+            await first_attempt(tail)
 
     async def deliver_now(self, event: Event) -> bool:
         """Make the first attempt inline; if it fails, keep retrying in the background."""
