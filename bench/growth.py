@@ -203,7 +203,6 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
     shop = catalog.Catalog(pool, keyring)
     runs: dict[str, list[Run]] = {}
     customers = iter(range(10**9))
-    big_available = await conn.fetchval("SELECT sum(available) FROM product_stock WHERE product_id = $1", big.id)
 
     def add(name: str, run: Run) -> None:
         runs.setdefault(name, []).append(run)
@@ -223,7 +222,8 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
         share) would decide the product's figure; over a window of RELEASE_LAG reservations'
         codes, each product's reservations meet the slots as any buyer's do."""
         latencies: list[float] = []
-        lag = max(1, min(RELEASE_LAG, (p.codes if p is not big else big_available) // (2 * quantity)))
+        available = await conn.fetchval("SELECT sum(available) FROM product_stock WHERE product_id = $1", p.id)
+        lag = max(1, min(RELEASE_LAG, available // (2 * quantity)))
         held: collections.deque[str] = collections.deque()
 
         async def cycle(i: int) -> None:

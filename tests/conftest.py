@@ -106,10 +106,13 @@ def pg(tmp_path_factory):
     server.close()
 
 
-async def _migrated(pg, service: str) -> str:
-    dsn = with_database(pg.dsn, f"cuty_{service}")
+async def _migrated_into(dsn: str, service: str) -> str:
     await migrate(dsn, REPO / "services" / service / "migrations")
     return dsn
+
+
+async def _migrated(pg, service: str) -> str:
+    return await _migrated_into(with_database(pg.dsn, f"cuty_{service}"), service)
 
 
 @pytest_asyncio.fixture(scope="session")
@@ -159,13 +162,10 @@ async def scratch_db(pg):
 
 @pytest_asyncio.fixture
 async def own_database(scratch_db):
-    """A service's database of the test's own, migrated (`dsn = await own_database("payments")`),
+    """One service's database of the test's own, migrated (`dsn = await own_database("payments")`),
     dropped after: for what the session's shared databases, with every other test's rows in them,
     would blur (a plan's pages, a gauge's count)."""
-    async def migrated(service: str) -> str:
-        await migrate(scratch_db, REPO / "services" / service / "migrations")
-        return scratch_db
-    return migrated
+    return lambda service: _migrated_into(scratch_db, service)
 
 
 @pytest_asyncio.fixture

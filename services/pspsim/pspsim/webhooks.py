@@ -122,13 +122,13 @@ class WebhookDispatcher:
                 plan.remove(newest)
                 plan.remove(oldest)
                 plan = [newest, *plan, oldest]
-            for event in plan:
-                self.stats[event.id].copies += 1
-            self._spawn(self._scrambled(plan, delay=base))
-            return
         for event in plan:
             self.stats[event.id].copies += 1
-            self._spawn(self._run(event, delay=base))
+        if scrambled:
+            self._spawn(self._scrambled(plan, delay=base))
+        else:
+            for event in plan:
+                self._spawn(self._run(event, delay=base))
 
     async def _scrambled(self, plan: list[Event], *, delay: float) -> None:
         """The first copy is answered before the others start, and the last starts once all the
@@ -136,24 +136,26 @@ class WebhookDispatcher:
         however loaded the machine is (sends timed apart could overtake each other). The copies
         between race each other in flight, started SCRAMBLE_STAGGER_SECONDS apart. A copy whose
         first attempt fails is retried in the background, as any delivery is."""
-        async def first_attempt(event: Event, pause: float = 0.0) -> None:
-            if pause > 0:
-                await asyncio.sleep(pause)
-            if not await self._attempt(event, 1):
-                self._spawn(self._run(event, delay=self.backoff(1), first_attempt=2))
+        async def staggered(event: Event, pause: float) -> None:
+            await asyncio.sleep(pause)
+            await self._first_attempt(event)
 
         if delay > 0:
             await asyncio.sleep(delay)
         head, *middle = plan
         tail = middle.pop() if middle else None
-        await first_attempt(head)
-        await asyncio.gather(*(first_attempt(e, i * SCRAMBLE_STAGGER_SECONDS) for i, e in enumerate(middle)))
+        await self._first_attempt(head)
+        await asyncio.gather(*(staggered(e, i * SCRAMBLE_STAGGER_SECONDS) for i, e in enumerate(middle)))
         if tail is not None:
-            await first_attempt(tail)
+            await self._first_attempt(tail)
 
     async def deliver_now(self, event: Event) -> bool:
         """Make the first attempt inline; if it fails, keep retrying in the background."""
         self.stats[event.id].copies += 1
+        return await self._first_attempt(event)
+
+    async def _first_attempt(self, event: Event) -> bool:
+        """One attempt now; if it fails, the retries go on in the background."""
         if await self._attempt(event, 1):
             return True
         self._spawn(self._run(event, delay=self.backoff(1), first_attempt=2))

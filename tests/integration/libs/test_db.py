@@ -5,6 +5,7 @@ import asyncpg
 import pytest
 
 from cutylib.db import MigrationError, UnitOfWork, migrate, pending_migrations
+from cutylib.testing.procs import wait_for
 
 
 async def test_unit_of_work_rolls_back_unless_committed(scratch_pool):
@@ -35,7 +36,8 @@ async def test_a_pool_statement_that_loses_a_deadlock_runs_again_and_takes_effec
         # takes row 1, then waits for row 2; the first to wait is the one that finds the deadlock
         both = asyncio.create_task(scratch_pool.execute(
             "DO $$ BEGIN UPDATE t SET v = v + 1 WHERE id = 1; UPDATE t SET v = v + 1 WHERE id = 2; END $$"))
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: other.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                              "AND query LIKE 'DO $$%'"), message="the pool's statement waiting for row 2")
         # row 1 now waits for the statement: a cycle, broken by rolling the statement back
         await asyncio.wait_for(other.execute("UPDATE t SET v = v + 10 WHERE id = 1"), timeout=10)
         assert not both.done()  # running again, and waiting for this transaction
