@@ -31,6 +31,15 @@ BEGIN
         SELECT r.ctid AS tid, r.merchant_id, r.order_id FROM reservations r
          WHERE r.status = 'released' AND r.released_at < finished_before
          ORDER BY r.released_at LIMIT batch - coalesce(cardinality(tids), 0) FOR UPDATE OF r SKIP LOCKED) f;
+    -- The claims again, with this statement's fresh snapshot: a claim that held its reservation
+    -- key-share and committed while the pick above ran is invisible to the pick's snapshot, and its
+    -- row, locked but never updated, is not rechecked. The picked rows are locked now, so no claim
+    -- can open on them any more, and every claim that did is visible here.
+    SELECT coalesce(array_agg(t.tid), '{}'), coalesce(array_agg(t.m), '{}'), coalesce(array_agg(t.o), '{}')
+      INTO tids, merchants, orders
+      FROM unnest(tids, merchants, orders) t (tid, m, o)
+     WHERE NOT EXISTS (SELECT FROM code_claims k WHERE k.merchant_id = t.m AND k.order_id = t.o
+                                                  AND k.status IN ('open', 'refunding'));
     IF cardinality(tids) = 0 THEN
         RETURN 0;
     END IF;
