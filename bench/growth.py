@@ -9,8 +9,8 @@ BENCH_GROWTH_FAST=1 is a quick try (scale 0.005, one short round).
 1. The code pool, in process (BENCH_GROWTH_PARTS has "pool"): on the grown database, the big
    product (5 M codes at scale 1, 90 % sold over the year) beside a product of 5,000 codes, rounds
    alternated: ReserveCodes (qty 1 and 10, 8 in flight, each released 200 reservations later, not
-   timed; each product first in every other round), a
-   statement changing 1,000 codes (counters' trigger on and off), GetStock and the count it
+   timed; first in each round, after a VACUUM of the last round's churn, in TURNS short turns with
+   each product first in every other one), a statement changing 1,000 codes (counters' trigger on and off), GetStock and the count it
    replaced, ListCodes pages (first and middle, values decrypted), the reservation sweeper (batches
    of 500 and of its default; releases/s), the stock round (the first, summing every product; with
    nothing changed; after 1 and 100 products changed), the stock gauge, and the passes over every
@@ -20,7 +20,9 @@ BENCH_GROWTH_FAST=1 is a quick try (scale 0.005, one short round).
    alternated:
    - hot paths: a booking and a code purchase to COMPLETED (CreateCheckout, PayCheckout: the hold
      or reservation, the checkout, the payment, the PSP's synchronous capture and its webhook,
-     the finalize), 8 buyers; HoldSlot and ReserveCodes (+ release) direct, 8 in flight;
+     the finalize), 8 buyers; HoldSlot and ReserveCodes (+ release) direct, 8 in flight; after an
+     unmeasured warm-up of both stacks, each path in TURNS short turns a round, each stack first in
+     every other turn;
    - merchant reads, one at a time, as the merchant's admin: GetStock, ListCheckouts pages (no
      filter, each filter, and the second page), a salon's day (ListBookings), a payment timeline;
    - periodic work: every statement the stacks ran (sweepers, saga workers, reconciler, relay,
@@ -79,9 +81,13 @@ SCALE = float(os.environ.get("BENCH_GROWTH_SCALE", "0.005" if FAST else "0.1"))
 PARTS = os.environ.get("BENCH_GROWTH_PARTS", "pool,stack").split(",")
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if FAST else "2"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "2" if FAST else "6"))
+# Turns a round of each hot path (in process and on the stacks), SECONDS / 2 each, and the
+# unmeasured warm-up before them.
+TURNS = int(os.environ.get("BENCH_TURNS", "2" if FAST else "6"))
+WARMUP_SECONDS = 2 if FAST else 5
 # The stacks' purchases, before `checkout` reads them.
 # (HoldSlot alone ran ~500/s on a lightly loaded machine and the empty stack ran out of 6,500.)
-os.environ.setdefault("BENCH_SLOTS", str(int(ROUNDS * SECONDS * 1500) + 1000))
+os.environ.setdefault("BENCH_SLOTS", str(int((ROUNDS * TURNS * SECONDS / 2 + WARMUP_SECONDS) * 1500) + 1000))
 os.environ.setdefault("BENCH_SECONDS", str(SECONDS))
 
 SMALL_CODES = 5_000
@@ -214,7 +220,7 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
         await service.reserve(ReserveCommand(order, order + "/1", p.id, quantity, f"cust-{i % CUSTOMERS}"), "bench")
         return order
 
-    async def reserve_round(p: Product, quantity: int) -> Run:
+    async def reserve_round(p: Product, quantity: int, seconds: float = SECONDS) -> Run:
         """Reservations, each released RELEASE_LAG reservations later (the rest after the round);
         the latencies are the reservations' alone. Released at once, the same few codes would come
         back to the head of the queue again and again, and where their counter slots happen to
@@ -234,7 +240,7 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
             if len(held) > lag:
                 await service.release(held.popleft(), "bench")
 
-        run = await closed_loop(cycle, concurrency=IN_FLIGHT, duration=SECONDS)
+        run = await closed_loop(cycle, concurrency=IN_FLIGHT, duration=seconds)
         run.latencies_ms = latencies
         while held:
             await service.release(held.popleft(), "bench")
@@ -265,12 +271,31 @@ async def pool_part(dsn: str, conn: asyncpg.Connection, big: Product, small: Pro
             await c.execute("UPDATE codes SET status = 'available' WHERE id = ANY($1::uuid[])", ids)
 
     try:
+        # Unmeasured, both products, then analysed: the first reservations after the fill's VACUUM
+        # ANALYZE ran on plans made from statistics with no live reservation (twice the pages a
+        # call until autovacuum's analyse), and that fell on whichever product was measured first.
+        for p in (big, small):
+            for qty in (1, 10):
+                await reserve_round(p, qty, WARMUP_SECONDS)
+        await conn.execute("ANALYZE reservations, deliveries, codes")
         for rnd in range(ROUNDS):
-            # Each product goes first in every other round: the one that follows the other's
-            # 1,000-code batches (and their vacuum) ran up to 30 % slower, whichever it was.
+            # The reservations of both products come first in each round, from the same state: the
+            # dead rows of the last round's 1,000-code batches vacuumed (not timed). Left to
+            # autovacuum, its pass over `codes` fell on whichever product's reservations came next
+            # (a run measured the big product 1.6 times the small one's rate). Each product goes
+            # first in every other turn, TURNS short turns a round: one turn of 6 s a round put the
+            # big product at 0.87 of the small one's rate in a run of 2 rounds and at 1.04 in a run
+            # of 4, and single turns of one run ranged 0.6-1.3 (autovacuum, every 5 s here, takes a
+            # share of the 2 cores whenever it wakes): short turns spread that over both alike.
+            await conn.execute("VACUUM codes, reservations, product_stock")
+            for turn in range(TURNS):
+                for p in ((big, small) if turn % 2 == 0 else (small, big)):
+                    for qty in (1, 10):
+                        run = await reserve_round(p, qty, SECONDS / 2)
+                        add(f"ReserveCodes qty {qty} (+ release), {p.name}", run)
+                        print(f"  round {rnd + 1}, turn {turn + 1}: ReserveCodes qty {qty}, {p.name}: "
+                              f"{run.ops_per_s:,.0f}/s", flush=True)
             for p in ((big, small) if rnd % 2 == 0 else (small, big)):
-                add(f"ReserveCodes qty 1 (+ release), {p.name}", await reserve_round(p, 1))
-                add(f"ReserveCodes qty 10 (+ release), {p.name}", await reserve_round(p, 10))
                 add(f"1,000 codes reserved + released (2 statements), counted, {p.name}",
                     await closed_loop(lambda i, p=p: batch(p), concurrency=1, duration=SECONDS))
                 await conn.execute("ALTER TABLE codes DISABLE TRIGGER codes_stock_after_update")
@@ -519,25 +544,36 @@ async def stack_part(server, work: str, grown_dsns: dict[str, str], empty_dsns: 
         for path in ("booking purchase -> COMPLETED (create + pay)", "code purchase -> COMPLETED (create + pay)"):
             await closed_loop(hot_paths(sides["empty"], sides["empty"].products[-1])[path], concurrency=2, total=20)
         sites = {"grown": await grown_site(big_product, grown_dsns), "empty": await empty_site(sides["empty"], empty_dsns)}
+        # Buy from the stack's own imported product: the grown one's sits among 10 M codes.
+        paths = {name: hot_paths(side, side.products[-1]) for name, side in sides.items()}
+        # Unmeasured, both stacks alike (first calls: plans, channels, caches).
+        for name in sides:
+            for op in paths[name].values():
+                await closed_loop(op, concurrency=IN_FLIGHT, duration=WARMUP_SECONDS / 2)
         if statements:
             await admin.execute("SELECT pg_stat_statements_reset()")
         for rnd in range(ROUNDS):
+            # Each hot path on both stacks in TURNS short turns, each stack first in every other
+            # one, as the in-process reservations: in turns of 6 s the same code measured the hot
+            # paths grown / empty at 1.15-1.56 in one run and 0.73-0.91 in the next.
+            for path in paths["grown"]:
+                for turn in range(TURNS):
+                    for name in (("grown", "empty") if (rnd + turn) % 2 == 0 else ("empty", "grown")):
+                        lsn = await wal_lsn(admin)
+                        run = await closed_loop(paths[name][path], concurrency=IN_FLIGHT, duration=SECONDS / 2)
+                        runs.setdefault(f"{path}, {name}", []).append(run)
+                        if "purchase" in path:
+                            wal.setdefault(f"{path}, {name}", []).append(
+                                (int(await admin.fetchval("SELECT $1::pg_lsn - $2::pg_lsn", await wal_lsn(admin),
+                                                          lsn)), run.ops))
             for name in (("grown", "empty") if rnd % 2 == 0 else ("empty", "grown")):
                 side = sides[name]
-                # Buy from the stack's own imported product: the grown one's sits among 10 M codes.
-                for path, op in hot_paths(side, side.products[-1]).items():
-                    lsn = await wal_lsn(admin)
-                    run = await closed_loop(op, concurrency=IN_FLIGHT, duration=SECONDS)
-                    runs.setdefault(f"{path}, {name}", []).append(run)
-                    if "purchase" in path:
-                        wal.setdefault(f"{path}, {name}", []).append(
-                            (int(await admin.fetchval("SELECT $1::pg_lsn - $2::pg_lsn", await wal_lsn(admin), lsn)),
-                             run.ops))
                 for path, op in merchant_reads(side, sites[name], stubs[name]).items():
                     runs.setdefault(f"{path}, {name}", []).append(
                         await closed_loop(op, concurrency=1, duration=SECONDS / 3))
-        stats = await admin.fetch(STATEMENT_STATS, [db.rsplit("/", 1)[1] for d in (grown_dsns, empty_dsns)
-                                                    for db in d.values()]) if statements else []
+        stats = merge_statements([dict(r) for r in await admin.fetch(
+            STATEMENT_STATS, [db.rsplit("/", 1)[1] for d in (grown_dsns, empty_dsns) for db in d.values()])]
+                                 ) if statements else []
         for c in ch.values():
             await c.close()
         return runs, wal, sites, stats
@@ -650,6 +686,15 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
                                                ROUND_PRODUCTS))
         plans.append(await explain_rolled_back(conn, f"[{name}] reservation sweeper", repository.CLAIM_EXPIRED,
                                                SWEEP_BATCH))
+        # The batch's two picks on their own first (the function's EXPLAIN shows only its total):
+        # which of them reads what, when nothing is left to move.
+        # (The cutoff is a value, as the function's parameter is: clock_timestamp() would not bound the index.)
+        cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=90)
+        for status, at in (("delivered", "delivered_at"), ("released", "released_at")):
+            plans.append(await explain_rolled_back(
+                conn, f"[{name}] orders mover's pick of {status} orders (nothing finished 90 days ago left)",
+                f"SELECT r.ctid, r.merchant_id, r.order_id FROM reservations r WHERE r.status = '{status}' "
+                f"AND r.{at} < $2 ORDER BY r.{at} LIMIT $1 FOR UPDATE OF r SKIP LOCKED", ORDERS_MOVE_BATCH, cutoff))
         plans.append(await explain_rolled_back(
             conn, f"[{name}] orders mover, a batch (nothing finished 90 days ago left)",
             "SELECT reservations_move($1, clock_timestamp() - interval '90 days')", ORDERS_MOVE_BATCH))
@@ -661,14 +706,42 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
     return plans
 
 
+def statement_key(query: str) -> str:
+    """A statement's text with its constants and parameters as `?`: pg_stat_statements keeps one
+    statement under two entries when a cached plan first ran it after a reset (the text then keeps its
+    literals: `state = 'done'` beside `state = $7`), and the two stacks may differ that way."""
+    return re.sub(r"\$\d+|'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b|\b(?:true|false|null)\b", "?",
+                  " ".join(query.split()), flags=re.IGNORECASE)
+
+
+def merge_statements(stats) -> list[dict]:
+    """One row per database and statement (statement_key): calls summed, mean weighted, max the max."""
+    by: dict[tuple[str, str], dict] = {}
+    for r in stats:
+        k = (r["db"], statement_key(r["query"]))
+        m = by.get(k)
+        if m is None:
+            by[k] = dict(r)
+            continue
+        calls = m["calls"] + r["calls"]
+        m["mean_exec_time"] = (m["mean_exec_time"] * m["calls"] + r["mean_exec_time"] * r["calls"]) / calls
+        m["total_exec_time"] = m["total_exec_time"] + r["total_exec_time"]
+        m["max_exec_time"] = max(m["max_exec_time"], r["max_exec_time"])
+        m["rows"] = m["rows"] + r["rows"]
+        m["calls"] = calls
+        if "$" in r["query"] and "$" not in m["query"]:
+            m["query"] = r["query"]
+    return list(by.values())
+
+
 def other_stack(stats, r) -> dict | None:
     """The same statement of the same service on the other stack (grown <-> empty): its calls, mean
     and max ms, so a slow single call shows whether the empty databases had it too."""
     service = next(s for s in SERVICES if f"_{s}_" in r["db"])
     other = "_empty_" if "_grown_" in r["db"] else "_grown_"
-    q = " ".join(r["query"].split())
+    q = statement_key(r["query"])
     for o in stats:
-        if other in o["db"] and f"_{service}_" in o["db"] and " ".join(o["query"].split()) == q:
+        if other in o["db"] and f"_{service}_" in o["db"] and statement_key(o["query"]) == q:
             return {"calls": o["calls"], "mean_ms": round(o["mean_exec_time"], 1), "max_ms": round(o["max_exec_time"])}
     return None
 
@@ -679,11 +752,11 @@ def statement_table(stats) -> str:
     for r in stats:
         service = next(s for s in SERVICES if f"_{s}_" in r["db"])
         side = "grown" if "_grown_" in r["db"] else "empty"
-        q = " ".join(r["query"].split())
-        by.setdefault((service, q), {})[side] = r
+        by.setdefault((service, statement_key(r["query"])), {})[side] = r
     rows = sorted(by.items(), key=lambda kv: -(kv[1].get("grown") or kv[1]["empty"])["max_exec_time"])
     out = ["service   | grown calls, mean / max ms | empty calls, mean / max ms | statement"]
-    for (service, q), sides in rows:
+    for (service, _), sides in rows:
+        q = " ".join((sides.get("grown") or sides["empty"])["query"].split())
         cells = []
         for side in ("grown", "empty"):
             r = sides.get(side)
@@ -874,6 +947,10 @@ async def main() -> None:
             pool_runs, pool_plans, extra["swept"] = await pool_part(grown["codepool"], conn, big, small)
             runs.update(pool_runs)
             plans += pool_plans
+            # The pool part's churn (its 1,000-code batches: hundreds of thousands of dead code
+            # rows) vacuumed before the stacks start, so that autovacuum's pass over `codes` does
+            # not fall on the grown stack's measured rounds alone.
+            await vacuum(grown["codepool"])
         if "stack" in PARTS:
             stack_runs, wal, sites, stats = await stack_part(server, work, grown, empty, big_product, statements)
             runs.update(stack_runs)
