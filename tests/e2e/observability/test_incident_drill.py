@@ -145,7 +145,16 @@ async def test_incident_drill(drill, tmp_path):
         if sample(s, SAGAS, state="REFUNDING") >= 1:
             refunding.append(s)
         return sum(sample(x, RETRIES, state="REFUNDING") >= 2 for x in refunding) >= 2 or None
-    await wait_for(refund_retried_twice, timeout=30, interval=0.2, message="refund retries seen in REFUNDING")
+    try:
+        await wait_for(refund_retried_twice, timeout=30, interval=0.2, message="refund retries seen in REFUNDING")
+    except TimeoutError:
+        saga = await stack.drill_pools["payments"].fetchrow(
+            "SELECT state, attempts, last_error, next_run_at - clock_timestamp() AS due_in FROM checkouts "
+            "WHERE id = $1", uuid.UUID(co["id"]))
+        last = await scrape(port)
+        seen = {k: v for k, v in last.items() if k[0] in (RETRIES, SAGAS) and v}
+        raise AssertionError(f"no refund retried twice in REFUNDING in 30 s ({len(refunding)} scrapes saw it); "
+                             f"the saga: {dict(saga) if saga else None}; /metrics: {seen}") from None
 
     async def needs_attention():
         s = await scrape(port)

@@ -37,7 +37,10 @@ async def test_no_plaintext_in_any_table_or_log(cp_pool, stub, captured_logs, pg
         searched += 1
     assert searched >= 20  # the scan covered the code pool's tables, not an empty schema
     # the folder's earlier files (one worker, file order: tests/conftest.py) left thousands of codes
-    assert await cp_pool.fetchval("SELECT count(*) FROM codes") > 1_000
+    filled = await cp_pool.fetchrow(
+        "SELECT count(*) AS codes, count(DISTINCT product_id) AS products, min(created_at) AS first_code, "
+        "pg_postmaster_start_time() AS server_started, current_database() AS db FROM codes")
+    assert filled["codes"] > 1_000, f"the folder's earlier files did not fill this database: {dict(filled)}"
 
     lines = captured_logs.lines
     assert len(lines) > 100, "log capture saw nothing; the search below would prove nothing"
