@@ -15,8 +15,9 @@ BEGIN
     FOR attempt IN 1..3 LOOP
         -- A 'held' row is in the constraint's index whether or not its time ran out, so nobody
         -- else can hold that time: confirming it is safe even when it expired a moment ago.
+        -- A held hold said so that only the primary key serves it (booking/repository.py, HELD).
         UPDATE holds h SET status = 'confirmed', payment_ref = p_payment_ref, updated_at = clock_timestamp()
-         WHERE h.id = p_hold_id AND h.status = 'held'
+         WHERE h.id = p_hold_id AND h.status IN ('held', 'confirmed') AND h.status <> 'confirmed'
            AND h.start_time > clock_timestamp() + make_interval(secs => p_cutoff_seconds)
         RETURNING h.* INTO hold;
         IF FOUND THEN

@@ -16,7 +16,9 @@ BEGIN
                        WHERE r IS NOT NULL
                          AND EXISTS (SELECT 1 FROM holds h
                                       WHERE h.merchant_id = p_merchant_id AND h.resource_id = r
-                                        AND h.status = 'held' AND h.expires_at <= clock_timestamp()
+                                        -- as in booking_retire_stale: by the live holds' index
+                                        AND h.status IN ('held', 'confirmed') AND h.status <> 'confirmed'
+                                        AND h.expires_at <= clock_timestamp()
                                         AND h.during && tstzrange(p_start, p_end)
                                         -- leakproof, for the index under RLS (0170_holds_live_times.sql)
                                         AND h.start_time < p_end + interval '240 minutes'

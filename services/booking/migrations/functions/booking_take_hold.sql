@@ -21,8 +21,8 @@ DROP FUNCTION IF EXISTS booking_take_hold(uuid, uuid, text, text, integer, integ
 -- cancellation policy. A retry still answers 'existing' after the slot has started (the lookup
 -- comes before that check), and the per-customer lock and cap span every merchant (customers are
 -- global). `taken_over`: the overlapping expired holds that booking_retire_stale marked 'expired'
--- before the INSERT (booking's "expired holds taken over" metric; 0 when the sweeper had come
--- first, or on any other outcome).
+-- after the first INSERT met them (booking's "expired holds taken over" metric; 0 when the
+-- sweeper had come first, or on any other outcome).
 -- It acts for every merchant (SET cuty.merchant = '*', for the call only): the orchestrator and
 -- customers hold any merchant's slot, and saying so here keeps HoldSlot at one round trip behind
 -- PgBouncer (docs/tenancy.md). A merchant's user reaches it only after BookingService.hold_slot
@@ -69,7 +69,9 @@ BEGIN
     UPDATE holds h SET offered = false, request_id = p_request_id, updated_at = clock_timestamp(),
                        expires_at = clock_timestamp() + make_interval(secs => p_ttl_seconds)
      WHERE h.merchant_id = v_slot.merchant_id AND h.customer_id = p_customer_id AND h.slot_id = p_slot_id
-       AND h.offered AND h.status = 'held' AND h.expires_at > clock_timestamp()
+       -- held, said so that the (merchant, customer, request) key serves it (booking/repository.py, HELD)
+       AND h.offered AND h.status IN ('held', 'confirmed') AND h.status <> 'confirmed'
+       AND h.expires_at > clock_timestamp()
        AND v_slot.start_time > clock_timestamp()
     RETURNING h.* INTO hold;
     IF FOUND THEN
@@ -105,23 +107,29 @@ BEGIN
                                           clock_timestamp() + make_interval(secs => p_ttl_seconds), false);
         taken_over := 0;
     ELSE
-        -- An expired hold that nobody swept yet still counts for the constraint: retire it first.
-        -- Rows this transaction has updated are invisible to the constraint check of the INSERT.
-        taken_over := booking_retire_stale(v_slot.merchant_id, v_slot.resource_id, v_slot.start_time, v_slot.end_time);
-
-        -- The salon's cancellation policy as it is now goes with the hold (the salon is read
-        -- in the same statement, by its key): the policy shown at purchase is the one applied later.
-        INSERT INTO holds (id, merchant_id, slot_id, salon_id, resource_id, customer_id, request_id,
-                           start_time, end_time, price_minor, currency, expires_at,
-                           free_cancellation_hours, cancellation_fee_percent)
-        SELECT p_hold_id, v_slot.merchant_id, v_slot.id, v_slot.salon_id, v_slot.resource_id, p_customer_id,
-               p_request_id, v_slot.start_time, v_slot.end_time, v_slot.price_minor, v_slot.currency,
-               clock_timestamp() + make_interval(secs => p_ttl_seconds),
-               sa.free_cancellation_hours, sa.cancellation_fee_percent
-          FROM salons sa
-         WHERE sa.merchant_id = v_slot.merchant_id AND sa.id = v_slot.salon_id
-        ON CONFLICT DO NOTHING
-        RETURNING * INTO hold;
+        taken_over := 0;
+        FOR attempt IN 1..2 LOOP
+            -- The salon's cancellation policy as it is now goes with the hold (the salon is read
+            -- in the same statement, by its key): the policy shown at purchase is the one applied later.
+            INSERT INTO holds (id, merchant_id, slot_id, salon_id, resource_id, customer_id, request_id,
+                               start_time, end_time, price_minor, currency, expires_at,
+                               free_cancellation_hours, cancellation_fee_percent)
+            SELECT p_hold_id, v_slot.merchant_id, v_slot.id, v_slot.salon_id, v_slot.resource_id, p_customer_id,
+                   p_request_id, v_slot.start_time, v_slot.end_time, v_slot.price_minor, v_slot.currency,
+                   clock_timestamp() + make_interval(secs => p_ttl_seconds),
+                   sa.free_cancellation_hours, sa.cancellation_fee_percent
+              FROM salons sa
+             WHERE sa.merchant_id = v_slot.merchant_id AND sa.id = v_slot.salon_id
+            ON CONFLICT DO NOTHING
+            RETURNING * INTO hold;
+            EXIT WHEN hold.id IS NOT NULL OR attempt = 2;
+            -- The time is taken, perhaps by an expired hold nobody swept yet (it still counts for
+            -- the constraint): retire those and try once more. Only a conflict pays for the
+            -- lookup; a free time is won by the INSERT alone. Rows this transaction has updated
+            -- are invisible to the constraint check of the second INSERT.
+            taken_over := booking_retire_stale(v_slot.merchant_id, v_slot.resource_id, v_slot.start_time, v_slot.end_time);
+            EXIT WHEN taken_over = 0;
+        END LOOP;
     END IF;
     db_now := clock_timestamp();
     IF hold.id IS NOT NULL THEN
@@ -183,18 +191,22 @@ BEGIN
                     offer := booking_take_service_hold(gen_random_uuid(), v_alt, p_customer_id, 'offer:' || p_request_id,
                                                        clock_timestamp() + make_interval(secs => p_offer_seconds), true);
                 ELSE
-                    PERFORM booking_retire_stale(v_alt.merchant_id, v_alt.resource_id, v_alt.start_time, v_alt.end_time);
-                    INSERT INTO holds (id, merchant_id, slot_id, salon_id, resource_id, customer_id, request_id,
-                                       start_time, end_time, price_minor, currency, expires_at,
-                                       free_cancellation_hours, cancellation_fee_percent, offered)
-                    SELECT gen_random_uuid(), v_alt.merchant_id, v_alt.id, v_alt.salon_id, v_alt.resource_id,
-                           p_customer_id, 'offer:' || p_request_id, v_alt.start_time, v_alt.end_time,
-                           v_alt.price_minor, v_alt.currency, clock_timestamp() + make_interval(secs => p_offer_seconds),
-                           sa.free_cancellation_hours, sa.cancellation_fee_percent, true
-                      FROM salons sa
-                     WHERE sa.merchant_id = v_alt.merchant_id AND sa.id = v_alt.salon_id
-                    ON CONFLICT DO NOTHING
-                    RETURNING * INTO offer;
+                    FOR attempt IN 1..2 LOOP  -- as the hold above: the INSERT first, stale holds retired on a conflict
+                        INSERT INTO holds (id, merchant_id, slot_id, salon_id, resource_id, customer_id, request_id,
+                                           start_time, end_time, price_minor, currency, expires_at,
+                                           free_cancellation_hours, cancellation_fee_percent, offered)
+                        SELECT gen_random_uuid(), v_alt.merchant_id, v_alt.id, v_alt.salon_id, v_alt.resource_id,
+                               p_customer_id, 'offer:' || p_request_id, v_alt.start_time, v_alt.end_time,
+                               v_alt.price_minor, v_alt.currency, clock_timestamp() + make_interval(secs => p_offer_seconds),
+                               sa.free_cancellation_hours, sa.cancellation_fee_percent, true
+                          FROM salons sa
+                         WHERE sa.merchant_id = v_alt.merchant_id AND sa.id = v_alt.salon_id
+                        ON CONFLICT DO NOTHING
+                        RETURNING * INTO offer;
+                        EXIT WHEN offer.id IS NOT NULL OR attempt = 2;
+                        EXIT WHEN booking_retire_stale(v_alt.merchant_id, v_alt.resource_id, v_alt.start_time,
+                                                       v_alt.end_time) = 0;
+                    END LOOP;
                 END IF;
                 EXIT WHEN offer.id IS NOT NULL;
             END LOOP;
