@@ -29,10 +29,14 @@ os.environ["CUTY_DATA_DIR"] = tempfile.mkdtemp(prefix="cuty-test-data-")
 atexit.register(shutil.rmtree, os.environ["CUTY_DATA_DIR"], True)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Parallel workers (`make test`, pytest-xdist with --dist loadfile or loadgroup) take a test
     file whole: its module-scoped stacks start once, and its tests may rely on running in order.
-    A file marked `spread` (independent, long tests) may be taken apart across workers."""
+    A file marked `spread` (independent, long tests) may be taken apart across workers.
+    First among the hooks (tryfirst): xdist's own turns the group marks into the tests' work units
+    in the same hook, and on a worker it runs first otherwise (a plugin registered after this
+    file), before any mark is there: every test was then a unit of its own, spread anywhere."""
     for item in items:
         if item.get_closest_marker("spread") is None:
             item.add_marker(pytest.mark.xdist_group(_group(item.nodeid.split("::")[0])))
