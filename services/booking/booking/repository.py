@@ -256,7 +256,7 @@ WITH due AS (
 )
 UPDATE holds h SET status = 'expired', updated_at = clock_timestamp()
   FROM due
- WHERE h.id = due.id AND h.status = 'held'
+ WHERE h.id = due.id AND h.status IN ('held', 'confirmed') AND h.status <> 'confirmed'  -- by its key (HELD)
 RETURNING h.id
 """
 

@@ -15,11 +15,12 @@ import uuid
 
 import asyncpg
 
-from booking.repository import CONFIRM_HOLD, EXTEND_HOLD, RELEASE_HOLD
+from booking.repository import CONFIRM_HOLD, EXTEND_HOLD, RELEASE_HOLD, SWEEP_EXPIRED
 from cutylib.testing.postgres import service_dsn
 
 LIVE = 1_500
 MAX_PAGES = 80  # a take reads ~40 (the slot, the salon, the caps, the INSERT and its indexes)
+SWEEP_MAX_PAGES = 400  # twelve due holds, each expired by its key with its indexes
 MERCHANT = "merchant-hold-pages"
 
 SETUP = f"""
@@ -95,11 +96,19 @@ async def test_a_free_time_is_won_by_the_insert_alone(own_database, pg):
         measured = [await _pages_of_a_take(service, slot) for slot in slots[LIVE:LIVE + 12]]
         assert {before for _, before in measured} == {0}
         assert max(pages for pages, _ in measured[1:]) <= MAX_PAGES, measured
-        held = [r["id"] for r in await owner.fetch("SELECT id FROM holds WHERE status = 'held' LIMIT 12")]
+        held = [r["id"] for r in await owner.fetch("SELECT id FROM holds WHERE status = 'held' LIMIT 24")]
         for statement, args in ((CONFIRM_HOLD, ("pay-1", 0.0)), (RELEASE_HOLD, ()),
                                 (EXTEND_HOLD, (60,))):
             pages = [await _pages(service, statement, hold, *args) for hold in held]
             assert max(pages[1:]) <= MAX_PAGES, (statement, pages)
+        # The sweeper's batch: a dozen due among the 1,500 held, each found and expired by its key.
+        await owner.execute("UPDATE holds SET expires_at = clock_timestamp() - interval '1 second' "
+                            "WHERE id = ANY($1::uuid[])", held[:12])
+        await service.execute("SELECT set_config('cuty.merchant', '*', false)")  # the sweeper's, every merchant's
+        pages = [await _pages(service, SWEEP_EXPIRED, 500) for _ in range(8)]
+        assert max(pages[1:]) <= SWEEP_MAX_PAGES, pages
+        await service.execute("SELECT set_config('cuty.merchant', $1, false)", MERCHANT)
+        held = held[12:]
         # and each of them did what it says on a live hold (the same statement, not undone, once)
         assert (await service.fetchrow(CONFIRM_HOLD, held[0], "pay-1", 0.0))["outcome"] == "confirmed"
         assert (await service.fetchrow(RELEASE_HOLD, held[1]))["hold"]["status"] == "released"
