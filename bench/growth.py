@@ -718,8 +718,10 @@ def statement_key(query: str) -> str:
     """A statement's text with its constants and parameters as `?`: pg_stat_statements keeps one
     statement under two entries when a cached plan first ran it after a reset (the text then keeps its
     literals: `state = 'done'` beside `state = $7`), and the two stacks may differ that way."""
-    return re.sub(r"\$\d+|'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b|\b(?:true|false|null)\b", "?",
+    text = re.sub(r"\$\d+|'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b|\b(?:true|false|null)\b", "?",
                   " ".join(query.split()), flags=re.IGNORECASE)
+    # extract(epoch FROM ...): the field is a constant too (`$2` in the other entry)
+    return re.sub(r"\bextract\(\w+ FROM", "extract(? FROM", text, flags=re.IGNORECASE)
 
 
 def merge_statements(stats) -> list[dict]:
