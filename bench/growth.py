@@ -720,7 +720,9 @@ def statement_key(query: str) -> str:
     literals: `state = 'done'` beside `state = $7`), and the two stacks may differ that way."""
     text = re.sub(r"\$\d+|'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b|\b(?:true|false|null)\b", "?",
                   " ".join(query.split()), flags=re.IGNORECASE)
-    # extract(epoch FROM ...): the field is a constant too (`$2` in the other entry)
+    # extract(epoch FROM ...): the field is a constant too (`$2` in the other entry); so is a
+    # negative number's sign (`-1` beside `$3`)
+    text = re.sub(r"([(,=\s])-\?", r"\1?", text)
     return re.sub(r"\bextract\(\w+ FROM", "extract(? FROM", text, flags=re.IGNORECASE)
 
 

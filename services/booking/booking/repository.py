@@ -249,7 +249,9 @@ SWEEP_EXPIRED = """
 WITH due AS (
     SELECT id FROM holds
      WHERE status = 'held' AND payment_ref IS NULL  -- always true of a held hold; names holds_held_expiry
-       AND expires_at <= clock_timestamp()
+       -- statement_timestamp() (stable, the database's clock as the statement began) bounds the
+       -- index scan; volatile clock_timestamp() could not, and the scan read every held hold
+       AND expires_at <= statement_timestamp()
      ORDER BY expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED

@@ -51,15 +51,27 @@ FROM generate_series(1, 20000) g,
 TAKE = "SELECT * FROM booking_take_hold($1, $2, $3, $4, 300, 5, 3, 0)"
 
 
-async def _pages(conn: asyncpg.Connection, statement: str, *args) -> int:
-    """Pages the statement touched (its nested statements included); undone."""
+async def _plan(conn: asyncpg.Connection, statement: str, *args) -> dict:
+    """EXPLAIN (ANALYZE, BUFFERS) of the statement, run and undone."""
     tx = conn.transaction()
     await tx.start()
     try:
         (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", *args))
     finally:
         await tx.rollback()
-    return doc["Plan"].get("Shared Hit Blocks", 0) + doc["Plan"].get("Shared Read Blocks", 0)
+    return doc["Plan"]
+
+
+async def _pages(conn: asyncpg.Connection, statement: str, *args) -> int:
+    """Pages the statement touched (its nested statements included); undone."""
+    plan = await _plan(conn, statement, *args)
+    return plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
+
+
+def _nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
 
 
 async def _pages_of_a_take(conn: asyncpg.Connection, slot_id: uuid.UUID) -> tuple[int, int]:
@@ -107,6 +119,10 @@ async def test_a_free_time_is_won_by_the_insert_alone(own_database, pg):
         await service.execute("SELECT set_config('cuty.merchant', '*', false)")  # the sweeper's, every merchant's
         pages = [await _pages(service, SWEEP_EXPIRED, 500) for _ in range(8)]
         assert max(pages[1:]) <= SWEEP_MAX_PAGES, pages
+        # its scan stops at the last due hold: no live one read and dropped by a filter
+        plan = await _plan(service, SWEEP_EXPIRED, 500)
+        assert plan["Actual Rows"] == 12
+        assert sum(n.get("Rows Removed by Filter", 0) for n in _nodes(plan)) == 0, plan
         await service.execute("SELECT set_config('cuty.merchant', $1, false)", MERCHANT)
         held = held[12:]
         # and each of them did what it says on a live hold (the same statement, not undone, once)

@@ -158,3 +158,41 @@ async def test_the_periodic_statements_read_pages_not_the_tables(own_database):
     finally:
         await tx.rollback()
         await conn.close()
+
+
+# Sagas scheduled for later (a 3-D Secure wait, a retry's backoff): in the workers' queue, not due.
+SCHEDULED = """
+INSERT INTO checkouts (id, customer_id, kind, state, product_id, quantity, order_id, amount_minor, currency,
+                       expire_time, next_run_at, merchant_id)
+SELECT gen_random_uuid(), 'c-' || g, 'codes', 'PENDING', md5('p')::uuid, 1, gen_random_uuid(), 2500, 'TRY',
+       now() + interval '1 hour', now() + make_interval(secs => $2::int * (g + 600)), $1
+FROM generate_series(1, $3::int) g
+"""
+
+
+async def test_the_saga_workers_claim_stops_at_the_last_due_saga(own_database):
+    """Among 2,000 sagas scheduled for later and 3 due, a worker's claim reads the 3: its scan of the
+    queue is bounded by the time the statement began, not filtered row by row to the queue's end."""
+    conn = await asyncpg.connect(await own_database("payments"))
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        await conn.execute(SCHEDULED, MERCHANT, 1, 2_000)
+        await conn.execute(SCHEDULED, MERCHANT, -1, 3)  # due 10 minutes ago and more
+        await conn.execute("SET LOCAL session_replication_role = DEFAULT")
+        await conn.execute("ANALYZE checkouts")
+        sp = conn.transaction()
+        await sp.start()
+        try:
+            (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_DUE}",
+                                                    "test", 50, 30.0))
+        finally:
+            await sp.rollback()
+        scans = [n for n in _nodes(doc["Plan"]) if n.get("Relation Name") == "checkouts" and n["Node Type"] != "ModifyTable"]
+        assert doc["Plan"]["Actual Rows"] == 3
+        assert sum(n.get("Rows Removed by Filter", 0) for n in scans) == 0, scans
+        assert sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0) for n in scans) <= MAX_PAGES, scans
+    finally:
+        await tx.rollback()
+        await conn.close()

@@ -54,7 +54,7 @@ WHERE id = $1 AND no_show_fee_status = 'due'
 CLAIM_DUE = f"""
 WITH due AS (
     SELECT id FROM checkouts
-    WHERE no_show_fee_status = 'due' AND no_show_fee_next_at <= clock_timestamp()
+    WHERE no_show_fee_status = 'due' AND no_show_fee_next_at <= statement_timestamp()  -- stable: bounds the scan
       AND (no_show_fee_lease_until IS NULL OR no_show_fee_lease_until < clock_timestamp())
     ORDER BY no_show_fee_next_at
     LIMIT $3

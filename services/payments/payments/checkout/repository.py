@@ -348,7 +348,9 @@ SELECT * FROM upd
 CLAIM_DUE = """
 WITH due AS (
     SELECT id FROM checkouts
-    WHERE next_run_at <= clock_timestamp()
+    -- stable, so it bounds the index scan at the last due saga (volatile clock_timestamp()
+    -- could not: every poll read every scheduled saga)
+    WHERE next_run_at <= statement_timestamp()
     ORDER BY next_run_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
