@@ -133,8 +133,9 @@ async def test_writers_and_claimers_racing_leave_no_delivery_behind(checkout_poo
         nonlocal written
         for _ in range(n):
             s = rng.choice(shops)
-            # A writer's transaction can lose a deadlock to a claimer's finish (both mark the
-            # merchant due); the checkout transition that writes the outbox then runs again, as here.
+            # A writer's transaction lost a deadlock to the claimers once (both sides write the
+            # merchant's due mark; the cycle is not diagnosed yet). A checkout transition that
+            # writes the outbox and loses one is run again; so is this writer's.
             for attempt in range(1, 6):
                 try:
                     await publish(checkout_pool, s.org, endpoints[s.org])
