@@ -401,12 +401,12 @@ async def statements_on(server) -> bool:
             server.cluster.stop()
             server.cluster.start()
             admin = await asyncpg.connect(server.dsn)
-        await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        if getattr(server, "cluster", None) is not None:
             # The statements inside the services' functions too, each under its own text (marked
             # nested): a function call's pages are its statements' pages, and these say which one.
+            # (A setting of the library: known only once the restart has loaded it.)
             await admin.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
             await admin.execute("SELECT pg_reload_conf()")
+        await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         return True
     except asyncpg.PostgresError as e:
         print(f"no pg_stat_statements ({e}): the periodic statements are not listed")
@@ -758,26 +758,39 @@ def pages_per_row(r) -> float:
     return round(r["pages"] / max(1, r["calls"], r["rows"]), 1)
 
 
-def other_stack(stats, r) -> dict | None:
-    """The same statement of the same service on the other stack (grown <-> empty): its calls, mean
-    and max ms and pages per call, so a slow call shows whether the empty databases had it too."""
-    service = next(s for s in SERVICES if f"_{s}_" in r["db"])
-    other = "_empty_" if "_grown_" in r["db"] else "_grown_"
-    q = statement_key(r["query"])
-    for o in stats:
-        if other in o["db"] and f"_{service}_" in o["db"] and statement_key(o["query"]) == q:
-            return {"calls": o["calls"], "mean_ms": round(o["mean_exec_time"], 1), "max_ms": round(o["max_exec_time"]),
-                    "pages_per_call": pages_per_call(o), "pages_per_row": pages_per_row(o)}
-    return None
-
-
-def statement_table(stats) -> str:
-    """Every statement the stacks ran, grown beside empty (mean and max ms), slowest on grown first."""
+def paired(stats) -> dict[tuple[str, str], dict]:
+    """The two stacks' statements side by side: {(service, statement_key): {"grown": row, "empty":
+    row}}, a side missing when that stack did not run the statement."""
     by: dict[tuple[str, str], dict] = {}
     for r in stats:
         service = next(s for s in SERVICES if f"_{s}_" in r["db"])
         side = "grown" if "_grown_" in r["db"] else "empty"
         by.setdefault((service, statement_key(r["query"])), {})[side] = r
+    return by
+
+
+def judged(sides: dict) -> list[dict]:
+    """Each statement the grown stack ran, with the empty stack's figures beside it (`other_stack`,
+    None when the empty stack did not run it), as `targets` judges them."""
+    out = []
+    for pair in sides.values():
+        r, o = pair.get("grown"), pair.get("empty")
+        if r is None:
+            continue
+        out.append({"db": r["db"], "calls": r["calls"], "max_ms": round(r["max_exec_time"]),
+                    "mean_ms": round(r["mean_exec_time"], 1), "pages_per_call": pages_per_call(r),
+                    "pages_per_row": pages_per_row(r), "rows": r["rows"],
+                    "other_stack": None if o is None else {
+                        "calls": o["calls"], "mean_ms": round(o["mean_exec_time"], 1),
+                        "max_ms": round(o["max_exec_time"]), "pages_per_call": pages_per_call(o),
+                        "pages_per_row": pages_per_row(o)},
+                    "query": " ".join(r["query"].split())[:160]})
+    return out
+
+
+def statement_table(by: dict[tuple[str, str], dict]) -> str:
+    """Every statement the stacks ran (`paired`), grown beside empty (mean and max ms, pages a call),
+    slowest on grown first."""
     rows = sorted(by.items(), key=lambda kv: -(kv[1].get("grown") or kv[1]["empty"])["max_exec_time"])
     out = ["service   | grown calls, mean / max ms, pages/call | empty calls, mean / max ms, pages/call | statement"]
     for (service, _), sides in rows:
@@ -854,11 +867,9 @@ def targets(results, plans: list[str], stack_statements: list[dict]) -> list[tup
                           f"periodic cost flat (pages a row grown <= 4 x empty + 50): {title[8:]}: "
                           f"{grown_a_row:.1f} ({pages} pages, {rows} rows) vs {empty_a_row:.1f} ({empty[1]}, {empty[2]})"))
     # The stacks' statements (pg_stat_statements): the target is the cost, "no periodic statement over
-    # 100 ms, and none whose cost grows with a table". A statement's cost is its pages per call
-    # (shared buffers hit or read, its nested statements included; per row answered or changed,
-    # at least one a call, so that a page of a list is judged by its rows) and its mean; a single call's
-    # wall-clock maximum on this 2-core machine running two stacks and the buyers is shown beside the
-    # empty stack's, not judged alone.
+    # 100 ms, and none whose cost grows with a table". A statement's cost is its pages a row
+    # (pages_per_row) and its mean; a single call's wall-clock maximum on this 2-core machine
+    # running two stacks and the buyers is shown beside the empty stack's, not judged alone.
     compared = [st for st in stack_statements if st.get("other_stack")]
     for st in stack_statements:
         o = st.get("other_stack")
@@ -1007,16 +1018,12 @@ async def main() -> None:
                     plans.append(f"-- [{name}] the plans stopped: {type(e).__name__}: {e}\n")
                     print(plans[-1], flush=True)
             if stats:
+                sides = paired(stats)
                 STATEMENTS.parent.mkdir(parents=True, exist_ok=True)
                 STATEMENTS.write_text(f"-- bench/growth.py, scale {SCALE}: every statement the two stacks ran in "
-                                      f"the measured rounds (pg_stat_statements)\n" + statement_table(stats))
+                                      f"the measured rounds (pg_stat_statements)\n" + statement_table(sides))
                 print(f"wrote {STATEMENTS}")
-                extra["stack_statements"] = [
-                    {"db": r["db"], "calls": r["calls"], "max_ms": round(r["max_exec_time"]),
-                     "mean_ms": round(r["mean_exec_time"], 1), "pages_per_call": pages_per_call(r),
-                     "pages_per_row": pages_per_row(r), "rows": r["rows"],
-                     "other_stack": other_stack(stats, r), "query": " ".join(r["query"].split())[:160]}
-                    for r in stats if "_grown_" in r["db"]]
+                extra["stack_statements"] = judged(sides)
         RESULTS.mkdir(parents=True, exist_ok=True)
         PLANS.write_text(f"-- bench/growth.py, scale {SCALE}: {filled}\n\n" + "\n".join(plans))
         print(f"wrote {PLANS}")

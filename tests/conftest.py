@@ -35,8 +35,8 @@ def pytest_collection_modifyitems(config, items):
     file whole: its module-scoped stacks start once, and its tests may rely on running in order.
     A file marked `spread` (independent, long tests) may be taken apart across workers.
     First among the hooks (tryfirst): xdist's own turns the group marks into the tests' work units
-    in the same hook, and on a worker it runs first otherwise (a plugin registered after this
-    file), before any mark is there: every test was then a unit of its own, spread anywhere."""
+    in the same hook, and on a worker it would otherwise run first (a plugin registered after this
+    file), before any mark is there, and make every test a unit of its own."""
     for item in items:
         if item.get_closest_marker("spread") is None:
             item.add_marker(pytest.mark.xdist_group(_group(item.nodeid.split("::")[0])))

@@ -245,7 +245,7 @@ GET_HOLD = ("SELECT h AS hold, clock_timestamp() AS db_now FROM holds h "
 GET_MOVED_HOLD = GET_HOLD.replace("FROM holds h", "FROM holds_history h")
 # Several sweepers (replicas) at once: SKIP LOCKED hands each a disjoint batch; a row a HoldSlot
 # or ConfirmHold is changing right now is skipped and left to that statement.
-SWEEP_EXPIRED = """
+SWEEP_EXPIRED = f"""
 WITH due AS (
     SELECT id FROM holds
      WHERE status = 'held' AND payment_ref IS NULL  -- always true of a held hold; names holds_held_expiry
@@ -258,7 +258,7 @@ WITH due AS (
 )
 UPDATE holds h SET status = 'expired', updated_at = clock_timestamp()
   FROM due
- WHERE h.id = due.id AND h.status IN ('held', 'confirmed') AND h.status <> 'confirmed'  -- by its key (HELD)
+ WHERE h.id = due.id AND {HELD}  -- each by its key
 RETURNING h.id
 """
 

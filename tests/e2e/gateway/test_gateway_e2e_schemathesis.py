@@ -19,8 +19,8 @@ import httpx
 import pytest
 import schemathesis
 # Imported here, at collection, and not first inside the schema fixture: compiling this module deep
-# in a fixture's call stack raised CPython 3.11.7's "AST constructor recursion depth mismatch"
-# (SystemError) once in a fresh clone's run.
+# in a fixture's call stack can raise CPython 3.11.7's "AST constructor recursion depth mismatch"
+# (SystemError).
 import schemathesis.specs.openapi.schemas  # noqa: F401
 from hypothesis import HealthCheck, settings
 from schemathesis.core.failures import FailureGroup, ServerError

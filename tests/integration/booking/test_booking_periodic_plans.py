@@ -3,11 +3,10 @@ not the holds: among 20,000 finished holds (confirmed, expired, released) it rea
 (EXPLAIN (ANALYZE, BUFFERS) on a real table; docs/benchmarks.md, "Growth")."""
 from __future__ import annotations
 
-import json
-
 import asyncpg
 
 from booking.repository import SWEEP_EXPIRED
+from cutylib.testing.plans import explained, nodes, pages
 
 ROWS = 20_000
 MAX_PAGES = 20
@@ -26,22 +25,10 @@ FROM generate_series(1, {ROWS}) g,
 """
 
 
-def _nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
-
-
 async def _sweep_reads(conn) -> list[tuple[str, int]]:
     """The sweep's plan nodes on holds with the pages each touched (the sweep runs and is undone)."""
-    sp = conn.transaction()
-    await sp.start()
-    try:
-        (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {SWEEP_EXPIRED}", 500))
-    finally:
-        await sp.rollback()
-    return [(n["Node Type"], n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0))
-            for n in _nodes(doc["Plan"]) if n.get("Relation Name") == "holds"]
+    return [(n["Node Type"], pages(n)) for n in nodes(await explained(conn, SWEEP_EXPIRED, 500))
+            if n.get("Relation Name") == "holds"]
 
 
 async def test_the_hold_sweeper_reads_the_due_holds_not_the_table(own_database):

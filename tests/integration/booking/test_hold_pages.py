@@ -10,12 +10,12 @@ Measured as the service's role (Row-Level Security, as in production), in pages 
 BUFFERS) of the call, its nested statements included; docs/benchmarks.md, "Growth")."""
 from __future__ import annotations
 
-import json
 import uuid
 
 import asyncpg
 
 from booking.repository import CONFIRM_HOLD, EXTEND_HOLD, RELEASE_HOLD, SWEEP_EXPIRED
+from cutylib.testing.plans import explained, nodes, pages
 from cutylib.testing.postgres import service_dsn
 
 LIVE = 1_500
@@ -23,10 +23,8 @@ MAX_PAGES = 80  # a take reads ~40 (the slot, the salon, the caps, the INSERT an
 SWEEP_MAX_PAGES = 400  # twelve due holds, each expired by its key with its indexes
 MERCHANT = "merchant-hold-pages"
 
-SETUP = f"""
-INSERT INTO salons (id, name, time_zone, merchant_id) VALUES ($1, 'Pages', 'Europe/Berlin', '{MERCHANT}');
-INSERT INTO resources (id, salon_id, name, merchant_id) VALUES ($2, $1, 'Chair', '{MERCHANT}');
-"""
+SALON = f"INSERT INTO salons (id, name, time_zone, merchant_id) VALUES ($1, 'Pages', 'Europe/Berlin', '{MERCHANT}')"
+CHAIR = f"INSERT INTO resources (id, salon_id, name, merchant_id) VALUES ($2, $1, 'Chair', '{MERCHANT}')"
 # Slot g: the (g)-th half hour from tomorrow on the one chair.
 SLOTS = f"""
 INSERT INTO slots (id, salon_id, resource_id, start_time, end_time, price_minor, currency, merchant_id)
@@ -51,34 +49,15 @@ FROM generate_series(1, 20000) g,
 TAKE = "SELECT * FROM booking_take_hold($1, $2, $3, $4, 300, 5, 3, 0)"
 
 
-async def _plan(conn: asyncpg.Connection, statement: str, *args) -> dict:
-    """EXPLAIN (ANALYZE, BUFFERS) of the statement, run and undone."""
-    tx = conn.transaction()
-    await tx.start()
-    try:
-        (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement}", *args))
-    finally:
-        await tx.rollback()
-    return doc["Plan"]
-
-
 async def _pages(conn: asyncpg.Connection, statement: str, *args) -> int:
     """Pages the statement touched (its nested statements included); undone."""
-    plan = await _plan(conn, statement, *args)
-    return plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
-
-
-def _nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
+    return pages(await explained(conn, statement, *args))
 
 
 async def _pages_of_a_take(conn: asyncpg.Connection, slot_id: uuid.UUID) -> tuple[int, int]:
-    """Pages a take of the free slot touched, and whether it held (a count of its holds, undone)."""
+    """Pages a take of the free slot touched, and the slot's holds before it (the take is undone)."""
     before = await conn.fetchval("SELECT count(*) FROM holds WHERE slot_id = $1", slot_id)
-    pages = await _pages(conn, TAKE, uuid.uuid4(), slot_id, f"c-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex)
-    return pages, before
+    return await _pages(conn, TAKE, uuid.uuid4(), slot_id, f"c-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex), before
 
 
 async def test_a_free_time_is_won_by_the_insert_alone(own_database, pg):
@@ -88,8 +67,8 @@ async def test_a_free_time_is_won_by_the_insert_alone(own_database, pg):
     try:
         salon, chair = uuid.uuid4(), uuid.uuid4()
         await owner.execute("SET cuty.merchant = '*'")
-        for statement in SETUP.strip().split(";\n"):
-            await owner.execute(statement, *((salon, chair) if "resources" in statement else (salon,)))
+        await owner.execute(SALON, salon)
+        await owner.execute(CHAIR, salon, chair)
         slots = [r["id"] for r in await owner.fetch(SLOTS, salon, chair, LIVE + 20)]
         async with owner.transaction():
             await owner.execute("SET LOCAL session_replication_role = replica")
@@ -98,9 +77,8 @@ async def test_a_free_time_is_won_by_the_insert_alone(own_database, pg):
         service = await asyncpg.connect(await service_dsn(pg.dsn, "booking", dsn))
         await service.execute("SELECT set_config('cuty.merchant', $1, false)", MERCHANT)
         for slot in slots[:LIVE]:  # the day's live holds, all on the one chair
-            assert (await service.fetchval("SELECT outcome FROM booking_take_hold($1, $2, $3, $4, 300, 5, 3, 0)",
-                                           uuid.uuid4(), slot, f"live-{uuid.uuid4().hex[:8]}",
-                                           uuid.uuid4().hex)) == "held"
+            assert (await service.fetchrow(TAKE, uuid.uuid4(), slot, f"live-{uuid.uuid4().hex[:8]}",
+                                           uuid.uuid4().hex))["outcome"] == "held"
         assert await owner.fetchval("SELECT count(*) FROM holds WHERE status = 'held'") == LIVE
 
         # Past the first five custom plans (plpgsql's, asyncpg's prepared statements), to the cached
@@ -111,24 +89,24 @@ async def test_a_free_time_is_won_by_the_insert_alone(own_database, pg):
         held = [r["id"] for r in await owner.fetch("SELECT id FROM holds WHERE status = 'held' LIMIT 24")]
         for statement, args in ((CONFIRM_HOLD, ("pay-1", 0.0)), (RELEASE_HOLD, ()),
                                 (EXTEND_HOLD, (60,))):
-            pages = [await _pages(service, statement, hold, *args) for hold in held]
-            assert max(pages[1:]) <= MAX_PAGES, (statement, pages)
+            read = [await _pages(service, statement, hold, *args) for hold in held]
+            assert max(read[1:]) <= MAX_PAGES, (statement, read)
         # The sweeper's batch: a dozen due among the 1,500 held, each found and expired by its key.
+        due, live = held[:12], held[12:]
         await owner.execute("UPDATE holds SET expires_at = clock_timestamp() - interval '1 second' "
-                            "WHERE id = ANY($1::uuid[])", held[:12])
+                            "WHERE id = ANY($1::uuid[])", due)
         await service.execute("SELECT set_config('cuty.merchant', '*', false)")  # the sweeper's, every merchant's
-        pages = [await _pages(service, SWEEP_EXPIRED, 500) for _ in range(8)]
-        assert max(pages[1:]) <= SWEEP_MAX_PAGES, pages
+        read = [await _pages(service, SWEEP_EXPIRED, 500) for _ in range(8)]
+        assert max(read[1:]) <= SWEEP_MAX_PAGES, read
         # its scan stops at the last due hold: no live one read and dropped by a filter
-        plan = await _plan(service, SWEEP_EXPIRED, 500)
-        assert plan["Actual Rows"] == 12
-        assert sum(n.get("Rows Removed by Filter", 0) for n in _nodes(plan)) == 0, plan
+        plan = await explained(service, SWEEP_EXPIRED, 500)
+        assert plan["Actual Rows"] == len(due)
+        assert sum(n.get("Rows Removed by Filter", 0) for n in nodes(plan)) == 0, plan
         await service.execute("SELECT set_config('cuty.merchant', $1, false)", MERCHANT)
-        held = held[12:]
         # and each of them did what it says on a live hold (the same statement, not undone, once)
-        assert (await service.fetchrow(CONFIRM_HOLD, held[0], "pay-1", 0.0))["outcome"] == "confirmed"
-        assert (await service.fetchrow(RELEASE_HOLD, held[1]))["hold"]["status"] == "released"
-        assert (await service.fetchrow(EXTEND_HOLD, held[2], 60))["hold"]["extended"]
+        assert (await service.fetchrow(CONFIRM_HOLD, live[0], "pay-1", 0.0))["outcome"] == "confirmed"
+        assert (await service.fetchrow(RELEASE_HOLD, live[1]))["hold"]["status"] == "released"
+        assert (await service.fetchrow(EXTEND_HOLD, live[2], 60))["hold"]["extended"]
     finally:
         if service is not None:
             await service.close()

@@ -13,6 +13,8 @@ import uuid
 import asyncpg
 import pytest
 
+from cutylib import backoff
+from cutylib.db import CONFLICT_ATTEMPTS, CONFLICT_BACKOFF_SECONDS
 from payments.outbound.repository import Deliveries, Endpoints, Limits
 from payments.outbound.service import WebhookEndpoints
 from payments.outbound.metrics import RedeliveryMetrics
@@ -133,17 +135,19 @@ async def test_writers_and_claimers_racing_leave_no_delivery_behind(checkout_poo
         nonlocal written
         for _ in range(n):
             s = rng.choice(shops)
-            # A writer's transaction lost a deadlock to the claimers once (both sides write the
+            # A writer's transaction can lose a deadlock to the claimers (both sides write the
             # merchant's due mark; the cycle is not diagnosed yet). A checkout transition that
-            # writes the outbox and loses one is run again; so is this writer's.
-            for attempt in range(1, 6):
+            # writes the outbox and loses one is run again; so is this writer's, as the pool runs
+            # a statement again (the same bound and pauses).
+            for attempt in range(1, CONFLICT_ATTEMPTS + 1):
                 try:
                     await publish(checkout_pool, s.org, endpoints[s.org])
                     break
                 except asyncpg.exceptions.DeadlockDetectedError:
-                    if attempt == 5:
+                    if attempt == CONFLICT_ATTEMPTS:
                         raise
-                    await asyncio.sleep(0.01 * attempt)
+                    await asyncio.sleep(backoff.equal_jitter(attempt, CONFLICT_BACKOFF_SECONDS,
+                                                             CONFLICT_BACKOFF_SECONDS * 4))
             written += 1
 
     async def claimer(name: str):

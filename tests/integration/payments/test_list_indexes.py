@@ -8,15 +8,10 @@ import json
 import asyncpg
 import pytest
 
+from cutylib.testing.plans import nodes
 from payments.checkout.repository import ListQuery, list_statement
 
 MERCHANT = "merchant-list-plan"
-
-
-def _nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
 
 
 @pytest.mark.parametrize("query", [
@@ -43,8 +38,7 @@ async def test_a_list_of_a_rare_state_reads_only_its_rows(payments_dsn, query):
         await conn.execute("ANALYZE checkouts")
         sql, args = list_statement(query, None, 100)
         (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args))
-        nodes = list(_nodes(doc["Plan"]))
-        scans = [n for n in nodes if n.get("Relation Name") == "checkouts"]
+        scans = [n for n in nodes(doc["Plan"]) if n.get("Relation Name") == "checkouts"]
         removed = sum(n.get("Rows Removed by Filter", 0) for n in scans)
         assert removed < 200, (removed, [(n["Node Type"], n.get("Index Name")) for n in scans])
         assert all(n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan") for n in scans), scans
@@ -75,7 +69,7 @@ async def test_a_page_joins_the_payments_of_its_own_checkouts_only_whatever_the_
         await conn.execute("SET LOCAL enable_indexscan = off")
         sql, args = list_statement(ListQuery(merchant_id=MERCHANT, salon_id=salon), None, 51)
         (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args))
-        joins = [n for n in _nodes(doc["Plan"]) if n["Node Type"] in ("Nested Loop", "Hash Join", "Merge Join")]
+        joins = [n for n in nodes(doc["Plan"]) if n["Node Type"] in ("Nested Loop", "Hash Join", "Merge Join")]
         assert joins
         for join in joins:  # the checkouts side of the join: the page, not the salon's 2,000
             assert join["Plans"][0]["Actual Rows"] <= 51, [(n["Node Type"], n["Actual Rows"]) for n in join["Plans"]]

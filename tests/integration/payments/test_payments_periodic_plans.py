@@ -7,11 +7,11 @@ merchant, would read hundreds and fail here, long before a year of sales or a pl
 made it slow (docs/benchmarks.md, "Growth")."""
 from __future__ import annotations
 
-import json
 import uuid
 
 import asyncpg
 
+from cutylib.testing.plans import explained, nodes, pages
 from payments.checkout.metrics import NON_TERMINAL, SAGAS_BY_STATE
 from payments.checkout.repository import CLAIM_DUE
 from payments.metrics import NON_TERMINAL_PAYMENTS
@@ -88,12 +88,6 @@ FROM generate_series(1, {ROWS}) g
 """
 
 
-def _nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
-
-
 # (what, statement, its arguments): as the services run them.
 STATEMENTS = [
     ("saga workers' claim", CLAIM_DUE, ("test", 50, 30.0)),
@@ -116,17 +110,11 @@ async def _reads(conn) -> dict[str, list[tuple[str, str, int]]]:
     run (EXPLAIN ANALYZE) and are undone."""
     found = {}
     for what, sql, args in STATEMENTS:
-        sp = conn.transaction()
-        await sp.start()
-        try:
-            (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", *args))
-        finally:
-            await sp.rollback()
+        plan = await explained(conn, sql, *args)
         # The pages of the filled tables each scan node read (a bitmap scan's include its
         # index's); whatever else the statement does (a function's first plans) is not the
         # tables' size, nor are the rows a statement writes (its ModifyTable node's pages).
-        found[what] = [(n["Node Type"], n["Relation Name"], n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0))
-                       for n in _nodes(doc["Plan"])
+        found[what] = [(n["Node Type"], n["Relation Name"], pages(n)) for n in nodes(plan)
                        if n.get("Relation Name") in BIG and n["Node Type"] != "ModifyTable"]
     return found
 
@@ -182,17 +170,11 @@ async def test_the_saga_workers_claim_stops_at_the_last_due_saga(own_database):
         await conn.execute(SCHEDULED, MERCHANT, -1, 3)  # due 10 minutes ago and more
         await conn.execute("SET LOCAL session_replication_role = DEFAULT")
         await conn.execute("ANALYZE checkouts")
-        sp = conn.transaction()
-        await sp.start()
-        try:
-            (doc,) = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_DUE}",
-                                                    "test", 50, 30.0))
-        finally:
-            await sp.rollback()
-        scans = [n for n in _nodes(doc["Plan"]) if n.get("Relation Name") == "checkouts" and n["Node Type"] != "ModifyTable"]
-        assert doc["Plan"]["Actual Rows"] == 3
+        plan = await explained(conn, CLAIM_DUE, "test", 50, 30.0)
+        scans = [n for n in nodes(plan) if n.get("Relation Name") == "checkouts" and n["Node Type"] != "ModifyTable"]
+        assert plan["Actual Rows"] == 3
         assert sum(n.get("Rows Removed by Filter", 0) for n in scans) == 0, scans
-        assert sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0) for n in scans) <= MAX_PAGES, scans
+        assert sum(pages(n) for n in scans) <= MAX_PAGES, scans
     finally:
         await tx.rollback()
         await conn.close()

@@ -46,7 +46,7 @@ BAD_SIGNATURES = {
     "wrong secret": lambda body: signature.sign("whsec_wrong", body),
     "other body": lambda body: signature.sign(WEBHOOK_SECRET, body + b" "),
     # a minute past the tolerance either way: at one second past it, a check made in the next
-    # wall-clock second (the signed time is whole seconds) found the "future" one within it
+    # wall-clock second (the signed time is whole seconds) would find the "future" one within it
     "stale": lambda body: signature.sign(WEBHOOK_SECRET, body, int(time.time()) - signature.TOLERANCE_SECONDS - 60),
     "future": lambda body: signature.sign(WEBHOOK_SECRET, body, int(time.time()) + signature.TOLERANCE_SECONDS + 60),
 }
