@@ -38,7 +38,10 @@ async def test_processing_payment_without_webhook_is_reconciled(make_core, fake_
     await reconcile_until(reconciler, core, p.id, "succeeded")
     evs = await events(payments_pool, p.id)
     assert [(e["source"], e["to_status"]) for e in evs][-1] == ("reconcile", "succeeded")
-    assert core.metrics.value(m.RECONCILED_PAYMENTS) == 1
+    # reconciled once; the counter may also count other tests' payments in the shared database,
+    # which a reconciler with no delay finds due too
+    assert [e["source"] for e in evs].count("reconcile") == 1
+    assert core.metrics.value(m.RECONCILED_PAYMENTS) >= 1
     row = await payments_pool.fetchrow("SELECT lease_owner, reconcile_at FROM payments WHERE id = $1", p.id)
     assert (row["lease_owner"], row["reconcile_at"]) == (None, None)  # released, and off the queue
 
