@@ -717,7 +717,10 @@ async def platform_plans(admin_dsn: str, name: str, dsns: dict[str, str], site: 
 def statement_key(query: str) -> str:
     """A statement's text with its constants and parameters as `?`: pg_stat_statements keeps one
     statement under two entries when a cached plan first ran it after a reset (the text then keeps its
-    literals: `state = 'done'` beside `state = $7`), and the two stacks may differ that way."""
+    literals: `state = 'done'` beside `state = $7`), and the two stacks may differ that way. Comments
+    go first: an apostrophe in one ("the database's clock") would pair with a literal's quote in
+    the entry that kept its literals, and not in the other."""
+    query = re.sub(r"--[^\n]*", "", query)
     text = re.sub(r"\$\d+|'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b|\b(?:true|false|null)\b", "?",
                   " ".join(query.split()), flags=re.IGNORECASE)
     # extract(epoch FROM ...): the field is a constant too (`$2` in the other entry); so is a

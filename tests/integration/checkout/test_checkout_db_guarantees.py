@@ -128,13 +128,12 @@ async def test_a_transition_into_waiting_keeps_the_lease_when_woken_meanwhile(ha
     assert row["next_run_at"] == s.expire_time and row["lease_until"] is None
 
 
-async def test_the_claim_walks_the_partial_due_index(harness):
-    """The workers' queue query must be answerable from checkouts_due (a partial index over rows
-    with work to do), not a scan of every checkout ever made."""
+async def test_the_claim_walks_the_sagas_live(harness):
+    """The workers' queue query must be answerable from the saga queue's index of next runs (a row
+    per scheduled saga), not a scan of every checkout ever made."""
     async with harness.pool.acquire() as conn:
         async with conn.transaction():
             await conn.execute("SET LOCAL enable_seqscan = off")  # a small test table would tempt the planner
-            plan = "\n".join(r[0] for r in await conn.fetch(
-                "EXPLAIN SELECT id FROM checkouts WHERE next_run_at <= clock_timestamp() "
-                "ORDER BY next_run_at LIMIT 32 FOR UPDATE SKIP LOCKED"))
-    assert "checkouts_due" in plan, plan
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + repo.CLAIM_DUE, "w", 32, 30.0))
+    assert "sagas_live_due" in plan, plan
+    assert "Seq Scan" not in plan, plan

@@ -63,7 +63,7 @@ async def test_the_schemas_state_lists_are_the_domains(payments_dsn):
     assert lists("check checkouts_attention_idle") == {d.IDLE - d.TERMINAL}
     assert lists("check checkouts_attention_from_check") == {d.ATTENTION_STATES}
     assert lists("check checkouts_outcome_check") == {d.RELEASE_OUTCOMES}
-    assert lists("index checkouts_live_by_state") == {d.TERMINAL}
+    assert lists("function sagas_live_keep") == {d.TERMINAL}
     # The wake-up: never a saga with nothing to do; in a reschedule's states any payment of the
     # checkout (its difference is a second payment), as domain.watched_payment_id routes on it.
     assert lists("function checkouts_wake_on_payment") == {d.IDLE, d.RESCHEDULE_PAYMENT_STATES}

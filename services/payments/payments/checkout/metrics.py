@@ -15,9 +15,10 @@ SAGAS_RETRIED_BY_OPERATOR = "cuty_checkout_sagas_retried_by_operator_total"
 # The saga states a checkout waits in (domain.TERMINAL's complement); the "stuck" gauges report each.
 NON_TERMINAL = domain.NON_TERMINAL
 
+# From the live sagas (migration 0330), not the history: a row per saga not finished.
 SAGAS_BY_STATE = """
 SELECT state, count(*) AS n, extract(epoch FROM clock_timestamp() - min(updated_at)) AS oldest_age
-FROM checkouts WHERE state = ANY($1::text[]) GROUP BY state
+FROM sagas_live WHERE state = ANY($1::text[]) GROUP BY state
 """
 
 

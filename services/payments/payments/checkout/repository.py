@@ -344,16 +344,18 @@ SELECT * FROM upd
 
 # Workers claim due sagas: SKIP LOCKED so replicas never wait on or double-claim a row; the lease
 # is taken and next_run_at pushed to its end in the same statement (a crash leaves the row due
-# again when the lease runs out). Each row gets its own owner token.
+# again when the lease runs out). Each row gets its own owner token. The due sagas are found through
+# sagas_live (migration 0330: a row per saga not finished or scheduled, kept by trigger), whose index
+# holds no history; the checkout's own next_run_at is checked again on the row locked.
 CLAIM_DUE = """
 WITH due AS (
-    SELECT id FROM checkouts
+    SELECT c.id FROM sagas_live q JOIN checkouts c ON c.id = q.checkout_id
     -- stable, so it bounds the index scan at the last due saga (volatile clock_timestamp()
     -- could not: every poll read every scheduled saga)
-    WHERE next_run_at <= statement_timestamp()
-    ORDER BY next_run_at
+    WHERE q.next_run_at <= statement_timestamp() AND c.next_run_at <= statement_timestamp()
+    ORDER BY q.next_run_at
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF c SKIP LOCKED
 )
 UPDATE checkouts c SET
     lease_owner = $1 || ':' || gen_random_uuid()::text,

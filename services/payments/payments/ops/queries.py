@@ -66,17 +66,21 @@ SELECT id, psp_dispute_id, payment_id, status, amount_minor, currency, reason, e
 FROM disputes WHERE payment_id = ANY($1::uuid[]) ORDER BY created_at, id
 """
 
-# Sagas not finished (NEEDS_ATTENTION included) whose state is older than $1 seconds; the partial
-# index checkouts_live_by_state covers it, as it does the stuck-saga gauges.
+# Sagas not finished (NEEDS_ATTENTION included) whose state is older than $1 seconds, the oldest $2,
+# picked among the live sagas (migration 0330, kept in the statement that changes a checkout), as the
+# stuck-saga gauges are; only those are read from checkouts.
 STUCK = f"""
 SELECT c.id, c.kind, c.state, c.attention_from, c.attempts, c.last_error, c.failing_since, c.updated_at,
        c.created_at, c.payment_id, p.status AS payment_status, p.psp_intent_id,
        extract(epoch FROM clock_timestamp() - c.updated_at) AS age_seconds
-FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
-WHERE c.state NOT IN {in_list(saga_domain.TERMINAL)}
-  AND c.updated_at < clock_timestamp() - make_interval(secs => $1::float8)
-ORDER BY c.updated_at
-LIMIT $2
+FROM (SELECT checkout_id, updated_at FROM sagas_live
+      WHERE state NOT IN {in_list(saga_domain.TERMINAL)}
+        AND updated_at < clock_timestamp() - make_interval(secs => $1::float8)
+      ORDER BY updated_at
+      LIMIT $2) l
+JOIN checkouts c ON c.id = l.checkout_id
+LEFT JOIN payments p ON p.id = c.payment_id
+ORDER BY l.updated_at
 """
 
 _STEP_NOTE = re.compile(r"^(?P<step>[a-z_]+) (?P<ms>\d+(?:\.\d+)?)ms$")
