@@ -30,12 +30,18 @@ async def test_a_pool_statement_that_loses_a_deadlock_runs_again_and_takes_effec
     await scratch_pool.execute("INSERT INTO t VALUES (1, 0), (2, 0)")
     other = await asyncpg.connect(scratch_db)
     try:
+        # Who is the victim is decided by whose deadlock check runs first after the cycle closes:
+        # each waiter checks once, deadlock_timeout after it began to wait. The statement checks 3 s
+        # into its wait (a check made before `other` waits too finds no cycle, and is not made
+        # again), `other` only after 30 s.
+        await other.execute("SET deadlock_timeout = '30s'")
         tx = other.transaction()
         await tx.start()
         await other.execute("UPDATE t SET v = v + 10 WHERE id = 2")
-        # takes row 1, then waits for row 2; the first to wait is the one that finds the deadlock
+        # takes row 1, then waits for row 2
         both = asyncio.create_task(scratch_pool.execute(
-            "DO $$ BEGIN UPDATE t SET v = v + 1 WHERE id = 1; UPDATE t SET v = v + 1 WHERE id = 2; END $$"))
+            "DO $$ BEGIN PERFORM set_config('deadlock_timeout', '3s', true); "
+            "UPDATE t SET v = v + 1 WHERE id = 1; UPDATE t SET v = v + 1 WHERE id = 2; END $$"))
         await wait_for(lambda: other.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                                               "AND query LIKE 'DO $$%'"), message="the pool's statement waiting for row 2")
         # row 1 now waits for the statement: a cycle, broken by rolling the statement back
