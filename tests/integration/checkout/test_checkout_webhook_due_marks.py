@@ -13,8 +13,7 @@ import uuid
 import asyncpg
 import pytest
 
-from cutylib import backoff
-from cutylib.db import CONFLICT_ATTEMPTS, CONFLICT_BACKOFF_SECONDS
+from cutylib.testing.procs import wait_for
 from payments.outbound.repository import Deliveries, Endpoints, Limits
 from payments.outbound.service import WebhookEndpoints
 from payments.outbound.metrics import RedeliveryMetrics
@@ -135,19 +134,7 @@ async def test_writers_and_claimers_racing_leave_no_delivery_behind(checkout_poo
         nonlocal written
         for _ in range(n):
             s = rng.choice(shops)
-            # A writer's transaction can lose a deadlock to the claimers (both sides write the
-            # merchant's due mark; the cycle is not diagnosed yet). A checkout transition that
-            # writes the outbox and loses one is run again; so is this writer's, as the pool runs
-            # a statement again (the same bound and pauses).
-            for attempt in range(1, CONFLICT_ATTEMPTS + 1):
-                try:
-                    await publish(checkout_pool, s.org, endpoints[s.org])
-                    break
-                except asyncpg.exceptions.DeadlockDetectedError:
-                    if attempt == CONFLICT_ATTEMPTS:
-                        raise
-                    await asyncio.sleep(backoff.equal_jitter(attempt, CONFLICT_BACKOFF_SECONDS,
-                                                             CONFLICT_BACKOFF_SECONDS * 4))
+            await publish(checkout_pool, s.org, endpoints[s.org])
             written += 1
 
     async def claimer(name: str):
@@ -181,3 +168,37 @@ async def test_writers_and_claimers_racing_leave_no_delivery_behind(checkout_poo
                                 "WHERE merchant_id = ANY ($1)", [s.org for s in shops])
     assert await deliveries.claim_due("w", 20, 30.0) == []
     assert await marks(checkout_pool, [s.org for s in shops]) == {}
+
+
+async def test_writers_that_find_the_mark_moved_later_meanwhile_do_not_deadlock(checkout_pool):
+    """Two writers probe a due mark while a worker moves it later; once the worker commits, both find
+    it not due and move it sooner: one after the other, with no deadlock. (A FOR SHARE probe locks
+    the moved mark before it re-checks it, and kept that lock when the re-check failed: each writer
+    then waited for the other's share to update the mark.)"""
+    shop = merchant("moved")
+    await checkout_pool.execute("INSERT INTO webhook_merchants_due (merchant_id, due_at) "
+                                "VALUES ($1, clock_timestamp() - interval '1 second')", shop.org)
+    async with checkout_pool.acquire() as worker, checkout_pool.acquire() as a, checkout_pool.acquire() as b:
+        moving = worker.transaction()
+        await moving.start()
+        await worker.execute("UPDATE webhook_merchants_due SET due_at = clock_timestamp() + interval '1 hour' "
+                             "WHERE merchant_id = $1", shop.org)
+        writers = {}
+        for conn in (a, b):
+            tx = conn.transaction()
+            await tx.start()
+            writers[asyncio.create_task(conn.execute("SELECT webhook_merchant_due($1, clock_timestamp())",
+                                                     shop.org))] = tx
+        await wait_for(lambda: checkout_pool.fetchval(
+            "SELECT count(*) = 2 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE 'SELECT webhook_merchant_due%'"), message="both writers waiting for the worker")
+        await moving.commit()
+        pending = set(writers)
+        while pending:  # the first to update the mark holds it until it commits; the other waits
+            done, pending = await asyncio.wait(pending, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            assert done, "a writer still waiting"
+            for task in done:
+                task.result()  # no deadlock detected
+                await writers[task].commit()
+    got = await marks(checkout_pool, [shop.org])
+    assert got[shop.org]["due"]
