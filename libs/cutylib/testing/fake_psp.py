@@ -128,5 +128,11 @@ class FakePsp:
         """What the PSP refunded of the intent, in minor units."""
         return sum(r["amount"] for r in self.refunds.values() if r["payment_intent"] == intent_id)
 
+    async def list_disputes(self, updated_gte: float, *, starting_after: str = "", limit: int = 100) -> dict:
+        """The dispute poller's list: this stand-in opens no disputes (the simulator's scenarios do),
+        so its list is empty, as a PSP's is for a platform without any."""
+        self._enter("list_disputes")
+        return {"object": "list", "data": [], "has_more": False}
+
     async def aclose(self) -> None:
         pass
