@@ -4,8 +4,10 @@ their events."""
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import itertools
 import re
+import shutil
 import uuid
 
 import asyncpg
@@ -15,6 +17,7 @@ from cutylib.db import SHARED_MIGRATIONS, migrate
 from cutylib.testing.procs import REPO
 from payments import domain as payment_domain
 from payments.checkout import domain as saga_domain
+from payments.checkout.repository import CLAIM_DUE
 
 MIGRATIONS = REPO / "services" / "payments" / "migrations"
 FUNCTION_FOLDERS = (SHARED_MIGRATIONS / "functions", MIGRATIONS / "functions")
@@ -220,5 +223,42 @@ async def test_payments_and_their_events_carry_their_merchant(payments_dsn):
         with pytest.raises(asyncpg.CheckViolationError, match="checkouts_held_has_merchant"):
             await conn.execute("UPDATE checkouts SET state = 'HELD', version = version + 1, hold_id = 'h-1', "
                                "amount_minor = 100, currency = 'TRY', expire_time = now() WHERE id = $1", pending)
+    finally:
+        await conn.close()
+
+
+async def test_the_upgrade_to_the_live_sagas_carries_each_live_saga_and_no_finished_one(scratch_db, tmp_path):
+    """Migration 0330 on a database with checkouts: every saga not finished, or with a next run,
+    gets its live row (state, time, next run), no finished one does, and the workers' claim finds
+    the due one through it."""
+    before = tmp_path / "before"
+    shutil.copytree(MIGRATIONS, before)
+    (before / "0330_sagas_live.sql").unlink()
+    (before / "functions" / "sagas_live_keep.sql").unlink()
+    await migrate(scratch_db, before)
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        ids = {}
+        for name, state, next_run in (("due", "PENDING", dt.timedelta(minutes=-1)),
+                                      ("later", "PENDING", dt.timedelta(hours=1)),
+                                      ("waiting", "PENDING", None), ("finished", "REJECTED", None)):
+            ids[name] = await conn.fetchval(
+                "INSERT INTO checkouts (id, customer_id, kind, state, product_id, quantity, order_id, amount_minor, "
+                "currency, expire_time, next_run_at, merchant_id) "
+                "VALUES (gen_random_uuid(), 'c-upgrade', 'codes', $1, gen_random_uuid(), 1, gen_random_uuid(), 2500, "
+                "'TRY', now() + interval '1 hour', clock_timestamp() + $2, 'merchant-upgrade') RETURNING id",
+                state, next_run)
+        await migrate(scratch_db, MIGRATIONS)
+        live = {r["checkout_id"]: r for r in await conn.fetch("SELECT * FROM sagas_live")}
+        assert set(live) == {ids["due"], ids["later"], ids["waiting"]}
+        for name in ("due", "later", "waiting"):
+            row = await conn.fetchrow("SELECT state, updated_at, next_run_at FROM checkouts WHERE id = $1", ids[name])
+            assert dict(row) == {k: live[ids[name]][k] for k in ("state", "updated_at", "next_run_at")}
+        async with conn.transaction():
+            claimed = await conn.fetch(CLAIM_DUE, "upgrade", 10, 30.0)
+            assert [r["id"] for r in claimed] == [ids["due"]]
+            # the claim moved its next run: the live row with it, in the same statement
+            assert await conn.fetchval("SELECT next_run_at FROM sagas_live WHERE checkout_id = $1",
+                                       ids["due"]) == claimed[0]["next_run_at"]
     finally:
         await conn.close()
