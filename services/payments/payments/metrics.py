@@ -25,7 +25,7 @@ SELECT coalesce(extract(epoch FROM clock_timestamp() - max(watermark)), 0) FROM 
 NON_TERMINAL_PAYMENTS = """
 SELECT count(*) FILTER (WHERE updated_at < clock_timestamp() - make_interval(secs => $1)) AS backlog,
        coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0) AS oldest_age
-FROM payments WHERE status IN ('created', 'requires_action', 'processing')  -- payments_reconcile_due's predicate
+FROM payments_live  -- the payments not final (migration 0331), not the history
 """
 
 

@@ -92,16 +92,19 @@ RETURNING cur.lease_owner AS previous_owner
 RELEASE_LEASE = "UPDATE payments SET lease_owner = NULL, lease_until = NULL WHERE id = $1 AND lease_owner = $2"
 
 # Reconciliation claims due payments (SKIP LOCKED: replicas never pick the same row) and takes their
-# lease in the same statement; the next attempt backs off exponentially with jitter.
+# lease in the same statement; the next attempt backs off exponentially with jitter. The due payments
+# are found through payments_live (migration 0331: a row per payment not final, kept by trigger),
+# whose index holds no history.
 CLAIM_RECONCILE = f"""
 WITH due AS (
-    SELECT id, lease_owner FROM payments
-    WHERE status IN ('created', 'requires_action', 'processing')
-      AND reconcile_at <= now()  -- stable, so it bounds the index scan (volatile clock_timestamp() cannot)
-      AND (lease_until IS NULL OR lease_until < clock_timestamp())
-    ORDER BY reconcile_at
+    SELECT p.id, p.lease_owner FROM payments_live l JOIN payments p ON p.id = l.payment_id
+    WHERE l.reconcile_at <= now()  -- stable, so it bounds the index scan (volatile clock_timestamp() cannot)
+      AND p.status IN ('created', 'requires_action', 'processing')  -- the payment's own, on the row locked
+      AND p.reconcile_at <= now()
+      AND (p.lease_until IS NULL OR p.lease_until < clock_timestamp())
+    ORDER BY l.reconcile_at
     LIMIT $1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF p SKIP LOCKED
 )
 UPDATE payments p SET
     lease_owner = $2,

@@ -15,6 +15,7 @@ from cutylib.testing.plans import explained, nodes, pages
 from payments.checkout.metrics import NON_TERMINAL, SAGAS_BY_STATE
 from payments.checkout.repository import CLAIM_DUE
 from payments.metrics import NON_TERMINAL_PAYMENTS
+from payments.repository import CLAIM_RECONCILE
 from payments.ops.queries import STUCK
 from payments.outbound.repository import CLAIM_MERCHANTS, GAUGES, REARM, REARM_BATCH, REARM_LOCK
 from payments.webhooks import RESOLVE_AND_STORE
@@ -26,7 +27,7 @@ MAX_PAGES = 40
 BIG = ("checkouts", "payments", "webhook_deliveries", "merchant_events", "webhook_endpoints",
        "webhook_merchants_due")
 # Tables as small as the work queued (here: none): read whole or by index, their pages count too.
-QUEUES = ("sagas_live",)
+QUEUES = ("sagas_live", "payments_live")
 # Merchants with an endpoint each, each with a retry an hour away (a due mark, not due yet), and two
 # of them with a delivery due now.
 SHOPS = 2_000
@@ -203,27 +204,70 @@ async def test_the_claim_and_the_gauges_read_no_history_of_reschedules(own_datab
         await conn.execute("UPDATE checkouts SET state = 'REJECTED', version = version + 1, next_run_at = NULL, "
                            "updated_at = clock_timestamp() "
                            "WHERE merchant_id = $1", MERCHANT)
-        assert await conn.fetchval("SELECT count(*) FROM sagas_live") == 0
-        await conn.execute("VACUUM sagas_live")
-        await conn.execute(SCHEDULED, MERCHANT, 1, 50)  # later
-        await conn.execute(SCHEDULED, MERCHANT, -1, 3)  # due, after the finished ones in time order
-        assert await conn.fetchval("SELECT count(*) FROM sagas_live") == 53
-        await conn.execute("ANALYZE sagas_live")
-        await conn.execute("ANALYZE checkouts")
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            for sql, args, rows in ((CLAIM_DUE, ("test", 50, 30.0), 3),
-                                    (SAGAS_BY_STATE, (list(NON_TERMINAL),), 1),
-                                    (STUCK, (0.0, 10), 10)):
-                plan = await explained(conn, sql, *args)
-                scans = [n for n in nodes(plan) if n.get("Relation Name") in ("checkouts", "sagas_live")
-                         and n["Node Type"] != "ModifyTable"]
-                assert plan["Actual Rows"] == rows, sql
-                # a probe, and a checkout's key and row for each row answered
-                assert sum(pages(n) for n in scans) <= MAX_PAGES + 4 * rows, \
-                    (sql, [(n["Node Type"], n.get("Index Name"), pages(n)) for n in nodes(plan)])
-        finally:
-            await tx.rollback()
+        await _live_after_history(conn, SCHEDULED, "sagas_live", "checkouts")
+        await _within_pages(conn, ("checkouts", "sagas_live"), ((CLAIM_DUE, ("test", 50, 30.0), 3),
+                                                                (SAGAS_BY_STATE, (list(NON_TERMINAL),), 1),
+                                                                (STUCK, (0.0, 10), 10)))
     finally:
         await conn.close()
+
+
+# Payments as the core writes them (no checkout: the reconciler and the gauge read payments alone).
+PAYMENTS = """
+INSERT INTO payments (id, customer_id, status, version, amount_minor, currency, payment_method, idempotency_key,
+                      reconcile_at, merchant_id)
+SELECT gen_random_uuid(), 'c-' || g, 'created', 1, 2500, 'TRY', 'pm_card_ok', gen_random_uuid()::text,
+       now() + make_interval(secs => $2::int * (g + 600)), $1
+FROM generate_series(1, $3::int) g
+"""
+
+
+async def test_the_reconciler_and_the_payments_gauge_read_no_history_of_payments(own_database):
+    """The reconciler's claim and the payments gauge cost what is not final, not how many payments
+    changed before: 20,000 payments that went created -> processing -> succeeded leave nothing on
+    their way, with `payments` not vacuumed (as for long stretches on a table of millions). They used
+    to walk `payments_reconcile_due`, a partial index of `payments` whose dead entries only a VACUUM
+    of the whole table removes."""
+    conn = await asyncpg.connect(await own_database("payments"))
+    try:
+        await conn.execute("ALTER TABLE payments SET (autovacuum_enabled = false)")
+        await conn.execute(PAYMENTS, MERCHANT, -1, 20_000)  # due since 10 minutes ago and more
+        await conn.execute("UPDATE payments SET status = 'processing', version = version + 1, "
+                           "updated_at = clock_timestamp() WHERE merchant_id = $1", MERCHANT)
+        await conn.execute("UPDATE payments SET status = 'succeeded', version = version + 1, reconcile_at = NULL, "
+                           "updated_at = clock_timestamp() WHERE merchant_id = $1", MERCHANT)
+        await _live_after_history(conn, PAYMENTS, "payments_live", "payments")
+        await _within_pages(conn, ("payments", "payments_live"), ((CLAIM_RECONCILE, (50, "test", 30.0, 5.0), 3),
+                                                                  (NON_TERMINAL_PAYMENTS, (60.0,), 1)))
+    finally:
+        await conn.close()
+
+
+async def _within_pages(conn, tables: tuple[str, ...], cases) -> None:
+    """Each (statement, arguments, rows it answers), run (EXPLAIN ANALYZE) and undone: it answers those
+    rows, and its scans of `tables` read at most a probe's pages and a few for each row answered (a
+    row's key and the row)."""
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        for sql, args, rows in cases:
+            plan = await explained(conn, sql, *args)
+            scans = [n for n in nodes(plan) if n.get("Relation Name") in tables and n["Node Type"] != "ModifyTable"]
+            assert plan["Actual Rows"] == rows, sql
+            assert sum(pages(n) for n in scans) <= MAX_PAGES + 4 * rows, \
+                (sql, [(n["Node Type"], n.get("Index Name"), pages(n)) for n in nodes(plan)])
+    finally:
+        await tx.rollback()
+
+
+async def _live_after_history(conn, fill: str, live: str, history: str) -> None:
+    """The history has finished every row it wrote (none is left in `live`); `live` is vacuumed, as
+    autovacuum does a table its size every round; then `fill` writes 50 rows due later and 3 due
+    now, and both tables are analysed."""
+    assert await conn.fetchval(f"SELECT count(*) FROM {live}") == 0
+    await conn.execute(f"VACUUM {live}")
+    await conn.execute(fill, MERCHANT, 1, 50)  # later
+    await conn.execute(fill, MERCHANT, -1, 3)  # due, after the finished ones in time order
+    assert await conn.fetchval(f"SELECT count(*) FROM {live}") == 53
+    await conn.execute(f"ANALYZE {live}")
+    await conn.execute(f"ANALYZE {history}")

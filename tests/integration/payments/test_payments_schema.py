@@ -227,14 +227,16 @@ async def test_payments_and_their_events_carry_their_merchant(payments_dsn):
         await conn.close()
 
 
-async def test_the_upgrade_to_the_live_sagas_carries_each_live_saga_and_no_finished_one(scratch_db, tmp_path):
-    """Migration 0330 on a database with checkouts: every saga not finished, or with a next run,
-    gets its live row (state, time, next run), no finished one does, and the workers' claim finds
-    the due one through it."""
+async def test_the_upgrade_to_the_live_rows_carries_each_live_saga_and_payment_and_no_finished_one(
+        scratch_db, tmp_path):
+    """Migrations 0330 and 0331 on a database with checkouts and payments: every saga not finished,
+    or with a next run, gets its live row (state, time, next run), and every payment not final its
+    own; no finished one does, and the workers' claim finds the due saga through its row."""
     before = tmp_path / "before"
     shutil.copytree(MIGRATIONS, before)
-    (before / "0330_sagas_live.sql").unlink()
-    (before / "functions" / "sagas_live_keep.sql").unlink()
+    for name in ("0330_sagas_live.sql", "0331_payments_live.sql", "functions/sagas_live_keep.sql",
+                 "functions/payments_live_keep.sql"):
+        (before / name).unlink()
     await migrate(scratch_db, before)
     conn = await asyncpg.connect(scratch_db)
     try:
@@ -248,7 +250,14 @@ async def test_the_upgrade_to_the_live_sagas_carries_each_live_saga_and_no_finis
                 "VALUES (gen_random_uuid(), 'c-upgrade', 'codes', $1, gen_random_uuid(), 1, gen_random_uuid(), 2500, "
                 "'TRY', now() + interval '1 hour', clock_timestamp() + $2, 'merchant-upgrade') RETURNING id",
                 state, next_run)
+        pays = {status: await conn.fetchval(
+            "INSERT INTO payments (id, customer_id, status, version, amount_minor, currency, payment_method, "
+            "idempotency_key, reconcile_at, merchant_id) VALUES (gen_random_uuid(), 'c-upgrade', $1, 1, 2500, 'TRY', "
+            "'pm_card_ok', gen_random_uuid()::text, CASE WHEN $1 = 'processing' THEN now() END, 'merchant-upgrade') "
+            "RETURNING id", status) for status in ("processing", "succeeded")}
         await migrate(scratch_db, MIGRATIONS)
+        assert [tuple(r) for r in await conn.fetch("SELECT payment_id, status FROM payments_live")] == [
+            (pays["processing"], "processing")]
         live = {r["checkout_id"]: r for r in await conn.fetch("SELECT * FROM sagas_live")}
         assert set(live) == {ids["due"], ids["later"], ids["waiting"]}
         for name in ("due", "later", "waiting"):
