@@ -244,17 +244,19 @@ GET_HOLD = ("SELECT h AS hold, clock_timestamp() AS db_now FROM holds h "
 # hold moving in between is found in one or the other (the move is one transaction).
 GET_MOVED_HOLD = GET_HOLD.replace("FROM holds h", "FROM holds_history h")
 # Several sweepers (replicas) at once: SKIP LOCKED hands each a disjoint batch; a row a HoldSlot
-# or ConfirmHold is changing right now is skipped and left to that statement.
+# or ConfirmHold is changing right now is skipped and left to that statement. The expired holds are
+# found through holds_live (migration 0330: a row per held hold, kept by trigger), whose index holds
+# no history.
 SWEEP_EXPIRED = f"""
 WITH due AS (
-    SELECT id FROM holds
-     WHERE status = 'held' AND payment_ref IS NULL  -- always true of a held hold; names holds_held_expiry
+    SELECT h.id FROM holds_live l JOIN holds h ON h.id = l.hold_id
        -- statement_timestamp() (stable, the database's clock as the statement began) bounds the
        -- index scan; volatile clock_timestamp() could not, and the scan read every held hold
-       AND expires_at <= statement_timestamp()
-     ORDER BY expires_at
+     WHERE l.expires_at <= statement_timestamp()
+       AND {HELD} AND h.expires_at <= statement_timestamp()  -- the hold's own, on the row locked
+     ORDER BY l.expires_at
      LIMIT $1
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF h SKIP LOCKED
 )
 UPDATE holds h SET status = 'expired', updated_at = clock_timestamp()
   FROM due

@@ -18,9 +18,7 @@ CREATE TABLE sagas_live (
     state       text NOT NULL,
     updated_at  timestamptz NOT NULL,
     next_run_at timestamptz
-) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
-        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000,
-        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 1000);
+);
 -- The workers' queue: SKIP LOCKED walks it from the oldest due row.
 CREATE INDEX sagas_live_due ON sagas_live (next_run_at) WHERE next_run_at IS NOT NULL;
 -- The stuck-saga gauges (payments/checkout/metrics.py) and `ops stuck`: per state, the oldest first.
@@ -43,6 +41,8 @@ SELECT id, state, updated_at, next_run_at FROM checkouts
 WHERE next_run_at IS NOT NULL
    OR state NOT IN ('COMPLETED', 'REJECTED', 'FAILED', 'EXPIRED', 'CANCELLED', 'REFUNDED', 'CANCELLED_AFTER_PURCHASE');
 SELECT set_config('cuty.merchant', '', true);
+-- Vacuumed and analysed by fixed counts, and analysed now (cuty_live_table).
+SELECT cuty_live_table('sagas_live');
 
 -- Nothing reads checkouts by next run or by live state any more: these indexes were the live sagas.
 DROP INDEX checkouts_due;

@@ -12,9 +12,7 @@ CREATE TABLE payments_live (
     reconcile_at timestamptz,
     created_at   timestamptz NOT NULL,
     updated_at   timestamptz NOT NULL
-) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000,
-        autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 1000,
-        autovacuum_vacuum_cost_delay = 0, autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 1000);
+);
 -- The reconciler's queue: SKIP LOCKED walks it from the oldest due payment.
 CREATE INDEX payments_live_due ON payments_live (reconcile_at);
 
@@ -34,6 +32,8 @@ SELECT set_config('cuty.merchant', '*', true);
 INSERT INTO payments_live (payment_id, status, reconcile_at, created_at, updated_at)
 SELECT id, status, reconcile_at, created_at, updated_at FROM payments WHERE status IN ('created', 'requires_action', 'processing');
 SELECT set_config('cuty.merchant', '', true);
+-- Vacuumed and analysed by fixed counts, and analysed now (cuty_live_table).
+SELECT cuty_live_table('payments_live');
 
 -- Nothing reads payments by their next reconcile any more: this index was the live payments.
 DROP INDEX payments_reconcile_due;

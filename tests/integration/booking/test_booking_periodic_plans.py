@@ -3,10 +3,16 @@ not the holds: among 20,000 finished holds (confirmed, expired, released) it rea
 (EXPLAIN (ANALYZE, BUFFERS) on a real table; docs/benchmarks.md, "Growth")."""
 from __future__ import annotations
 
+import shutil
+
 import asyncpg
 
 from booking.repository import SWEEP_EXPIRED
+from cutylib.db import migrate
 from cutylib.testing.plans import explained, nodes, pages
+from cutylib.testing.procs import REPO
+
+MIGRATIONS = REPO / "services" / "booking" / "migrations"
 
 ROWS = 20_000
 MAX_PAGES = 20
@@ -25,10 +31,11 @@ FROM generate_series(1, {ROWS}) g,
 """
 
 
-async def _sweep_reads(conn) -> list[tuple[str, int]]:
-    """The sweep's plan nodes on holds with the pages each touched (the sweep runs and is undone)."""
-    return [(n["Node Type"], pages(n)) for n in nodes(await explained(conn, SWEEP_EXPIRED, 500))
-            if n.get("Relation Name") == "holds"]
+async def _sweep_reads(conn) -> list[tuple[str, str, int]]:
+    """The sweep's plan nodes on holds and the held holds' table with the pages each touched (the
+    sweep runs and is undone)."""
+    return [(n["Node Type"], n["Relation Name"], pages(n)) for n in nodes(await explained(conn, SWEEP_EXPIRED, 500))
+            if n.get("Relation Name") in ("holds", "holds_live")]
 
 
 async def test_the_hold_sweeper_reads_the_due_holds_not_the_table(own_database):
@@ -44,10 +51,38 @@ async def test_the_hold_sweeper_reads_the_due_holds_not_the_table(own_database):
         await conn.execute(FILL)
         await conn.execute("SET LOCAL session_replication_role = DEFAULT")
         await conn.execute("ANALYZE holds")
+        await conn.execute("ANALYZE holds_live")
         reads = await _sweep_reads(conn)
         assert reads
-        assert not [r for r in reads if r[0] == "Seq Scan"], reads
-        assert sum(pages for _, pages in reads) <= MAX_PAGES, reads
+        assert not [r for r in reads if r[:2] == ("Seq Scan", "holds")], reads  # the held holds' table may be read whole
+        assert sum(pages for _, _, pages in reads) <= MAX_PAGES, reads
     finally:
         await tx.rollback()
+        await conn.close()
+
+
+async def test_the_upgrade_to_the_held_holds_table_carries_each_held_hold_and_no_other(scratch_db, tmp_path):
+    """Migration 0330 on a database with holds: each held hold gets its row with its expiry, no
+    confirmed, expired or released one does, and the sweeper then expires the held hold that is due."""
+    before = tmp_path / "before"
+    shutil.copytree(MIGRATIONS, before)
+    for name in ("0330_holds_live.sql", "functions/holds_live_keep.sql"):
+        (before / name).unlink()
+    await migrate(scratch_db, before)
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL session_replication_role = replica")  # no slots nor salon behind them
+            await conn.execute(FILL.replace(str(ROWS), "40"))  # statuses by g % 20: 0 expired, 1 released
+            await conn.execute("UPDATE holds SET status = 'held', payment_ref = NULL, expires_at = now() + interval "
+                               "'5 minutes' WHERE id IN (md5('hold2')::uuid, md5('hold3')::uuid)")
+            await conn.execute("UPDATE holds SET expires_at = now() - interval '1 minute' WHERE id = md5('hold3')::uuid")
+        await migrate(scratch_db, MIGRATIONS)
+        live = {r["hold_id"]: r["expires_at"] for r in await conn.fetch("SELECT * FROM holds_live")}
+        held = {r["id"]: r["expires_at"] for r in await conn.fetch("SELECT id, expires_at FROM holds WHERE status = 'held'")}
+        assert live == held and len(live) == 2
+        assert [r["id"] for r in await conn.fetch(SWEEP_EXPIRED, 500)] == [
+            await conn.fetchval("SELECT md5('hold3')::uuid")]
+        assert await conn.fetchval("SELECT count(*) FROM holds_live") == 1  # the expired one left with it
+    finally:
         await conn.close()
