@@ -17,18 +17,20 @@ MIGRATIONS = REPO / "services" / "booking" / "migrations"
 ROWS = 20_000
 MAX_PAGES = 20
 
-# Hold g on one of 50 chairs, an hour each, one after another back from now: no two of a chair overlap.
-FILL = f"""
+# `rows` holds, hold g on one of 50 chairs, an hour each, one after another back from now: no two of a
+# chair overlap.
+FILL_OF = """
 INSERT INTO holds (id, slot_id, salon_id, resource_id, customer_id, request_id, status, start_time, end_time,
                    price_minor, currency, expires_at, payment_ref, created_at, updated_at, merchant_id)
 SELECT md5('hold' || g)::uuid, md5('slot' || g)::uuid, md5('salon')::uuid, md5('res' || (g % 50))::uuid,
        'cust-' || (g % 500), 'req-' || g, st.status, t.s, t.s + interval '1 hour', 75000, 'TRY',
        t.s - interval '1 day' + interval '10 minutes', CASE WHEN st.status = 'confirmed' THEN 'pay-' || g END,
        t.s - interval '1 day', t.s - interval '1 day' + interval '1 minute', 'merchant-periodic-plan'
-FROM generate_series(1, {ROWS}) g,
+FROM generate_series(1, {rows}) g,
      LATERAL (SELECT date_trunc('hour', now()) - make_interval(hours => (g / 50)::int + 1) AS s) t,
      LATERAL (SELECT CASE g % 20 WHEN 0 THEN 'expired' WHEN 1 THEN 'released' ELSE 'confirmed' END AS status) st
 """
+FILL = FILL_OF.format(rows=ROWS)
 
 
 async def _sweep_reads(conn) -> list[tuple[str, str, int]]:
@@ -73,7 +75,7 @@ async def test_the_upgrade_to_the_held_holds_table_carries_each_held_hold_and_no
     try:
         async with conn.transaction():
             await conn.execute("SET LOCAL session_replication_role = replica")  # no slots nor salon behind them
-            await conn.execute(FILL.replace(str(ROWS), "40"))  # statuses by g % 20: 0 expired, 1 released
+            await conn.execute(FILL_OF.format(rows=40))  # statuses by g % 20: 0 expired, 1 released
             await conn.execute("UPDATE holds SET status = 'held', payment_ref = NULL, expires_at = now() + interval "
                                "'5 minutes' WHERE id IN (md5('hold2')::uuid, md5('hold3')::uuid)")
             await conn.execute("UPDATE holds SET expires_at = now() - interval '1 minute' WHERE id = md5('hold3')::uuid")

@@ -128,9 +128,10 @@ async def test_a_transition_into_waiting_keeps_the_lease_when_woken_meanwhile(ha
     assert row["next_run_at"] == s.expire_time and row["lease_until"] is None
 
 
-async def test_the_claim_walks_the_sagas_live(harness):
-    """The workers' queue query must be answerable from the saga queue's index of next runs (a row
-    per scheduled saga), not a scan of every checkout ever made."""
+async def test_the_claim_walks_the_live_sagas_by_next_run(harness):
+    """The workers' queue query must be answerable from the live sagas' index of next runs
+    (sagas_live_due: a row per saga not finished or scheduled), not a scan of every checkout ever
+    made."""
     async with harness.pool.acquire() as conn:
         async with conn.transaction():
             await conn.execute("SET LOCAL enable_seqscan = off")  # a small test table would tempt the planner
