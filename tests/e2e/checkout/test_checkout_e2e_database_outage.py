@@ -45,7 +45,10 @@ async def buyer(shop, slot: str, stop: asyncio.Event, done: list[str]) -> None:
 
 
 async def run_outage(tmp_path, outage_seconds: float) -> None:
-    cluster = LocalCluster(tmp_path / "pg", fast_unsafe=True)
+    # Commits durable as deployed (not fast_unsafe): the test crashes the server, and with
+    # synchronous_commit off a crash loses commits it had already acknowledged (a checkout answered
+    # COMPLETED came back CHARGING, and its charge replay no longer matched the PSP's).
+    cluster = LocalCluster(tmp_path / "pg", fast_unsafe=False)
     cluster.start()
     shop = None
     try:
