@@ -42,8 +42,12 @@ async def test_a_pool_statement_that_loses_a_deadlock_runs_again_and_takes_effec
         both = asyncio.create_task(scratch_pool.execute(
             "DO $$ BEGIN PERFORM set_config('deadlock_timeout', '3s', true); "
             "UPDATE t SET v = v + 1 WHERE id = 1; UPDATE t SET v = v + 1 WHERE id = 2; END $$"))
-        await wait_for(lambda: other.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                              "AND query LIKE 'DO $$%'"), message="the pool's statement waiting for row 2")
+        # Watched from a transaction of its own each time: inside `other`'s open transaction
+        # pg_stat_activity is read once and kept, and a first look before the statement waited never
+        # changed.
+        await wait_for(lambda: scratch_pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
+                                                     "'Lock' AND query LIKE 'DO $$%'"),
+                       message="the pool's statement waiting for row 2")
         # row 1 now waits for the statement: a cycle, broken by rolling the statement back
         await asyncio.wait_for(other.execute("UPDATE t SET v = v + 10 WHERE id = 1"), timeout=10)
         assert not both.done()  # running again, and waiting for this transaction
