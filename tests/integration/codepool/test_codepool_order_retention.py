@@ -29,6 +29,7 @@ from codepool.grpc_api import CALLERS
 from codepool_testkit import STAFF, reserve_request, settings, stocked_product
 from cuty.codepool.v1 import codepool_pb2 as pb
 from cuty.codepool.v1 import codepool_pb2_grpc
+from cutylib import digests
 from cutylib.config import Settings, with_database
 from cutylib.grpc_errors import error_reason
 from cutylib.db import migrate
@@ -182,6 +183,16 @@ async def test_finished_orders_move_with_their_rows_and_read_as_before(db, tmp_p
     orders, dups, _ = await digest.digest_deliveries(db.admin, now - dt.timedelta(hours=1), now, 100, "")
     by_id = {o.order_id: o for o in orders}
     assert by_id[old_req.order_id].delivered == 2 and by_id[claimed.order_id].delivered == 1 and dups == []
+    # The auditor's summary of the window sums the same orders, moved and live alike (no code shared).
+    n = 64
+    expected: dict[int, list[int]] = {}
+    for o in orders:
+        x = expected.setdefault(digests.bucket_of(o.order_id, n), [0, 0])
+        x[0] += 1
+        x[1] = (x[1] + digests.fingerprint_of(o.order_id, o.merchant_id, o.delivered + o.revoked - o.replaced, 0)) \
+            % digests.MOD
+    summed = await digest.summarize_deliveries(db.admin, now - dt.timedelta(hours=1), now, n)
+    assert {b.bucket: [b.count, b.fingerprint] for b in summed} == expected
 
     # No row leaves by a DELETE or changes once moved.
     for sql in ("DELETE FROM reservations_history WHERE order_id = $1", "DELETE FROM deliveries_history WHERE order_id = $1",
