@@ -221,8 +221,7 @@ FROM (SELECT {_HOLD_BUCKET} AS hb, {_HOLD_FP} AS hf, {_ORDER_BUCKET} AS ob, {_OR
       WHERE c.created_at >= $1 AND c.created_at < $2) x
 GROUP BY GROUPING SETS ((x.hb), (x.ob), (x.cb), ())"""
 # The window's checkouts with their payments, in pages by (created_at, id): those with a key in one of
-# the buckets that disagreed ($7 holds, $8 orders, $9 charges, of $6), or every one ($7 NULL). A side
-# with no bucket to read costs no hash (the subquery is flattened, and AND and OR stop early).
+# the buckets that disagreed ($7 holds, $8 orders, $9 charges, of $6), or every one ($7 NULL).
 CHECKOUTS = f"""
 SELECT * FROM (
     SELECT c.id, c.kind, c.state, c.quantity, c.hold_id, c.order_id, c.payment_id, c.payment_key, c.merchant_id,
@@ -233,9 +232,8 @@ SELECT * FROM (
     FROM checkouts c LEFT JOIN payments p ON p.id = c.payment_id
     WHERE c.created_at >= $1 AND c.created_at < $2
       AND ($3::timestamptz IS NULL OR (c.created_at, c.id) > ($3, $4::uuid))) x
-WHERE $7::int[] IS NULL OR (cardinality($7::int[]) > 0 AND x.hold_bucket = ANY($7::int[]))
-   OR (cardinality($8::int[]) > 0 AND x.order_bucket = ANY($8::int[]))
-   OR (cardinality($9::int[]) > 0 AND x.charge_bucket = ANY($9::int[]))
+WHERE $7::int[] IS NULL OR x.hold_bucket = ANY($7::int[]) OR x.order_bucket = ANY($8::int[])
+   OR x.charge_bucket = ANY($9::int[])
 ORDER BY x.created_at, x.id
 LIMIT $5"""
 # Second looks in payments' own database (by primary or unique keys).
