@@ -20,16 +20,30 @@ DEFAULT_PAGE = 1000
 MAX_PAGE = 5000
 MAX_WINDOW_SECONDS = 86400.0
 
+# An order's deliveries, read from its own table: a live order's are live and a moved one's are in
+# the history (they leave only with their order). The branch of the other table is skipped as the
+# lateral runs (a one-time filter on `r.moved_at`), so an order costs one index probe, where
+# deliveries_all would probe the live table and every history partition. `r` is a row of
+# reservations_all.
+_ORDER_DELIVERIES = """(SELECT merchant_id, order_id, code_id, status FROM deliveries
+     WHERE r.moved_at IS NULL AND merchant_id = r.merchant_id AND order_id = r.order_id
+     UNION ALL
+     SELECT merchant_id, order_id, code_id, status FROM deliveries_history
+     WHERE r.moved_at IS NOT NULL AND merchant_id = r.merchant_id AND order_id = r.order_id)"""
+_COUNTED = ("count(*) FILTER (WHERE x.status = 'delivered') AS delivered, "
+            "count(*) FILTER (WHERE x.status = 'revoked') AS revoked")
+# How many of the order's claims a replacement resolved.
+_REPLACED = """CROSS JOIN LATERAL (SELECT count(*) AS replaced FROM code_claims k
+                    WHERE k.merchant_id = r.merchant_id AND k.order_id = r.order_id AND k.status = 'replaced') c"""
+_WINDOW = "r.status = 'delivered' AND r.reserved_at >= $1 AND r.reserved_at < $2"
+
 ORDERS = f"""
 SELECT r.order_id, r.merchant_id, r.product_id, r.quantity, r.payment_transaction_id, r.reserved_at,
        d.delivered, d.revoked, c.replaced
 FROM reservations_all r
-CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE x.status = 'delivered') AS delivered,
-                           count(*) FILTER (WHERE x.status = 'revoked') AS revoked
-                    FROM deliveries_all x WHERE x.merchant_id = r.merchant_id AND x.order_id = r.order_id) d
-CROSS JOIN LATERAL (SELECT count(*) AS replaced FROM code_claims k
-                    WHERE k.merchant_id = r.merchant_id AND k.order_id = r.order_id AND k.status = 'replaced') c
-WHERE r.status = 'delivered' AND r.reserved_at >= $1 AND r.reserved_at < $2
+CROSS JOIN LATERAL (SELECT {_COUNTED} FROM {_ORDER_DELIVERIES} x) d
+{_REPLACED}
+WHERE {_WINDOW}
   AND ($3::timestamptz IS NULL OR (r.reserved_at, r.order_id) > ($3, $4::text))
   AND {digests.in_buckets_sql("r.order_id", "$6", "$7")}
 ORDER BY r.reserved_at, r.order_id
@@ -51,29 +65,18 @@ HAVING count(DISTINCT y.order_id) > 1"""
 
 # Per delivered order of the window: its codes counted (delivered + revoked - replaced, what a
 # completed checkout's quantity must equal) and how many of its codes went to another order too
-# (what must be 0); payments/audit.py hashes the same facts of its completed code checkouts. A live
-# order's deliveries are live and a moved one's are in the history (they leave only with their
-# order), so each order counts them in its own table: one index probe, where deliveries_all would
-# probe the live table and every history partition. A code's other orders are looked for in both.
-def _orders_counted(reservations: str, deliveries: str) -> str:
-    return f"""SELECT r.order_id, r.merchant_id, d.delivered, d.revoked, d.shared
-    FROM {reservations} r
-    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE x.status = 'delivered') AS delivered,
-                               count(*) FILTER (WHERE x.status = 'revoked') AS revoked,
-                               count(DISTINCT x.code_id) FILTER (WHERE x.status IN ('delivered', 'revoked') AND EXISTS (
-                                   SELECT 1 FROM deliveries_all y WHERE y.merchant_id = x.merchant_id
-                                   AND y.code_id = x.code_id AND y.order_id <> x.order_id
-                                   AND y.status IN ('delivered', 'revoked'))) AS shared
-                        FROM {deliveries} x WHERE x.merchant_id = r.merchant_id AND x.order_id = r.order_id) d
-    WHERE r.status = 'delivered' AND r.reserved_at >= $1 AND r.reserved_at < $2"""
-
-
+# (what must be 0; a code's other orders are looked for in the live table and the history alike);
+# payments/audit.py hashes the same facts of its completed code checkouts.
 SUMMARY = digests.summary_sql(f"""
-FROM ({_orders_counted("reservations", "deliveries")}
-      UNION ALL {_orders_counted("reservations_history", "deliveries_history")}) o
-CROSS JOIN LATERAL (SELECT count(*) AS replaced FROM code_claims k
-                    WHERE k.merchant_id = o.merchant_id AND k.order_id = o.order_id AND k.status = 'replaced') c""",
-    "o.order_id", "o.order_id", "o.merchant_id", "(o.delivered + o.revoked - c.replaced)::text", "o.shared::text")
+FROM reservations_all r
+CROSS JOIN LATERAL (SELECT {_COUNTED},
+                           count(DISTINCT x.code_id) FILTER (WHERE x.status IN ('delivered', 'revoked') AND EXISTS (
+                               SELECT 1 FROM deliveries_all y WHERE y.merchant_id = x.merchant_id AND y.code_id = x.code_id
+                               AND y.order_id <> x.order_id AND y.status IN ('delivered', 'revoked'))) AS shared
+                    FROM {_ORDER_DELIVERIES} x) d
+{_REPLACED}
+WHERE {_WINDOW}""",
+    "r.order_id", "r.order_id", "r.merchant_id", "(d.delivered + d.revoked - c.replaced)::text", "d.shared::text")
 
 
 @dataclass(frozen=True)

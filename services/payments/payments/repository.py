@@ -9,6 +9,7 @@ from typing import Any
 from cutylib import tenancy
 from cutylib.principal import Principal
 
+from . import domain
 from .views import CapturedPayment, PaymentView, RefundView, TimelineEvent
 
 PAYMENT_COLUMNS = """id, checkout_id, customer_id, status, version, lease_owner, lease_until, psp_intent_id,
@@ -91,6 +92,9 @@ RETURNING cur.lease_owner AS previous_owner
 # Only our own lease is released; if ours expired and was taken over, the new owner's stays.
 RELEASE_LEASE = "UPDATE payments SET lease_owner = NULL, lease_until = NULL WHERE id = $1 AND lease_owner = $2"
 
+# The statuses a payment is not final in, as SQL says them: the domain's, never a copy.
+_NON_TERMINAL = "(" + ", ".join(f"'{s}'" for s in domain.NON_TERMINAL) + ")"
+
 # Reconciliation claims due payments (SKIP LOCKED: replicas never pick the same row) and takes their
 # lease in the same statement; the next attempt backs off exponentially with jitter. The due payments
 # are found through payments_live (migration 0331: a row per payment not final, kept by trigger),
@@ -99,7 +103,7 @@ CLAIM_RECONCILE = f"""
 WITH due AS (
     SELECT p.id, p.lease_owner FROM payments_live l JOIN payments p ON p.id = l.payment_id
     WHERE l.reconcile_at <= now()  -- stable, so it bounds the index scan (volatile clock_timestamp() cannot)
-      AND p.status IN ('created', 'requires_action', 'processing')  -- the payment's own, on the row locked
+      AND p.status IN {_NON_TERMINAL}  -- the payment's own, on the row locked
       AND p.reconcile_at <= now()
       AND (p.lease_until IS NULL OR p.lease_until < clock_timestamp())
     ORDER BY l.reconcile_at

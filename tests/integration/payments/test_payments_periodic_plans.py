@@ -190,15 +190,16 @@ async def test_the_claim_and_the_gauges_read_no_history_of_reschedules(own_datab
     history's sagas changed: 80,000 changes of 20,000 sagas, all finished since, leave nothing on
     their way. Autovacuum is off on `checkouts` here, as it is for long stretches on a table of
     millions (it comes after a fifth of the table changed); the live sagas' table is vacuumed once
-    the history has finished, as autovacuum does every round for a table its size. The claim and the gauges used to walk partial
-    indexes of `checkouts`, whose dead entries only a VACUUM of `checkouts` removes: the old claim
-    read 60,393 pages here, then 328 once its first call had marked them dead."""
+    the history has finished, as autovacuum does every round for a table its size. The claim and the
+    gauges used to walk partial indexes of `checkouts`, whose dead entries only a VACUUM of
+    `checkouts` removes: the old claim read 60,393 pages here, then 328 once its first call had
+    marked them dead."""
     dsn = await own_database("payments")
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute("ALTER TABLE checkouts SET (autovacuum_enabled = false)")
         await conn.execute(SCHEDULED, MERCHANT, -1, 20_000)  # due since 10 minutes ago and more
-        for step in range(2):  # each saga taken and released twice
+        for _ in range(2):  # each saga taken and released twice
             await conn.execute("UPDATE checkouts SET next_run_at = next_run_at + interval '1 second', "
                                "updated_at = clock_timestamp() WHERE merchant_id = $1", MERCHANT)
         await conn.execute("UPDATE checkouts SET state = 'REJECTED', version = version + 1, next_run_at = NULL, "
